@@ -1,0 +1,29 @@
+"""The data loaders `config.json` names in `data_loader.{train,validation,test}.name`.
+
+Add one by writing a function here that returns a `DataLoader`; its keyword arguments are what the config's `args`
+may set. `seed` is supplied from the config's top-level `seed`.
+"""
+from __future__ import annotations
+
+from data_loader.loader import DataLoader
+from data_loader.mnist import MnistDataset
+
+__all__ = ["mnist", "fashion_mnist", "kmnist"]
+
+
+def mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist", validation_size=5000,
+          split_seed=0, download=False, prefetch=2, seed=0, dataset="mnist"):
+    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+def fashion_mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/fashion_mnist",
+                  validation_size=5000, split_seed=0, download=False, prefetch=2, seed=0):
+    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, prefetch, seed,
+                 dataset="fashion_mnist")
+
+
+def kmnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/kmnist", validation_size=5000,
+           split_seed=0, download=False, prefetch=2, seed=0):
+    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, prefetch, seed,
+                 dataset="kmnist")

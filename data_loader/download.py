@@ -1,0 +1,47 @@
+"""Fetching dataset files when a network exists: mirrors in order, MD5 verified, atomic write, progress bar."""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.request
+from pathlib import Path
+
+
+def md5sum(path: str | Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(filename: str, md5: str, mirrors: list[str], folder: str | Path, timeout: float = 30.0) -> Path:
+    """Downloads `filename` from the first mirror that serves it with the right checksum into `folder`."""
+    from tqdm import tqdm
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / filename
+    errors = []
+    for mirror in mirrors:
+        url = mirror.rstrip("/") + "/" + filename
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{filename}.", suffix=".part")
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response, os.fdopen(fd, "wb") as out:
+                total = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(total=total, unit="B", unit_scale=True, desc=filename, leave=False) as bar:
+                    for block in iter(lambda: response.read(1 << 16), b""):
+                        out.write(block)
+                        bar.update(len(block))
+                out.flush()
+                os.fsync(out.fileno())
+            actual = md5sum(tmp)
+            if actual != md5:
+                raise ValueError(f"checksum mismatch (md5 {actual}, expected {md5})")
+            os.replace(tmp, target)
+            return target
+        except Exception as error:  # try the next mirror, report all failures together
+            errors.append(f"{url}: {error}")
+            Path(tmp).unlink(missing_ok=True)
+    raise OSError(f"could not download {filename}:\n  " + "\n  ".join(errors))

@@ -1,0 +1,38 @@
+"""Reader for the IDX format used by MNIST, Fashion-MNIST and KMNIST (gzip or raw)."""
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+
+_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _DTYPES:
+        raise ValueError(f"{path}: not an IDX file (bad magic number)")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    shape = tuple(int(d) for d in np.frombuffer(data[4:header], ">u4"))
+    dtype = np.dtype(_DTYPES[data[2]])
+    expected = header + int(np.prod(shape)) * dtype.itemsize
+    if len(data) != expected:
+        raise ValueError(f"{path}: truncated or corrupt IDX file ({len(data)} bytes, header says {expected})")
+    return np.frombuffer(data, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def write_idx(path: str | Path, array: np.ndarray) -> None:
+    """Writes an IDX file (gzip if the name ends in .gz); used by tests to build tiny datasets."""
+    path = Path(path)
+    codes = {np.dtype(v).newbyteorder(">") if np.dtype(v).itemsize > 1 else np.dtype(v): k for k, v in _DTYPES.items()}
+    dtype = array.dtype.newbyteorder(">") if array.dtype.itemsize > 1 else array.dtype
+    header = bytes([0, 0, codes[dtype], array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
+    payload = header + np.ascontiguousarray(array, dtype).tobytes()
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as f:
+        f.write(payload)

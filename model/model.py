@@ -1,0 +1,76 @@
+"""The sample models `config.json` can name in `model.name`; their keyword arguments are the config's `args`.
+
+Add a model by writing a function here that returns a Module.
+"""
+from __future__ import annotations
+
+from model.modules.activations import Activation
+from model.modules.conv import Conv2d
+from model.modules.dropout import Dropout
+from model.modules.flatten import Flatten
+from model.modules.linear import Linear
+from model.modules.module import Module
+from model.modules.normalization import LayerNorm
+from model.modules.pooling import GlobalAvgPool, MaxPool2d
+from model.modules.residual import Residual
+from model.modules.sequential import Sequential
+
+__all__ = ["mnist_convnext", "mnist_cnn", "mlp"]
+
+
+def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
+    """ConvNeXt block: depthwise conv -> LayerNorm -> pointwise MLP with GELU, added to the input."""
+    return Residual(Sequential({
+        "dwconv": Conv2d(dim, kernel_size, groups=dim),
+        "norm": LayerNorm(eps=1e-6),
+        "fc1": Linear(mlp_ratio * dim),
+        "act": Activation("gelu"),
+        "fc2": Linear(dim),
+    }))
+
+
+def mnist_convnext(num_classes: int = 10, dims: tuple = (32, 64), depths: tuple = (2, 2), kernel_size: int = 7,
+                   mlp_ratio: int = 4, dropout: float = 0.0) -> Module:
+    """A small ConvNeXt for 28x28 images: a stride-2 stem, stages of ConvNeXt blocks joined by stride-2
+    downsampling (LayerNorm + 2x2 conv), global average pooling, LayerNorm and a linear classifier."""
+    if len(dims) != len(depths):
+        raise ValueError(f"dims {list(dims)} and depths {list(depths)} must have the same length")
+    layers = {"stem": Sequential({"conv": Conv2d(dims[0], 4, stride=2), "norm": LayerNorm(eps=1e-6)})}
+    for i, (dim, depth) in enumerate(zip(dims, depths)):
+        if i > 0:
+            layers[f"down{i}"] = Sequential({"norm": LayerNorm(eps=1e-6), "conv": Conv2d(dim, 2, stride=2)})
+        layers[f"stage{i}"] = Sequential([convnext_block(dim, kernel_size, mlp_ratio) for _ in range(depth)])
+    layers["pool"] = GlobalAvgPool()
+    layers["norm"] = LayerNorm(eps=1e-6)
+    if dropout:
+        layers["dropout"] = Dropout(dropout)
+    layers["head"] = Linear(num_classes)
+    return Sequential(layers)
+
+
+def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 128, dropout: float = 0.0) -> Module:
+    """The classic CNN: [conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, then a hidden dense layer."""
+    layers = {}
+    for i, c in enumerate(channels):
+        layers[f"conv{i}"] = Conv2d(c, 3)
+        layers[f"relu{i}"] = Activation("relu")
+        layers[f"pool{i}"] = MaxPool2d(2)
+    layers["flatten"] = Flatten()
+    layers["fc"] = Linear(hidden)
+    layers["relu"] = Activation("relu")
+    if dropout:
+        layers["dropout"] = Dropout(dropout)
+    layers["head"] = Linear(num_classes)
+    return Sequential(layers)
+
+
+def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "relu", dropout: float = 0.0) -> Module:
+    """Flatten, then Linear -> activation (-> dropout) per hidden width, then the classifier."""
+    layers = {"flatten": Flatten()}
+    for i, width in enumerate(hidden):
+        layers[f"fc{i}"] = Linear(width)
+        layers[f"act{i}"] = Activation(activation)
+        if dropout:
+            layers[f"dropout{i}"] = Dropout(dropout)
+    layers["head"] = Linear(num_classes)
+    return Sequential(layers)

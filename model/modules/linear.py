@@ -1,0 +1,32 @@
+"""Linear (dense) layer over the last axis."""
+from __future__ import annotations
+
+import jax
+
+from model.modules import initializers
+from model.modules.module import Module
+
+
+class Linear(Module):
+    """y = x @ weight + bias, weight of shape (in_features, out_features); in_features is inferred at init."""
+
+    def __init__(self, out_features: int, use_bias: bool = True, weight_init="lecun_normal", bias_init="zeros"):
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.weight_init = weight_init
+        self.bias_init = bias_init
+
+    def init_params(self, key, x):
+        w_key, b_key = jax.random.split(key)
+        params = {"weight": initializers.get(self.weight_init)(w_key, (x.shape[-1], self.out_features), x.dtype)}
+        if self.use_bias:
+            params["bias"] = initializers.get(self.bias_init)(b_key, (self.out_features,), x.dtype)
+        return params
+
+    def forward(self, params, x):
+        # Rank > 2 inputs go through a 2-D matmul: tf2onnx mis-reshapes rank-3 dense layers (EXPORT_NOTES).
+        lead = x.shape[:-1]
+        y = x.reshape(-1, x.shape[-1]) @ params["weight"]
+        if self.use_bias:
+            y = y + params["bias"]
+        return y.reshape(*lead, self.out_features)

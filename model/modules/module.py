@@ -1,0 +1,75 @@
+"""The one interface every layer implements.
+
+A module object holds hyperparameters only. Its parameters and its state (batch-norm statistics) are plain nested
+dicts that ``init`` returns and every call takes explicitly, so ``jax.grad``, optimizers, checkpoints and exporters
+all see the same tree, with key paths such as ``blocks.1.norm.scale``.
+
+    params, state = module.init(key, x)                       # x: an array or a jax.ShapeDtypeStruct
+    y, state = module(params, state, x, train=False, key=None)
+
+Stateless layers implement ``init_params(key, x)`` and ``forward(params, x)`` and inherit the rest.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+Params = dict
+State = dict
+
+
+def shape_of(x) -> jax.ShapeDtypeStruct:
+    """The abstract value of an array, a ShapeDtypeStruct or a tuple shape (float32 assumed for a tuple)."""
+    if isinstance(x, tuple):
+        return jax.ShapeDtypeStruct(x, jax.numpy.float32)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+class Module:
+    def init(self, key: jax.Array, x) -> tuple[Params, State]:
+        return self.init_params(key, shape_of(x)), {}
+
+    def init_params(self, key: jax.Array, x: jax.ShapeDtypeStruct) -> Params:
+        return {}
+
+    def __call__(self, params: Params, state: State, x, *, train: bool = False, key: jax.Array | None = None):
+        return self.forward(params, x), state
+
+    def forward(self, params: Params, x):
+        raise NotImplementedError(f"{type(self).__name__} must implement forward() or __call__()")
+
+    def children(self) -> dict[str, "Module"]:
+        """Named submodules whose params sit under their names; used by summaries."""
+        return {}
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+def output_shape(module: Module, params: Params, state: State, x) -> jax.ShapeDtypeStruct:
+    """Shape inference without computing anything (jax.eval_shape)."""
+    return jax.eval_shape(lambda p, s, v: module(p, s, v, train=False)[0], params, state, shape_of(x))
+
+
+class Lambda(Module):
+    """A parameter-free function (an activation, a reshape) used as a layer."""
+
+    def __init__(self, fn: Callable, name: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "lambda")
+
+    def forward(self, params, x):
+        return self.fn(x)
+
+    def __repr__(self) -> str:
+        return f"Lambda({self.name})"
+
+
+def as_module(layer: Any) -> Module:
+    if isinstance(layer, Module):
+        return layer
+    if callable(layer):
+        return Lambda(layer)
+    raise TypeError(f"expected a Module or a function, got {type(layer).__name__}")

@@ -1,0 +1,126 @@
+"""Normalisation layers over channels-last inputs: LayerNorm, RMSNorm, GroupNorm, BatchNorm.
+
+Statistics are computed in at least float32 (so bfloat16/float16 inputs do not lose them) and the result is cast
+back to the input dtype. Variances are the biased ones, as in Flax and PyTorch's normalisation.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from model.modules.module import Module, shape_of
+
+
+def _stats_dtype(dtype):
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _mean_var(x, axes):
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    # Two-pass variance: no cancellation for inputs with a large mean (E[x^2] - E[x]^2 can go negative).
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    return mean, var
+
+
+def _scale_bias_params(features, dtype, use_scale=True, use_bias=True):
+    params = {}
+    if use_scale:
+        params["scale"] = jnp.ones((features,), dtype)
+    if use_bias:
+        params["bias"] = jnp.zeros((features,), dtype)
+    return params
+
+
+def _affine(params, y):
+    if "scale" in params:
+        y = y * params["scale"]
+    if "bias" in params:
+        y = y + params["bias"]
+    return y
+
+
+class LayerNorm(Module):
+    """Normalises each position over its last axis, then applies a per-feature scale and bias."""
+
+    def __init__(self, eps: float = 1e-5, use_scale: bool = True, use_bias: bool = True):
+        self.eps = eps
+        self.use_scale = use_scale
+        self.use_bias = use_bias
+
+    def init_params(self, key, x):
+        return _scale_bias_params(x.shape[-1], x.dtype, self.use_scale, self.use_bias)
+
+    def forward(self, params, x):
+        xf = x.astype(_stats_dtype(x.dtype))
+        mean, var = _mean_var(xf, -1)
+        return _affine(params, (xf - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
+
+
+class RMSNorm(Module):
+    """x / sqrt(mean(x^2) + eps) over the last axis, times a per-feature scale (no centring, no bias)."""
+
+    def __init__(self, eps: float = 1e-6):
+        self.eps = eps
+
+    def init_params(self, key, x):
+        return {"scale": jnp.ones((x.shape[-1],), x.dtype)}
+
+    def forward(self, params, x):
+        xf = x.astype(_stats_dtype(x.dtype))
+        ms = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+        return (xf * jax.lax.rsqrt(ms + self.eps) * params["scale"]).astype(x.dtype)
+
+
+class GroupNorm(Module):
+    """Splits the channels (last axis) into groups; normalises each sample's group over all its positions."""
+
+    def __init__(self, num_groups: int = 32, eps: float = 1e-5):
+        self.num_groups = num_groups
+        self.eps = eps
+
+    def init_params(self, key, x):
+        channels = x.shape[-1]
+        if channels % self.num_groups:
+            raise ValueError(f"GroupNorm: {channels} channels do not split into {self.num_groups} groups")
+        return _scale_bias_params(channels, x.dtype)
+
+    def forward(self, params, x):
+        xf = x.astype(_stats_dtype(x.dtype))
+        grouped = xf.reshape(*x.shape[:-1], self.num_groups, x.shape[-1] // self.num_groups)
+        # Every axis but the batch (first) and the group index.
+        axes = tuple(range(1, grouped.ndim - 2)) + (grouped.ndim - 1,)
+        mean, var = _mean_var(grouped, axes)
+        y = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape)
+        return _affine(params, y).astype(x.dtype)
+
+
+class BatchNorm(Module):
+    """Normalises each feature (last axis) over all other axes.
+
+    train=True uses the batch statistics and returns the running ones updated as
+    momentum * old + (1 - momentum) * batch (Flax's convention; PyTorch's momentum is 1 minus this).
+    train=False uses the running statistics and returns the state unchanged.
+    """
+
+    def __init__(self, momentum: float = 0.9, eps: float = 1e-5):
+        self.momentum = momentum
+        self.eps = eps
+
+    def init(self, key, x):
+        x = shape_of(x)
+        features = x.shape[-1]
+        state = {"mean": jnp.zeros((features,), _stats_dtype(x.dtype)),
+                 "var": jnp.ones((features,), _stats_dtype(x.dtype))}
+        return _scale_bias_params(features, x.dtype), state
+
+    def __call__(self, params, state, x, *, train=False, key=None):
+        xf = x.astype(_stats_dtype(x.dtype))
+        if train:
+            mean, var = _mean_var(xf, tuple(range(x.ndim - 1)))
+            mean, var = mean.reshape(-1), var.reshape(-1)
+            m = self.momentum
+            state = {"mean": m * state["mean"] + (1 - m) * mean, "var": m * state["var"] + (1 - m) * var}
+        else:
+            mean, var = state["mean"], state["var"]
+        y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+        return _affine(params, y).astype(x.dtype), state

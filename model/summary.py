@@ -1,0 +1,34 @@
+"""Model summary: layer path, output shape and parameter count per layer, and the totals."""
+from __future__ import annotations
+
+import math
+
+import jax
+
+from model.modules.module import Module, output_shape, shape_of
+from model.modules.sequential import Sequential
+
+
+def summary_rows(model: Module, params, state, x, prefix: str = "") -> list[tuple[str, tuple, int]]:
+    """(path, output shape, parameter count); Sequentials are expanded, other modules are one row each."""
+    x = shape_of(x)
+    if isinstance(model, Sequential):
+        rows = []
+        for name, layer in model.layers.items():
+            path = f"{prefix}.{name}" if prefix else name
+            rows += summary_rows(layer, params[name], state[name], x, path)
+            x = output_shape(layer, params[name], state[name], x)
+        return rows
+    count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+    return [(prefix or type(model).__name__, tuple(output_shape(model, params, state, x).shape), count)]
+
+
+def summary(model: Module, params, state, x) -> str:
+    rows = summary_rows(model, params, state, x)
+    total = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+    size = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
+    width = max([len("layer")] + [len(r[0]) for r in rows])
+    lines = [f"{'layer':<{width}}  {'output shape':<20}  {'params':>10}", "-" * (width + 34)]
+    lines += [f"{path:<{width}}  {str(shape):<20}  {count:>10,}" for path, shape, count in rows]
+    lines += ["-" * (width + 34), f"total parameters: {total:,} ({size / 2**20:.2f} MB)"]
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny MNIST-format data sets written as real IDX files, so tests never need the real data."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_loader import mnist as mnist_module
+from data_loader.idx import write_idx
+
+
+def make_idx_dataset(folder: Path, n_train: int = 300, n_test: int = 100, seed: int = 0) -> dict[str, str]:
+    """Writes the four gz IDX files of a learnable toy task (the label is drawn as a bright row band) and returns
+    their md5s."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    md5 = {}
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+        for i, label in enumerate(labels):
+            images[i, 2 + 2 * label: 4 + 2 * label, :] = 255
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            name = f"{split}-{kind}-ubyte.gz"
+            write_idx(folder / name, array)
+            md5[name] = hashlib.md5((folder / name).read_bytes()).hexdigest()
+    return md5
+
+
+@pytest.fixture
+def tiny_mnist(tmp_path, monkeypatch):
+    """A folder of tiny IDX files registered as the "mnist" source's checksums (in this process only)."""
+    folder = tmp_path / "data" / "mnist"
+    md5 = make_idx_dataset(folder)
+    monkeypatch.setitem(mnist_module.SOURCES, "mnist", {**mnist_module.SOURCES["mnist"], "md5": md5})
+    return folder

@@ -1,0 +1,134 @@
+"""Train a model from a JSON config:  python train.py -c config.json [-r CHECKPOINT] [--set key.path=value ...]"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from utils import ConfigError, build, build_optimizer, fail, learning_rate_fn, load_config, setup_logging
+
+log = logging.getLogger("train")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-c", "--config", help="config file (default: the resumed run's config.json)")
+    parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/checkpoint-latest.params)")
+    parser.add_argument("--weights", help="initialise params/state from this checkpoint, then train afresh (fine-tuning)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override a config value (JSON), e.g. --set optimizer.args.lr=0.01")
+    parser.add_argument("--lr", type=float, help="alias of --set optimizer.args.lr=LR")
+    parser.add_argument("--bs", type=int, help="alias of --set data_loader.train.args.batch_size=BS")
+    parser.add_argument("--epochs", type=int, help="alias of --set trainer.epochs=N")
+    parser.add_argument("--run-id", help="run folder name (default: a timestamp)")
+    return parser.parse_args(argv)
+
+
+def resolve_config(args) -> tuple[dict, Path | None]:
+    """The validated config (file, then --set and aliases) and the run folder to continue, if resuming."""
+    resume_dir = None
+    if args.resume:
+        resume = Path(args.resume)
+        if not resume.is_file():
+            raise ConfigError(f"-r {resume}: no such checkpoint file")
+        resume_dir = resume.parent
+    config_path = args.config or (resume_dir / "config.json" if resume_dir else None)
+    if config_path is None:
+        raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
+    overrides = list(args.overrides)
+    if args.lr is not None:
+        overrides.append(f"optimizer.args.lr={args.lr}")
+    if args.bs is not None:
+        overrides.append(f"data_loader.train.args.batch_size={args.bs}")
+    if args.epochs is not None:
+        overrides.append(f"trainer.epochs={args.epochs}")
+    if args.run_id is not None:
+        overrides.append(f"trainer.run_id={json.dumps(args.run_id)}")
+    config = load_config(config_path, overrides, source=Path(config_path).name)
+    if args.lr is not None and "schedule" in config["optimizer"]:
+        raise ConfigError("--lr: the learning rate comes from optimizer.schedule; set its args with --set "
+                          "optimizer.schedule.args.<name>=VALUE")
+    return config, resume_dir
+
+
+def make_run_dir(config: dict) -> Path:
+    trainer = config["trainer"]
+    run_id = trainer["run_id"] or datetime.now().strftime("%Y%m%d_%H%M%S")
+    run_dir = Path(trainer["save_dir"]) / config["name"] / run_id
+    suffix = 1
+    while run_dir.exists():  # two runs started in the same second never share a folder
+        run_dir = run_dir.with_name(f"{run_id}_{suffix}")
+        suffix += 1
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # 1. Config: read, override, validate. Nothing is loaded or compiled before this passes.
+    try:
+        config, resume_dir = resolve_config(args)
+        model = build(config["model"], "model", "config.json: model")
+        loss_fn = build(config["loss"], "loss", "config.json: loss")
+        metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
+        optimizer = build_optimizer(config)
+        lr_fn = learning_rate_fn(config)
+    except ConfigError as error:
+        fail(str(error))
+
+    # 2. Data.
+    loaders = {}
+    try:
+        for split, spec in config["data_loader"].items():
+            loaders[split] = build(spec, "data_loader", f"config.json: data_loader.{split}", seed=config["seed"])
+    except ConfigError as error:
+        fail(str(error))
+
+    # 3. Run folder: resolved config, the model code that defines the weights, logs.
+    run_dir = resume_dir or make_run_dir(config)
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if not resume_dir:
+        shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    setup_logging(run_dir)
+    import jax
+
+    from training.checkpoint import CheckpointError
+    from training.trainer import Trainer, TrainingDiverged
+
+    log.info(f"run folder: {run_dir}")
+    log.info(f"devices: {', '.join(str(d) for d in jax.devices())}")
+
+    # 4. State: fresh, resumed, or initialised from another run's weights.
+    trainer = Trainer(config, run_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
+                      loaders.get("validation"))
+    sample_shape = loaders["train"].dataset.sample_shape
+    try:
+        if args.resume:
+            trainer.restore(Path(args.resume), sample_shape)
+        else:
+            trainer.init_state(sample_shape)
+            if args.weights:
+                trainer.load_weights(Path(args.weights))
+    except CheckpointError as error:
+        fail(str(error))
+
+    # 5. Train.
+    try:
+        best = trainer.fit()
+    except TrainingDiverged as error:
+        log.error(str(error))
+        return 1
+    except KeyboardInterrupt:
+        log.info(f"interrupted; continue with: python train.py -r {run_dir / 'checkpoint-latest.params'}")
+        return 130
+    log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

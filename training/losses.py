@@ -1,0 +1,122 @@
+"""Loss functions: ``loss(outputs, targets, **hyperparameters) -> per-example loss of shape (batch,)``.
+
+Each loss reduces over every non-batch axis itself; the training step weights and averages the per-example values
+(``weighted_mean``), so a padded last batch only needs zero weights on its padding. Elementwise losses (mse, l1,
+huber, binary cross-entropy) take the mean over all non-batch axes. Distribution losses (cross-entropy, KL) sum over
+the class axis, the last one, and take the mean over any axes in between, e.g. the positions of a sequence.
+
+Hyperparameters are keyword-only with defaults, so a config can set them by name:
+``{"name": "cross_entropy", "args": {"label_smoothing": 0.1}}``.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _mean_over_examples(x: jax.Array) -> jax.Array:
+    """Mean over every axis but the first: (B, ...) -> (B,)."""
+    return x.reshape(x.shape[0], -1).mean(axis=1)
+
+
+def _check_same_shape(outputs: jax.Array, targets: jax.Array) -> None:
+    # (B, 1) against (B,) would otherwise broadcast to (B, B) and train on the wrong loss without a word.
+    if outputs.shape != targets.shape:
+        raise ValueError(f"outputs of shape {outputs.shape} and targets of shape {targets.shape} differ")
+
+
+def weighted_mean(per_example: jax.Array, weights: jax.Array | None = None) -> jax.Array:
+    """``sum(w * loss) / max(sum(w), tiny)``; the plain mean when ``weights`` is None.
+
+    Zero weights mask examples out (padding of a short last batch); a batch whose weights are all zero gives 0.
+    """
+    if weights is None:
+        return per_example.mean()
+    weights = weights.astype(per_example.dtype)
+    # where, not a bare product, so a non-finite loss on a padded example cannot leak into the value.
+    total = jnp.where(weights != 0, weights * per_example, 0).sum()
+    return total / jnp.maximum(weights.sum(), jnp.finfo(per_example.dtype).tiny)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0) -> jax.Array:
+    """Softmax cross-entropy over the last axis of ``logits`` (B, ..., C).
+
+    ``labels`` are either integer class ids of shape (B, ...) or class probabilities / one-hot vectors of the same
+    shape as ``logits``. With ``label_smoothing`` a, the target becomes ``(1 - a) * labels + a / C``, as in
+    ``optax.smooth_labels``.
+    """
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    num_classes = logits.shape[-1]
+    if labels.ndim == logits.ndim - 1:
+        ids = labels.astype(jnp.int32)[..., None]
+        nll = -jnp.take_along_axis(log_probs, ids, axis=-1)[..., 0]
+        # Smoothing with integer labels never builds the one-hot matrix: the uniform part is the mean log-prob.
+        loss = (1.0 - label_smoothing) * nll - label_smoothing * log_probs.mean(axis=-1)
+    elif labels.shape == logits.shape:
+        probs = labels.astype(log_probs.dtype)
+        probs = (1.0 - label_smoothing) * probs + label_smoothing / num_classes
+        loss = -(probs * log_probs).sum(axis=-1)
+    else:
+        raise ValueError(f"labels of shape {labels.shape} fit neither class ids nor probabilities for logits "
+                         f"of shape {logits.shape}")
+    return _mean_over_examples(loss)
+
+
+def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Sigmoid cross-entropy of ``logits`` against labels in [0, 1] of the same shape (multi-label allowed)."""
+    _check_same_shape(logits, labels)
+    labels = labels.astype(logits.dtype)
+    # softplus(x) - x * y equals -y log sigmoid(x) - (1 - y) log sigmoid(-x) without overflow at large |x|.
+    return _mean_over_examples(jax.nn.softplus(logits) - logits * labels)
+
+
+def mse(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean squared error over the non-batch axes."""
+    _check_same_shape(outputs, targets)
+    return _mean_over_examples(jnp.square(outputs - targets))
+
+
+def l1(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean absolute error over the non-batch axes."""
+    _check_same_shape(outputs, targets)
+    return _mean_over_examples(jnp.abs(outputs - targets))
+
+
+def huber(outputs: jax.Array, targets: jax.Array, *, delta: float = 1.0) -> jax.Array:
+    """Huber loss: ``0.5 e^2`` for ``|e| <= delta``, ``delta * (|e| - 0.5 delta)`` beyond; mean over non-batch axes."""
+    _check_same_shape(outputs, targets)
+    error = jnp.abs(outputs - targets)
+    quadratic = jnp.minimum(error, delta)
+    return _mean_over_examples(0.5 * jnp.square(quadratic) + delta * (error - quadratic))
+
+
+def kl_divergence(log_predictions: jax.Array, targets: jax.Array) -> jax.Array:
+    """``KL(targets || predictions)`` over the last axis.
+
+    ``log_predictions`` are the model's log-probabilities (e.g. a log_softmax output); ``targets`` are
+    probabilities, not logs, and may contain exact zeros (``0 log 0 = 0``). Same argument order as optax.
+    """
+    _check_same_shape(log_predictions, targets)
+    targets = targets.astype(log_predictions.dtype)
+    positive = targets > 0
+    # Double where keeps log(0) out of both the value and the gradient.
+    log_targets = jnp.where(positive, jnp.log(jnp.where(positive, targets, 1.0)), 0.0)
+    loss = (targets * (log_targets - log_predictions)).sum(axis=-1)
+    return _mean_over_examples(loss)
+
+
+def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """``kl_divergence(log_softmax(logits), targets)``: KL from target probabilities to the model's softmax."""
+    return kl_divergence(jax.nn.log_softmax(logits, axis=-1), targets)
+
+
+LOSSES = {fn.__name__: fn for fn in
+          (cross_entropy, binary_cross_entropy, mse, l1, huber, kl_divergence, kl_divergence_with_logits)}
+
+
+def get(name: str):
+    """The loss function a config names, e.g. ``get("cross_entropy")``."""
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r}; known: {', '.join(sorted(LOSSES))}") from None

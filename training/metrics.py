@@ -1,0 +1,206 @@
+"""Metrics built from sufficient statistics that add up across batches.
+
+A metric's ``stats(outputs, targets, mask)`` returns a dict of sums for one batch (jittable; ``mask`` of shape
+(batch,) is 1 for real examples and 0 for padding). Stats of several batches combine with ``merge``, and ``result``
+turns the summed stats into the value, so an epoch value is exact whatever the batch sizes and padding:
+
+    total = None
+    for outputs, targets, mask in batches:
+        total = merge(total, metric.stats(outputs, targets, mask))
+    value = metric.result(total)
+
+Classification metrics take logits (B, ..., C) and targets as integer class ids (B, ...) or one-hot/probabilities
+(B, ..., C); the class count is ``outputs.shape[-1]``. A single logit (C = 1) is a binary classifier: class 1 when
+the logit is positive, targets 0/1 of shape (B, ...) or (B, ..., 1). Counts are float32 sums, exact up to 2**24.
+
+Zero division gives 0, as sklearn's ``zero_division=0``: a class never predicted has precision 0, a class with no
+true examples has recall 0. Macro averages, like sklearn's default, run over the classes that occur in the targets
+or the predictions seen so far; a class absent from both has no defined score and is left out.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Stats = dict
+
+
+class Metric(NamedTuple):
+    name: str  # key used in logs
+    stats: Callable[..., Stats]  # (outputs, targets, mask) -> dict of per-batch sums
+    result: Callable[[Stats], jax.Array]  # summed stats -> value (scalar, or a vector per class)
+
+
+def merge(a: Stats | None, b: Stats) -> Stats:
+    """Sum of two batches' stats; ``a`` may be None, meaning nothing accumulated yet."""
+    return b if a is None else jax.tree.map(jnp.add, a, b)
+
+
+def zeros_like(stats: Stats) -> Stats:
+    """Stats of an empty batch, e.g. an accumulator shaped like ``stats``."""
+    return jax.tree.map(jnp.zeros_like, stats)
+
+
+def compute(metric: Metric, outputs, targets, mask=None):
+    """The metric of a single batch."""
+    return metric.result(metric.stats(outputs, targets, mask))
+
+
+def _divide(numerator, denominator):
+    """numerator / denominator, 0 where the denominator is 0."""
+    nonzero = denominator > 0
+    return jnp.where(nonzero, numerator / jnp.where(nonzero, denominator, 1), 0.0)
+
+
+def _weights(mask, like: jax.Array) -> jax.Array:
+    """The (B,) mask broadcast to the shape of ``like`` (B, ...); all ones when mask is None."""
+    if mask is None:
+        return jnp.ones(like.shape, jnp.float32)
+    mask = jnp.asarray(mask, jnp.float32)
+    return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (like.ndim - 1)), like.shape)
+
+
+def _masked_sum(values: jax.Array, mask) -> jax.Array:
+    # where, not a bare product: padding may hold anything, NaN included, and must add exactly 0.
+    w = _weights(mask, values)
+    return jnp.where(w > 0, w * values, 0.0).sum()
+
+
+def _classes(outputs: jax.Array, targets: jax.Array):
+    """(predicted ids, true ids, number of classes) from logits and ids / one-hot targets."""
+    if outputs.shape[-1] == 1:
+        predicted = (outputs[..., 0] > 0).astype(jnp.int32)
+        return predicted, (targets.reshape(predicted.shape) > 0.5).astype(jnp.int32), 2
+    return jnp.argmax(outputs, axis=-1), _true_ids(outputs, targets), outputs.shape[-1]
+
+
+def _true_ids(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """Integer class ids (B, ...) from ids or from one-hot / probability targets shaped like the logits."""
+    return jnp.argmax(targets, axis=-1) if targets.shape == outputs.shape else targets.astype(jnp.int32)
+
+
+def _class_counts(outputs, targets, mask) -> Stats:
+    """Per-class true positives, predicted counts and actual (support) counts, each of shape (C,)."""
+    predicted, true, num_classes = _classes(outputs, targets)
+    w = _weights(mask, true)
+    w = jnp.where(w > 0, w, 0.0).reshape(-1, 1)
+    p = jax.nn.one_hot(predicted.reshape(-1), num_classes)
+    t = jax.nn.one_hot(true.reshape(-1), num_classes)
+    return {"true_positives": (w * p * t).sum(0), "predicted": (w * p).sum(0), "actual": (w * t).sum(0)}
+
+
+def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str) -> Metric:
+    if average not in ("macro", "none"):
+        raise ValueError(f"average must be 'macro' or 'none', not {average!r}")
+
+    def result(stats):
+        scores = per_class(stats)
+        if average == "none":
+            return scores
+        present = (stats["actual"] + stats["predicted"]) > 0
+        return _divide(jnp.where(present, scores, 0.0).sum(), present.sum())
+
+    return Metric(name, _class_counts, result)
+
+
+def accuracy() -> Metric:
+    """Fraction of examples (or positions) whose argmax matches the target class."""
+    def stats(outputs, targets, mask=None):
+        predicted, true, _ = _classes(outputs, targets)
+        return {"correct": _masked_sum((predicted == true).astype(jnp.float32), mask),
+                "count": _masked_sum(jnp.ones(true.shape, jnp.float32), mask)}
+
+    return Metric("accuracy", stats, lambda s: _divide(s["correct"], s["count"]))
+
+
+def top_k_accuracy(k: int = 5) -> Metric:
+    """Fraction whose target class is among the k highest logits; ties with the target's logit count in its favour."""
+    def stats(outputs, targets, mask=None):
+        true = _true_ids(outputs, targets)
+        target_logit = jnp.take_along_axis(outputs, true[..., None], axis=-1)
+        rank = (outputs > target_logit).sum(axis=-1)  # how many classes beat the target
+        return {"correct": _masked_sum((rank < k).astype(jnp.float32), mask),
+                "count": _masked_sum(jnp.ones(true.shape, jnp.float32), mask)}
+
+    return Metric(f"top_{k}_accuracy", stats, lambda s: _divide(s["correct"], s["count"]))
+
+
+def precision(average: str = "macro") -> Metric:
+    """tp / predicted per class; ``average`` "macro" (mean over classes) or "none" (vector of shape (C,))."""
+    return _averaged("precision", lambda s: _divide(s["true_positives"], s["predicted"]), average)
+
+
+def recall(average: str = "macro") -> Metric:
+    """tp / actual per class; ``average`` "macro" or "none"."""
+    return _averaged("recall", lambda s: _divide(s["true_positives"], s["actual"]), average)
+
+
+def f1(average: str = "macro") -> Metric:
+    """Per-class F1 = 2 tp / (predicted + actual); macro F1 is the mean of these, as in sklearn."""
+    return _averaged("f1", lambda s: _divide(2 * s["true_positives"], s["predicted"] + s["actual"]), average)
+
+
+def confusion_matrix() -> Metric:
+    """Counts of shape (C, C): row = true class, column = predicted class."""
+    def stats(outputs, targets, mask=None):
+        predicted, true, num_classes = _classes(outputs, targets)
+        w = _weights(mask, true)
+        w = jnp.where(w > 0, w, 0.0)
+        matrix = jnp.zeros((num_classes, num_classes), jnp.float32)
+        return {"matrix": matrix.at[true.reshape(-1), predicted.reshape(-1)].add(w.reshape(-1))}
+
+    return Metric("confusion_matrix", stats, lambda s: s["matrix"])
+
+
+def _regression_stats(error_fn: Callable[[jax.Array], jax.Array], key: str):
+    def stats(outputs, targets, mask=None):
+        if outputs.shape != targets.shape:
+            raise ValueError(f"outputs of shape {outputs.shape} and targets of shape {targets.shape} differ")
+        error = error_fn(outputs - targets)
+        return {key: _masked_sum(error, mask), "count": _masked_sum(jnp.ones(error.shape, jnp.float32), mask)}
+
+    return stats
+
+
+def mae() -> Metric:
+    """Mean absolute error over every element of every real example."""
+    return Metric("mae", _regression_stats(jnp.abs, "abs_error"), lambda s: _divide(s["abs_error"], s["count"]))
+
+
+def rmse() -> Metric:
+    """Root of the mean squared error over every element of every real example (not a mean of batch RMSEs)."""
+    return Metric("rmse", _regression_stats(jnp.square, "squared_error"),
+                  lambda s: jnp.sqrt(_divide(s["squared_error"], s["count"])))
+
+
+def summarize(metric: Metric, stats: Stats) -> dict[str, float]:
+    """The result as plain floats for logging: ``{"f1": 0.8}``, or ``{"f1/0": .., "f1/1": ..}`` for a vector."""
+    value = metric.result(stats)
+    items = value.items() if isinstance(value, dict) else [(None, value)]
+    out = {}
+    for key, array in items:
+        prefix = metric.name if key is None else f"{metric.name}/{key}"
+        array = np.asarray(array)
+        if array.ndim == 0:
+            out[prefix] = float(array)
+        else:
+            for index, v in np.ndenumerate(array):
+                out[prefix + "".join(f"/{i}" for i in index)] = float(v)
+    return out
+
+
+METRICS = {fn.__name__: fn for fn in (accuracy, top_k_accuracy, precision, recall, f1, confusion_matrix, mae, rmse)}
+
+
+def get(name: str, **args) -> Metric:
+    """The metric a config names: ``get("f1", average="none")``; "top_5_accuracy" reads as top_k_accuracy(k=5)."""
+    match = re.fullmatch(r"top_(\d+)_accuracy", name)
+    if match:
+        return top_k_accuracy(int(match.group(1)), **args)
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; known: {', '.join(sorted(METRICS))}")
+    return METRICS[name](**args)

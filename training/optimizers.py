@@ -1,0 +1,326 @@
+"""Optimizers as ``(init, update)`` pairs over pytrees, composed by chaining, in the manner of optax.
+
+    opt = chain(clip_by_global_norm(1.0), adamw(schedules.cosine_decay(1e-3, 10_000)))
+    state = opt.init(params)
+    updates, state = opt.update(grads, state, params)
+    params = apply_updates(params, updates)
+
+Each building block transforms the gradient tree it is given; the last one of an optimizer scales by minus the
+learning rate, so ``updates`` are added to the params. States are NamedTuples of arrays with int32 step counts, so
+they jit, and checkpoint by key path like params. Every learning rate, weight decay and momentum may be a float or a
+schedule ``step -> value`` (see ``training/schedules.py``); a block that takes one keeps its own step count.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Schedule = Callable[[jax.Array], jax.Array]
+Hyper = float | Schedule  # a hyperparameter: a constant or a schedule
+
+
+class Optimizer(NamedTuple):
+    init: Callable[[Any], Any]  # params -> state
+    update: Callable[..., tuple[Any, Any]]  # (grads, state, params=None) -> (updates, state)
+
+
+class EmptyState(NamedTuple):
+    pass
+
+
+class CountState(NamedTuple):
+    count: jax.Array
+
+
+class TraceState(NamedTuple):
+    count: jax.Array
+    trace: Any
+
+
+class AdamState(NamedTuple):
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+class RmsState(NamedTuple):
+    nu: Any
+
+
+class StddevState(NamedTuple):
+    mu: Any
+    nu: Any
+
+
+class RssState(NamedTuple):
+    sum_of_squares: Any
+
+
+class LionState(NamedTuple):
+    mu: Any
+
+
+def apply_updates(params, updates):
+    """``params + updates``, each leaf keeping its param's dtype."""
+    return jax.tree.map(lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype), params, updates)
+
+
+def chain(*optimizers: Optimizer) -> Optimizer:
+    """Applies the optimizers one after the other; the state is the tuple of their states."""
+
+    def init(params):
+        return tuple(opt.init(params) for opt in optimizers)
+
+    def update(grads, state, params=None):
+        new_state = []
+        for opt, s in zip(optimizers, state):
+            grads, s = opt.update(grads, s, params)
+            new_state.append(s)
+        return grads, tuple(new_state)
+
+    return Optimizer(init, update)
+
+
+# Gradient transforms.
+
+def scale_by_learning_rate(learning_rate: Hyper) -> Optimizer:
+    """Multiplies by ``-learning_rate`` (descent); a schedule is read at this block's own step count."""
+
+    def update(grads, state, params=None):
+        lr = _value_at(learning_rate, state.count)
+        return jax.tree.map(lambda g: jnp.asarray(-lr, g.dtype) * g, grads), CountState(_increment(state.count))
+
+    return Optimizer(_count_init, update)
+
+
+def trace(momentum: Hyper, nesterov: bool = False) -> Optimizer:
+    """Heavy-ball momentum ``t = g + momentum * t`` (optax ``trace``); Nesterov returns ``g + momentum * t``."""
+
+    def init(params):
+        return TraceState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
+
+    def update(grads, state, params=None):
+        m = _value_at(momentum, state.count)
+        step = lambda g, t: g + jnp.asarray(m, t.dtype) * t
+        new_trace = jax.tree.map(step, grads, state.trace)
+        updates = jax.tree.map(step, grads, new_trace) if nesterov else new_trace
+        return updates, TraceState(_increment(state.count), new_trace)
+
+    return Optimizer(init, update)
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Optimizer:
+    """Adam's bias-corrected ``m / (sqrt(v) + eps)``."""
+
+    def init(params):
+        zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+        return AdamState(jnp.zeros([], jnp.int32), zeros(), zeros())
+
+    def update(grads, state, params=None):
+        mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, grads, state.mu)
+        nu = jax.tree.map(lambda g, v: (1 - b2) * g * g + b2 * v, grads, state.nu)
+        count = _increment(state.count)
+        c1, c2 = 1 - b1 ** count, 1 - b2 ** count
+        updates = jax.tree.map(lambda m, v: (m / c1.astype(m.dtype)) / (jnp.sqrt(v / c2.astype(v.dtype)) + eps),
+                               mu, nu)
+        return updates, AdamState(count, mu, nu)
+
+    return Optimizer(init, update)
+
+
+def scale_by_rms(decay: float = 0.9, eps: float = 1e-8) -> Optimizer:
+    """RMSProp's ``g / sqrt(v + eps)`` with ``v`` the running mean of ``g**2`` (eps inside the root, as optax)."""
+
+    def init(params):
+        return RmsState(jax.tree.map(jnp.zeros_like, params))
+
+    def update(grads, state, params=None):
+        nu = jax.tree.map(lambda g, v: (1 - decay) * g * g + decay * v, grads, state.nu)
+        return jax.tree.map(lambda g, v: g * jax.lax.rsqrt(v + eps), grads, nu), RmsState(nu)
+
+    return Optimizer(init, update)
+
+
+def scale_by_stddev(decay: float = 0.9, eps: float = 1e-8) -> Optimizer:
+    """Centered RMSProp: divides by the running standard deviation, ``sqrt(E[g**2] - E[g]**2 + eps)``."""
+
+    def init(params):
+        zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+        return StddevState(zeros(), zeros())
+
+    def update(grads, state, params=None):
+        mu = jax.tree.map(lambda g, m: (1 - decay) * g + decay * m, grads, state.mu)
+        nu = jax.tree.map(lambda g, v: (1 - decay) * g * g + decay * v, grads, state.nu)
+        updates = jax.tree.map(lambda g, m, v: g * jax.lax.rsqrt(v - m * m + eps), grads, mu, nu)
+        return updates, StddevState(mu, nu)
+
+    return Optimizer(init, update)
+
+
+def scale_by_rss(initial_accumulator_value: float = 0.1, eps: float = 1e-7) -> Optimizer:
+    """Adagrad's ``g / sqrt(sum of all g**2 so far + eps)``."""
+
+    def init(params):
+        return RssState(jax.tree.map(lambda p: jnp.full_like(p, initial_accumulator_value), params))
+
+    def update(grads, state, params=None):
+        sums = jax.tree.map(lambda g, s: g * g + s, grads, state.sum_of_squares)
+        # A zero accumulator (zero initial value, zero gradients so far) means no step rather than g / sqrt(eps).
+        updates = jax.tree.map(lambda g, s: g * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0), grads, sums)
+        return updates, RssState(sums)
+
+    return Optimizer(init, update)
+
+
+def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Optimizer:
+    """Lion's ``sign(b1 * m + (1 - b1) * g)``, then ``m`` moves towards ``g`` at rate ``1 - b2``."""
+
+    def init(params):
+        return LionState(jax.tree.map(jnp.zeros_like, params))
+
+    def update(grads, state, params=None):
+        updates = jax.tree.map(lambda g, m: jnp.sign((1 - b1) * g + b1 * m), grads, state.mu)
+        mu = jax.tree.map(lambda g, m: (1 - b2) * g + b2 * m, grads, state.mu)
+        return updates, LionState(mu)
+
+    return Optimizer(init, update)
+
+
+def add_decayed_weights(weight_decay: Hyper, mask: Any = "default") -> Optimizer:
+    """Adds ``weight_decay * params`` to the leaves the mask selects (decoupled weight decay when it is followed by
+    ``scale_by_learning_rate``, as in AdamW). ``mask`` is one of:
+
+    - ``"default"``: leaves with ``ndim > 1`` (weights and kernels; not biases, norm scales or other vectors);
+    - ``None`` or ``"all"``: every leaf;
+    - a function ``(path, leaf) -> bool``, ``path`` the dotted key path such as ``"blocks.1.norm.scale"``;
+    - a pytree of bools shaped like the params (or a prefix of them).
+    """
+    if isinstance(mask, str) and mask not in ("default", "all"):
+        raise ValueError(f'add_decayed_weights: mask must be "default", "all", None, a function or a pytree of bools, '
+                         f'got {mask!r}')
+
+    def update(grads, state, params=None):
+        new_state = CountState(_increment(state.count))
+        if not callable(weight_decay) and weight_decay == 0:
+            return grads, new_state
+        if params is None:
+            raise ValueError("add_decayed_weights needs the params: call update(grads, state, params)")
+        wd = _value_at(weight_decay, state.count)
+        selected = decay_mask(params, mask)
+        updates = jax.tree.map(lambda g, p, on: g + jnp.asarray(wd, g.dtype) * p if on else g, grads, params, selected)
+        return updates, new_state
+
+    return Optimizer(_count_init, update)
+
+
+def clip_by_global_norm(max_norm: float) -> Optimizer:
+    """Rescales the whole tree to global L2 norm ``max_norm`` when its norm exceeds that."""
+
+    def update(grads, state, params=None):
+        norm = global_norm(grads)
+        clip = lambda g: jnp.where(norm < max_norm, g, g / norm.astype(g.dtype) * max_norm)
+        return jax.tree.map(clip, grads), state
+
+    return Optimizer(_empty_init, update)
+
+
+def clip_by_value(max_delta: float) -> Optimizer:
+    """Clips every element to ``[-max_delta, max_delta]``."""
+
+    def update(grads, state, params=None):
+        return jax.tree.map(lambda g: jnp.clip(g, -max_delta, max_delta), grads), state
+
+    return Optimizer(_empty_init, update)
+
+
+# The optimizers a config names; each is a chain of the blocks above, in optax's order.
+
+def sgd(lr: Hyper, momentum: Hyper = 0.0, nesterov: bool = False) -> Optimizer:
+    """Stochastic gradient descent, with (Nesterov) momentum when ``momentum`` is non-zero."""
+    return chain(*_present(momentum, lambda: trace(momentum, nesterov)), scale_by_learning_rate(lr))
+
+
+def adam(lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Optimizer:
+    return chain(scale_by_adam(b1, b2, eps), scale_by_learning_rate(lr))
+
+
+def adamw(lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: Hyper = 1e-4,
+          mask: Any = "default") -> Optimizer:
+    """Adam with decoupled weight decay; the decay is multiplied by the learning rate (optax and PyTorch)."""
+    return chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr))
+
+
+def rmsprop(lr: Hyper, decay: float = 0.9, eps: float = 1e-8, momentum: Hyper = 0.0,
+            centered: bool = False) -> Optimizer:
+    """RMSProp as optax writes it: eps inside the square root, momentum applied after the learning rate."""
+    scale = scale_by_stddev(decay, eps) if centered else scale_by_rms(decay, eps)
+    return chain(scale, scale_by_learning_rate(lr), *_present(momentum, lambda: trace(momentum)))
+
+
+def adagrad(lr: Hyper, initial_accumulator_value: float = 0.1, eps: float = 1e-7) -> Optimizer:
+    return chain(scale_by_rss(initial_accumulator_value, eps), scale_by_learning_rate(lr))
+
+
+def lion(lr: Hyper, b1: float = 0.9, b2: float = 0.99, weight_decay: Hyper = 0.0, mask: Any = "default") -> Optimizer:
+    """Lion (Chen et al., 2023); its updates are signs, so it wants a learning rate 3-10x smaller than Adam's."""
+    return chain(scale_by_lion(b1, b2), add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr))
+
+
+# Helpers.
+
+def global_norm(tree) -> jax.Array:
+    """The L2 norm of all leaves together."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def decay_mask(params, mask: Any = "default"):
+    """The pytree of Python bools, shaped like ``params``, that ``add_decayed_weights`` uses for ``mask``."""
+    if mask is None or mask == "all":
+        return jax.tree.map(lambda p: True, params)
+    if isinstance(mask, str):  # "default"
+        return jax.tree.map(lambda p: jnp.ndim(p) > 1, params)
+    if callable(mask):
+        return jax.tree_util.tree_map_with_path(lambda path, p: bool(mask(key_path_str(path), p)), params)
+    # A prefix tree of bools: each bool covers the whole subtree below it.
+    return jax.tree.map(lambda on, sub: jax.tree.map(lambda p: bool(on), sub), mask, params)
+
+
+def key_path_str(keypath) -> str:
+    """A jax key path as a dotted string: ``blocks.1.norm.scale``."""
+    parts = []
+    for k in keypath:
+        if isinstance(k, jax.tree_util.DictKey):
+            parts.append(str(k.key))
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            parts.append(str(k.idx))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            parts.append(k.name)
+        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(k.key))
+        else:
+            parts.append(str(k))
+    return ".".join(parts)
+
+
+def _value_at(hyper: Hyper, count):
+    return hyper(count) if callable(hyper) else hyper
+
+
+def _present(hyper: Hyper, make: Callable[[], Optimizer]) -> tuple[Optimizer, ...]:
+    """``(make(),)`` unless ``hyper`` is a constant zero, which would make the block a no-op."""
+    return (make(),) if callable(hyper) or hyper else ()
+
+
+def _increment(count):
+    # Saturate instead of wrapping to a negative step after 2**31 - 1 updates.
+    return jnp.where(count < jnp.iinfo(jnp.int32).max, count + 1, count)
+
+
+def _count_init(params):
+    return CountState(jnp.zeros([], jnp.int32))
+
+
+def _empty_init(params):
+    return EmptyState()

@@ -1,0 +1,149 @@
+"""Learning-rate (and other hyperparameter) schedules.
+
+A schedule is a plain function ``step -> value``. Every factory here returns one that is jittable, accepts a Python
+int or a traced integer array (a vector of steps too), and follows the argument meanings of the optax schedule of the
+same name, so the two can be swapped and compared:
+
+    lr = warmup_cosine_decay(0.0, peak_value=1e-3, warmup_steps=500, decay_steps=10_000)
+    lr(0), lr(500), lr(jnp.arange(10_000))
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax.numpy as jnp
+
+Schedule = Callable[[int], jnp.ndarray]
+
+
+def constant(value: float) -> Schedule:
+    """Always ``value``."""
+
+    def schedule(step):
+        return jnp.full(jnp.shape(step), value, dtype=float)
+
+    return schedule
+
+
+def piecewise_constant(init_value: float, boundaries_and_scales: dict | None = None) -> Schedule:
+    """``init_value`` multiplied by every ``scale`` whose boundary the step has reached (``step >= boundary``).
+
+    Keys may be strings (``{"1000": 0.1}``), as JSON configs write them.
+    """
+    items = sorted((_as_step(k, "boundaries_and_scales"), float(s)) for k, s in (boundaries_and_scales or {}).items())
+    if any(s < 0 for _, s in items):
+        raise ValueError(f"piecewise_constant: scales must be non-negative, got {dict(items)}")
+
+    def schedule(step):
+        value = jnp.full(jnp.shape(step), init_value, dtype=float)
+        for boundary, scale in items:
+            value = jnp.where(step < boundary, value, value * scale)
+        return value
+
+    return schedule
+
+
+def step_decay(init_value: float, step_size: int, gamma: float = 0.1) -> Schedule:
+    """``init_value * gamma ** (step // step_size)``: multiply by ``gamma`` every ``step_size`` steps."""
+    if step_size <= 0:
+        raise ValueError(f"step_decay: step_size must be positive, got {step_size}")
+    return exponential_decay(init_value, step_size, gamma, staircase=True)
+
+
+def exponential_decay(init_value: float, transition_steps: int, decay_rate: float, transition_begin: int = 0,
+                      staircase: bool = False, end_value: float | None = None) -> Schedule:
+    """``init_value * decay_rate ** ((step - transition_begin) / transition_steps)``, constant before
+    ``transition_begin``; ``staircase`` floors the exponent; ``end_value`` bounds the result.
+
+    As in optax, a non-positive ``transition_steps`` or a zero ``decay_rate`` gives a constant schedule.
+    """
+    if transition_steps <= 0 or decay_rate == 0:
+        return constant(init_value)
+    transition_begin = max(transition_begin, 0)
+
+    def schedule(step):
+        elapsed = step - transition_begin
+        p = elapsed / transition_steps
+        if staircase:
+            p = jnp.floor(p)
+        value = jnp.where(elapsed <= 0, init_value, init_value * jnp.power(decay_rate, p))
+        if end_value is not None:
+            # A decaying schedule stops at end_value from above, a growing one from below.
+            value = jnp.maximum(value, end_value) if decay_rate < 1 else jnp.minimum(value, end_value)
+        return value
+
+    return schedule
+
+
+def cosine_decay(init_value: float, decay_steps: int, alpha: float = 0.0) -> Schedule:
+    """Half a cosine from ``init_value`` down to ``alpha * init_value`` over ``decay_steps``, then flat."""
+    if decay_steps <= 0:
+        raise ValueError(f"cosine_decay: decay_steps must be positive, got {decay_steps}")
+
+    def schedule(step):
+        # A float step keeps large step counts from overflowing int32 arithmetic.
+        t = jnp.minimum(jnp.asarray(step, dtype=float), float(decay_steps)) / decay_steps
+        return init_value * ((1 - alpha) * 0.5 * (1 + jnp.cos(math.pi * t)) + alpha)
+
+    return schedule
+
+
+def linear(init_value: float, end_value: float, transition_steps: int, transition_begin: int = 0) -> Schedule:
+    """From ``init_value`` at ``transition_begin`` to ``end_value`` ``transition_steps`` later; flat outside.
+
+    As in optax, a non-positive ``transition_steps`` gives a constant ``init_value``.
+    """
+    if transition_steps <= 0:
+        return constant(init_value)
+    transition_begin = max(transition_begin, 0)
+
+    def schedule(step):
+        done = jnp.clip(step - transition_begin, 0, transition_steps) / transition_steps
+        return (init_value - end_value) * (1 - done) + end_value
+
+    return schedule
+
+
+def warmup_cosine_decay(init_value: float, peak_value: float, warmup_steps: int, decay_steps: int,
+                        end_value: float = 0.0) -> Schedule:
+    """Linear warm-up from ``init_value`` to ``peak_value`` over ``warmup_steps``, then cosine decay to
+    ``end_value``; ``decay_steps`` counts the warm-up too (optax's convention)."""
+    if decay_steps <= warmup_steps:
+        raise ValueError(f"warmup_cosine_decay: decay_steps ({decay_steps}) must exceed warmup_steps ({warmup_steps})")
+    warmup = linear(init_value, peak_value, warmup_steps)
+    decay = cosine_decay(peak_value, decay_steps - warmup_steps, alpha=end_value / peak_value if peak_value else 0.0)
+
+    def schedule(step):
+        return jnp.where(step < warmup_steps, warmup(step), decay(step - warmup_steps))
+
+    return schedule
+
+
+def one_cycle(transition_steps: int, peak_value: float, pct_start: float = 0.3, div_factor: float = 25.0,
+              final_div_factor: float = 1e4) -> Schedule:
+    """The one-cycle policy with cosine annealing (optax ``cosine_onecycle_schedule``): from
+    ``peak_value / div_factor`` up to ``peak_value`` over the first ``pct_start`` of ``transition_steps``, then down
+    to ``peak_value / (div_factor * final_div_factor)``, flat afterwards."""
+    if transition_steps <= 0:
+        raise ValueError(f"one_cycle: transition_steps must be positive, got {transition_steps}")
+    start = peak_value / div_factor
+    end = start / final_div_factor
+    rise = int(pct_start * transition_steps)
+
+    def cosine(a, b, fraction):
+        return b + (a - b) / 2 * (jnp.cos(math.pi * fraction) + 1)
+
+    def schedule(step):
+        up = cosine(start, peak_value, step / max(rise, 1))
+        down = cosine(peak_value, end, (step - rise) / max(transition_steps - rise, 1))
+        return jnp.where(step < rise, up, jnp.where(step < transition_steps, down, end))
+
+    return schedule
+
+
+def _as_step(key, where: str) -> int:
+    try:
+        return int(key)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: boundary {key!r} is not an integer step") from None

@@ -1,0 +1,241 @@
+"""The training loop: epochs of jitted K-step calls, exact epoch metrics, checkpoints, early stopping, resume.
+
+Everything the loop needs arrives built (`train.py` builds it from the config); the loop owns the run folder's
+`metrics.jsonl` and checkpoints. Data is sharded along a `data` mesh axis over all local devices, parameters are
+replicated, so the same code runs on one CPU or several accelerators.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from training import checkpoint
+from training.step import empty_stats, make_eval_step, make_train_chunk
+
+log = logging.getLogger("train")
+
+
+class TrainingDiverged(Exception):
+    pass
+
+
+def metric_results(metrics: Sequence, stats: dict) -> dict[str, float | list]:
+    """Loss and metric values from summed statistics (host numbers; vectors become lists)."""
+    stats = jax.device_get(stats)
+    count = float(stats["count"])
+    results = {"loss": float(stats["loss_sum"]) / max(count, 1.0)}
+    for m in metrics:
+        value = np.asarray(m.result(stats["metrics"][m.name]))
+        results[m.name] = float(value) if value.ndim == 0 else value.tolist()
+    return results
+
+
+def format_results(prefix: str, results: dict) -> str:
+    return "  ".join(f"{prefix}/{k} {v:.4f}" for k, v in results.items() if isinstance(v, float))
+
+
+class Trainer:
+    def __init__(self, config: dict, run_dir: Path, model, loss_fn: Callable, metrics: Sequence, optimizer,
+                 lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = ()):
+        self.config = config
+        self.trainer_cfg = config["trainer"]
+        self.run_dir = Path(run_dir)
+        self.model, self.loss_fn, self.metrics, self.optimizer = model, loss_fn, metrics, optimizer
+        self.lr_fn = lr_fn
+        self.train_loader, self.valid_loader = train_loader, valid_loader
+        self.trackers = list(trackers)
+
+        devices = jax.devices()
+        self.mesh = Mesh(np.array(devices), ("data",))
+        self.replicated = NamedSharding(self.mesh, P())
+        for loader, split in ((train_loader, "train"), (valid_loader, "validation")):
+            if loader is not None and loader.batch_size % len(devices):
+                raise ValueError(f"data_loader.{split}.args.batch_size {loader.batch_size} must be a multiple of "
+                                 f"the {len(devices)} devices in use")
+        self.steps_per_call = self.trainer_cfg["steps_per_call"]
+        if self.steps_per_call == "auto":
+            self.steps_per_call = 1
+
+        self.train_chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
+        self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics), donate_argnums=(2,))
+        self.epoch = 0  # epochs completed
+        mode, _, self.monitor = self.trainer_cfg["monitor"].partition(" ")
+        self.better = (lambda a, b: a > b) if mode == "max" else (lambda a, b: a < b)
+        self.best = None
+        self.bad_epochs = 0
+
+    # ------------------------------------------------------------------------------------------------- state
+    def init_state(self, sample_shape: tuple) -> dict:
+        """Fresh training state from the config's seed, built by one jitted call (no eager per-layer work)."""
+        spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
+
+        def init(seed):
+            init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
+            params, state = self.model.init(init_key, spec)
+            return {"params": params, "state": state, "opt_state": self.optimizer.init(params),
+                    "step": jnp.zeros((), jnp.int32), "rng": rng}
+
+        self.ts = jax.jit(init, out_shardings=self.replicated)(self.config["seed"])
+        self.input_spec = spec
+        return self.ts
+
+    def state_template(self, sample_shape: tuple) -> dict:
+        spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
+        return jax.eval_shape(lambda: self._init_abstract(spec))
+
+    def _init_abstract(self, spec):
+        params, state = self.model.init(jax.random.PRNGKey(0), spec)
+        return {"params": params, "state": state, "opt_state": self.optimizer.init(params),
+                "step": jnp.zeros((), jnp.int32), "rng": jax.random.PRNGKey(0)}
+
+    def restore(self, path: Path, sample_shape: tuple) -> None:
+        """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
+        tree, header = checkpoint.restore(path, self.state_template(sample_shape))
+        self.ts = jax.device_put(tree, self.replicated)
+        self.input_spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
+        self.epoch = header["epoch"]
+        self.best = header.get("best")
+        self.bad_epochs = header.get("bad_epochs", 0)
+        from utils import config_hash
+
+        if header.get("config_hash") != config_hash(self.config):
+            log.warning("the config's model/loss/optimizer/seed differ from the checkpoint's run; continuing anyway")
+        log.info(f"resumed from {path}: epoch {self.epoch}, step {header['step']}")
+
+    def load_weights(self, path: Path) -> None:
+        """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
+        template = {"params": self.ts["params"], "state": self.ts["state"]}
+        tree, _ = checkpoint.restore(path, template, only=("params", "state"))
+        self.ts.update(jax.device_put(tree, self.replicated))
+        log.info(f"initialised params and model state from {path}")
+
+    def header(self) -> dict:
+        from utils import config_hash
+
+        return {"epoch": self.epoch, "step": int(self.ts["step"]), "best": self.best, "bad_epochs": self.bad_epochs,
+                "monitor": self.trainer_cfg["monitor"], "config_hash": config_hash(self.config),
+                "data_seed": self.config["seed"]}
+
+    # -------------------------------------------------------------------------------------------------- loop
+    def put_stack(self, stack: dict) -> dict:
+        sharding = {k: NamedSharding(self.mesh, P(None, "data") if v.ndim > 1 else P()) for k, v in stack.items()}
+        return jax.device_put(stack, sharding)
+
+    def put_batch(self, batch: dict) -> dict:
+        return jax.device_put(batch, {k: NamedSharding(self.mesh, P("data")) for k in batch})
+
+    def empty_stats(self):
+        batch_spec = {"input": self.input_spec,
+                      "target": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.int32),
+                      "mask": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.float32)}
+        zeros = empty_stats(self.model, self.loss_fn, self.metrics, self.ts["params"], self.ts["state"], batch_spec)
+        return jax.device_put(zeros, self.replicated)
+
+    def train_epoch(self, epoch: int) -> dict:
+        from tqdm import tqdm
+
+        loader, k = self.train_loader, self.steps_per_call
+        steps = len(loader)
+        interactive = sys.stderr.isatty()
+        bar = tqdm(total=steps, desc=f"epoch {epoch}", unit="step", leave=False, disable=not interactive)
+        acc = self.empty_stats()
+        pending = None  # the previous call's per-step logs, read while the next call runs
+        first_step = int(self.ts["step"])
+        done = 0
+        for real, stack in loader.chunks(epoch, k, self.put_stack):
+            self.ts, acc, logs = self.train_chunk(self.ts, acc, stack)
+            if pending is not None:
+                self.check_logs(epoch, *pending, bar)
+            pending = (logs, done, real, first_step)
+            done += real
+        self.check_logs(epoch, *pending, bar)
+        bar.close()
+        return acc
+
+    def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, bar) -> None:
+        losses = np.asarray(logs["loss"])[:real]
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if bad.size:
+            step = first_step + done + int(bad[0]) + 1
+            raise TrainingDiverged(f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {step}; "
+                                   f"training stopped, the last good checkpoint is kept")
+        every = self.trainer_cfg["log_every"]
+        for i in range(real):
+            step = first_step + done + i + 1
+            if step % every == 0:
+                values = {"train/step_loss": float(losses[i]), "train/lr": float(self.lr_fn(step - 1)),
+                          "train/grad_norm": float(np.asarray(logs["grad_norm"])[i])}
+                # with a live progress bar the console shows the bar; step lines still reach train.log
+                level = logging.INFO if bar.disable else logging.DEBUG
+                log.log(level, f"epoch {epoch} step {step}: loss {values['train/step_loss']:.4f}  "
+                               f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}")
+                for tracker in self.trackers:
+                    tracker.log_step(step, values)
+        bar.update(real)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+
+    def evaluate(self, loader, epoch: int = 0) -> dict:
+        acc = self.empty_stats()
+        params, state = self.ts["params"], self.ts["state"]
+        for batch in loader.batches(epoch):
+            acc = self.eval_step(params, state, acc, self.put_batch(batch))
+        return metric_results(self.metrics, acc)
+
+    def fit(self) -> dict | None:
+        epochs = self.trainer_cfg["epochs"]
+        patience = self.trainer_cfg["early_stop"]
+        while self.epoch < epochs:
+            epoch = self.epoch + 1
+            start = time.perf_counter()
+            acc = self.train_epoch(epoch)
+            train = metric_results(self.metrics, acc)  # waits for the epoch's last step
+            seconds = time.perf_counter() - start
+            row = {"epoch": epoch, "step": int(self.ts["step"]), **{f"train/{k}": v for k, v in train.items()}}
+            if self.valid_loader is not None:
+                row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
+            row.update({"time/epoch_s": seconds, "time/images_per_s": self.train_loader.num_examples / seconds,
+                        "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
+            self.epoch = epoch
+            improved = self.update_best(row)
+            log.info(f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
+                     + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
+                     + f"  {seconds:.1f}s  {row['time/images_per_s']:.0f} img/s" + ("  *" if improved else ""))
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            self.save_checkpoints(epoch, improved)
+            for tracker in self.trackers:
+                tracker.log_epoch(epoch, row, self.best)
+            if patience and self.bad_epochs >= patience:
+                log.info(f"early stop: {self.monitor} has not improved for {patience} epochs (best {self.best:.4f})")
+                break
+        return self.best
+
+    def update_best(self, row: dict) -> bool:
+        if self.trainer_cfg["monitor"] == "off":
+            return False
+        value = row.get(self.monitor)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            raise ValueError(f"trainer.monitor: {self.monitor!r} was not computed this epoch")
+        if self.best is None or self.better(value, self.best):
+            self.best, self.bad_epochs = value, 0
+            return True
+        self.bad_epochs += 1
+        return False
+
+    def save_checkpoints(self, epoch: int, improved: bool) -> None:
+        payload = checkpoint.encode(self.ts, self.header())
+        checkpoint.write_atomic(self.run_dir / "checkpoint-latest.params", payload)
+        if epoch % self.trainer_cfg["save_period"] == 0:
+            checkpoint.write_atomic(self.run_dir / f"checkpoint-epoch_{epoch}.params", payload)
+        if improved:
+            checkpoint.write_atomic(self.run_dir / "model_best.params", payload)

@@ -1,0 +1,362 @@
+"""Config files: reading, command-line overrides, validation and the one resolver that builds every component.
+
+Every component in `config.json` has the form {"name": ..., "args": {...}}; `name` is looked up among the public
+names of the module that holds that kind of component (`__all__` where the module defines it), and `args` must
+bind to that function's signature. All of this is checked before any data is read or anything is compiled, and
+every problem is reported as one line that names its place in the file: `config.json: optimizer.args.lr: ...`.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import logging.config
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+# Where each kind of component lives. Adding a component = writing a function in that module.
+COMPONENT_MODULES = {
+    "model": "model.model",
+    "loss": "training.losses",
+    "metrics": "training.metrics",
+    "optimizer": "training.optimizers",
+    "schedule": "training.schedules",
+    "transforms": "training.optimizers",
+    "data_loader": "data_loader.data_loaders",
+}
+
+TRAINER_DEFAULTS = {
+    "epochs": 10,
+    "save_dir": "saved/",
+    "save_period": 5,
+    "monitor": "max val/accuracy",
+    "early_stop": 0,
+    "log_every": 50,
+    "steps_per_call": 1,
+    "run_id": None,
+}
+WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
+                  "mode": "offline", "id": None}
+TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard"}
+LOADER_SPLITS = ("train", "validation", "test")
+# Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
+DATA_ARGUMENTS = {"loss": 2}
+
+
+class ConfigError(Exception):
+    """A problem with the user's config: reported as one line, exit status 2."""
+
+
+def closest(name: str, choices) -> str:
+    match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.5)
+    return f" Did you mean {match[0]!r}?" if match else ""
+
+
+# ---------------------------------------------------------------------------------------------------------- reading
+def read_json(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: the top level must be an object {{...}}")
+    return config
+
+
+def set_path(config: dict, dotted: str, value: Any, source: str) -> None:
+    """Sets config[a][b][c] = value for 'a.b.c'; integer parts index lists (metrics.0.args.k)."""
+    parts = dotted.split(".")
+    node = config
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{source}: {'.'.join(parts[:i + 1])}: no such list index")
+            node = node[int(part)]
+        else:
+            node = node.setdefault(part, {})
+        if not isinstance(node, (dict, list)):
+            raise ConfigError(f"{source}: {'.'.join(parts[:i + 1])} is a value, not a section")
+    last = parts[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ConfigError(f"{source}: {dotted}: no such list index")
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare word is a string: --set model.name=mlp
+    return key.strip(), value
+
+
+def config_hash(config: dict) -> str:
+    """Hash of what defines the weights and their training (not paths, epochs or trackers)."""
+    keys = ("model", "loss", "optimizer", "seed")
+    canonical = json.dumps({k: config.get(k) for k in keys}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------------------ resolution
+def available(kind: str) -> dict[str, Callable]:
+    module = importlib.import_module(COMPONENT_MODULES[kind])
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n, obj in vars(module).items()
+                 if not n.startswith("_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__]
+    return {name: getattr(module, name) for name in names}
+
+
+def signature_text(name: str, fn: Callable) -> str:
+    return f"{name}{inspect.signature(fn)}"
+
+
+def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] = ()) -> tuple[Callable, dict]:
+    """Looks up spec['name'] and binds spec['args']; `supplied` are arguments the program fills in itself."""
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {json.dumps(spec)}")
+    extra = set(spec) - {"name", "args", "schedule", "transforms"}
+    if extra:
+        raise ConfigError(f"{where}: unexpected key {sorted(extra)[0]!r}; a component has \"name\" and \"args\"")
+    options = available(kind)
+    name = spec["name"]
+    if name not in options:
+        raise ConfigError(f"{where}.name: unknown {kind} {name!r}; available: {', '.join(sorted(options))}."
+                          f"{closest(name, options)}")
+    fn = options[name]
+    args = spec.get("args") or {}
+    if not isinstance(args, dict):
+        raise ConfigError(f"{where}.args: expected an object, got {json.dumps(args)}")
+    params = dict(inspect.signature(fn).parameters)
+    for data_arg in list(params)[:DATA_ARGUMENTS.get(kind, 0)]:
+        supplied = (*supplied, data_arg)
+        params.pop(data_arg)
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key, value in args.items():
+        if key in supplied:
+            raise ConfigError(f"{where}.args.{key}: set by the trainer, not the config")
+        if key not in params and not takes_kwargs:
+            raise ConfigError(f"{where}.args.{key}: unknown argument{closest(key, params)} "
+                              f"Accepted: {signature_text(name, fn)}")
+        if key in params:
+            check_type(value, params[key].default, f"{where}.args.{key}")
+    missing = [p for p, v in params.items()
+               if v.default is inspect.Parameter.empty and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
+               and p not in args and p not in supplied]
+    if missing:
+        raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
+    return fn, dict(args)
+
+
+def check_type(value: Any, default: Any, where: str) -> None:
+    """Type check against the default's type: a number where a number is expected, and so on."""
+    if default is inspect.Parameter.empty or default is None or value is None:
+        return
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        # a component dict is accepted where a number is: hyperparameters may be schedules
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or isinstance(value, dict)
+        if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
+            ok = False
+    elif isinstance(default, str):
+        ok = isinstance(value, (str, dict)) or callable(value)
+    elif isinstance(default, (list, tuple)):
+        ok = isinstance(value, (list, tuple))
+    else:
+        return
+    if not ok:
+        expected = type(default).__name__
+        raise ConfigError(f"{where}: expected {expected} (like the default {json.dumps(default)}), "
+                          f"got {json.dumps(value)}")
+
+
+def check_number(section: dict, key: str, where: str, kind=int, minimum=None, allow=()) -> None:
+    value = section.get(key)
+    if value in allow:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+        raise ConfigError(f"{where}.{key}: expected {kind.__name__}, got {json.dumps(value)}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}.{key}: must be >= {minimum}, got {value}")
+
+
+def validate(config: dict, source: str = "config.json") -> dict:
+    """Checks the whole config and fills defaults; returns the resolved config (what gets saved)."""
+    config = copy.deepcopy(config)
+    unknown = set(config) - TOP_LEVEL
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(f"{source}: unknown section {key!r}.{closest(key, TOP_LEVEL)} "
+                          f"Sections: {', '.join(sorted(TOP_LEVEL))}")
+    for key in ("name", "model", "loss", "optimizer", "data_loader"):
+        if key not in config:
+            raise ConfigError(f"{source}: missing section {key!r}")
+    if not isinstance(config["name"], str) or not config["name"] or "/" in config["name"]:
+        raise ConfigError(f"{source}: name: expected a non-empty run title without '/', got {json.dumps(config['name'])}")
+    config.setdefault("seed", 0)
+    check_number(config, "seed", source)
+
+    check_component(config["model"], "model", f"{source}: model")
+    check_component(config["loss"], "loss", f"{source}: loss")
+    metrics = config.setdefault("metrics", [])
+    if not isinstance(metrics, list):
+        raise ConfigError(f"{source}: metrics: expected a list of components")
+    for i, spec in enumerate(metrics):
+        check_component(spec, "metrics", f"{source}: metrics.{i}")
+
+    optimizer = config["optimizer"]
+    _, optimizer_args = check_component(optimizer, "optimizer", f"{source}: optimizer",
+                                        supplied=("lr",) if "schedule" in optimizer else ())
+    if "schedule" in optimizer:
+        check_component(optimizer["schedule"], "schedule", f"{source}: optimizer.schedule")
+    elif "lr" in optimizer_args:
+        check_number(optimizer_args, "lr", f"{source}: optimizer.args", float, 0.0)
+    for i, spec in enumerate(optimizer.get("transforms", [])):
+        check_component(spec, "transforms", f"{source}: optimizer.transforms.{i}")
+
+    loaders = config["data_loader"]
+    if not isinstance(loaders, dict) or "train" not in loaders:
+        raise ConfigError(f"{source}: data_loader: expected an object with \"train\" (and optionally "
+                          f"\"validation\", \"test\") components")
+    for split, spec in loaders.items():
+        if split not in LOADER_SPLITS:
+            raise ConfigError(f"{source}: data_loader.{split}: unknown split{closest(split, LOADER_SPLITS)} "
+                              f"Expected: {', '.join(LOADER_SPLITS)}")
+        _, args = check_component(spec, "data_loader", f"{source}: data_loader.{split}", supplied=("seed",))
+        if "batch_size" in args:
+            check_number(args, "batch_size", f"{source}: data_loader.{split}.args", int, 1)
+
+    trainer = config.setdefault("trainer", {})
+    for key in trainer:
+        if key not in TRAINER_DEFAULTS and key not in ("profile",):
+            raise ConfigError(f"{source}: trainer.{key}: unknown setting.{closest(key, TRAINER_DEFAULTS)} "
+                              f"Settings: {', '.join(TRAINER_DEFAULTS)}")
+    for key, value in TRAINER_DEFAULTS.items():
+        trainer.setdefault(key, value)
+    where = f"{source}: trainer"
+    check_number(trainer, "epochs", where, int, 1)
+    check_number(trainer, "save_period", where, int, 1)
+    check_number(trainer, "early_stop", where, int, 0)
+    check_number(trainer, "log_every", where, int, 1)
+    check_number(trainer, "steps_per_call", where, int, 1, allow=("auto",))
+    if not isinstance(trainer["save_dir"], str):
+        raise ConfigError(f"{where}.save_dir: expected a path string")
+    monitor = trainer["monitor"]
+    if monitor != "off":
+        mode, _, metric = str(monitor).partition(" ")
+        if mode not in ("min", "max") or not metric:
+            raise ConfigError(f"{where}.monitor: expected \"off\" or \"min|max <metric>\" such as "
+                              f"\"max val/accuracy\", got {json.dumps(monitor)}")
+        known = monitored_names(config)
+        if metric not in known:
+            raise ConfigError(f"{where}.monitor: {metric!r} is not logged.{closest(metric, known)} "
+                              f"Logged: {', '.join(known)}")
+
+    wandb = config.setdefault("wandb", {})
+    for key in wandb:
+        if key not in WANDB_DEFAULTS:
+            raise ConfigError(f"{source}: wandb.{key}: unknown setting.{closest(key, WANDB_DEFAULTS)}")
+    for key, value in WANDB_DEFAULTS.items():
+        wandb.setdefault(key, value)
+    if wandb["mode"] not in ("online", "offline", "disabled"):
+        raise ConfigError(f"{source}: wandb.mode: expected online, offline or disabled, got {json.dumps(wandb['mode'])}")
+    return config
+
+
+def metric_names(config: dict) -> list[str]:
+    """The log names of the configured metrics, built without touching data."""
+    return [build(spec, "metrics").name for spec in config.get("metrics", [])]
+
+
+def monitored_names(config: dict) -> list[str]:
+    names = ["train/loss"] + [f"train/{m}" for m in metric_names(config)]
+    if "validation" in config["data_loader"]:
+        names += ["val/loss"] + [f"val/{m}" for m in metric_names(config)]
+    return names
+
+
+def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
+    """Builds one component; errors its constructor raises (impossible values) are reported at its place."""
+    fn, args = check_component(spec, kind, where, tuple(supplied))
+    if kind in DATA_ARGUMENTS:
+        return functools.partial(fn, **args)
+    try:
+        return fn(**args, **supplied)
+    except (ValueError, TypeError, FileNotFoundError, OSError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def build_optimizer(config: dict, source: str = "config.json"):
+    """The optimizer with its schedule (as `lr`) and gradient transforms chained in front."""
+    from training import optimizers
+
+    spec = config["optimizer"]
+    supplied = {}
+    if "schedule" in spec:
+        supplied["lr"] = build(spec["schedule"], "schedule", f"{source}: optimizer.schedule")
+    transforms = [build(t, "transforms", f"{source}: optimizer.transforms.{i}")
+                  for i, t in enumerate(spec.get("transforms", []))]
+    optimizer = build(spec, "optimizer", f"{source}: optimizer", **supplied)
+    return optimizers.chain(*transforms, optimizer) if transforms else optimizer
+
+
+def learning_rate_fn(config: dict) -> Callable[[Any], Any]:
+    """step -> learning rate, for logging."""
+    spec = config["optimizer"]
+    if "schedule" in spec:
+        return build(spec["schedule"], "schedule")
+    fn, args = check_component(spec, "optimizer", "config.json: optimizer")
+    lr = args.get("lr", inspect.signature(fn).parameters["lr"].default if "lr" in inspect.signature(fn).parameters else 0.0)
+    return lambda step: lr
+
+
+def load_config(path: str | Path, overrides: list[str] = (), source: str | None = None) -> dict:
+    source = source or str(path)
+    config = read_json(path)
+    for text in overrides:
+        key, value = parse_override(text)
+        set_path(config, key, value, f"--set {key}")
+    return validate(config, source)
+
+
+# -------------------------------------------------------------------------------------------------------- logging
+def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config.json", verbose: bool = True) -> None:
+    """Console + rotating file (`train.log` in the run folder) from logger_config.json."""
+    path = Path(config_path)
+    if not path.exists():
+        path = Path(__file__).parent / "logger_config.json"
+    spec = json.loads(path.read_text())
+    for handler in spec.get("handlers", {}).values():
+        if "filename" in handler:
+            if run_dir is None:
+                handler["class"], handler["filename"] = "logging.NullHandler", None
+                handler.pop("filename"), handler.pop("maxBytes", None), handler.pop("backupCount", None)
+                handler.pop("encoding", None)
+            else:
+                handler["filename"] = str(Path(run_dir) / handler["filename"])
+    logging.config.dictConfig(spec)
+
+
+def fail(message: str, status: int = 2) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(status)
