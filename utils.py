@@ -227,9 +227,12 @@ def validate(config: dict, source: str = "config.json") -> dict:
     optimizer = config["optimizer"]
     _, optimizer_args = check_component(optimizer, "optimizer", f"{source}: optimizer",
                                         supplied=("lr",) if "schedule" in optimizer else ())
+    for key, value in optimizer_args.items():
+        if isinstance(value, dict):
+            check_component(value, "schedule", f"{source}: optimizer.args.{key}")
     if "schedule" in optimizer:
         check_component(optimizer["schedule"], "schedule", f"{source}: optimizer.schedule")
-    elif "lr" in optimizer_args:
+    elif "lr" in optimizer_args and not isinstance(optimizer_args["lr"], dict):
         check_number(optimizer_args, "lr", f"{source}: optimizer.args", float, 0.0)
     for i, spec in enumerate(optimizer.get("transforms", [])):
         check_component(spec, "transforms", f"{source}: optimizer.transforms.{i}")
@@ -316,6 +319,10 @@ def build_optimizer(config: dict, source: str = "config.json"):
         supplied["lr"] = build(spec["schedule"], "schedule", f"{source}: optimizer.schedule")
     transforms = [build(t, "transforms", f"{source}: optimizer.transforms.{i}")
                   for i, t in enumerate(spec.get("transforms", []))]
+    for key, value in (spec.get("args") or {}).items():
+        if isinstance(value, dict):  # any schedulable hyperparameter may itself be a schedule component
+            supplied[key] = build(value, "schedule", f"{source}: optimizer.args.{key}")
+    spec = {**spec, "args": {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}}
     optimizer = build(spec, "optimizer", f"{source}: optimizer", **supplied)
     return optimizers.chain(*transforms, optimizer) if transforms else optimizer
 

@@ -12,18 +12,19 @@ __all__ = ["mnist", "fashion_mnist", "kmnist"]
 
 
 def mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist", validation_size=5000,
-          split_seed=0, download=False, prefetch=2, seed=0, dataset="mnist"):
-    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download)
+          split_seed=0, download=False, verify=True, prefetch=2, seed=0, dataset="mnist"):
+    """MNIST; `verify` checks each file's MD5 against the published one (turn off only for your own IDX files)."""
+    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download, verify=verify)
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 
 
 def fashion_mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/fashion_mnist",
-                  validation_size=5000, split_seed=0, download=False, prefetch=2, seed=0):
-    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, prefetch, seed,
-                 dataset="fashion_mnist")
+                  validation_size=5000, split_seed=0, download=False, verify=True, prefetch=2, seed=0):
+    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, verify,
+                 prefetch, seed, dataset="fashion_mnist")
 
 
 def kmnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/kmnist", validation_size=5000,
-           split_seed=0, download=False, prefetch=2, seed=0):
-    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, prefetch, seed,
-                 dataset="kmnist")
+           split_seed=0, download=False, verify=True, prefetch=2, seed=0):
+    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, verify,
+                 prefetch, seed, dataset="kmnist")

@@ -1,5 +1,5 @@
 """Optimizers against optax: 200 steps of random gradients on a small nested params tree, compared at every step."""
-from functools import partial
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,55 +13,62 @@ from training import schedules
 STEPS = 200
 
 
-def make_params(key):
-    """A tree shaped like a model's: a conv kernel, matrices, and vectors (biases, a norm scale)."""
-    k = jax.random.split(key, 5)
-    return {
-        "conv": {"weight": jax.random.normal(k[0], (3, 3, 2, 4)), "bias": jax.random.normal(k[1], (4,))},
-        "blocks": {"1": {
-            "norm": {"scale": 1.0 + 0.1 * jax.random.normal(k[2], (4,))},
-            "dense": {"weight": jax.random.normal(k[3], (4, 3)), "bias": jax.random.normal(k[4], (3,))},
-        }},
-    }
+# Test data comes from numpy's generator: no per-op compilations before the tests start.
+RNG = np.random.default_rng(0)
 
 
-PARAMS = make_params(jax.random.key(0))
+def normal(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# A tree shaped like a model's: a conv kernel, a matrix, and vectors (biases, a norm scale).
+PARAMS = {
+    "conv": {"weight": normal(3, 3, 2, 4), "bias": normal(4)},
+    "blocks": {"1": {"norm": {"scale": 1 + 0.1 * normal(4)}, "dense": {"weight": normal(4, 3), "bias": normal(3)}}},
+}
 # Leaves with ndim > 1, written out by hand: the "default" weight-decay mask.
 DEFAULT_MASK = {"conv": {"weight": True, "bias": False},
                 "blocks": {"1": {"norm": {"scale": False}, "dense": {"weight": True, "bias": False}}}}
+# Normal gradients for every step, stacked along a leading axis; each step scaled by ~0.05x to 20x so that gradient
+# norms vary widely (both branches of global-norm clipping occur).
+_SCALES = np.exp(1.5 * normal(STEPS))
+GRADS = jax.tree.map(lambda p: _SCALES.reshape((-1,) + (1,) * p.ndim) * normal(STEPS, *p.shape), PARAMS)
 
 
-def random_grads(step, params):
-    """Fresh normal gradients each step, with a per-step scale spanning ~0.05x to 20x so norms vary widely."""
-    key = jax.random.fold_in(jax.random.key(1), step)
-    leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(key, len(leaves) + 1)
-    scale = jnp.exp(1.5 * jax.random.normal(keys[-1], ()))
-    return treedef.unflatten([scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+@functools.cache
+def trajectory(optimizer):
+    """The updates of every step on GRADS (stacked along a leading axis) and the final state, each optimizer
+    following its own params from PARAMS; cached, as several tests compare against the same run."""
+    return _trajectory(optimizer, PARAMS, GRADS)
 
 
-@partial(jax.jit, static_argnums=0)
-def trajectory(optimizer, params):
-    """The updates of every step (stacked along a leading axis), each optimizer following its own params."""
-
-    def step(carry, t):
+@functools.partial(jax.jit, static_argnums=0)
+def _trajectory(optimizer, params, grads):
+    def step(carry, g):
         p, s = carry
-        u, s = optimizer.update(random_grads(t, p), s, p)
+        u, s = optimizer.update(g, s, p)
         return (jax.tree.map(jnp.add, p, u), s), u
 
-    _, updates = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(STEPS))
-    return updates
+    (_, state), updates = jax.lax.scan(step, (params, optimizer.init(params)), grads)
+    return updates, state
 
 
 def max_rel_diff(got, want):
-    """The largest elementwise |got - want| / |want| over all steps and leaves (a tiny floor avoids 0/0)."""
-    diffs = jax.tree.map(lambda a, b: np.max(np.abs(np.asarray(a) - b) / (np.abs(b) + 1e-30)), got, want)
-    return max(jax.tree.leaves(diffs))
+    """The largest |got - want| relative to the largest |want| in the same leaf at the same step.
+
+    Normwise per leaf rather than elementwise: with weight decay an update element can be a near-cancellation of
+    the Adam step and the decay term, where float32 rounding alone gives large elementwise ratios.
+    """
+    def leaf(a, b):
+        a, b = np.asarray(a).reshape(len(b), -1), np.asarray(b).reshape(len(b), -1)
+        return np.max(np.abs(a - b).max(1) / np.abs(b).max(1))
+
+    return max(jax.tree.leaves(jax.tree.map(leaf, got, want)))
 
 
-def assert_matches(ours, reference, params=PARAMS):
-    got, want = trajectory(ours, params), trajectory(reference, params)
-    assert max(float(np.abs(x).max()) for x in jax.tree.leaves(want)) > 0
+def assert_matches(ours, reference):
+    (got, _), (want, _) = trajectory(ours), trajectory(reference)
+    assert all(np.all(np.abs(x).max(axis=tuple(range(1, x.ndim))) > 0) for x in jax.tree.leaves(want))
     err = max_rel_diff(got, want)
     assert err <= 1e-5, f"max relative difference {err:.3g}"
 
@@ -94,8 +101,8 @@ CASES = {
     "clip_value_sgd_chain": (opt.chain(opt.clip_by_value(1.0), opt.sgd(0.05, momentum=0.9)),
                              optax.chain(optax.clip(1.0), optax.sgd(0.05, momentum=0.9))),
     # Hyperparameters driven by schedules, against optax driven by its own schedule of the same meaning.
-    "adam_warmup_cosine": (opt.adam(schedules.warmup_cosine_decay(0.0, 1e-2, 20, 150, 1e-4)),
-                           optax.adam(optax.warmup_cosine_decay_schedule(0.0, 1e-2, 20, 150, 1e-4))),
+    "adam_warmup_cosine": (opt.adam(schedules.warmup_cosine_decay(1e-4, 1e-2, 20, 150, 1e-4)),
+                           optax.adam(optax.warmup_cosine_decay_schedule(1e-4, 1e-2, 20, 150, 1e-4))),
     "sgd_one_cycle": (opt.sgd(schedules.one_cycle(180, 0.1), momentum=0.9),
                       optax.sgd(optax.cosine_onecycle_schedule(180, 0.1), momentum=0.9)),
     "adamw_scheduled_decay": (
@@ -103,9 +110,10 @@ CASES = {
                   weight_decay=schedules.linear(0.2, 0.0, 150)),
         optax.adamw(optax.piecewise_constant_schedule(1e-2, {50: 0.3, 120: 0.3}),
                     weight_decay=optax.linear_schedule(0.2, 0.0, 150), mask=DEFAULT_MASK)),
-    "sgd_scheduled_momentum": (opt.sgd(0.05, momentum=schedules.linear(0.5, 0.95, 100)),
-                               optax.inject_hyperparams(optax.sgd)(0.05, momentum=optax.linear_schedule(0.5, 0.95,
-                                                                                                        100))),
+    # optax's trace takes no schedule; inject_hyperparams feeds it one, read at the same step count.
+    "sgd_scheduled_momentum": (
+        opt.sgd(0.05, momentum=schedules.linear(0.5, 0.95, 100)),
+        optax.inject_hyperparams(optax.sgd)(0.05, momentum=optax.linear_schedule(0.5, 0.95, 100))),
 }
 
 
@@ -116,7 +124,7 @@ def test_matches_optax(name):
 
 def test_global_norm_clipping_both_branches_occur():
     # The comparison above only means something if some steps were clipped and some were not.
-    norms = jax.vmap(lambda t: optax.tree.norm(random_grads(t, PARAMS)))(jnp.arange(STEPS))
+    norms = np.sqrt(sum(np.square(g).reshape(STEPS, -1).sum(1) for g in jax.tree.leaves(GRADS)))
     assert np.any(norms < 3.0) and np.any(norms > 3.0)
 
 
@@ -128,8 +136,8 @@ def test_default_mask_selects_matrices_and_kernels():
 
 
 def test_masked_leaves_get_no_decay():
-    # With a large decay, every selected leaf differs from plain Adam and every masked one equals it exactly.
-    decayed, plain = trajectory(opt.adamw(1e-2, weight_decay=1.0), PARAMS), trajectory(opt.adam(1e-2), PARAMS)
+    # Every selected leaf differs from plain Adam with the same learning rate; every masked one equals it exactly.
+    (decayed, _), (plain, _) = trajectory(CASES["adamw"][0]), trajectory(CASES["adam"][0])
     for on, a, b in zip(jax.tree.leaves(DEFAULT_MASK), jax.tree.leaves(decayed), jax.tree.leaves(plain)):
         assert (not np.array_equal(a, b)) if on else np.array_equal(a, b)
 
@@ -142,7 +150,7 @@ def test_function_mask_sees_dotted_paths():
         return not (path.endswith("bias") or ".norm." in path)
 
     ours = opt.adamw(1e-2, weight_decay=0.1, mask=no_bias_no_norm)
-    assert_matches(ours, optax.adamw(1e-2, weight_decay=0.1, mask=DEFAULT_MASK))
+    assert_matches(ours, CASES["adamw"][1])  # optax.adamw(1e-2, weight_decay=0.1, mask=DEFAULT_MASK)
     assert set(seen) == {"conv.weight", "conv.bias", "blocks.1.norm.scale", "blocks.1.dense.weight",
                          "blocks.1.dense.bias"}
 
@@ -163,17 +171,14 @@ def test_bad_mask_and_missing_params_raise():
 # State, dtypes, helpers.
 
 def test_state_is_a_pytree_of_arrays_with_int32_counts():
-    adamw = opt.chain(opt.clip_by_global_norm(1.0), opt.adamw(schedules.cosine_decay(1e-3, 100)))
-    state = adamw.init(PARAMS)
-    update = jax.jit(adamw.update)
-    for t in range(3):
-        _, state = update(random_grads(t, PARAMS), state, PARAMS)
+    clip_adamw = CASES["clip_adamw_chain"][0]
+    _, state = trajectory(clip_adamw)  # after STEPS jitted updates
     leaves = jax.tree_util.tree_leaves_with_path(state)
     assert all(isinstance(x, jax.Array) for _, x in leaves)
-    counts = {opt.key_path_str(p): int(x) for p, x in leaves if x.dtype == jnp.int32}
+    assert jax.tree.structure(state) == jax.tree.structure(clip_adamw.init(PARAMS))
     # Adam, the weight decay and the learning rate each count their own steps.
-    assert counts == {"1.0.count": 3, "1.1.count": 3, "1.2.count": 3}
-    assert jax.tree.structure(state) == jax.tree.structure(adamw.init(PARAMS))
+    counts = {opt.key_path_str(p): int(x) for p, x in leaves if x.dtype == jnp.int32}
+    assert counts == {"1.0.count": STEPS, "1.1.count": STEPS, "1.2.count": STEPS}
 
 
 def test_step_count_saturates():
@@ -202,13 +207,13 @@ def test_key_path_str():
 # A small model trains: a two-layer MLP on a fixed three-class problem.
 
 def make_problem():
-    kx, ky, kc, k1, k2 = jax.random.split(jax.random.key(42), 5)
-    centers = 2.0 * jax.random.normal(kc, (3, 8))
-    labels = jax.random.randint(ky, (96,), 0, 3)
-    x = centers[labels] + jax.random.normal(kx, (96, 8))
-    params = {"hidden": {"weight": jax.random.normal(k1, (8, 32)) / np.sqrt(8), "bias": jnp.zeros(32)},
-              "out": {"weight": jax.random.normal(k2, (32, 3)) / np.sqrt(32), "bias": jnp.zeros(3)}}
-    return x, labels, params
+    rng = np.random.default_rng(42)
+    centers = 2 * rng.standard_normal((3, 8))
+    labels = rng.integers(0, 3, 96)
+    x = (centers[labels] + rng.standard_normal((96, 8))).astype(np.float32)
+    params = {"hidden": {"weight": rng.standard_normal((8, 32)) / np.sqrt(8), "bias": np.zeros(32)},
+              "out": {"weight": rng.standard_normal((32, 3)) / np.sqrt(32), "bias": np.zeros(3)}}
+    return x, labels.astype(np.int32), jax.tree.map(lambda a: a.astype(np.float32), params)
 
 
 def mlp_loss(params, x, labels):
@@ -217,14 +222,12 @@ def mlp_loss(params, x, labels):
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
 
 
-TRAIN_STEPS, TARGET_LOSS = 60, 0.1
+TRAIN_STEPS, TARGET_LOSS = 60, 0.05
 TRAINERS = {
-    "sgd": opt.sgd(0.5),
     "sgd_nesterov": opt.sgd(0.1, momentum=0.9, nesterov=True),
     "adam": opt.adam(0.03),
     "adamw": opt.adamw(0.03, weight_decay=1e-2),
     "rmsprop": opt.rmsprop(0.01),
-    "rmsprop_centered_momentum": opt.rmsprop(0.005, centered=True, momentum=0.9),
     "adagrad": opt.adagrad(0.3),
     "lion": opt.lion(0.01, weight_decay=0.1),
     "clip_adam_cosine": opt.chain(opt.clip_by_global_norm(1.0), opt.adam(schedules.cosine_decay(0.05, TRAIN_STEPS))),

@@ -13,6 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# What a config can name as "loss"; weighted_mean is the training step's helper, not a loss.
+__all__ = ["cross_entropy", "binary_cross_entropy", "mse", "l1", "huber", "kl_divergence", "kl_divergence_with_logits"]
+
 
 def _mean_over_examples(x: jax.Array) -> jax.Array:
     """Mean over every axis but the first: (B, ...) -> (B,)."""
@@ -108,15 +111,3 @@ def kl_divergence(log_predictions: jax.Array, targets: jax.Array) -> jax.Array:
 def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """``kl_divergence(log_softmax(logits), targets)``: KL from target probabilities to the model's softmax."""
     return kl_divergence(jax.nn.log_softmax(logits, axis=-1), targets)
-
-
-LOSSES = {fn.__name__: fn for fn in
-          (cross_entropy, binary_cross_entropy, mse, l1, huber, kl_divergence, kl_divergence_with_logits)}
-
-
-def get(name: str):
-    """The loss function a config names, e.g. ``get("cross_entropy")``."""
-    try:
-        return LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r}; known: {', '.join(sorted(LOSSES))}") from None

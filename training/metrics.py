@@ -19,12 +19,14 @@ or the predictions seen so far; a class absent from both has no defined score an
 """
 from __future__ import annotations
 
-import re
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+# What a config can name under "metrics"; merge, summarize etc. are helpers for the training loop.
+__all__ = ["accuracy", "top_k_accuracy", "precision", "recall", "f1", "confusion_matrix", "mae", "rmse"]
 
 Stats = dict
 
@@ -160,7 +162,8 @@ def _regression_stats(error_fn: Callable[[jax.Array], jax.Array], key: str):
     def stats(outputs, targets, mask=None):
         if outputs.shape != targets.shape:
             raise ValueError(f"outputs of shape {outputs.shape} and targets of shape {targets.shape} differ")
-        error = error_fn(outputs - targets)
+        # float32 sums even for bfloat16 outputs, which would lose most of an epoch's total.
+        error = error_fn(outputs.astype(jnp.float32) - targets.astype(jnp.float32))
         return {key: _masked_sum(error, mask), "count": _masked_sum(jnp.ones(error.shape, jnp.float32), mask)}
 
     return stats
@@ -191,16 +194,3 @@ def summarize(metric: Metric, stats: Stats) -> dict[str, float]:
             for index, v in np.ndenumerate(array):
                 out[prefix + "".join(f"/{i}" for i in index)] = float(v)
     return out
-
-
-METRICS = {fn.__name__: fn for fn in (accuracy, top_k_accuracy, precision, recall, f1, confusion_matrix, mae, rmse)}
-
-
-def get(name: str, **args) -> Metric:
-    """The metric a config names: ``get("f1", average="none")``; "top_5_accuracy" reads as top_k_accuracy(k=5)."""
-    match = re.fullmatch(r"top_(\d+)_accuracy", name)
-    if match:
-        return top_k_accuracy(int(match.group(1)), **args)
-    if name not in METRICS:
-        raise ValueError(f"unknown metric {name!r}; known: {', '.join(sorted(METRICS))}")
-    return METRICS[name](**args)

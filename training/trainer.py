@@ -177,7 +177,7 @@ class Trainer:
                           "train/grad_norm": float(np.asarray(logs["grad_norm"])[i])}
                 # with a live progress bar the console shows the bar; step lines still reach train.log
                 level = logging.INFO if bar.disable else logging.DEBUG
-                log.log(level, f"epoch {epoch} step {step}: loss {values['train/step_loss']:.4f}  "
+                log.log(level, f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
                                f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}")
                 for tracker in self.trackers:
                     tracker.log_step(step, values)

@@ -150,7 +150,7 @@ def conv_transpose2d(x, w, stride=1, padding="SAME", custom_grad: bool | None = 
     """
     stride = _pair(stride, "stride")
     kernel = w.shape[:2]
-    pads = [(k - 1, k - 1 + max(k - s, 0)) for k, s in zip(kernel, stride)]
+    pads = [(k - 1, s - 1 + max(k - s, 0)) for k, s in zip(kernel, stride)]
     y = conv_general(x, w, (1, 1), pads, stride, (1, 1), 1, custom_grad)
     mode = padding.upper() if isinstance(padding, str) else padding
     if mode == "VALID":

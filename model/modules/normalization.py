@@ -1,7 +1,8 @@
 """Normalisation layers over channels-last inputs: LayerNorm, RMSNorm, GroupNorm, BatchNorm.
 
 Statistics are computed in at least float32 (so bfloat16/float16 inputs do not lose them) and the result is cast
-back to the input dtype. Variances are the biased ones, as in Flax and PyTorch's normalisation.
+back to the input dtype. Variances are biased (divide by n), as in Flax; PyTorch's BatchNorm differs only in storing
+the unbiased variance in its running statistics.
 """
 from __future__ import annotations
 

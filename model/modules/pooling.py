@@ -1,0 +1,87 @@
+"""Max and average pooling over H, W of NHWC inputs, and global average pooling.
+
+No ``lax.reduce_window``: its max-pool gradient (select-and-scatter) is ~45% of a small CNN's training step on
+XLA:CPU, and exporters mishandle it (jax2onnx emits a MaxPool onnxruntime rejects; a dynamic-batch average pool
+becomes a TFLite op tf2onnx cannot read). Non-overlapping windows (stride == kernel) are a reshape and a max/mean;
+other windows reduce over the kh * kw strided slices of the padded input.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from model.modules.conv import _pair, explicit_padding
+from model.modules.module import Module
+
+
+def _lowest(dtype):
+    # A finite fill: -inf * 0 turns into NaN in exporters that lower select as arithmetic.
+    return jnp.finfo(dtype).min if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _pool(x, reduce, fill, kernel, stride, pads):
+    """Reduce (``"max"`` or ``"sum"``) each window of the input padded with ``fill``."""
+    (kh, kw), (sh, sw) = kernel, stride
+    x = jnp.pad(x, ((0, 0), *pads, (0, 0)), constant_values=fill)
+    n, h, w, c = x.shape
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    if (kh, kw) == (sh, sw):
+        x = x[:, :oh * kh, :ow * kw].reshape(n, oh, kh, ow, kw, c)
+        return x.max((2, 4)) if reduce == "max" else x.sum((2, 4))
+    combine = jnp.maximum if reduce == "max" else jnp.add
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            part = lax.slice(x, (0, i, j, 0), (n, i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1, c), (1, sh, sw, 1))
+            out = part if out is None else combine(out, part)
+    return out
+
+
+class MaxPool2d(Module):
+    """Max over kh x kw windows; ``stride`` defaults to the kernel size. Padding never wins the max."""
+
+    def __init__(self, kernel_size, stride=None, padding="VALID"):
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.padding = padding
+        explicit_padding(padding, (1, 1), self.kernel_size, self.stride)  # validate early
+
+    def forward(self, params, x):
+        pads = explicit_padding(self.padding, x.shape[1:3], self.kernel_size, self.stride)
+        return _pool(x, "max", _lowest(x.dtype), self.kernel_size, self.stride, pads)
+
+
+class AvgPool2d(Module):
+    """Mean over kh x kw windows; ``stride`` defaults to the kernel size.
+
+    With padding, the mean is over the input elements in each window only (``count_include_pad=False``, as
+    TensorFlow's SAME average pooling); ``count_include_pad=True`` divides by kh * kw (flax's default).
+    """
+
+    def __init__(self, kernel_size, stride=None, padding="VALID", count_include_pad: bool = False):
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.padding = padding
+        self.count_include_pad = count_include_pad
+        explicit_padding(padding, (1, 1), self.kernel_size, self.stride)  # validate early
+
+    def forward(self, params, x):
+        pads = explicit_padding(self.padding, x.shape[1:3], self.kernel_size, self.stride)
+        total = _pool(x, "sum", 0, self.kernel_size, self.stride, pads)
+        if self.count_include_pad or not any(p for pair in pads for p in pair):
+            return total / (self.kernel_size[0] * self.kernel_size[1])
+        # Shapes are static, so the per-window counts are a constant computed once here.
+        ones = np.pad(np.ones(x.shape[1:3], np.float32), pads)
+        counts = np.lib.stride_tricks.sliding_window_view(ones, self.kernel_size)[::self.stride[0], ::self.stride[1]]
+        return total / counts.sum((2, 3))[:, :, None].astype(total.dtype)
+
+
+class GlobalAvgPool(Module):
+    """Mean over H and W: (N, H, W, C) -> (N, C), or (N, 1, 1, C) with ``keepdims``."""
+
+    def __init__(self, keepdims: bool = False):
+        self.keepdims = keepdims
+
+    def forward(self, params, x):
+        return x.mean((1, 2), keepdims=self.keepdims)

@@ -1,0 +1,140 @@
+"""Dropout (eval identity, keep statistics, scaling, keys) and Embedding (vs flax.linen.Embed and numpy)."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from model.modules.dropout import Dropout
+from model.modules.embedding import Embedding
+from model.modules.sequential import Sequential
+
+RNG = np.random.default_rng(2)
+KEY = jax.random.PRNGKey(0)
+
+
+# Dropout
+
+def test_dropout_is_identity_in_eval_and_at_rate_zero():
+    x = jnp.asarray(RNG.standard_normal((4, 5)), jnp.float32)
+    layer = Dropout(0.5)
+    params, state = layer.init(KEY, x)
+    assert params == {} and state == {}
+    y, _ = layer(params, state, x, train=False)
+    np.testing.assert_array_equal(y, x)
+    y, _ = Dropout(0.0)({}, {}, x, train=True)  # no key needed when nothing is dropped
+    np.testing.assert_array_equal(y, x)
+
+
+def test_dropout_needs_a_key_in_training():
+    with pytest.raises(ValueError, match="key"):
+        Dropout(0.1)({}, {}, jnp.ones(3), train=True)
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5])
+def test_dropout_rejects_invalid_rate(rate):
+    with pytest.raises(ValueError, match="rate"):
+        Dropout(rate)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.8])
+def test_dropout_keep_fraction_and_scaling(rate):
+    n = 200_000
+    x = jnp.asarray(RNG.uniform(1.0, 2.0, n), jnp.float32)  # never 0, so zeros in y are exactly the drops
+    y, _ = Dropout(rate)({}, {}, x, train=True, key=KEY)
+    y, x = np.asarray(y), np.asarray(x)
+    kept = y != 0
+    p = 1 - rate
+    assert abs(kept.mean() - p) < 5 * np.sqrt(p * (1 - p) / n)
+    np.testing.assert_allclose(y[kept], x[kept] / p, rtol=1e-6)
+    # Inverted scaling keeps the expectation: mean(y) ~ mean(x).
+    assert abs(y.mean() - x.mean()) < 5 * np.sqrt(rate / p * np.mean(x**2) / n)
+
+
+def test_dropout_rate_one_drops_everything():
+    y, _ = Dropout(1.0)({}, {}, jnp.ones((3, 3)), train=True, key=KEY)
+    np.testing.assert_array_equal(y, 0.0)
+
+
+def test_dropout_is_deterministic_per_key_and_differs_across_keys():
+    x = jnp.ones((64, 32))
+    layer = Dropout(0.5)
+    a, _ = layer({}, {}, x, train=True, key=jax.random.PRNGKey(1))
+    b, _ = layer({}, {}, x, train=True, key=jax.random.PRNGKey(1))
+    c, _ = layer({}, {}, x, train=True, key=jax.random.PRNGKey(2))
+    np.testing.assert_array_equal(a, b)
+    assert np.mean(np.asarray(a) != np.asarray(c)) > 0.3
+
+
+def test_dropout_gradient_is_mask_over_keep_probability():
+    x = jnp.asarray(RNG.standard_normal((8, 8)), jnp.float32)
+    layer = Dropout(0.25)
+    y, _ = layer({}, {}, x, train=True, key=KEY)
+    g = jax.grad(lambda v: jnp.sum(layer({}, {}, v, train=True, key=KEY)[0]))(x)
+    np.testing.assert_allclose(g, (np.asarray(y) != 0) / 0.75, rtol=1e-6)
+
+
+def test_dropout_layers_in_sequential_get_independent_keys():
+    model = Sequential([Dropout(0.5), Dropout(0.0), Dropout(0.5)])
+    params, state = model.init(KEY, jax.ShapeDtypeStruct((16, 16), jnp.float32))
+    y, _ = model(params, state, jnp.ones((16, 16)), train=True, key=KEY)
+    # Two independent masks keep ~1/4 of the entries, each scaled by 2 twice.
+    values = set(np.unique(np.asarray(y)).tolist())
+    assert values == {0.0, 4.0}
+    assert 0.1 < np.mean(np.asarray(y) != 0) < 0.4
+
+
+# Embedding
+
+def test_embedding_matches_flax_and_numpy():
+    layer = Embedding(num_embeddings=11, features=6)
+    ids = jnp.asarray(RNG.integers(0, 11, (3, 4)), jnp.int32)
+    params, state = layer.init(KEY, ids)
+    table = params["embedding"]
+    assert table.shape == (11, 6) and table.dtype == jnp.float32 and state == {}
+    y, _ = layer(params, state, ids)
+    assert y.shape == (3, 4, 6)
+    np.testing.assert_array_equal(y, np.asarray(table)[np.asarray(ids)])
+    flax_y = nn.Embed(11, 6).apply({"params": {"embedding": np.asarray(table)}}, ids)
+    np.testing.assert_array_equal(y, flax_y)
+
+
+def test_embedding_clamps_out_of_range_ids_and_accepts_float_ids():
+    layer = Embedding(5, 3)
+    params, _ = layer.init(KEY, jax.ShapeDtypeStruct((4,), jnp.int32))
+    ids = np.array([-2, 0, 4, 9])
+    y, _ = layer(params, {}, jnp.asarray(ids, jnp.int32))
+    expected = np.take(np.asarray(params["embedding"]), ids, axis=0, mode="clip")
+    np.testing.assert_array_equal(y, expected)
+    assert np.all(np.isfinite(y))
+    y_float, _ = layer(params, {}, jnp.asarray([0.0, 3.0]))
+    np.testing.assert_array_equal(y_float, np.asarray(params["embedding"])[[0, 3]])
+
+
+def test_embedding_init_is_deterministic_and_uses_the_named_initializer():
+    ids = jax.ShapeDtypeStruct((2,), jnp.int32)
+    a, _ = Embedding(400, 50).init(jax.random.PRNGKey(5), ids)
+    b, _ = Embedding(400, 50).init(jax.random.PRNGKey(5), ids)
+    c, _ = Embedding(400, 50).init(jax.random.PRNGKey(6), ids)
+    np.testing.assert_array_equal(a["embedding"], b["embedding"])
+    assert not np.array_equal(a["embedding"], c["embedding"])
+    # "normal" is N(0, 0.01^2): 20,000 samples pin the std within a few percent.
+    assert abs(float(jnp.std(a["embedding"])) - 0.01) < 5e-4
+    ones, _ = Embedding(4, 2, weight_init="ones").init(KEY, ids)
+    np.testing.assert_array_equal(ones["embedding"], 1.0)
+
+
+def test_embedding_gradient_scatters_into_used_rows():
+    layer = Embedding(7, 3)
+    params, _ = layer.init(KEY, jax.ShapeDtypeStruct((5,), jnp.int32))
+    ids = np.array([1, 4, 1, 6, 0])
+    w = RNG.standard_normal((5, 3)).astype(np.float32)
+    g = jax.grad(lambda p: jnp.sum(layer(p, {}, jnp.asarray(ids))[0] * w))(params)["embedding"]
+    expected = np.zeros((7, 3), np.float32)
+    np.add.at(expected, ids, w)
+    np.testing.assert_allclose(g, expected, rtol=1e-6)
+    with jax.enable_x64(True):
+        table = jnp.asarray(RNG.standard_normal((7, 3)))
+        check_grads(lambda t: layer({"embedding": t}, {}, jnp.asarray(ids))[0], (table,), order=1,
+                    modes=("fwd", "rev"))

@@ -1,0 +1,184 @@
+"""Every layer of model/modules and every sample model, exported by every route, equals the JAX model.
+
+Routes: TFLite with a fixed and with a dynamic batch (run in LiteRT), ONNX by jax2onnx with a symbolic batch and by
+tf2onnx from each .tflite (run in onnxruntime), and jax.export (deserialised and called). Fixed-batch artifacts run
+at their batch size, dynamic ones at 1 and a larger size; the check is numpy's allclose at atol = rtol = 1e-4 with
+finite outputs wherever JAX's are finite. Parameters are perturbed away from their initial values (unit scales,
+zero biases) so that every parameter matters.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from inference.export_jax import JaxModel, export_jax
+from inference.export_onnx import export_onnx, tflite_to_onnx
+from inference.export_tflite import export_tflite
+from inference.predict import OnnxModel, TFLiteModel
+from model import model as samples
+from model.modules.activations import Activation
+from model.modules.attention import MultiHeadAttention
+from model.modules.conv import Conv2d, ConvTranspose2d
+from model.modules.dropout import Dropout
+from model.modules.embedding import Embedding
+from model.modules.flatten import Flatten
+from model.modules.linear import Linear
+from model.modules.module import Lambda
+from model.modules.normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
+from model.modules.pooling import AvgPool2d, GlobalAvgPool, MaxPool2d
+from model.modules.residual import Residual
+from model.modules.sequential import Sequential
+
+FIXED = 2          # batch of the fixed-batch exports
+DYNAMIC = (1, 5)   # batches a symbolic-batch export runs at
+ATOL = RTOL = 1e-4
+IMAGE = (8, 8, 4)  # (H, W, C) for the image layers
+
+# name: (module, sample shape, input kind: "normal", "wide" (3x the spread, for activation tails) or "ids")
+CASES = {
+    "linear": (Linear(6), (5,), "normal"),
+    "linear_rank3": (Linear(6), (3, 5), "normal"),
+    "conv": (Conv2d(6, 3), IMAGE, "normal"),
+    "conv_stride2": (Conv2d(6, 3, stride=2), IMAGE, "normal"),
+    "conv_dilation2": (Conv2d(6, 3, dilation=2), IMAGE, "normal"),
+    "conv_depthwise": (Conv2d(4, 3, groups=4), IMAGE, "normal"),
+    "conv_grouped": (Conv2d(6, 3, groups=2), IMAGE, "normal"),
+    "conv_valid": (Conv2d(6, 3, padding="VALID"), IMAGE, "normal"),
+    "conv_explicit_pad": (Conv2d(6, (3, 2), padding=((2, 0), (1, 1))), IMAGE, "normal"),
+    "conv_transpose_k2s2": (ConvTranspose2d(3, 2, stride=2), IMAGE, "normal"),
+    "conv_transpose_k3s2": (ConvTranspose2d(3, 3, stride=2), IMAGE, "normal"),
+    "conv_transpose_k4s2": (ConvTranspose2d(3, 4, stride=2), IMAGE, "normal"),
+    "conv_transpose_k3s2_valid": (ConvTranspose2d(3, 3, stride=2, padding="VALID"), IMAGE, "normal"),
+    "conv_transpose_k3s1": (ConvTranspose2d(3, 3), IMAGE, "normal"),
+    "max_pool": (MaxPool2d(2), IMAGE, "normal"),
+    "avg_pool": (AvgPool2d(2), IMAGE, "normal"),
+    "global_avg_pool": (GlobalAvgPool(), IMAGE, "normal"),
+    "layer_norm": (LayerNorm(), IMAGE, "normal"),
+    "batch_norm_eval": (BatchNorm(), IMAGE, "normal"),
+    "group_norm": (GroupNorm(2), IMAGE, "normal"),
+    "rms_norm": (RMSNorm(), IMAGE, "normal"),
+    "dropout_eval": (Sequential([Linear(6), Dropout(0.5)]), (5,), "normal"),
+    "embedding": (Embedding(11, 6), (7,), "ids"),
+    "attention": (MultiHeadAttention(2), (6, 8), "normal"),
+    "attention_cross_features": (MultiHeadAttention(2, qkv_features=12, out_features=5), (6, 8), "normal"),
+    "residual": (Residual(Sequential([Linear(5), Activation("gelu")])), (4, 5), "normal"),
+    "flatten": (Sequential([Flatten(), Linear(3)]), IMAGE, "normal"),
+    **{f"act_{name}": (Activation(name), (4, 6), "wide")
+       for name in ("relu", "gelu", "silu", "hard_swish", "sigmoid", "tanh", "softmax", "log_softmax")},
+    "act_gelu_tanh": (Activation("gelu", approximate=True), (4, 6), "wide"),
+    # The pattern behind tf2onnx's NaNs: the branch not taken is -inf for x <= 0.
+    "where_inf_branch": (Lambda(lambda x: jnp.where(x > 0, jnp.log(jnp.abs(x)), 0.0)), (4, 6), "wide"),
+    "mnist_convnext": (samples.mnist_convnext(dims=(8, 16), depths=(1, 1), dropout=0.1), (28, 28, 1), "normal"),
+    "mnist_cnn": (samples.mnist_cnn(channels=(4, 8), hidden=16, dropout=0.1), (28, 28, 1), "normal"),
+    "mlp": (samples.mlp(hidden=(16, 8), activation="gelu", dropout=0.1), (28, 28, 1), "normal"),
+    # BatchNorm, Dropout, attention and exact GELU in one model.
+    "bn_attention_net": (Sequential({
+        "conv": Conv2d(8, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"), "pool": MaxPool2d(2),
+        "tokens": Lambda(lambda x: x.reshape(x.shape[0], -1, x.shape[-1]), "tokens"),
+        "attn": Residual(MultiHeadAttention(2)), "norm": LayerNorm(), "drop": Dropout(0.2),
+        "flatten": Flatten(), "head": Linear(10)}), (16, 16, 1), "normal"),
+}
+
+ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
+DYNAMIC_ROUTES = {"tflite_dynamic", "onnx", "onnx_via_tflite_dynamic", "jax"}
+
+# (case, route) pairs that are documented as unsupported, with the reason (README "Export" lists them).
+UNSUPPORTED = {}
+
+
+@functools.cache
+def setup(case):
+    """(fn, input spec at the fixed batch, input generator) for a case, with perturbed params and state."""
+    module, sample, kind = CASES[case]
+    dtype = jnp.int32 if kind == "ids" else jnp.float32
+    spec = jax.ShapeDtypeStruct((FIXED, *sample), dtype)
+    key = jax.random.PRNGKey(len(case))
+    params, state = module.init(key, spec)
+    leaves, tree = jax.tree_util.tree_flatten((params, state))
+    keys = jax.random.split(jax.random.fold_in(key, 1), max(len(leaves), 1))
+    # BatchNorm's running variance must stay positive: perturb multiplicatively.
+    leaves = [leaf * jnp.exp(0.2 * jax.random.normal(k, leaf.shape)) + 0.1 * jax.random.normal(k, leaf.shape)
+              if leaf.dtype == jnp.float32 else leaf for leaf, k in zip(leaves, keys)]
+    params, state = jax.tree_util.tree_unflatten(tree, leaves)
+    state_ok = jax.tree_util.tree_map(lambda v: jnp.abs(v) + 0.1, state)  # only BatchNorm has state
+
+    def fn(x):
+        return module(params, state_ok, x, train=False)[0]
+
+    def inputs(n, seed):
+        rng = np.random.default_rng(seed)
+        if kind == "ids":
+            return rng.integers(0, CASES[case][0].num_embeddings, (n, *sample)).astype(np.int32)
+        return (rng.standard_normal((n, *sample)) * (3.0 if kind == "wide" else 1.0)).astype(np.float32)
+
+    return fn, spec, inputs
+
+
+@functools.cache
+def tflite_bytes(case, dynamic):
+    fn, spec, _ = setup(case)
+    return export_tflite(fn, spec, dynamic_batch=dynamic, output_name="output")
+
+
+def load(case, route):
+    fn, spec, _ = setup(case)
+    if route in ("tflite", "tflite_dynamic"):
+        return TFLiteModel(tflite_bytes(case, route == "tflite_dynamic"))
+    if route == "onnx":
+        return OnnxModel(export_onnx(fn, spec, output_name="output"))
+    if route in ("onnx_via_tflite", "onnx_via_tflite_dynamic"):
+        return OnnxModel(tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), output_name="output"))
+    return JaxModel(export_jax(fn, spec))
+
+
+def params_for_matrix():
+    for case in CASES:
+        for route in ROUTES:
+            reason = UNSUPPORTED.get((case, route))
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            yield pytest.param(case, route, id=f"{case}-{route}", marks=marks)
+
+
+@pytest.mark.parametrize("case, route", list(params_for_matrix()))
+def test_export_matches_jax(case, route):
+    fn, spec, inputs = setup(case)
+    runner = load(case, route)
+    dynamic = route in DYNAMIC_ROUTES
+    assert runner.input_shape == ((None,) if dynamic else (FIXED,)) + spec.shape[1:]
+    assert runner.input_name == ("args[0]" if route == "jax" else "input")
+    for n in DYNAMIC if dynamic else (FIXED,):
+        x = inputs(n, seed=n)
+        want = np.asarray(jax.jit(fn)(x))
+        got = runner(x)
+        assert got.shape == want.shape
+        assert np.isfinite(got[np.isfinite(want)]).all(), f"non-finite outputs at batch {n}"
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=f"{case} via {route}, batch {n}")
+
+
+def test_every_layer_is_in_the_matrix():
+    """A layer added to model/modules must be added to CASES."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import model.modules as modules
+    from model.modules.module import Module
+
+    covered = {type(m).__name__ for m, _, _ in CASES.values()}
+    for m, _, _ in CASES.values():  # layers inside Sequential/Residual cases count as covered too
+        stack = [m]
+        while stack:
+            layer = stack.pop()
+            covered.add(type(layer).__name__)
+            stack += list(layer.children().values()) + ([layer.body] if isinstance(layer, Residual) else [])
+    layers = set()
+    for info in pkgutil.iter_modules(modules.__path__):
+        for name, obj in vars(importlib.import_module(f"model.modules.{info.name}")).items():
+            if inspect.isclass(obj) and issubclass(obj, Module) and obj.__module__.endswith(info.name):
+                layers.add(name)
+    missing = layers - covered - {"Module"}
+    assert not missing, f"layers not in the export matrix: {sorted(missing)}"

@@ -1,0 +1,202 @@
+"""End to end: real `train.py` / `test.py` subprocesses on tiny generated IDX data in a temp folder."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import make_idx_dataset
+from training import checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data") / "mnist"
+    make_idx_dataset(folder, n_train=330, n_test=90)
+    return folder
+
+
+def make_config(tmp_path: Path, data_dir: Path, **changes) -> Path:
+    loader = {"name": "mnist", "args": {"data_dir": str(data_dir), "verify": False, "validation_size": 60}}
+    config = {
+        "name": "tiny",
+        "seed": 1,
+        "model": {"name": "mlp", "args": {"hidden": [32], "dropout": 0.1}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}, {"name": "f1"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.003}},
+        "data_loader": {
+            "train": {**loader, "args": {**loader["args"], "split": "train", "batch_size": 32, "shuffle": True}},
+            "validation": {**loader, "args": {**loader["args"], "split": "validation", "batch_size": 40}},
+            "test": {**loader, "args": {**loader["args"], "split": "test", "batch_size": 40}},
+        },
+        "trainer": {"epochs": 2, "save_dir": str(tmp_path / "saved"), "save_period": 1,
+                    "monitor": "max val/accuracy", "log_every": 1},
+    }
+    for dotted, value in changes.items():
+        node = config
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def run(script: str, *args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
+    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def params_of(path: Path) -> dict:
+    arrays, header = checkpoint.read(path)
+    return arrays, header
+
+
+def test_run_folder_contents_best_checkpoint_and_test_py(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=3)
+    result = run("train.py", "-c", config, "--run-id", "r1")
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "saved" / "tiny" / "r1"
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"config.json", "model", "train.log", "metrics.jsonl", "checkpoint-latest.params", "model_best.params",
+            "checkpoint-epoch_1.params", "checkpoint-epoch_2.params", "checkpoint-epoch_3.params"} <= names
+    assert (run_dir / "model" / "model.py").is_file()
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["trainer"]["early_stop"] == 0 and saved["wandb"]["enabled"] is False  # resolved, defaults filled
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    for key in ("train/loss", "train/accuracy", "val/loss", "val/accuracy", "val/f1", "time/images_per_s"):
+        assert all(np.isfinite(r[key]) for r in rows), key
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"]
+    accuracies = [r["val/accuracy"] for r in rows]
+    _, best_header = params_of(run_dir / "model_best.params")
+    assert best_header["epoch"] == 1 + int(np.argmax(accuracies))  # first epoch with the best value
+    assert best_header["best"] == pytest.approx(max(accuracies))
+    assert "epoch 1 step 1:" in (run_dir / "train.log").read_text()
+
+    tested = run("test.py", "-r", run_dir)
+    assert tested.returncode == 0, tested.stderr
+    assert "accuracy" in tested.stdout and "confusion matrix" in tested.stdout
+    tested = run("test.py", "-r", run_dir, "--split", "validation")
+    assert tested.returncode == 0 and "validation split, 60 examples" in tested.stdout
+
+
+def test_resume_is_bitwise_exact(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir)
+    assert run("train.py", "-c", config, "--run-id", "straight").returncode == 0
+    first = run("train.py", "-c", config, "--run-id", "split", "--epochs", "1")
+    assert first.returncode == 0, first.stderr
+    resumed = run("train.py", "-r", tmp_path / "saved/tiny/split/checkpoint-latest.params", "--epochs", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    a, header_a = params_of(tmp_path / "saved/tiny/straight/checkpoint-latest.params")
+    b, header_b = params_of(tmp_path / "saved/tiny/split/checkpoint-latest.params")
+    assert header_a["epoch"] == header_b["epoch"] == 2 and header_a["step"] == header_b["step"]
+    assert a.keys() == b.keys() and any(k.startswith("opt_state") for k in a)
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+    rows_a = (tmp_path / "saved/tiny/straight/metrics.jsonl").read_text().splitlines()
+    rows_b = (tmp_path / "saved/tiny/split/metrics.jsonl").read_text().splitlines()
+    strip = lambda line: {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+    assert [strip(r) for r in rows_a] == [strip(r) for r in rows_b]
+
+
+def test_early_stopping(tmp_path, data_dir):
+    # lr 0: the monitored loss never improves after epoch 1, so patience 2 stops after epoch 3.
+    config = make_config(tmp_path, data_dir, optimizer={"name": "sgd", "args": {"lr": 0.0}},
+                         trainer__epochs=10, trainer__early_stop=2, trainer__monitor="min val/loss")
+    result = run("train.py", "-c", config, "--run-id", "es")
+    assert result.returncode == 0, result.stderr
+    rows = (tmp_path / "saved/tiny/es/metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 3 and "early stop" in result.stdout
+
+
+def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "nan").returncode == 0
+    latest = tmp_path / "saved/tiny/nan/checkpoint-latest.params"
+    before = latest.read_bytes()
+    result = run("train.py", "-r", latest, "--epochs", "3", "--set", 'optimizer={"name": "sgd", "args": {"lr": 1e30}}')
+    assert result.returncode == 1
+    assert "non-finite loss" in result.stdout and "epoch 2, step" in result.stdout
+    assert latest.read_bytes() == before
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model": {"name": "mlpp"}}, "config.json: model.name: unknown model 'mlpp'; available: mlp, mnist_cnn, mnist_convnext. Did you mean 'mlp'?"),
+    ({"model": {"name": "mlp", "args": {"hiden": [3]}}}, "config.json: model.args.hiden: unknown argument Did you mean 'hidden'?"),
+    ({"optimizer": {"name": "adam", "args": {"lr": "fast"}}}, "optimizer.args.lr: expected float"),
+    ({"optimizer": {"name": "adam", "args": {"lr": -1.0}}}, "optimizer.args.lr: must be >= 0.0"),
+    ({"optimizer": {"name": "adam", "schedule": {"name": "cosine_decay", "args": {"init_value": 0.1}}}},
+     "optimizer.schedule.args: missing argument 'decay_steps'"),
+    ({"trainer__monitor": "max val/acc"}, "trainer.monitor: 'val/acc' is not logged. Did you mean 'val/accuracy'?"),
+    ({"trainer__epochs": 0}, "trainer.epochs: must be >= 1"),
+    ({"trainer__epoch": 3}, "trainer.epoch: unknown setting. Did you mean 'epochs'?"),
+    ({"data_loader__train__args__batch_size": 0}, "data_loader.train.args.batch_size: must be >= 1"),
+    ({"metrics": [{"name": "acuracy"}]}, "metrics.0.name: unknown metrics 'acuracy'"),
+    ({"loss": {"name": "cross_entropy", "args": {"smoothing": 0.1}}}, "loss.args.smoothing: unknown argument"),
+])
+def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, data_dir, change, message):
+    config = make_config(tmp_path, data_dir, **change)
+    result = run("train.py", "-c", config)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0]
+    assert not (tmp_path / "saved").exists()
+
+
+def test_malformed_json_reports_line_and_column(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{\n  "name": "x",\n  "seed": 1,,\n}')
+    result = run("train.py", "-c", path)
+    assert result.returncode == 2 and "line 3, column 14" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_override_and_missing_data(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir)
+    result = run("train.py", "-c", config, "--set", "metrics.7.name=x")
+    assert result.returncode == 2 and "metrics.7: no such list index" in result.stderr
+    config = make_config(tmp_path, data_dir, data_loader__train__args__data_dir=str(tmp_path / "none"))
+    result = run("train.py", "-c", config)
+    assert result.returncode == 2 and "Put the four mnist IDX files" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "saved").exists()
+
+
+def test_corrupt_checkpoint_is_refused_clearly(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "c").returncode == 0
+    latest = tmp_path / "saved/tiny/c/checkpoint-latest.params"
+    latest.write_bytes(latest.read_bytes()[:-100])
+    result = run("train.py", "-r", latest, "--epochs", "2")
+    assert result.returncode == 2 and "truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
+    other = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [16]}})
+    best = tmp_path / "saved/tiny/c/model_best.params"
+    result = run("test.py", "-r", best, "-c", other)
+    assert result.returncode == 2 and "params.fc0.weight: file has float32[784, 32], model expects float32[784, 16]" in result.stderr
+
+
+def test_four_devices_match_one(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [32]}})
+    one = run("train.py", "-c", config, "--run-id", "one")
+    four = run("train.py", "-c", config, "--run-id", "four",
+               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert one.returncode == 0 and four.returncode == 0, four.stderr
+    assert "TFRT_CPU_3" in four.stdout or "CpuDevice(id=3)" in four.stdout or "cpu:3" in four.stdout.lower()
+
+    def step_losses(run_id):
+        lines = (tmp_path / f"saved/tiny/{run_id}/train.log").read_text().splitlines()
+        return np.array([float(l.split("loss ")[1].split()[0]) for l in lines if " step " in l and "loss " in l])
+
+    a, b = step_losses("one"), step_losses("four")
+    assert len(a) == len(b) == 2 * 9
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
