@@ -39,6 +39,34 @@ def _select_as_where(ctx, node, name, args):
     Select.version_9(ctx, node)
 
 
+def _segment_prod(ctx, node, name, args):
+    # A dynamic-batch .tflite computes reshape targets (e.g. for batched matmuls) with UnsortedSegmentProd over its
+    # shape vector, with constant segment ids where -1 means "leave out". tf2onnx's generic lowering gets those
+    # negative ids wrong (the Reshape then fails at run time), so with constant ids: Gather + ReduceProd per segment.
+    import numpy as np
+    from tf2onnx import utils
+    from tf2onnx.onnx_opset.reduction import SegmentSum
+
+    data, ids, count = node.inputs
+    if not (ids.is_const() and count.is_const() and ctx.get_rank(node.input[0]) == 1 and ctx.get_rank(node.input[1]) == 1):
+        return SegmentSum.any_version(ctx.opset, ctx, node)
+    segment_ids = ids.get_tensor_value(as_list=True)
+    dtype = ctx.get_dtype(node.input[0])
+    pieces = []
+    for segment in range(int(count.get_tensor_value())):
+        members = [i for i, s in enumerate(segment_ids) if s == segment]
+        if not members:  # an empty product is 1
+            one = np.ones([1], utils.map_onnx_to_numpy_type(dtype))
+            pieces.append(ctx.make_const(utils.make_name(f"{name}_one"), one).output[0])
+            continue
+        index = ctx.make_const(utils.make_name(f"{name}_members"), np.array(members, np.int64)).output[0]
+        gathered = ctx.make_node("Gather", [node.input[0], index], attr={"axis": 0}).output[0]
+        pieces.append(ctx.make_node("ReduceProd", [gathered], attr={"keepdims": 1}).output[0])
+    outputs, shapes = node.output, [ctx.get_shape(node.output[0])]
+    ctx.remove_node(node.name)
+    ctx.make_node("Concat", pieces, attr={"axis": 0}, outputs=outputs, shapes=shapes, dtypes=[dtype])
+
+
 def tflite_to_onnx(tflite: bytes, *, opset: int = OPSET, input_name: str = "input",
                    output_name: str = "logits") -> bytes:
     """The .onnx bytes of a .tflite model via tf2onnx, with Select as Where and the graph's input/output renamed."""
@@ -49,7 +77,8 @@ def tflite_to_onnx(tflite: bytes, *, opset: int = OPSET, input_name: str = "inpu
         path.write_bytes(tflite)
         model, _ = tf2onnx.convert.from_tflite(
             str(path), opset=opset,
-            custom_op_handlers={"Select": (_select_as_where, []), "SelectV2": (_select_as_where, [])})
+            custom_op_handlers={"Select": (_select_as_where, []), "SelectV2": (_select_as_where, []),
+                                "UnsortedSegmentProd": (_segment_prod, [])})
     rename_io(model, input_name, output_name)
     return model.SerializeToString()
 

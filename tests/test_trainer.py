@@ -1,0 +1,74 @@
+"""The training loop in-process on in-memory arrays: compilation count, K steps per call, metrics exactness."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from data_loader.loader import ArrayDataset, DataLoader
+from training.trainer import Trainer
+from utils import build, build_optimizer, learning_rate_fn, validate
+
+
+def make_trainer(tmp_path, steps_per_call=1, epochs=2, n=150, batch=32, model=None, run="r"):
+    config = validate({
+        "name": "t", "seed": 3,
+        "model": model or {"name": "mlp", "args": {"hidden": [16], "dropout": 0.1}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}, {"name": "confusion_matrix"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1,
+                    "save_dir": str(tmp_path)},
+    })
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 8, 8, 1)).astype(np.float32)
+    y = (x.reshape(n, -1)[:, :10].argmax(1)).astype(np.int32)
+    train = DataLoader(ArrayDataset(input=x, target=y), batch, shuffle=True, seed=3, prefetch=2)
+    valid = DataLoader(ArrayDataset(input=x[:70], target=y[:70]), 32)  # 70 = 32 + 32 + 6: a padded last batch
+    (tmp_path / run).mkdir()
+    trainer = Trainer(config, tmp_path / run, build(config["model"], "model"), build(config["loss"], "loss"),
+                      [build(m, "metrics") for m in config["metrics"]], build_optimizer(config),
+                      learning_rate_fn(config), train, valid)
+    trainer.init_state((8, 8, 1))
+    return trainer
+
+
+def test_no_recompilation_after_the_first_step(tmp_path):
+    trainer = make_trainer(tmp_path, epochs=3)  # 150 = 4 full batches + a padded one, every epoch
+    trainer.fit()
+    assert trainer.train_chunk._cache_size() == 1
+    assert trainer.eval_step._cache_size() == 1
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_k_steps_per_call_equal_one_step_per_call(tmp_path, k):
+    one = make_trainer(tmp_path, steps_per_call=1, run="one")
+    many = make_trainer(tmp_path, steps_per_call=k, run="many")
+    one.fit()
+    many.fit()
+    assert int(one.ts["step"]) == int(many.ts["step"]) == 2 * 5  # inactive padding steps are not counted
+    for a, b in zip(jax.tree.leaves(one.ts), jax.tree.leaves(many.ts)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    rows = lambda t: [l for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    import json
+    for ra, rb in zip(rows(one), rows(many)):
+        ra, rb = json.loads(ra), json.loads(rb)
+        assert abs(ra["train/loss"] - rb["train/loss"]) < 1e-6 and ra["val/accuracy"] == rb["val/accuracy"]
+
+
+def test_epoch_metrics_are_exact_over_padded_batches(tmp_path):
+    trainer = make_trainer(tmp_path, epochs=1)
+    trainer.fit()
+    params, state = trainer.ts["params"], trainer.ts["state"]
+    results = trainer.evaluate(trainer.valid_loader)
+    x = trainer.valid_loader.dataset.arrays["input"]
+    y = trainer.valid_loader.dataset.arrays["target"]
+    logits, _ = trainer.model(params, state, x)
+    predicted = np.asarray(logits).argmax(1)
+    assert results["accuracy"] == pytest.approx(float(np.mean(predicted == y)), abs=1e-7)
+    matrix = np.zeros((10, 10))
+    np.add.at(matrix, (y, predicted), 1)
+    np.testing.assert_array_equal(np.asarray(results["confusion_matrix"]), matrix)
+    log_p = np.asarray(jax.nn.log_softmax(logits))
+    assert results["loss"] == pytest.approx(float(-log_p[np.arange(70), y].mean()), rel=1e-5)
