@@ -108,6 +108,12 @@ def load_runner(path: Path, threads: int | None = None):
     return load_model(path, threads)
 
 
+def first_line(error: Exception) -> str:
+    """A converter's error in one line (they run to pages of MLIR)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def shape_text(shape) -> str:
     return "[" + ",".join("B" if d is None else str(d) for d in shape) + "]"
 
@@ -128,7 +134,8 @@ def check(runner, forward, spec, validation: Validation | None, options: Options
         x = rng.standard_normal((n, *spec.shape[1:])).astype(spec.dtype)
         want = np.asarray(forward(x))
         got = runner(x)
-        random_checks.append(verify.compare(got, want, **tolerance, what=f"output {runner.output_name!r}, random inputs, batch {n}"))
+        what = f"output {runner.output_name!r}, random inputs, batch {n}"
+        random_checks.append(verify.compare(got, want, **tolerance, what=what))
         agreements.append(np.argmax(got, -1) == np.argmax(want, -1))
     random_result = verify.merge(random_checks)
     entry = {
@@ -140,7 +147,8 @@ def check(runner, forward, spec, validation: Validation | None, options: Options
     failures = [] if quantized or random_result.ok else [random_result.failure]
     if validation is not None:
         got = run_batched(runner, validation.inputs)
-        result = verify.compare(got, validation.logits, **tolerance, what=f"output {runner.output_name!r}, validation inputs")
+        what = f"output {runner.output_name!r}, validation inputs"
+        result = verify.compare(got, validation.logits, **tolerance, what=what)
         accuracy = verify.accuracy(got, validation.targets)
         entry["validation"] = {"examples": len(got), **result.to_dict(),
                                "top1_agreement": verify.top1_agreement(got, validation.logits),
@@ -178,7 +186,7 @@ def export_format(fmt: str, fn, forward, spec, folder: Path, name: str, validati
             runner = load_runner(path, threads)
             entry = check(runner, forward, spec, validation, options, quantize is not None)
         except Exception as error:  # any converter or runtime error: report it, try the other route if any
-            message = f"{ROUTES[route]}: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
+            message = f"{ROUTES[route]}: {first_line(error)}"
             errors.append(message)
             path.unlink(missing_ok=True)
             if route != routes[-1]:

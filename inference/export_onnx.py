@@ -5,7 +5,8 @@
 - `tflite_to_onnx`: tf2onnx reads a .tflite file (the original template's route; tf2onnx cannot read jax2tf's
   `XlaCallModule` op, so it never sees the TensorFlow graph). tf2onnx lowers Select as
   `Cast(c) * x + Cast(!c) * y`, so an infinite value in the branch not taken turns into NaN (inf * 0); here every
-  Select becomes an ONNX `Where`, which takes one branch per element.
+  Select becomes an ONNX `Where`, which takes one branch per element. And a dynamic-batch .tflite computes reshape
+  targets with UnsortedSegmentProd, whose generic lowering breaks batched matmuls (attention); see `_segment_prod`.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def _segment_prod(ctx, node, name, args):
     from tf2onnx.onnx_opset.reduction import SegmentSum
 
     data, ids, count = node.inputs
-    if not (ids.is_const() and count.is_const() and ctx.get_rank(node.input[0]) == 1 and ctx.get_rank(node.input[1]) == 1):
+    vectors = ctx.get_rank(node.input[0]) == 1 and ctx.get_rank(node.input[1]) == 1
+    if not (ids.is_const() and count.is_const() and vectors):
         return SegmentSum.any_version(ctx.opset, ctx, node)
     segment_ids = ids.get_tensor_value(as_list=True)
     dtype = ctx.get_dtype(node.input[0])

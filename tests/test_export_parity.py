@@ -55,8 +55,12 @@ CASES = {
     "conv_transpose_k3s2_valid": (ConvTranspose2d(3, 3, stride=2, padding="VALID"), IMAGE, "normal"),
     "conv_transpose_k3s1": (ConvTranspose2d(3, 3), IMAGE, "normal"),
     "max_pool": (MaxPool2d(2), IMAGE, "normal"),
+    "max_pool_odd": (MaxPool2d(2), (7, 7, 4), "normal"),
+    "max_pool_k3s2_same": (MaxPool2d(3, stride=2, padding="SAME"), IMAGE, "normal"),
     "avg_pool": (AvgPool2d(2), IMAGE, "normal"),
+    "avg_pool_k3s2_same": (AvgPool2d(3, stride=2, padding="SAME"), IMAGE, "normal"),
     "global_avg_pool": (GlobalAvgPool(), IMAGE, "normal"),
+    "global_avg_pool_keepdims": (GlobalAvgPool(keepdims=True), IMAGE, "normal"),
     "layer_norm": (LayerNorm(), IMAGE, "normal"),
     "batch_norm_eval": (BatchNorm(), IMAGE, "normal"),
     "group_norm": (GroupNorm(2), IMAGE, "normal"),
@@ -70,6 +74,8 @@ CASES = {
     **{f"act_{name}": (Activation(name), (4, 6), "wide")
        for name in ("relu", "gelu", "silu", "hard_swish", "sigmoid", "tanh", "softmax", "log_softmax")},
     "act_gelu_tanh": (Activation("gelu", approximate=True), (4, 6), "wide"),
+    # A batched matmul: with a dynamic batch, TFLite computes its reshape targets with UnsortedSegmentProd.
+    "batched_matmul": (Lambda(lambda x: x @ jnp.swapaxes(x, 1, 2)), (4, 6), "normal"),
     # The pattern behind tf2onnx's NaNs: the branch not taken is -inf for x <= 0.
     "where_inf_branch": (Lambda(lambda x: jnp.where(x > 0, jnp.log(jnp.abs(x)), 0.0)), (4, 6), "wide"),
     "mnist_convnext": (samples.mnist_convnext(dims=(8, 16), depths=(1, 1), dropout=0.1), (28, 28, 1), "normal"),

@@ -34,11 +34,24 @@ def make_trainer(tmp_path, steps_per_call=1, epochs=2, n=150, batch=32, model=No
     return trainer
 
 
-def test_no_recompilation_after_the_first_step(tmp_path):
-    trainer = make_trainer(tmp_path, epochs=3)  # 150 = 4 full batches + a padded one, every epoch
-    trainer.fit()
-    assert trainer.train_chunk._cache_size() == 1
-    assert trainer.eval_step._cache_size() == 1
+def test_no_recompilation_after_the_first_epoch(tmp_path):
+    """Counts XLA compilations: once the first epoch has run (the steps, plus the small eager ops of metric
+    results), two more epochs with a padded last batch (150 = 4 full batches of 32 + 22) and validation compile
+    nothing, with one or several steps per call."""
+    for k in (1, 3):
+        trainer = make_trainer(tmp_path, steps_per_call=k, epochs=1, run=f"k{k}")
+        trainer.fit()
+        compiles = []
+        listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        try:
+            trainer.compile = lambda: None  # keep the executables compiled by the first fit
+            trainer.trainer_cfg["epochs"] = 3
+            trainer.fit()
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listener)
+        assert compiles == [], f"{len(compiles)} compilations after the first epoch with {k} step(s) per call"
+        assert trainer.epoch == 3
 
 
 @pytest.mark.parametrize("k", [2, 3])

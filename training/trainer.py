@@ -141,6 +141,36 @@ class Trainer:
         zeros = empty_stats(self.model, self.loss_fn, self.metrics, self.ts["params"], self.ts["state"], batch_spec)
         return jax.device_put(zeros, self.replicated)
 
+    def compile(self) -> None:
+        """Compiles the training and evaluation steps ahead of time for the loaders' fixed batch shapes.
+
+        The loop calls these compiled executables, so a batch of another shape is an error, never a silent
+        recompilation; the compile time and XLA's FLOP estimate are logged.
+        """
+        example = next(self.train_loader.batches(0))
+        k = self.steps_per_call
+        stack_spec = {name: jax.ShapeDtypeStruct((k, *a.shape), a.dtype, sharding=NamedSharding(self.mesh, P(None, "data")))
+                      for name, a in example.items()}
+        stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32, sharding=self.replicated)
+        start = time.perf_counter()
+        self.compiled_chunk = self.train_chunk.lower(self.ts, self.empty_stats(), stack_spec).compile()
+        self.compile_seconds = time.perf_counter() - start
+        if self.valid_loader is not None:
+            example = next(self.valid_loader.batches(0))
+            batch_spec = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(self.mesh, P("data")))
+                          for name, a in example.items()}
+            self.compiled_eval = self.eval_step.lower(self.ts["params"], self.ts["state"], self.empty_stats(),
+                                                      batch_spec).compile()
+        self.flops_per_example = None
+        try:
+            cost = self.compiled_chunk.cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            self.flops_per_example = float(cost["flops"]) / (k * self.train_loader.batch_size)
+        except (KeyError, TypeError, IndexError, NotImplementedError):
+            pass  # not every backend reports costs
+        flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
+        log.info(f"compiled the training step ({k} step(s) per call) in {self.compile_seconds:.1f}s{flops}")
+
     def train_epoch(self, epoch: int) -> dict:
         from tqdm import tqdm
 
@@ -152,8 +182,16 @@ class Trainer:
         pending = None  # the previous call's per-step logs, read while the next call runs
         first_step = int(self.ts["step"])
         done = 0
-        for real, stack in loader.chunks(epoch, k, self.put_stack):
-            self.ts, acc, logs = self.train_chunk(self.ts, acc, stack)
+        self.data_wait = 0.0
+        chunks = loader.chunks(epoch, k, self.put_stack)
+        while True:
+            waited = time.perf_counter()
+            item = next(chunks, None)
+            self.data_wait += time.perf_counter() - waited
+            if item is None:
+                break
+            real, stack = item
+            self.ts, acc, logs = self.compiled_chunk(self.ts, acc, stack)
             if pending is not None:
                 self.check_logs(epoch, *pending, bar)
             pending = (logs, done, real, first_step)
@@ -188,12 +226,13 @@ class Trainer:
         acc = self.empty_stats()
         params, state = self.ts["params"], self.ts["state"]
         for batch in loader.batches(epoch):
-            acc = self.eval_step(params, state, acc, self.put_batch(batch))
+            acc = self.compiled_eval(params, state, acc, self.put_batch(batch))
         return metric_results(self.metrics, acc)
 
     def fit(self) -> dict | None:
         epochs = self.trainer_cfg["epochs"]
         patience = self.trainer_cfg["early_stop"]
+        self.compile()
         while self.epoch < epochs:
             epoch = self.epoch + 1
             start = time.perf_counter()
@@ -204,6 +243,7 @@ class Trainer:
             if self.valid_loader is not None:
                 row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
             row.update({"time/epoch_s": seconds, "time/images_per_s": self.train_loader.num_examples / seconds,
+                        "time/data_wait_s": self.data_wait,
                         "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
             self.epoch = epoch
             improved = self.update_best(row)
