@@ -1,5 +1,7 @@
 """Evaluate a checkpoint:  python test.py -r saved/<name>/<run>/model_best.params  (or -r the run folder)
-[-c config.json] [--split test|validation]. Prints the loss, every configured metric and the confusion matrix."""
+[-c config.json] [--split test|validation] [--out DIR]. Prints the loss, every configured metric, the confusion
+matrix and per-class precision/recall; writes confusion_matrix.png and per_class.csv next to the checkpoint (or in
+DIR), with the split in the names when it is not the test split."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +19,18 @@ def parse_args(argv=None):
     parser.add_argument("-c", "--config", help="config file (default: the run folder's config.json)")
     parser.add_argument("--split", default="test", choices=("test", "validation"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    parser.add_argument("--out", help="folder for confusion_matrix.png and per_class.csv (default: the checkpoint's)")
     return parser.parse_args(argv)
+
+
+def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
+    """Precision, recall, F1 and support of each class from a confusion matrix (rows: true, columns: predicted);
+    0 where a class is never predicted or never present, as the metrics do."""
+    tp = np.diag(matrix).astype(np.float64)
+    predicted, actual = matrix.sum(axis=0), matrix.sum(axis=1)
+    ratio = lambda a, b: np.divide(a, b, out=np.zeros(len(tp)), where=b > 0)
+    return {"precision": ratio(tp, predicted), "recall": ratio(tp, actual), "f1": ratio(2 * tp, predicted + actual),
+            "support": actual}
 
 
 def main(argv=None) -> int:
@@ -77,6 +90,22 @@ def main(argv=None) -> int:
     print("      " + " ".join(f"{c:>{width}}" for c in range(len(matrix))))
     for i, row in enumerate(matrix):
         print(f"  {i:>3} " + " ".join(f"{v:>{width}}" for v in row))
+
+    table = per_class(matrix)
+    lines = ["class,precision,recall,f1,support"]
+    print("per class:\n  class  precision  recall      f1  support")
+    for c in range(len(matrix)):
+        p, r, f, n = (table[k][c] for k in ("precision", "recall", "f1", "support"))
+        print(f"  {c:>5}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
+        lines.append(f"{c},{p:.6f},{r:.6f},{f:.6f},{n}")
+    out = Path(args.out) if args.out else checkpoint_path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "" if args.split == "test" else f"_{args.split}"
+    (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n")
+    from training.plots import save_confusion_matrix
+
+    image = save_confusion_matrix(matrix, out / f"confusion_matrix{suffix}.png")
+    print(f"wrote {image} and {out / f'per_class{suffix}.csv'}")
     return 0
 
 

@@ -9,7 +9,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from utils import ConfigError, build, build_optimizer, fail, learning_rate_fn, load_config, setup_logging
+from training.trackers import new_run_id, start_trackers, wandb_on
+from utils import ConfigError, build, build_optimizer, fail, learning_rate_fn, load_config, read_json, setup_logging
 
 log = logging.getLogger("train")
 
@@ -55,9 +56,20 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     return config, resume_dir
 
 
+def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
+    """A resumed run keeps its wandb run (the id saved in its folder's config); a new one draws an id now, so the
+    run folder can be named after it."""
+    if not wandb_on(config) or config["wandb"]["id"]:
+        return
+    saved = read_json(resume_dir / "config.json").get("wandb", {}) if resume_dir else {}
+    config["wandb"]["id"] = saved.get("id") or new_run_id()
+
+
 def make_run_dir(config: dict) -> Path:
     trainer = config["trainer"]
     run_id = trainer["run_id"] or datetime.now().strftime("%Y%m%d_%H%M%S")
+    if not trainer["run_id"] and wandb_on(config):  # the folder and the wandb run are found from each other
+        run_id += f"_{config['wandb']['id']}"
     run_dir = Path(trainer["save_dir"]) / config["name"] / run_id
     suffix = 1
     while run_dir.exists():  # two runs started in the same second never share a folder
@@ -77,6 +89,7 @@ def main(argv=None) -> int:
         metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
         optimizer = build_optimizer(config)
         lr_fn = learning_rate_fn(config)
+        assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
 
@@ -116,18 +129,41 @@ def main(argv=None) -> int:
                 trainer.load_weights(Path(args.weights))
     except CheckpointError as error:
         fail(str(error))
+    from model.summary import summary
+
+    log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.input_spec))
+    trainer.trackers = trackers = start_trackers(config, run_dir)
 
     # 5. Train.
+    status = 1
     try:
         best = trainer.fit()
+        log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
+        status = 0
     except TrainingDiverged as error:
         log.error(str(error))
-        return 1
     except KeyboardInterrupt:
         log.info(f"interrupted; continue with: python train.py -r {run_dir / 'checkpoint-latest.params'}")
-        return 130
-    log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
-    return 0
+        status = 130
+    finally:
+        finish(run_dir, trackers, status)
+    return status
+
+
+def finish(run_dir: Path, trackers: list, status: int) -> None:
+    """curves.png from metrics.jsonl, then the trackers' last words; neither can change how the run ends."""
+    if (run_dir / "metrics.jsonl").is_file():
+        try:
+            from training.plots import plot_run
+
+            log.info(f"curves: {plot_run(run_dir)}")
+        except Exception as error:
+            log.warning(f"curves.png not drawn: {type(error).__name__}: {error}")
+    for tracker in trackers:
+        try:
+            tracker.close(status)
+        except Exception as error:
+            log.warning(f"{type(tracker).__name__}.close: {type(error).__name__}: {error}")
 
 
 if __name__ == "__main__":

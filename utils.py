@@ -43,6 +43,8 @@ TRAINER_DEFAULTS = {
 }
 WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
                   "mode": "offline", "id": None}
+TENSORBOARD_DEFAULTS = {"enabled": False}
+PROFILE_KEYS = ("start_step", "num_steps")
 TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard"}
 LOADER_SPLITS = ("train", "validation", "test")
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
@@ -283,7 +285,44 @@ def validate(config: dict, source: str = "config.json") -> dict:
         wandb.setdefault(key, value)
     if wandb["mode"] not in ("online", "offline", "disabled"):
         raise ConfigError(f"{source}: wandb.mode: expected online, offline or disabled, got {json.dumps(wandb['mode'])}")
+    check_tracker_settings(config, source)
     return config
+
+
+def check_tracker_settings(config: dict, source: str) -> None:
+    """Types of the wandb and tensorboard sections and the shape of trainer.profile."""
+    wandb = config["wandb"]
+    if not isinstance(wandb["enabled"], bool):
+        raise ConfigError(f"{source}: wandb.enabled: expected true or false, got {json.dumps(wandb['enabled'])}")
+    for key in ("project", "entity", "group", "id"):
+        if wandb[key] is not None and (not isinstance(wandb[key], str) or not wandb[key]):
+            raise ConfigError(f"{source}: wandb.{key}: expected a non-empty string or null, got {json.dumps(wandb[key])}")
+    if not isinstance(wandb["tags"], list) or not all(isinstance(t, str) for t in wandb["tags"]):
+        raise ConfigError(f"{source}: wandb.tags: expected a list of strings, got {json.dumps(wandb['tags'])}")
+    if wandb["id"] is not None and not all(c.isalnum() or c in "-_" for c in wandb["id"]):
+        raise ConfigError(f"{source}: wandb.id: letters, digits, '-' and '_' only, got {json.dumps(wandb['id'])}")
+
+    tensorboard = config.setdefault("tensorboard", {})
+    if not isinstance(tensorboard, dict):
+        raise ConfigError(f"{source}: tensorboard: expected an object such as {{\"enabled\": true}}")
+    for key in tensorboard:
+        if key not in TENSORBOARD_DEFAULTS:
+            raise ConfigError(f"{source}: tensorboard.{key}: unknown setting.{closest(key, TENSORBOARD_DEFAULTS)} "
+                              f"Settings: {', '.join(TENSORBOARD_DEFAULTS)}")
+    for key, value in TENSORBOARD_DEFAULTS.items():
+        tensorboard.setdefault(key, value)
+    if not isinstance(tensorboard["enabled"], bool):
+        raise ConfigError(f"{source}: tensorboard.enabled: expected true or false, "
+                          f"got {json.dumps(tensorboard['enabled'])}")
+
+    profile = config["trainer"].get("profile")
+    if profile is not None:
+        where = f"{source}: trainer.profile"
+        if not isinstance(profile, dict) or set(profile) != set(PROFILE_KEYS):
+            raise ConfigError(f"{where}: expected {{\"start_step\": N, \"num_steps\": K}} or null, "
+                              f"got {json.dumps(profile)}")
+        check_number(profile, "start_step", where, int, 1)
+        check_number(profile, "num_steps", where, int, 1)
 
 
 def metric_names(config: dict) -> list[str]:
@@ -367,3 +406,29 @@ def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config
 def fail(message: str, status: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(status)
+
+
+# --------------------------------------------------------------------------------------------------- command line
+def main(argv=None) -> int:
+    """python utils.py plot saved/<name>/<run_id> [-o curves.png]"""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="utils.py", description="Tools for run folders.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    plot = commands.add_parser("plot", help="draw a run folder's metrics.jsonl as curves.png")
+    plot.add_argument("run_dir", help="a run folder, e.g. saved/<name>/<run_id>")
+    plot.add_argument("-o", "--out", help="image file (default: <run_dir>/curves.png)")
+    args = parser.parse_args(argv)
+
+    from training.plots import plot_run
+
+    try:
+        path = plot_run(args.run_dir, args.out)
+    except (OSError, ValueError) as error:  # no metrics.jsonl, an unreadable line, nothing to plot
+        fail(str(error))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

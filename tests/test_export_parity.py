@@ -59,6 +59,7 @@ CASES = {
     "max_pool_k3s2_same": (MaxPool2d(3, stride=2, padding="SAME"), IMAGE, "normal"),
     "avg_pool": (AvgPool2d(2), IMAGE, "normal"),
     "avg_pool_k3s2_same": (AvgPool2d(3, stride=2, padding="SAME"), IMAGE, "normal"),
+    "relu_max_pool": (Sequential([Activation("relu"), MaxPool2d(2)]), IMAGE, "normal"),
     "global_avg_pool": (GlobalAvgPool(), IMAGE, "normal"),
     "global_avg_pool_keepdims": (GlobalAvgPool(keepdims=True), IMAGE, "normal"),
     "layer_norm": (LayerNorm(), IMAGE, "normal"),
@@ -92,8 +93,22 @@ CASES = {
 ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
 DYNAMIC_ROUTES = {"tflite_dynamic", "onnx", "onnx_via_tflite_dynamic", "jax"}
 
-# (case, route) pairs that are documented as unsupported, with the reason (README "Export" lists them).
-UNSUPPORTED = {}
+# (case, route) pairs documented as unsupported (README, "Export"), each with its reason and the layer fix that
+# removes it. strict=True: once a fix lands, the XPASS fails and the entry must go.
+_CROP = ("a basic-indexing crop x[:, a:b] with a symbolic batch lowers to a gather that the TFLite converter "
+         "rejects (vhlo.dynamic_gather_v1); fix in the layer: crop with lax.slice_in_dim")
+_RELU = ("jax2onnx 0.17.1 traces jnp.maximum(x, 0) (int literal) as float64, and the padding of the pool after it "
+         "becomes a float64 Pad that onnxruntime rejects; fix in activations.relu: jnp.maximum(x, jnp.zeros((), "
+         "x.dtype))")
+UNSUPPORTED = {
+    **{(case, route): f"ConvTranspose2d with kernel > stride, SAME: {_CROP}"
+       for case in ("conv_transpose_k3s2", "conv_transpose_k4s2", "conv_transpose_k3s1")
+       for route in ("tflite_dynamic", "onnx_via_tflite_dynamic")},
+    **{("max_pool_odd", route): f"pooling a size the window does not divide: {_CROP}"
+       for route in ("tflite_dynamic", "onnx_via_tflite_dynamic")},
+    ("relu_max_pool", "onnx"): _RELU,
+    ("mnist_cnn", "onnx"): _RELU,
+}
 
 
 @functools.cache

@@ -131,7 +131,8 @@ def test_summarize_names_and_errors():
     outputs, targets = _batch("f1", 12)
     stats = metrics.f1("none").stats(outputs, targets, None)
     summary = metrics.summarize(metrics.f1("none"), stats)
-    assert list(summary) == [f"f1/{c}" for c in range(C)]
+    assert list(summary) == [f"f1_per_class/{c}" for c in range(C)]
+    assert metrics.f1().name == "f1" and metrics.precision("none").name == "precision_per_class"
     _close(list(summary.values()), np_metric("f1_none", outputs, targets))
     assert all(type(v) is float for v in summary.values())
     assert set(metrics.summarize(metrics.accuracy(), metrics.accuracy().stats(outputs, targets, None))) == {"accuracy"}

@@ -16,25 +16,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from model.modules.module import key_path_str
+
 FORMAT_VERSION = 1
 
 
 class CheckpointError(Exception):
     pass
-
-
-def key_path_str(path) -> str:
-    parts = []
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            parts.append(str(key.key))
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            parts.append(str(key.idx))
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            parts.append(key.name)
-        else:
-            parts.append(str(getattr(key, "key", key)))
-    return ".".join(parts)
 
 
 def flatten(tree: Any) -> dict[str, Any]:

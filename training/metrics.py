@@ -106,7 +106,8 @@ def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str) 
         present = (stats["actual"] + stats["predicted"]) > 0
         return _divide(jnp.where(present, scores, 0.0).sum(), present.sum())
 
-    return Metric(name, _class_counts, result)
+    # a distinct log name per averaging, so "f1" and per-class "f1" can both be configured
+    return Metric(name if average == "macro" else f"{name}_per_class", _class_counts, result)
 
 
 def accuracy() -> Metric:

@@ -17,6 +17,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from model.modules.module import key_path_str
+
 Schedule = Callable[[jax.Array], jax.Array]
 Hyper = float | Schedule  # a hyperparameter: a constant or a schedule
 
@@ -285,23 +287,6 @@ def decay_mask(params, mask: Any = "default"):
         return jax.tree_util.tree_map_with_path(lambda path, p: bool(mask(key_path_str(path), p)), params)
     # A prefix tree of bools: each bool covers the whole subtree below it.
     return jax.tree.map(lambda on, sub: jax.tree.map(lambda p: bool(on), sub), mask, params)
-
-
-def key_path_str(keypath) -> str:
-    """A jax key path as a dotted string: ``blocks.1.norm.scale``."""
-    parts = []
-    for k in keypath:
-        if isinstance(k, jax.tree_util.DictKey):
-            parts.append(str(k.key))
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            parts.append(str(k.idx))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            parts.append(k.name)
-        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-            parts.append(str(k.key))
-        else:
-            parts.append(str(k))
-    return ".".join(parts)
 
 
 def _value_at(hyper: Hyper, count):

@@ -16,17 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from training.losses import weighted_mean
-from training.optimizers import apply_updates
+from training.optimizers import apply_updates, global_norm
 
 
 def batch_stats(metrics: Sequence, outputs, batch, per_example_loss) -> dict:
     mask = batch["mask"]
     return {"loss_sum": jnp.sum(per_example_loss * mask), "count": jnp.sum(mask),
             "metrics": {m.name: m.stats(outputs, batch["target"], mask) for m in metrics}}
-
-
-def global_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
 def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence) -> Callable:

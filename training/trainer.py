@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from training import checkpoint
+from training.trackers import StepTrace
 from training.step import empty_stats, make_eval_step, make_train_chunk
 
 log = logging.getLogger("train")
@@ -73,6 +74,8 @@ class Trainer:
         self.better = (lambda a, b: a > b) if mode == "max" else (lambda a, b: a < b)
         self.best = None
         self.bad_epochs = 0
+        profile = self.trainer_cfg.get("profile")
+        self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
 
     # ------------------------------------------------------------------------------------------------- state
     def init_state(self, sample_shape: tuple) -> dict:
@@ -182,6 +185,7 @@ class Trainer:
         pending = None  # the previous call's per-step logs, read while the next call runs
         first_step = int(self.ts["step"])
         done = 0
+        started = time.perf_counter()
         self.data_wait = 0.0
         chunks = loader.chunks(epoch, k, self.put_stack)
         while True:
@@ -191,16 +195,20 @@ class Trainer:
             if item is None:
                 break
             real, stack = item
+            if self.trace:
+                self.trace.before(first_step + done + 1, first_step + done + real)
             self.ts, acc, logs = self.compiled_chunk(self.ts, acc, stack)
+            if self.trace:
+                self.trace.after(first_step + done + real, self.ts)
             if pending is not None:
                 self.check_logs(epoch, *pending, bar)
-            pending = (logs, done, real, first_step)
+            pending = (logs, done, real, first_step, started)
             done += real
         self.check_logs(epoch, *pending, bar)
         bar.close()
         return acc
 
-    def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, bar) -> None:
+    def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
         losses = np.asarray(logs["loss"])[:real]
         bad = np.flatnonzero(~np.isfinite(losses))
         if bad.size:
@@ -208,6 +216,9 @@ class Trainer:
             raise TrainingDiverged(f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {step}; "
                                    f"training stopped, the last good checkpoint is kept")
         every = self.trainer_cfg["log_every"]
+        rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
+        images_per_s = rate * self.train_loader.batch_size
+        eta = (len(self.train_loader) - done - real) / rate
         for i in range(real):
             step = first_step + done + i + 1
             if step % every == 0:
@@ -216,11 +227,14 @@ class Trainer:
                 # with a live progress bar the console shows the bar; step lines still reach train.log
                 level = logging.INFO if bar.disable else logging.DEBUG
                 log.log(level, f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
-                               f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}")
+                               f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
+                               f"{images_per_s:.0f} img/s  eta {int(eta) // 60}:{int(eta) % 60:02d}")
                 for tracker in self.trackers:
                     tracker.log_step(step, values)
-        bar.update(real)
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if not bar.disable:  # tqdm shows the ETA itself
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{float(self.lr_fn(first_step + done + real - 1)):.3g}",
+                            img_s=f"{images_per_s:.0f}", refresh=False)
+            bar.update(real)
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
         acc = self.empty_stats()
@@ -258,6 +272,8 @@ class Trainer:
             if patience and self.bad_epochs >= patience:
                 log.info(f"early stop: {self.monitor} has not improved for {patience} epochs (best {self.best:.4f})")
                 break
+        if self.trace:
+            self.trace.stop(self.ts)
         return self.best
 
     def update_best(self, row: dict) -> bool:

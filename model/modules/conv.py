@@ -106,6 +106,8 @@ def _conv_bwd(strides, pads, lhs_dilation, rhs_dilation, groups, residuals, g):
         dx_pads.append((before, in_ext[i] + k_ext[i] - 1 - out_ext[i] - before))
     dx = _canonical_conv(g_b, w_t, lhs_dilation, dx_pads, strides, rhs_dilation, groups)
 
+    if cg <= _SLICED_DW_MAX_CG and groups > 1 and lhs_dilation == (1, 1):
+        return dx.astype(x.dtype), _sliced_weight_grad(x, g, w.shape, strides, pads, rhs_dilation, groups)
     # dw: the batch becomes the contracted feature axis and input channels the batch; each group's N batch entries
     # form one feature group, so grouped kernels need no batch_group_count (which has no fast path).
     x_t = x.reshape(*x.shape[:3], groups, cg).transpose(4, 1, 2, 3, 0).reshape(cg, *x.shape[1:3], groups * n)
@@ -118,6 +120,25 @@ def _conv_bwd(strides, pads, lhs_dilation, rhs_dilation, groups, residuals, g):
 
 
 _conv_fast_grad.defvjp(_conv_fwd, _conv_bwd)
+
+_SLICED_DW_MAX_CG = 1
+
+
+def _sliced_weight_grad(x, g, w_shape, strides, pads, rhs_dilation, groups):
+    """Kernel gradient as one small contraction per kernel tap, over the strided slice of ``x`` that tap reads."""
+    kh, kw, cg, cout = w_shape
+    n, ho, wo, _ = g.shape
+    x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)])
+    g = g.reshape(n * ho * wo, groups, cout // groups)
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            top, left = i * rhs_dilation[0], j * rhs_dilation[1]
+            part = lax.slice(x, (0, top, left, 0),
+                             (n, top + (ho - 1) * strides[0] + 1, left + (wo - 1) * strides[1] + 1, x.shape[-1]),
+                             (1, strides[0], strides[1], 1))
+            taps.append(jnp.einsum("pgc,pgo->cgo", part.reshape(n * ho * wo, groups, cg), g))
+    return jnp.stack(taps).reshape(kh, kw, cg, cout).astype(x.dtype)
 
 
 def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1), rhs_dilation=(1, 1), groups=1,

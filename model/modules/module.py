@@ -19,6 +19,23 @@ Params = dict
 State = dict
 
 
+def key_path_str(keypath) -> str:
+    """A jax key path as a dotted string: ``blocks.1.norm.scale``."""
+    parts = []
+    for k in keypath:
+        if isinstance(k, jax.tree_util.DictKey):
+            parts.append(str(k.key))
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            parts.append(str(k.idx))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            parts.append(k.name)
+        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(k.key))
+        else:
+            parts.append(str(k))
+    return ".".join(parts)
+
+
 def shape_of(x) -> jax.ShapeDtypeStruct:
     """The abstract value of an array, a ShapeDtypeStruct or a tuple shape (float32 assumed for a tuple)."""
     if isinstance(x, tuple):

@@ -1,0 +1,120 @@
+"""Figures of a run: training curves from `metrics.jsonl` and a confusion matrix, written as PNG files.
+
+Figures are built with `matplotlib.figure.Figure` and the Agg canvas directly, never through pyplot, so nothing
+depends on a display or changes matplotlib's global backend. matplotlib is imported only when a figure is made.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+PANEL_INCHES = (4.0, 3.0)
+DPI = 100
+COLUMNS = 3
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a `metrics.jsonl` file, in order; a resumed run's rows follow the rows before it."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def curve_names(rows: Sequence[dict]) -> list[str]:
+    """The quantities with a curve: loss first, then each scalar metric in the order logged, then the learning rate.
+    Per-class vectors are not drawn."""
+    names = []
+    for row in rows:
+        for key, value in row.items():
+            split, _, name = key.partition("/")
+            if split in ("train", "val") and isinstance(value, (int, float)) and name not in names:
+                names.append(name)
+    names.sort(key=lambda n: n != "loss")  # stable: the metrics keep their order
+    if any(isinstance(row.get("lr"), (int, float)) for row in rows):
+        names.append("lr")
+    return names
+
+
+def grid(panels: int) -> tuple[int, int]:
+    columns = min(panels, COLUMNS)
+    return math.ceil(panels / columns), columns
+
+
+def curves_figure(rows: Sequence[dict]):
+    """One panel per quantity, train (solid) and validation (dashed) against the epoch."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    names = curve_names(rows)
+    if not names:
+        raise ValueError("no train/ or val/ values to plot")
+    nrows, ncols = grid(len(names))
+    fig = Figure(figsize=(PANEL_INCHES[0] * ncols, PANEL_INCHES[1] * nrows), dpi=DPI, layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, name in zip(axes, names):
+        if name == "lr":
+            series = [("learning rate", "lr", "-")]
+        else:
+            series = [("train", f"train/{name}", "-"), ("validation", f"val/{name}", "--")]
+        for label, key, style in series:
+            points = [(r["epoch"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if points:
+                epochs, values = zip(*points)
+                ax.plot(epochs, values, style, marker="o", markersize=3, label=label)
+        ax.set_title("learning rate" if name == "lr" else name)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    return fig
+
+
+def save_curves(rows: Sequence[dict], path: str | Path) -> Path:
+    path = Path(path)
+    curves_figure(rows).savefig(path)
+    return path
+
+
+def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
+    """`<run_dir>/metrics.jsonl` -> `<run_dir>/curves.png` (or `path`)."""
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{metrics}: no such file (is {run_dir} a run folder with a finished epoch?)")
+    return save_curves(read_metrics(metrics), path or run_dir / "curves.png")
+
+
+def confusion_figure(matrix, class_names: Sequence[str] | None = None):
+    """Counts per (true, predicted) class, coloured by the fraction of the true class (its row), so that the
+    colours read the same for rare and frequent classes."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    matrix = np.asarray(matrix)
+    n = len(matrix)
+    names = list(class_names) if class_names is not None else [str(i) for i in range(n)]
+    rows = matrix.sum(axis=1, keepdims=True)
+    fractions = np.divide(matrix, rows, out=np.zeros(matrix.shape, float), where=rows > 0)
+    side = max(4.0, 0.45 * n + 1.5)
+    fig = Figure(figsize=(side + 1.0, side), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(fractions, cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, label="fraction of the true class")
+    ax.set_xticks(range(n), names, rotation=90 if n > 12 else 0)
+    ax.set_yticks(range(n), names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    if n <= 30:  # beyond that the numbers no longer fit their cells
+        for (i, j), count in np.ndenumerate(matrix):
+            ax.text(j, i, f"{count:g}", ha="center", va="center", fontsize=7 if n > 12 else 9,
+                    color="white" if fractions[i, j] > 0.5 else "black")
+    ax.set_title(f"confusion matrix ({matrix.sum():g} examples)")
+    return fig
+
+
+def save_confusion_matrix(matrix, path: str | Path, class_names: Sequence[str] | None = None) -> Path:
+    path = Path(path)
+    confusion_figure(matrix, class_names).savefig(path)
+    return path
