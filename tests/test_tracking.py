@@ -263,7 +263,7 @@ def test_per_class_table_matches_counts_from_the_labels():
     assert table["recall"][1] == 1.0 and table["precision"][4] == 0.0 and table["f1"][4] == 0.0
 
 
-BASE = {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"}, "optimizer": {"name": "sgd"},
+BASE = {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"}, "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
         "data_loader": {"train": {"name": "mnist"}}, "trainer": {"monitor": "min train/loss"}}
 
 
