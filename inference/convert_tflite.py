@@ -361,7 +361,8 @@ def main(argv=None) -> int:
     validation = None
     if args.val_examples != 0:
         if loader is None:
-            print(f"warning: no validation data ({loader_problem}); checking on random inputs only")
+            print(f"warning: no validation data ({loader_problem}); checking on random inputs only"
+                  + ("; the quantized model's accuracy is not checked" if args.quantize else ""))
         else:
             validation = collect_validation(loader, forward, args.val_examples)
     print(f"{checkpoint_path} (epoch {header.get('epoch')}): input {shape_text(spec.shape)}, "
@@ -423,7 +424,8 @@ def write_extras(folder: Path, config: dict, loader, spec, args, checkpoint_path
         if module is not None:
             versions[package] = getattr(module, "__version__", "?")
     report = {"name": args.name, "checkpoint": str(checkpoint_path), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "tolerance": {"atol": options.atol, "rtol": options.rtol}, "versions": versions, "formats": entries}
+              "checked_on": jax.default_backend(), "tolerance": {"atol": options.atol, "rtol": options.rtol},
+              "versions": versions, "formats": entries}
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (folder / "report.md").write_text(table(entries) + "\n")
 

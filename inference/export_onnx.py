@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -74,7 +75,9 @@ def tflite_to_onnx(tflite: bytes, *, opset: int = OPSET, input_name: str = "inpu
     """The .onnx bytes of a .tflite model via tf2onnx, with Select as Where and the graph's input/output renamed."""
     import tf2onnx
 
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        # tf2onnx reads the file with TensorFlow's own (deprecated) interpreter; the warning is not ours to act on.
+        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
         path = Path(folder) / "model.tflite"
         path.write_bytes(tflite)
         model, _ = tf2onnx.convert.from_tflite(

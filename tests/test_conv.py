@@ -17,10 +17,11 @@ CONFIGS = {
     "k3_s2_same_even": (3, 2, "SAME", 1, 1, 3, 4, True, (6, 8)),
     "k2x3_s2x1_valid_remainder": ((2, 3), (2, 1), "VALID", 1, 1, 3, 4, True, (7, 6)),
     "k3_int_pad_dilated": (3, 1, 2, 2, 1, 3, 4, True, (7, 7)),
-    # lo = 4 exceeds the kernel extent: the input gradient then needs negative padding.
-    "k3_s2_explicit_pad": (3, 2, ((0, 3), (4, 1)), 1, 1, 3, 4, True, (6, 7)),
+    # top 3 and left 4 exceed the kernel extent: the input gradient then needs negative padding.
+    "k3_s2_explicit_pad": (3, 2, ((3, 1), (4, 1)), 1, 1, 3, 4, True, (6, 7)),
     "k3_pad4_beyond_kernel": (3, 1, 4, 1, 1, 2, 3, True, (5, 5)),
     "groups2": (3, 1, "SAME", 1, 2, 4, 6, True, (6, 6)),
+    "depthwise": (3, 1, "SAME", 1, 4, 4, 4, True, (6, 5)),
     "depthwise_x2": (3, 2, "SAME", 1, 4, 4, 8, True, (7, 6)),
     "k1_valid_no_bias": (1, 1, "VALID", 1, 1, 3, 5, False, (4, 5)),
     "k3_s3_dil2_groups2_same": (3, 3, "SAME", 2, 2, 4, 4, False, (9, 8)),
@@ -53,26 +54,35 @@ def _inputs(cfg, dtype=np.float32, seed=0):
     return x, w
 
 
+def _random_params(layer_params, seed):
+    # Random values in the layer's own param structure; random bias too, so that it is tested. (Real inits are
+    # tested below and in test_initializers.py; compiling one per config would dominate this file's run time.)
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), layer_params)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_conv2d_matches_lax_and_flax(name):
     kernel, stride, padding, dilation, groups, cin, cout, use_bias, hw = cfg = CONFIGS[name]
-    layer = Conv2d(cout, kernel, stride, padding, dilation, groups, use_bias, bias_init="normal")
+    layer = Conv2d(cout, kernel, stride, padding, dilation, groups, use_bias)
+    x, _ = _inputs(cfg)
+    shapes, state = jax.eval_shape(layer.init, jax.random.key(0), x)
+    assert shapes["weight"].shape == (*_as_pair(kernel), cin // groups, cout)
+    assert set(shapes) == ({"weight", "bias"} if use_bias else {"weight"})
+    params = _random_params(shapes, seed=8)
+
     flax_conv = nn.Conv(cout, _as_pair(kernel), _as_pair(stride), _lax_padding(padding), kernel_dilation=dilation,
                         feature_group_count=groups, use_bias=use_bias)
-    x, _ = _inputs(cfg)
+    flax_params = {"kernel": params["weight"], **({"bias": params["bias"]} if use_bias else {})}
 
     @jax.jit  # one compilation per config instead of one per eager op
-    def run(key, x):
-        params, state = layer.init(key, x)
+    def run(params, flax_params, x):
         expected = _reference(x, params["weight"], kernel, stride, padding, dilation, groups)
         if use_bias:
             expected = expected + params["bias"]
-        flax_params = {"kernel": params["weight"], **({"bias": params["bias"]} if use_bias else {})}
-        return params, layer(params, state, x)[0], expected, flax_conv.apply({"params": flax_params}, x)
+        return layer(params, {}, x)[0], expected, flax_conv.apply({"params": flax_params}, x)
 
-    params, y, expected, flax_y = run(jax.random.key(0), x)
-    assert params["weight"].shape == (*_as_pair(kernel), cin // groups, cout)
-    assert set(params) == ({"weight", "bias"} if use_bias else {"weight"})
+    y, expected, flax_y = run(params, flax_params, x)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y, flax_y, rtol=1e-5, atol=1e-5)
 
@@ -106,7 +116,7 @@ def test_custom_vjp_float32_inside_scan():
         return lax.scan(body, 0.0, None, length=2)[1]
 
     for name in ["k3_s2_same_even", "k2x3_s2x1_valid_remainder", "k3_s2_explicit_pad", "k3_pad4_beyond_kernel",
-                 "depthwise_x2", "k3_s3_dil2_groups2_same"]:
+                 "depthwise", "depthwise_x2", "k3_s3_dil2_groups2_same"]:
         cfg = CONFIGS[name]
         kernel, stride, padding, dilation, groups = cfg[:5]
         x, w = _inputs(cfg, seed=3)
@@ -120,13 +130,14 @@ def test_custom_vjp_float32_inside_scan():
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()), err_msg=name)
 
 
-@pytest.mark.parametrize("name", ["k3_s2_explicit_pad", "k3_s3_dil2_groups2_same"])
+@pytest.mark.parametrize("name", ["k3_s2_explicit_pad", "depthwise", "k3_s3_dil2_groups2_same"])
 def test_conv2d_check_grads(name):
     kernel, stride, padding, dilation, groups, cin, cout, use_bias, hw = cfg = CONFIGS[name]
     layer = Conv2d(cout, kernel, stride, padding, dilation, groups, use_bias=True)
     with jax.enable_x64(True):
         x, _ = _inputs(cfg, np.float64, seed=5)
-        params, state = jax.jit(layer.init)(jax.random.key(1), x)
+        shapes, state = jax.eval_shape(layer.init, jax.random.key(1), x)
+        params = _random_params(shapes, seed=9)
         # custom_vjp has no forward mode, so the layer is checked in reverse mode only.
         check_grads(jax.jit(lambda p, x: layer(p, state, x)[0]), (params, x), order=1, modes=("rev",))
         custom = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, custom_grad=True))
@@ -137,16 +148,18 @@ def test_conv2d_check_grads(name):
         check_grads(plain, (x,), order=1, modes=("fwd", "rev"))
 
 
-def test_conv2d_init_is_deterministic():
-    layer = Conv2d(8, 3, groups=2)
+@pytest.mark.parametrize("layer", [Conv2d(8, 3, groups=2), ConvTranspose2d(8, 3, 2)], ids=repr)
+def test_init_is_deterministic(layer):
     x = jax.ShapeDtypeStruct((1, 5, 5, 4), jnp.float32)
-    init = jax.jit(layer.init, static_argnums=1)
-    a, _ = init(jax.random.key(0), x)
-    b, _ = init(jax.random.key(0), x)
-    c, _ = init(jax.random.key(1), x)
-    np.testing.assert_array_equal(a["weight"], b["weight"])
-    assert not np.allclose(a["weight"], c["weight"])
-    np.testing.assert_array_equal(a["bias"], np.zeros(8))
+    keys = jnp.stack([jax.random.key_data(jax.random.key(i)) for i in (0, 0, 1)])
+    # One compilation for all three keys.
+    params, _ = jax.jit(jax.vmap(lambda k: layer.init(jax.random.wrap_key_data(k), x)))(keys)
+    np.testing.assert_array_equal(params["weight"][0], params["weight"][1])
+    assert not np.allclose(params["weight"][0], params["weight"][2])
+    np.testing.assert_array_equal(params["bias"], np.zeros((3, 8)))
+    # he_normal by default: std sqrt(2 / fan_in), fan_in = kh * kw * (in_channels / groups).
+    fan_in = 9 * params["weight"].shape[-2]
+    assert 0.7 < float(params["weight"].std()) / np.sqrt(2 / fan_in) < 1.3
 
 
 def test_conv2d_rejects_bad_arguments():
@@ -177,18 +190,15 @@ TRANSPOSE_CONFIGS = [
 @pytest.mark.parametrize("cfg", TRANSPOSE_CONFIGS, ids=str)
 def test_conv_transpose_matches_flax(cfg):
     kernel, stride, padding, use_bias, hw = cfg
-    layer = ConvTranspose2d(5, kernel, stride, padding, use_bias, bias_init="normal")
-    flax_layer = nn.ConvTranspose(5, _as_pair(kernel), _as_pair(stride), padding, use_bias=use_bias)
+    layer = ConvTranspose2d(5, kernel, stride, padding, use_bias)
     x = np.random.default_rng(6).normal(size=(2, *hw, 3)).astype(np.float32)
-
-    @jax.jit
-    def run(key, x):
-        params, state = layer.init(key, x)
-        flax_params = {"kernel": params["weight"], **({"bias": params["bias"]} if use_bias else {})}
-        return params, layer(params, state, x)[0], flax_layer.apply({"params": flax_params}, x)
-
-    params, y, expected = run(jax.random.key(2), x)
-    assert params["weight"].shape == (*_as_pair(kernel), 3, 5)
+    shapes, state = jax.eval_shape(layer.init, jax.random.key(2), x)
+    assert shapes["weight"].shape == (*_as_pair(kernel), 3, 5)
+    params = _random_params(shapes, seed=10)
+    flax_layer = nn.ConvTranspose(5, _as_pair(kernel), _as_pair(stride), padding, use_bias=use_bias)
+    flax_params = {"kernel": params["weight"], **({"bias": params["bias"]} if use_bias else {})}
+    y, expected = jax.jit(lambda p, fp, x: (layer(p, state, x)[0], flax_layer.apply({"params": fp}, x)))(
+        params, flax_params, x)
     assert y.shape == expected.shape
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
 
@@ -206,7 +216,8 @@ def test_conv_transpose_gradients(cfg):
                                                       cotangent), (0, 1)))(x, w)
         autodiff = jax.jit(jax.grad(lambda x, w: jnp.vdot(ref(x, w), cotangent), (0, 1)))(x, w)
         layer = ConvTranspose2d(2, kernel, stride, padding, use_bias)
-        params, state = jax.jit(layer.init)(jax.random.key(3), x)
+        shapes, state = jax.eval_shape(layer.init, jax.random.key(3), x)
+        params = _random_params(shapes, seed=11)
         check_grads(jax.jit(lambda p, x: layer(p, state, x)[0]), (params, x), order=1, modes=("rev",))
     np.testing.assert_allclose(ours[0], autodiff[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ours[1], autodiff[1], rtol=1e-12, atol=1e-12)

@@ -209,6 +209,48 @@ def test_usage_errors(run_dir, tmp_path):
         assert exit_info.value.code == 2
 
 
+def bn_attention_net(num_classes: int = 10):
+    """BatchNorm, exact GELU, attention and Dropout in one model (registered as a sample model by the test)."""
+    from model.modules.activations import Activation
+    from model.modules.attention import MultiHeadAttention
+    from model.modules.conv import Conv2d
+    from model.modules.dropout import Dropout
+    from model.modules.flatten import Flatten
+    from model.modules.linear import Linear
+    from model.modules.module import Lambda
+    from model.modules.normalization import BatchNorm, LayerNorm
+    from model.modules.pooling import MaxPool2d
+    from model.modules.residual import Residual
+    from model.modules.sequential import Sequential
+
+    return Sequential({
+        "conv": Conv2d(8, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"), "pool": MaxPool2d(2),
+        "tokens": Lambda(lambda x: x.reshape(x.shape[0], -1, x.shape[-1]), "tokens"),
+        "attn": Residual(MultiHeadAttention(2)), "norm": LayerNorm(), "drop": Dropout(0.3),
+        "flatten": Flatten(), "head": Linear(num_classes)})
+
+
+def test_command_on_a_batchnorm_attention_gelu_dropout_model(run_dir, tmp_path, monkeypatch):
+    from model import model as samples
+
+    monkeypatch.setattr(samples, "bn_attention_net", bn_attention_net, raising=False)
+    monkeypatch.setattr(samples, "__all__", [*samples.__all__, "bn_attention_net"])
+    run = tmp_path / "run"
+    run.mkdir()
+    data_dir = load_config(run_dir / "config.json")["data_loader"]["validation"]["args"]["data_dir"]
+    config_path = write_config(run, Path(data_dir), {"name": "bn_attention_net", "args": {}})
+    model = build(load_config(config_path)["model"], "model")
+    params, state = model.init(jax.random.PRNGKey(2), jax.ShapeDtypeStruct((1, 28, 28, 1), jnp.float32))
+    # Running statistics away from (0, 1), so that evaluation-mode BatchNorm is really exercised.
+    state = {**state, "bn": {"mean": jnp.linspace(-1.0, 1.0, 8), "var": jnp.linspace(0.5, 2.0, 8)}}
+    checkpoint.save(run / "model_best.params", {"params": params, "state": state}, {"epoch": 1, "step": 1})
+
+    assert convert("-r", run, "--name", "bn", "--output-dir", tmp_path / "out", "--val-examples", 16) == 0
+    entries = json.loads((tmp_path / "out" / "bn" / "report.json").read_text())["formats"]
+    assert [e["format"] for e in entries] == ["tflite", "onnx", "jax"]
+    assert all(e["validation"]["top1_agreement"] == 1.0 and "failed_routes" not in e for e in entries)
+
+
 def run_predict(*args) -> str:
     """predict.py in a fresh interpreter in which importing JAX or TensorFlow fails."""
     code = ("import runpy, sys\n"

@@ -27,8 +27,11 @@ def no_network(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
     home.mkdir()
+    # matplotlib keeps its font cache under the real home: a fresh one would be rebuilt in every run
+    fonts = os.environ.get("MPLCONFIGDIR", str(Path.home() / ".cache" / "matplotlib"))
     return {"HOME": str(home), "WANDB_CONFIG_DIR": str(home / "wandb-config"), "WANDB_CACHE_DIR": str(home / "cache"),
-            "WANDB_DATA_DIR": str(home / "data"), "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"}
+            "WANDB_DATA_DIR": str(home / "data"), "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true",
+            "MPLCONFIGDIR": fonts}
 
 
 # ------------------------------------------------------------------------------------------------- readers
@@ -115,6 +118,7 @@ def check_wandb_run(run: dict, rows: list[dict], losses: dict[int, float], log_e
         entry = by_step[step]
         assert entry["train/step_loss"] == pytest.approx(losses[step], abs=1e-6)
         assert entry["train/lr"] == pytest.approx(0.003) and np.isfinite(entry["train/grad_norm"])
+    assert any(isinstance(v, list) for v in rows[0].values())  # per-class vectors are checked below
     for row in rows:  # each epoch's row, at the step that ends the epoch
         entry = by_step[row["step"]]
         for key, value in row.items():
@@ -134,6 +138,9 @@ def check_events(events: dict, rows: list[dict], losses: dict[int, float], log_e
     for key in ("train/loss", "train/accuracy", "val/loss", "val/accuracy", "val/f1", "time/images_per_s", "lr"):
         assert [s for s, _ in scalars_[key]] == [r["step"] for r in rows], key
         np.testing.assert_allclose([v for _, v in scalars_[key]], [r[key] for r in rows], rtol=1e-6, err_msg=key)
+    for c in range(10):  # a per-class vector: one scalar per class
+        np.testing.assert_allclose([v for _, v in scalars_[f"val/recall_per_class/{c}"]],
+                                   [r["val/recall_per_class"][c] for r in rows], rtol=1e-6)
     assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(events["hparams"])
     assert b"optimizer.args.lr" in events["hparams"]["_hparams_/session_start_info"]
     assert b"val/accuracy" in events["hparams"]["_hparams_/experiment"]
@@ -145,12 +152,21 @@ def png_size(path: Path) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_network):  # noqa: F811
+def load_test_script():
+    """test.py as a module, loaded by path: "test" is also the name of a standard-library package."""
+    spec = importlib.util.spec_from_file_location("test_script", ROOT / "test.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_network, capsys):  # noqa: F811
     wandb_dir = tmp_path / "wandb-files"
     env = {**no_network, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir)}
     log_every = 4
+    metrics = [{"name": "accuracy"}, {"name": "f1"}, {"name": "recall", "args": {"average": "none"}}]
     config = make_config(tmp_path, data_dir, trainer__log_every=log_every, wandb=OFFLINE,
-                         tensorboard={"enabled": True})
+                         tensorboard={"enabled": True}, metrics=metrics)
     result = run("train.py", "-c", config, env=env)
     assert result.returncode == 0, result.stderr
 
@@ -170,13 +186,13 @@ def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_netw
     check_events(read_events(run_dir / "tensorboard"), rows, losses, log_every)
     assert png_size(run_dir / "curves.png") == (1200, 600)  # loss, accuracy, f1, lr: 3 columns x 2 rows
 
-    # test.py: the confusion matrix image and the per-class table next to the checkpoint.
-    tested = run("test.py", "-r", run_dir)
-    assert tested.returncode == 0, tested.stderr
+    # test.py (its main, in this process): the confusion matrix image and the per-class table by the checkpoint.
+    assert load_test_script().main(["-r", str(run_dir)]) == 0
+    printed = capsys.readouterr().out
     assert png_size(run_dir / "confusion_matrix.png")[0] >= 400
     table = np.genfromtxt(run_dir / "per_class.csv", delimiter=",", names=True)
     assert table["support"].sum() == 90 and list(table["class"]) == list(range(10))
-    accuracy = float(re.search(r"accuracy\s+([0-9.]+)", tested.stdout)[1])
+    accuracy = float(re.search(r"accuracy\s+([0-9.]+)", printed)[1])
     assert (table["recall"] * table["support"]).sum() / 90 == pytest.approx(accuracy, abs=1e-4)
 
     # Resuming continues the same folder and the same wandb run.
@@ -242,11 +258,7 @@ def test_new_run_ids_have_the_wandb_form_and_differ():
 
 
 def test_per_class_table_matches_counts_from_the_labels():
-    # loaded by path: "test" is also the name of a standard-library package
-    spec = importlib.util.spec_from_file_location("test_script", ROOT / "test.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    per_class = script.per_class
+    per_class = load_test_script().per_class
 
     rng = np.random.default_rng(0)
     true, predicted = rng.integers(0, 5, 400), rng.integers(0, 5, 400)

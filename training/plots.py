@@ -30,7 +30,7 @@ def curve_names(rows: Sequence[dict]) -> list[str]:
             if split in ("train", "val") and isinstance(value, (int, float)) and name not in names:
                 names.append(name)
     names.sort(key=lambda n: n != "loss")  # stable: the metrics keep their order
-    if any(isinstance(row.get("lr"), (int, float)) for row in rows):
+    if names and any(isinstance(row.get("lr"), (int, float)) for row in rows):
         names.append("lr")
     return names
 

@@ -175,8 +175,12 @@ class StepTrace:
         if not (self.tracing or self.done) and first_step <= self.last and last_step >= self.first:
             import jax
 
-            jax.profiler.start_trace(str(self.log_dir), create_perfetto_trace=True)
-            self.tracing = True
+            try:
+                jax.profiler.start_trace(str(self.log_dir), create_perfetto_trace=True)
+                self.tracing = True
+            except Exception as error:  # e.g. another trace already running in this process
+                log.warning(f"profile: could not start a trace ({type(error).__name__}: {error})")
+                self.done = True
 
     def after(self, last_step: int, outputs) -> None:
         if self.tracing and last_step >= self.last:
@@ -188,6 +192,10 @@ class StepTrace:
         import jax
 
         jax.block_until_ready(outputs)  # dispatch is asynchronous: the traced steps must finish inside the trace
-        jax.profiler.stop_trace()
         self.tracing, self.done = False, True
+        try:
+            jax.profiler.stop_trace()
+        except Exception as error:
+            log.warning(f"profile: could not write the trace ({type(error).__name__}: {error})")
+            return
         log.info(f"profile of steps {self.first}..{self.last} written to {self.log_dir}")

@@ -232,8 +232,9 @@ class Trainer:
                 for tracker in self.trackers:
                     tracker.log_step(step, values)
         if not bar.disable:  # tqdm shows the ETA itself
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{float(self.lr_fn(first_step + done + real - 1)):.3g}",
-                            img_s=f"{images_per_s:.0f}", refresh=False)
+            lr = float(self.lr_fn(first_step + done + real - 1))
+            bar.set_postfix({"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "img/s": f"{images_per_s:.0f}"},
+                            refresh=False)
             bar.update(real)
 
     def evaluate(self, loader, epoch: int = 0) -> dict:

@@ -3,7 +3,7 @@
 Both layers run through ``conv_general``, a ``jax.custom_vjp`` convolution whose backward pass is two ordinary
 *forward* convolutions on explicitly transposed operands. Plain autodiff emits backward convolutions with transposed
 dimension numbers and reversed windows; inside ``lax.scan`` or ``while`` bodies XLA:CPU does not canonicalise those to
-its fast convolution path and a training step runs ~15x slower. Writing the backward in canonical NHWC/HWIO form,
+its fast convolution path and a small CNN's training step runs 15-30x slower. Writing the backward in canonical NHWC/HWIO form,
 with ``lax.optimization_barrier`` so the transposes cannot be folded back into the convolution, keeps full speed.
 Other backends handle autodiff convolutions natively, so there the plain ``lax`` gradient is used (``custom_grad``).
 """
@@ -53,7 +53,7 @@ def explicit_padding(padding, in_hw, kernel_hw, stride_hw, dilation_hw=(1, 1)) -
     return pads
 
 
-def _canonical_conv(lhs, rhs, strides, pads, lhs_dilation, rhs_dilation, groups):
+def _canonical_conv(lhs, rhs, strides, pads, lhs_dilation, rhs_dilation, groups, batch_groups=1):
     """A forward NHWC/HWIO convolution; negative padding becomes slicing of ``lhs``.
 
     Negative padding arises in the backward pass (rows the forward pass never read). Cropping the operand keeps the
@@ -68,11 +68,11 @@ def _canonical_conv(lhs, rhs, strides, pads, lhs_dilation, rhs_dilation, groups)
         if hi < 0:
             last = (stop - 1) * dil + hi  # last dilated position still read
             stop = last // dil + 1
-            hi = last - (stop - 1) * dil
+            hi = 0
         lhs = lax.slice_in_dim(lhs, start, stop, axis=axis)
         new_pads.append((lo, hi))
     return lax.conv_general_dilated(lhs, rhs, strides, new_pads, lhs_dilation, rhs_dilation, _DIMS,
-                                    feature_group_count=groups)
+                                    feature_group_count=groups, batch_group_count=batch_groups)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
@@ -106,39 +106,24 @@ def _conv_bwd(strides, pads, lhs_dilation, rhs_dilation, groups, residuals, g):
         dx_pads.append((before, in_ext[i] + k_ext[i] - 1 - out_ext[i] - before))
     dx = _canonical_conv(g_b, w_t, lhs_dilation, dx_pads, strides, rhs_dilation, groups)
 
-    if cg <= _SLICED_DW_MAX_CG and groups > 1 and lhs_dilation == (1, 1):
-        return dx.astype(x.dtype), _sliced_weight_grad(x, g, w.shape, strides, pads, rhs_dilation, groups)
-    # dw: the batch becomes the contracted feature axis and input channels the batch; each group's N batch entries
-    # form one feature group, so grouped kernels need no batch_group_count (which has no fast path).
-    x_t = x.reshape(*x.shape[:3], groups, cg).transpose(4, 1, 2, 3, 0).reshape(cg, *x.shape[1:3], groups * n)
-    g_t = g.reshape(*g.shape[:3], groups, og).transpose(1, 2, 0, 3, 4).reshape(*g.shape[1:3], n, groups * og)
+    # dw: input channels become the batch and the batch the contracted feature axis.
+    if groups > 1 and cg == og == 1:
+        # Plain depthwise: a batch-grouped convolution, ~6x faster here on XLA:CPU than the form below. Elsewhere
+        # (multipliers, wider groups) XLA:CPU's batch-grouped convolutions measured up to 50x slower.
+        x_t, g_t, feature_groups, batch_groups = x.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3), 1, groups
+    else:
+        # Each group's N batch entries form one feature group: an ordinary grouped convolution.
+        x_t = x.reshape(*x.shape[:3], groups, cg).transpose(4, 1, 2, 3, 0).reshape(cg, *x.shape[1:3], groups * n)
+        g_t = g.reshape(*g.shape[:3], groups, og).transpose(1, 2, 0, 3, 4).reshape(*g.shape[1:3], n, groups * og)
+        feature_groups, batch_groups = groups, 1
     x_t, g_t = lax.optimization_barrier((x_t, g_t))
     dw_pads = [(lo, out_ext[i] - in_ext[i] + k_ext[i] - lo - 1) for i, (lo, _) in enumerate(pads)]
-    dw = _canonical_conv(x_t, g_t, rhs_dilation, dw_pads, lhs_dilation, strides, groups)
+    dw = _canonical_conv(x_t, g_t, rhs_dilation, dw_pads, lhs_dilation, strides, feature_groups, batch_groups)
     dw = lax.optimization_barrier(dw).transpose(1, 2, 0, 3)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
 _conv_fast_grad.defvjp(_conv_fwd, _conv_bwd)
-
-_SLICED_DW_MAX_CG = 1
-
-
-def _sliced_weight_grad(x, g, w_shape, strides, pads, rhs_dilation, groups):
-    """Kernel gradient as one small contraction per kernel tap, over the strided slice of ``x`` that tap reads."""
-    kh, kw, cg, cout = w_shape
-    n, ho, wo, _ = g.shape
-    x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)])
-    g = g.reshape(n * ho * wo, groups, cout // groups)
-    taps = []
-    for i in range(kh):
-        for j in range(kw):
-            top, left = i * rhs_dilation[0], j * rhs_dilation[1]
-            part = lax.slice(x, (0, top, left, 0),
-                             (n, top + (ho - 1) * strides[0] + 1, left + (wo - 1) * strides[1] + 1, x.shape[-1]),
-                             (1, strides[0], strides[1], 1))
-            taps.append(jnp.einsum("pgc,pgo->cgo", part.reshape(n * ho * wo, groups, cg), g))
-    return jnp.stack(taps).reshape(kh, kw, cg, cout).astype(x.dtype)
 
 
 def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1), rhs_dilation=(1, 1), groups=1,
