@@ -17,8 +17,8 @@ CONFIGS = {
     "k3_s2_same_even": (3, 2, "SAME", 1, 1, 3, 4, True, (6, 8)),
     "k2x3_s2x1_valid_remainder": ((2, 3), (2, 1), "VALID", 1, 1, 3, 4, True, (7, 6)),
     "k3_int_pad_dilated": (3, 1, 2, 2, 1, 3, 4, True, (7, 7)),
-    # top 3 and left 4 exceed the kernel extent: the input gradient then needs negative padding.
-    "k3_s2_explicit_pad": (3, 2, ((3, 1), (4, 1)), 1, 1, 3, 4, True, (6, 7)),
+    # Padding beyond the kernel extent (top 3, bottom 4, left 4): the input gradient needs negative padding.
+    "k3_s2_explicit_pad": (3, 2, ((3, 4), (4, 1)), 1, 1, 3, 4, True, (7, 7)),
     "k3_pad4_beyond_kernel": (3, 1, 4, 1, 1, 2, 3, True, (5, 5)),
     "groups2": (3, 1, "SAME", 1, 2, 4, 6, True, (6, 6)),
     "depthwise": (3, 1, "SAME", 1, 4, 4, 4, True, (6, 5)),

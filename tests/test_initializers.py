@@ -56,8 +56,8 @@ def test_variance_scaling_statistics_on_hwio(name, scale, mode):
 
 def test_normal_equals_jax_and_uniform_statistics():
     key = jax.random.key(2)
-    np.testing.assert_allclose(initializers.get("normal")(key, (100, 10)), jax.nn.initializers.normal(0.01)(key, (100, 10)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(initializers.get("normal")(key, (100, 10)),
+                               jax.nn.initializers.normal(0.01)(key, (100, 10)), rtol=1e-6)
     np.testing.assert_allclose(initializers.normal(0.5)(key, (4, 4)), jax.nn.initializers.normal(0.5)(key, (4, 4)),
                                rtol=1e-6)
     # jax.nn.initializers.uniform samples [0, scale); ours is symmetric [-scale, scale): compare statistics.

@@ -2,10 +2,11 @@
 
 Both layers run through ``conv_general``, a ``jax.custom_vjp`` convolution whose backward pass is two ordinary
 *forward* convolutions on explicitly transposed operands. Plain autodiff emits backward convolutions with transposed
-dimension numbers and reversed windows; inside ``lax.scan`` or ``while`` bodies XLA:CPU does not canonicalise those to
-its fast convolution path and a small CNN's training step runs 15-30x slower. Writing the backward in canonical NHWC/HWIO form,
-with ``lax.optimization_barrier`` so the transposes cannot be folded back into the convolution, keeps full speed.
-Other backends handle autodiff convolutions natively, so there the plain ``lax`` gradient is used (``custom_grad``).
+dimension numbers and reversed windows; inside ``lax.scan`` or ``while`` bodies XLA:CPU does not canonicalise those
+to its fast convolution path, and a small CNN's training step runs 15-30x slower. Writing the backward in canonical
+NHWC/HWIO form, with ``lax.optimization_barrier`` so the transposes cannot be folded back into the convolution, keeps
+full speed. The finding is XLA:CPU's; on other backends (not measured) the plain ``lax`` gradient is kept, see
+``custom_grad``.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from model.modules.module import Module
 _DIMS = ("NHWC", "HWIO", "NHWC")
 
 
-def _pair(v, name: str) -> tuple[int, int]:
+def as_pair(v, name: str) -> tuple[int, int]:
+    """(v, v) for an int, the pair itself otherwise; positive ints only."""
     pair = (v, v) if isinstance(v, int) else tuple(v)
     if len(pair) != 2 or not all(isinstance(i, int) and i >= 1 for i in pair):
         raise ValueError(f"{name} must be a positive int or a pair of them, got {v!r}")
@@ -68,7 +70,7 @@ def _canonical_conv(lhs, rhs, strides, pads, lhs_dilation, rhs_dilation, groups,
         if hi < 0:
             last = (stop - 1) * dil + hi  # last dilated position still read
             stop = last // dil + 1
-            hi = 0
+            hi = last - (stop - 1) * dil
         lhs = lax.slice_in_dim(lhs, start, stop, axis=axis)
         new_pads.append((lo, hi))
     return lax.conv_general_dilated(lhs, rhs, strides, new_pads, lhs_dilation, rhs_dilation, _DIMS,
@@ -142,7 +144,7 @@ def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1
 
 def conv2d(x, w, stride=1, padding="SAME", dilation=1, groups=1, custom_grad: bool | None = None):
     """A 2-D convolution of NHWC ``x`` with an HWIO kernel ``w`` of shape (kh, kw, in / groups, out)."""
-    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    stride, dilation = as_pair(stride, "stride"), as_pair(dilation, "dilation")
     pads = explicit_padding(padding, x.shape[1:3], w.shape[:2], stride, dilation)
     return conv_general(x, w, stride, pads, (1, 1), dilation, groups, custom_grad)
 
@@ -154,7 +156,7 @@ def conv_transpose2d(x, w, stride=1, padding="SAME", custom_grad: bool | None = 
     followed by a crop: TFLite mis-converts some SAME transposed convolutions (kernel 3, stride 2), the crop form
     converts correctly everywhere.
     """
-    stride = _pair(stride, "stride")
+    stride = as_pair(stride, "stride")
     kernel = w.shape[:2]
     pads = [(k - 1, s - 1 + max(k - s, 0)) for k, s in zip(kernel, stride)]
     y = conv_general(x, w, (1, 1), pads, stride, (1, 1), 1, custom_grad)
@@ -178,10 +180,10 @@ class Conv2d(Module):
     def __init__(self, out_channels: int, kernel_size, stride=1, padding="SAME", dilation=1, groups: int = 1,
                  use_bias: bool = True, weight_init="he_normal", bias_init="zeros"):
         self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = _pair(stride, "stride")
+        self.kernel_size = as_pair(kernel_size, "kernel_size")
+        self.stride = as_pair(stride, "stride")
         self.padding = padding
-        self.dilation = _pair(dilation, "dilation")
+        self.dilation = as_pair(dilation, "dilation")
         self.groups = groups
         self.use_bias = use_bias
         self.weight_init = weight_init
@@ -217,8 +219,8 @@ class ConvTranspose2d(Module):
         if not (isinstance(padding, str) and padding.upper() in ("SAME", "VALID")):
             raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}")
         self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = _pair(stride, "stride")
+        self.kernel_size = as_pair(kernel_size, "kernel_size")
+        self.stride = as_pair(stride, "stride")
         self.padding = padding
         self.use_bias = use_bias
         self.weight_init = weight_init

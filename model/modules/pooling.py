@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from model.modules.conv import _pair, explicit_padding
+from model.modules.conv import as_pair, explicit_padding
 from model.modules.module import Module
 
 
@@ -42,8 +42,8 @@ class MaxPool2d(Module):
     """Max over kh x kw windows; ``stride`` defaults to the kernel size. Padding never wins the max."""
 
     def __init__(self, kernel_size, stride=None, padding="VALID"):
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.kernel_size = as_pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else as_pair(stride, "stride")
         self.padding = padding
         explicit_padding(padding, (1, 1), self.kernel_size, self.stride)  # validate early
 
@@ -60,8 +60,8 @@ class AvgPool2d(Module):
     """
 
     def __init__(self, kernel_size, stride=None, padding="VALID", count_include_pad: bool = False):
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.kernel_size = as_pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else as_pair(stride, "stride")
         self.padding = padding
         self.count_include_pad = count_include_pad
         explicit_padding(padding, (1, 1), self.kernel_size, self.stride)  # validate early
