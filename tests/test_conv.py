@@ -226,3 +226,71 @@ def test_conv_transpose_gradients(cfg):
 def test_conv_transpose_rejects_explicit_padding():
     with pytest.raises(ValueError, match="padding"):
         ConvTranspose2d(4, 3, padding=1)
+
+
+# Depthwise convolutions on the CPU path: (kernel, padding, input hw). Stride 1, one filter per channel.
+DEPTHWISE = {
+    "k7_same_one_tile": (7, "SAME", (9, 8)),
+    # Tiles of 6 x 6 output positions: 3 x 2 of them, the last row and column of tiles padded.
+    "k3_same_tiles_with_remainder": (3, "SAME", (13, 8)),
+    "k3x2_explicit_asymmetric": ((3, 2), ((0, 2), (1, 0)), (7, 14)),
+    # Padding beyond the kernel extent: the input gradient crops g.
+    "k3_pad_beyond_kernel": (3, ((4, 1), (0, 3)), (5, 5)),
+    "k5_valid": (5, "VALID", (12, 11)),
+}
+
+
+def _depthwise_inputs(name, dtype, seed):
+    kernel, padding, hw = DEPTHWISE[name]
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(2, *hw, 3)).astype(dtype), rng.normal(size=(*_as_pair(kernel), 1, 3)).astype(dtype)
+
+
+@pytest.mark.parametrize("name", DEPTHWISE)
+def test_depthwise_path_matches_lax_float64(name):
+    kernel, padding = DEPTHWISE[name][:2]
+    with jax.enable_x64(True):
+        x, w = _depthwise_inputs(name, np.float64, seed=12)
+        ours = lambda x, w: conv2d(x, w, 1, padding, 1, 3, custom_grad=True)
+        ref = lambda x, w: _reference(x, w, kernel, 1, padding, 1, 3)
+        cotangent = np.random.default_rng(13).normal(size=jax.eval_shape(ref, x, w).shape)
+        value_and_grads = lambda conv: jax.jit(jax.value_and_grad(lambda x, w: jnp.vdot(conv(x, w), cotangent),
+                                                                  (0, 1)))(x, w)
+        (v, (dx, dw)), (v_ref, (dx_ref, dw_ref)) = value_and_grads(ours), value_and_grads(ref)
+        np.testing.assert_allclose(v, v_ref, rtol=1e-12)
+        np.testing.assert_allclose(dx, dx_ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(dw, dw_ref, rtol=1e-12, atol=1e-12)
+        check_grads(jax.jit(ours), (x, w), order=1, modes=("rev",))
+
+
+def test_depthwise_path_float32_inside_scan():
+    # The form the trainer runs: float32, K steps of a lax.scan; the tiled weight gradient and the input gradient.
+    x, w = _depthwise_inputs("k3_same_tiles_with_remainder", np.float32, seed=14)
+    cotangent = np.random.default_rng(15).normal(size=x.shape).astype(np.float32)
+
+    def grads(conv):
+        def body(carry, _):
+            return carry, jax.grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))(x, w)
+        return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
+
+    ours = grads(lambda x, w: conv2d(x, w, groups=3, custom_grad=True))
+    ref = grads(lambda x, w: _reference(x, w, 3, 1, "SAME", 1, 3))
+    for a, b in zip(ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+
+
+def test_depthwise_layers_take_the_shifted_slice_path():
+    def primitives(fn, *args):
+        return {eqn.primitive.name for eqn in jax.make_jaxpr(fn)(*args).eqns}
+
+    x = jax.ShapeDtypeStruct((2, 9, 9, 4), jnp.float32)
+    depthwise = Conv2d(4, 7, groups=4)
+    params, _ = jax.eval_shape(depthwise.init, jax.random.key(0), x)
+    assert "conv_general_dilated" not in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
+    assert "custom_vjp_call" in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
+    # Off the fast path: channel multipliers, strides, dilation, custom_grad=False.
+    for layer in (Conv2d(8, 3, groups=4), Conv2d(4, 3, stride=2, groups=4), Conv2d(4, 3, dilation=2, groups=4)):
+        params, _ = jax.eval_shape(layer.init, jax.random.key(0), x)
+        assert "conv_general_dilated" in str(jax.make_jaxpr(lambda p, x: layer(p, {}, x)[0])(params, x)), layer
+    w = jax.ShapeDtypeStruct((7, 7, 1, 4), jnp.float32)
+    assert "conv_general_dilated" in primitives(lambda x, w: conv2d(x, w, groups=4, custom_grad=False), x, w)

@@ -7,6 +7,11 @@ to its fast convolution path, and a small CNN's training step runs 15-30x slower
 NHWC/HWIO form, with ``lax.optimization_barrier`` so the transposes cannot be folded back into the convolution, keeps
 full speed. The finding is XLA:CPU's; on other backends (not measured) the plain ``lax`` gradient is kept, see
 ``custom_grad``.
+
+Depthwise convolutions (one filter per channel, stride 1) take a third path on the CPU, ``depthwise_conv``: XLA:CPU
+has no fast grouped convolution (a 7x7 depthwise layer of the ConvNeXt sample took 60 ms forward, 150 ms with its
+gradient), so the forward pass and the input gradient are sums of kh * kw shifted slices times per-channel weights,
+and the weight gradient is one batched matrix product over image tiles.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from model.modules import initializers
@@ -128,15 +134,113 @@ def _conv_bwd(strides, pads, lhs_dilation, rhs_dilation, groups, residuals, g):
 _conv_fast_grad.defvjp(_conv_fwd, _conv_bwd)
 
 
+# ----------------------------------------------------------------------------------------------------- depthwise
+def _pad_hw(x, pads):
+    """Zero padding of H and W; negative amounts crop (lax.pad semantics)."""
+    zero = jnp.zeros((), x.dtype)
+    return lax.pad(x, zero, [(0, 0, 0), (*pads[0], 0), (*pads[1], 0), (0, 0, 0)])
+
+
+def _shifted_sum(xp, w, out_hw):
+    """sum over (i, j) of xp[:, i:i + oh, j:j + ow] * w[i, j]: a stride-1 depthwise correlation of padded ``xp``."""
+    (oh, ow), (kh, kw) = out_hw, w.shape[:2]
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            term = xp[:, i:i + oh, j:j + ow, :] * w[i, j, 0]
+            total = term if total is None else total + term
+    # An exact identity (NaN and inf included) that keeps the sum a single loop: XLA:CPU otherwise copies the
+    # kh * kw-term expression into each consumer (recomputing it per layer-norm statistic), and its library fusions
+    # absorb it slice by slice, writing every shifted slice to memory. Either made the ConvNeXt step ~3x slower.
+    inf = jnp.array(jnp.inf, total.dtype)
+    return lax.clamp(-inf, total, inf)
+
+
+def _depthwise_forward(x, w, pads):
+    xp = _pad_hw(x, pads)
+    kh, kw = w.shape[:2]
+    return _shifted_sum(xp, w, (xp.shape[1] - kh + 1, xp.shape[2] - kw + 1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def depthwise_conv(x, w, pads):
+    """Stride-1 depthwise convolution: NHWC ``x``, kernel (kh, kw, 1, C), explicit non-negative ``pads``."""
+    return _depthwise_forward(x, w, pads)
+
+
+def _depthwise_fwd(x, w, pads):
+    return _depthwise_forward(x, w, pads), (x, w)
+
+
+def _windows(a, axis, count, step, size):
+    """``count`` windows of ``size`` along ``axis``, one every ``step`` (overlap size - step <= step): the axis
+    becomes (count, size). Built from reshaped blocks, so the windows cost one copy."""
+    blocks = a.reshape(*a.shape[:axis], count + 1, step, *a.shape[axis + 1:])
+    head = lax.slice_in_dim(blocks, 0, count, axis=axis)
+    tail = lax.slice_in_dim(lax.slice_in_dim(blocks, 1, count + 1, axis=axis), 0, size - step, axis=axis + 1)
+    return jnp.concatenate([head, tail], axis=axis + 1)
+
+
+def _depthwise_weight_grad(xp, g, kernel):
+    """dw[i, j, c] = sum over n, h, w of xp[n, h + i, w + j, c] * g[n, h, w, c], as one batched matrix product.
+
+    The output is cut into tiles of up to 2k x 2k positions (one tile for small images) and every (sample, tile)
+    pair becomes a row of the contraction: cross[c, u, p] = sum over rows of the tile's input window at position u
+    times g at position p. The kernel gradient is the sum of the diagonals u = p + (i, j). That is ~8x the direct
+    multiply-adds, at matrix-product speed, instead of kh * kw separate reductions that XLA:CPU runs far slower.
+    """
+    kh, kw = kernel
+    n, oh, ow, c = g.shape
+    th, tw = min(2 * kh, oh), min(2 * kw, ow)
+    nh, nw = -(-oh // th), -(-ow // tw)
+    uh, uw = th + kh - 1, tw + kw - 1  # a tile's input window
+    if nh * nw == 1:
+        x_rows = xp.transpose(3, 1, 2, 0).reshape(c, uh * uw, n)
+        g_rows = g.transpose(3, 0, 1, 2).reshape(c, n, th * tw)
+    else:
+        g = _pad_hw(g, ((0, nh * th - oh), (0, nw * tw - ow)))
+        xp = _pad_hw(xp, ((0, (nh + 1) * th - xp.shape[1]), (0, (nw + 1) * tw - xp.shape[2])))
+        x_tiles = _windows(_windows(xp, 1, nh, th, uh), 3, nw, tw, uw)  # (n, nh, uh, nw, uw, c)
+        x_rows = x_tiles.transpose(5, 2, 4, 0, 1, 3).reshape(c, uh * uw, -1)
+        g_rows = g.reshape(n, nh, th, nw, tw, c).transpose(5, 0, 1, 3, 2, 4).reshape(c, -1, th * tw)
+    cross = jnp.einsum("cur,crp->cup", x_rows, g_rows).reshape(c, -1)
+    i, j, h, v = np.ix_(np.arange(kh), np.arange(kw), np.arange(th), np.arange(tw))
+    diagonals = (((i + h) * uw + (j + v)) * (th * tw) + h * tw + v).reshape(kh * kw, th * tw)
+    return cross[:, diagonals].sum(-1).T.reshape(kh, kw, 1, c)
+
+
+def _depthwise_bwd(pads, residuals, g):
+    x, w = residuals
+    kh, kw = w.shape[:2]
+    # dx: the full correlation of g with the flipped kernel, cropped to the input (padding beyond k - 1 crops g).
+    g_pads = ((kh - 1 - pads[0][0], kh - 1 - pads[0][1]), (kw - 1 - pads[1][0], kw - 1 - pads[1][1]))
+    dx = _shifted_sum(_pad_hw(g, g_pads), jnp.flip(w, (0, 1)), x.shape[1:3])
+    dw = _depthwise_weight_grad(_pad_hw(x, pads), g, (kh, kw))
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+depthwise_conv.defvjp(_depthwise_fwd, _depthwise_bwd)
+
+
+def _is_plain_depthwise(x, w, strides, pads, lhs_dilation, rhs_dilation, groups) -> bool:
+    """One filter per channel, stride 1, no dilation, non-negative padding, a non-empty output."""
+    out_ok = all(x.shape[1 + a] + sum(pads[a]) >= w.shape[a] for a in range(2))
+    return (groups > 1 and x.shape[-1] == groups == w.shape[-1] and w.shape[2] == 1 and strides == (1, 1)
+            and lhs_dilation == rhs_dilation == (1, 1) and min(min(p) for p in pads) >= 0 and out_ok)
+
+
 def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1), rhs_dilation=(1, 1), groups=1,
                  custom_grad: bool | None = None):
     """``lax.conv_general_dilated`` on NHWC/HWIO with explicit integer padding.
 
-    ``custom_grad`` picks the canonical-form backward (default: on when the default backend is the CPU).
+    ``custom_grad`` picks the formulations written for XLA:CPU (default: on when the default backend is the CPU):
+    the canonical-form backward, and ``depthwise_conv`` for plain depthwise convolutions.
     """
     args = (tuple(strides), tuple(map(tuple, pads)), tuple(lhs_dilation), tuple(rhs_dilation), int(groups))
     if custom_grad is None:
         custom_grad = jax.default_backend() == "cpu"
+    if custom_grad and _is_plain_depthwise(x, w, *args):
+        return depthwise_conv(x, w, args[1])
     if custom_grad:
         return _conv_fast_grad(x, w, *args)
     return _canonical_conv(x, w, *args)
