@@ -85,33 +85,52 @@ def main(argv=None) -> int:
     _, tf_import = timed(lambda: __import__("tensorflow"))
     _, onnx_warmup = timed(lambda: export_onnx(lambda x: x * 2.0, jax.ShapeDtypeStruct((1, 2), jnp.float32)))
 
-    rows = []  # (artifact, export seconds, {batch: runner})
-    jax_blob, seconds = timed(lambda: export_jax(fn, spec))
-    jax_model = JaxModel(jax_blob)
-    fixed = {}
-    fixed_seconds = []
-    for b in args.batches:
-        blob, s = timed(lambda: export_tflite(fn, at(b)))
-        fixed[b] = TFLiteModel(blob, args.threads)
-        fixed_seconds.append(s)
-    dynamic_tflite, dynamic_seconds = timed(lambda: export_tflite(fn, spec, dynamic_batch=True))
-    onnx_blob, onnx_seconds = timed(lambda: export_onnx(fn, spec))
-    via_blob, via_seconds = timed(lambda: tflite_to_onnx(dynamic_tflite))
+    rows = []  # (artifact, export seconds, batch -> callable); a route that fails is listed with its error
+
+    def add(name, export):
+        """export() -> (seconds, batch -> callable)."""
+        try:
+            seconds, runner = export()
+        except Exception as error:  # a converter or runtime error: show it in the table, measure the rest
+            text = str(error).strip()
+            rows.append((name, None, text.splitlines()[0][:100] if text else type(error).__name__))
+            return
+        rows.append((name, seconds, runner))
+
+    def tflite_fixed():
+        models, seconds = {}, []
+        for b in args.batches:
+            blob, s = timed(lambda: export_tflite(fn, at(b)))
+            models[b] = TFLiteModel(blob, args.threads)
+            seconds.append(s)
+        return statistics.mean(seconds), models.__getitem__
+
+    def single(export_fn, load):
+        blob, seconds = timed(export_fn)
+        model = load(blob)
+        return seconds, lambda b: model
 
     jitted = jax.jit(fn)
-    rows.append(("jitted JAX (reference)", None, lambda b: (lambda x: jitted(x).block_until_ready())))
-    rows.append(("jax.export artifact (.jax)", seconds, lambda b: jax_model))
-    rows.append(("LiteRT, fixed-batch .tflite", statistics.mean(fixed_seconds), lambda b: fixed[b]))
-    dynamic_model = TFLiteModel(dynamic_tflite, args.threads)
-    rows.append(("LiteRT, dynamic-batch .tflite", dynamic_seconds, lambda b: dynamic_model))
-    onnx_model = OnnxModel(onnx_blob, args.threads)
-    rows.append(("onnxruntime, jax2onnx .onnx", onnx_seconds, lambda b: onnx_model))
-    via_model = OnnxModel(via_blob, args.threads)
-    rows.append(("onnxruntime, tf2onnx-from-.tflite .onnx", dynamic_seconds + via_seconds, lambda b: via_model))
+    rows.append(("jitted JAX (reference)", None, lambda b: lambda x: jitted(x).block_until_ready()))
+    add("jax.export artifact (.jax)", lambda: single(lambda: export_jax(fn, spec), JaxModel))
+    add("LiteRT, fixed-batch .tflite", tflite_fixed)
+    dynamic = {}  # the dynamic-batch .tflite, which the tf2onnx route converts
+
+    def tflite_dynamic():
+        dynamic["tflite"], seconds = timed(lambda: export_tflite(fn, spec, dynamic_batch=True))
+        model = TFLiteModel(dynamic["tflite"], args.threads)
+        return seconds, lambda b: model
+
+    add("LiteRT, dynamic-batch .tflite", tflite_dynamic)
+    add("onnxruntime, jax2onnx .onnx",
+        lambda: single(lambda: export_onnx(fn, spec), lambda blob: OnnxModel(blob, args.threads)))
+    add("onnxruntime, tf2onnx-from-.tflite .onnx",
+        lambda: single(lambda: tflite_to_onnx(dynamic["tflite"]), lambda blob: OnnxModel(blob, args.threads)))
 
     rng = np.random.default_rng(0)
     inputs = {b: rng.standard_normal((b, *args.input)).astype(np.float32) for b in args.batches}
-    results = [(name, export_s, {b: median_ms(runner(b), inputs[b], args.repeats) for b in args.batches})
+    results = [(name, export_s, runner if isinstance(runner, str) else
+                {b: median_ms(runner(b), inputs[b], args.repeats) for b in args.batches})
                for name, export_s, runner in rows]
 
     reference = results[0][2]
@@ -123,6 +142,9 @@ def main(argv=None) -> int:
     print("| " + " | ".join(head) + " |")
     print("| " + " | ".join("---" for _ in head) + " |")
     for name, export_s, latency in results:
+        if isinstance(latency, str):
+            print(f"| {name} | failed: {latency} |" + " |" * (len(head) - 2))
+            continue
         cells = [name, "-" if export_s is None else f"{export_s:.2f}"]
         cells += [f"{latency[b]:.3f}" for b in args.batches]
         cells += [f"{latency[b] / reference[b]:.2f}x" for b in args.batches]

@@ -4,10 +4,11 @@
     python inference/convert_tflite.py -c config.json -w saved/.../model_best.params --input 1 28 28 1 --name jax_mnist
 
 Writes inference/<name>/: <name>.tflite, <name>.onnx, <name>.jax (`jax.export`, StableHLO), config.json, a copy of
-model/, predict.py with preprocessing.json (what it needs to prepare images), and report.json. Each file is run in
-its own runtime (LiteRT, onnxruntime, jax.export.deserialize) on random inputs and on the validation split, at its
-batch size and, where the batch is symbolic, at 1 and a larger size. Any failure exits non-zero and leaves nothing:
-the folder is assembled in a temporary folder and renamed into place at the end.
+model/, predict.py with preprocessing.json (what it needs to prepare images), and report.json (report.md: the
+table printed at the end). Each file is run in its own runtime (LiteRT, onnxruntime, jax.export.deserialize) on
+random inputs and on the validation split, at its batch size and, where the batch is symbolic, at 1 and a larger
+size. Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into
+place at the end.
 
 Batch: TFLite fixed (the first --input dimension, default 1: LiteRT runs a fixed batch much faster), ONNX and JAX
 symbolic. --batch N fixes every format at N, --dynamic-batch makes every one symbolic.
@@ -383,9 +384,12 @@ def main(argv=None) -> int:
             entries.append(entry)
             print(f"{fmt}: {entry['file']} ({fmt_size(entry['bytes'])}, {entry['route']}): matches the JAX model")
         if failures:
-            others = [f for f in formats if not any(x.startswith(f + ":") for x in failures)]
-            hint = f"; --formats {','.join(others)} exports the others" if others else ""
-            print(f"export failed, nothing written{hint}", file=sys.stderr)
+            failed = [f for f in formats if any(x.startswith(f + ":") for x in failures)]
+            others = [f for f in formats if f not in failed]
+            hints = [f"--formats {','.join(others)} exports the others"] if others else []
+            if any(options.dynamic[f] for f in failed):
+                hints.append("a fixed batch (--batch N) avoids the symbolic-shape limits of some converters")
+            print("export failed, nothing written" + "".join(f"; {h}" for h in hints), file=sys.stderr)
             return 1
         write_extras(folder, config, loader, spec, args, checkpoint_path, entries, options)
         if target.exists():

@@ -119,16 +119,17 @@ def setup(case):
     spec = jax.ShapeDtypeStruct((FIXED, *sample), dtype)
     key = jax.random.PRNGKey(len(case))
     params, state = module.init(key, spec)
-    leaves, tree = jax.tree_util.tree_flatten((params, state))
-    keys = jax.random.split(jax.random.fold_in(key, 1), max(len(leaves), 1))
-    # BatchNorm's running variance must stay positive: perturb multiplicatively.
-    leaves = [leaf * jnp.exp(0.2 * jax.random.normal(k, leaf.shape)) + 0.1 * jax.random.normal(k, leaf.shape)
-              if leaf.dtype == jnp.float32 else leaf for leaf, k in zip(leaves, keys)]
+    # Away from unit scales, zero biases and (0, 1) batch statistics, so that every leaf matters; variances stay > 0.
+    flat, tree = jax.tree_util.tree_flatten_with_path((params, state))
+    leaves = []
+    for i, (path, leaf) in enumerate(flat):
+        noise = jax.random.normal(jax.random.fold_in(key, i), leaf.shape)
+        shift = 0.0 if path[-1].key == "var" else 0.1 * noise
+        leaves.append(leaf * jnp.exp(0.2 * noise) + shift if leaf.dtype == jnp.float32 else leaf)
     params, state = jax.tree_util.tree_unflatten(tree, leaves)
-    state_ok = jax.tree_util.tree_map(lambda v: jnp.abs(v) + 0.1, state)  # only BatchNorm has state
 
     def fn(x):
-        return module(params, state_ok, x, train=False)[0]
+        return module(params, state, x, train=False)[0]
 
     def inputs(n, seed):
         rng = np.random.default_rng(seed)

@@ -135,41 +135,49 @@ _conv_fast_grad.defvjp(_conv_fwd, _conv_bwd)
 
 
 # ----------------------------------------------------------------------------------------------------- depthwise
-def _pad_hw(x, pads):
-    """Zero padding of H and W; negative amounts crop (lax.pad semantics)."""
-    zero = jnp.zeros((), x.dtype)
-    return lax.pad(x, zero, [(0, 0, 0), (*pads[0], 0), (*pads[1], 0), (0, 0, 0)])
-
-
 def _shifted_sum(xp, w, out_hw):
     """sum over (i, j) of xp[:, i:i + oh, j:j + ow] * w[i, j]: a stride-1 depthwise correlation of padded ``xp``."""
     (oh, ow), (kh, kw) = out_hw, w.shape[:2]
+    w = w.reshape(kh * kw, w.shape[-1])
     total = None
     for i in range(kh):
         for j in range(kw):
-            term = xp[:, i:i + oh, j:j + ow, :] * w[i, j, 0]
+            # lax slices, not numpy indexing: that becomes a gather, which exporters reject with a symbolic batch.
+            window = lax.slice_in_dim(lax.slice_in_dim(xp, i, i + oh, axis=1), j, j + ow, axis=2)
+            term = window * lax.slice_in_dim(w, i * kw + j, i * kw + j + 1)[0]
             total = term if total is None else total + term
-    # An exact identity (NaN and inf included) that keeps the sum a single loop: XLA:CPU otherwise copies the
-    # kh * kw-term expression into each consumer (recomputing it per layer-norm statistic), and its library fusions
-    # absorb it slice by slice, writing every shifted slice to memory. Either made the ConvNeXt step ~3x slower.
-    inf = jnp.array(jnp.inf, total.dtype)
-    return lax.clamp(-inf, total, inf)
+    return total
 
 
-def _depthwise_forward(x, w, pads):
-    xp = _pad_hw(x, pads)
-    kh, kw = w.shape[:2]
-    return _shifted_sum(xp, w, (xp.shape[1] - kh + 1, xp.shape[2] - kw + 1))
+def _materialized(y):
+    """An exact identity (NaN and inf included) that XLA:CPU computes once, as a loop of its own.
+
+    Without it XLA:CPU copies a kh * kw-term sum into each consumer (recomputing it per layer-norm statistic),
+    and its library fusions absorb the sum slice by slice, writing every shifted slice to memory: the ConvNeXt
+    sample's step was ~3x slower either way. A rounding to the array's own precision is neither duplicated nor
+    absorbed (and, unlike a clamp to +-inf, jax2onnx converts it with a symbolic batch).
+    """
+    info = jnp.finfo(y.dtype)
+    return lax.reduce_precision(y, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _depthwise_valid(xp, w, pads):
+    """The unpadded correlation of ``xp``, which carries ``pads`` (its gradient there is left zero)."""
+    return _shifted_sum(xp, w, (xp.shape[1] - w.shape[0] + 1, xp.shape[2] - w.shape[1] + 1))
+
+
+def _depthwise_valid_fwd(xp, w, pads):
+    return _depthwise_valid(xp, w, pads), (xp, w)
+
+
 def depthwise_conv(x, w, pads):
-    """Stride-1 depthwise convolution: NHWC ``x``, kernel (kh, kw, 1, C), explicit non-negative ``pads``."""
-    return _depthwise_forward(x, w, pads)
+    """Stride-1 depthwise convolution: NHWC ``x``, kernel (kh, kw, 1, C), explicit non-negative ``pads``.
 
-
-def _depthwise_fwd(x, w, pads):
-    return _depthwise_forward(x, w, pads), (x, w)
+    The padding and the clamp stay outside the custom-gradient function: jax2onnx converts them there only.
+    """
+    xp = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+    return _materialized(_depthwise_valid(xp, w, pads))
 
 
 def _windows(a, axis, count, step, size):
@@ -198,8 +206,8 @@ def _depthwise_weight_grad(xp, g, kernel):
         x_rows = xp.transpose(3, 1, 2, 0).reshape(c, uh * uw, n)
         g_rows = g.transpose(3, 0, 1, 2).reshape(c, n, th * tw)
     else:
-        g = _pad_hw(g, ((0, nh * th - oh), (0, nw * tw - ow)))
-        xp = _pad_hw(xp, ((0, (nh + 1) * th - xp.shape[1]), (0, (nw + 1) * tw - xp.shape[2])))
+        g = jnp.pad(g, ((0, 0), (0, nh * th - oh), (0, nw * tw - ow), (0, 0)))
+        xp = jnp.pad(xp, ((0, 0), (0, (nh + 1) * th - xp.shape[1]), (0, (nw + 1) * tw - xp.shape[2]), (0, 0)))
         x_tiles = _windows(_windows(xp, 1, nh, th, uh), 3, nw, tw, uw)  # (n, nh, uh, nw, uw, c)
         x_rows = x_tiles.transpose(5, 2, 4, 0, 1, 3).reshape(c, uh * uw, -1)
         g_rows = g.reshape(n, nh, th, nw, tw, c).transpose(5, 0, 1, 3, 2, 4).reshape(c, -1, th * tw)
@@ -209,17 +217,20 @@ def _depthwise_weight_grad(xp, g, kernel):
     return cross[:, diagonals].sum(-1).T.reshape(kh, kw, 1, c)
 
 
-def _depthwise_bwd(pads, residuals, g):
-    x, w = residuals
+def _depthwise_valid_bwd(pads, residuals, g):
+    xp, w = residuals
     kh, kw = w.shape[:2]
-    # dx: the full correlation of g with the flipped kernel, cropped to the input (padding beyond k - 1 crops g).
-    g_pads = ((kh - 1 - pads[0][0], kh - 1 - pads[0][1]), (kw - 1 - pads[1][0], kw - 1 - pads[1][1]))
-    dx = _shifted_sum(_pad_hw(g, g_pads), jnp.flip(w, (0, 1)), x.shape[1:3])
-    dw = _depthwise_weight_grad(_pad_hw(x, pads), g, (kh, kw))
-    return dx.astype(x.dtype), dw.astype(w.dtype)
+    (top, bottom), (left, right) = pads
+    # dx inside the padding: the correlation of g with the flipped kernel; padding beyond k - 1 crops g.
+    g_pads = [(0, 0, 0), (kh - 1 - top, kh - 1 - bottom, 0), (kw - 1 - left, kw - 1 - right, 0), (0, 0, 0)]
+    inner = (xp.shape[1] - top - bottom, xp.shape[2] - left - right)
+    dx = _materialized(_shifted_sum(lax.pad(g, jnp.zeros((), g.dtype), g_pads), jnp.flip(w, (0, 1)), inner))
+    dxp = jnp.pad(dx, ((0, 0), *pads, (0, 0)))
+    dw = _depthwise_weight_grad(xp, g, (kh, kw))
+    return dxp.astype(xp.dtype), dw.astype(w.dtype)
 
 
-depthwise_conv.defvjp(_depthwise_fwd, _depthwise_bwd)
+_depthwise_valid.defvjp(_depthwise_valid_fwd, _depthwise_valid_bwd)
 
 
 def _is_plain_depthwise(x, w, strides, pads, lhs_dilation, rhs_dilation, groups) -> bool:
