@@ -5,17 +5,18 @@ Add a model by writing a function here that returns a Module.
 from __future__ import annotations
 
 from model.modules.activations import Activation
+from model.modules.attention import MultiHeadAttention
 from model.modules.conv import Conv2d
 from model.modules.dropout import Dropout
 from model.modules.flatten import Flatten
 from model.modules.linear import Linear
-from model.modules.module import Module
-from model.modules.normalization import LayerNorm
+from model.modules.module import Lambda, Module
+from model.modules.normalization import BatchNorm, LayerNorm
 from model.modules.pooling import GlobalAvgPool, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
 
-__all__ = ["mnist_convnext", "mnist_cnn", "mlp"]
+__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention"]
 
 
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
@@ -72,5 +73,29 @@ def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "re
         layers[f"act{i}"] = Activation(activation)
         if dropout:
             layers[f"dropout{i}"] = Dropout(dropout)
+    layers["head"] = Linear(num_classes)
+    return Sequential(layers)
+
+
+def mnist_attention(num_classes: int = 10, dim: int = 32, num_heads: int = 4, depth: int = 1, mlp_ratio: int = 2,
+                    dropout: float = 0.1) -> Module:
+    """A small conv + transformer hybrid: a stride-2 conv stem with BatchNorm, exact GELU and 2x2 max pooling turns
+    28x28 images into 7x7 = 49 tokens; `depth` pre-norm blocks of self-attention and a GELU MLP; mean over tokens,
+    LayerNorm, dropout and a linear classifier."""
+    layers = {
+        "stem": Sequential({"conv": Conv2d(dim, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"),
+                            "pool": MaxPool2d(2)}),
+        "tokens": Lambda(lambda x: x.reshape(x.shape[0], -1, x.shape[-1]), "to_tokens"),
+    }
+    for i in range(depth):
+        layers[f"block{i}"] = Sequential({
+            "attn": Residual(Sequential({"norm": LayerNorm(), "mha": MultiHeadAttention(num_heads)})),
+            "mlp": Residual(Sequential({"norm": LayerNorm(), "fc1": Linear(mlp_ratio * dim),
+                                        "act": Activation("gelu"), "fc2": Linear(dim)})),
+        })
+    layers["pool"] = Lambda(lambda x: x.mean(axis=1), "mean_over_tokens")
+    layers["norm"] = LayerNorm()
+    if dropout:
+        layers["dropout"] = Dropout(dropout)
     layers["head"] = Linear(num_classes)
     return Sequential(layers)

@@ -83,11 +83,7 @@ CASES = {
     "mnist_cnn": (samples.mnist_cnn(channels=(4, 8), hidden=16, dropout=0.1), (28, 28, 1), "normal"),
     "mlp": (samples.mlp(hidden=(16, 8), activation="gelu", dropout=0.1), (28, 28, 1), "normal"),
     # BatchNorm, Dropout, attention and exact GELU in one model.
-    "bn_attention_net": (Sequential({
-        "conv": Conv2d(8, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"), "pool": MaxPool2d(2),
-        "tokens": Lambda(lambda x: x.reshape(x.shape[0], -1, x.shape[-1]), "tokens"),
-        "attn": Residual(MultiHeadAttention(2)), "norm": LayerNorm(), "drop": Dropout(0.2),
-        "flatten": Flatten(), "head": Linear(10)}), (16, 16, 1), "normal"),
+    "mnist_attention": (samples.mnist_attention(dim=8, num_heads=2), (28, 28, 1), "normal"),
 }
 
 ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
@@ -95,20 +91,7 @@ DYNAMIC_ROUTES = {"tflite_dynamic", "onnx", "onnx_via_tflite_dynamic", "jax"}
 
 # (case, route) pairs documented as unsupported (README, "Export"), each with its reason and the layer fix that
 # removes it. strict=True: once a fix lands, the XPASS fails and the entry must go.
-_CROP = ("a basic-indexing crop x[:, a:b] with a symbolic batch lowers to a gather that the TFLite converter "
-         "rejects (vhlo.dynamic_gather_v1); fix in the layer: crop with lax.slice_in_dim")
-_RELU = ("jax2onnx 0.17.1 traces jnp.maximum(x, 0) (int literal) as float64, and the padding of the pool after it "
-         "becomes a float64 Pad that onnxruntime rejects; fix in activations.relu: jnp.maximum(x, jnp.zeros((), "
-         "x.dtype))")
-UNSUPPORTED = {
-    **{(case, route): f"ConvTranspose2d with kernel > stride, SAME: {_CROP}"
-       for case in ("conv_transpose_k3s2", "conv_transpose_k4s2", "conv_transpose_k3s1")
-       for route in ("tflite_dynamic", "onnx_via_tflite_dynamic")},
-    **{("max_pool_odd", route): f"pooling a size the window does not divide: {_CROP}"
-       for route in ("tflite_dynamic", "onnx_via_tflite_dynamic")},
-    ("relu_max_pool", "onnx"): _RELU,
-    ("mnist_cnn", "onnx"): _RELU,
-}
+UNSUPPORTED: dict[tuple[str, str], str] = {}
 
 
 @functools.cache

@@ -1,6 +1,5 @@
 """Metrics against numpy references (sklearn definitions, zero_division=0) on random, masked and ragged batches."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -25,7 +25,7 @@ def leaves_with_paths(tree):
     return {key_path_str(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-@pytest.mark.parametrize("name", ["mnist_convnext", "mnist_cnn", "mlp"])
+@pytest.mark.parametrize("name", ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention"])
 def test_sample_models_init_forward_and_determinism(name):
     net = getattr(models, name)()
     params, state = net.init(jax.random.PRNGKey(0), SPEC)
@@ -89,3 +89,18 @@ def test_summary_counts_every_parameter():
 def test_bad_model_arguments_raise_clearly():
     with pytest.raises(ValueError, match="same length"):
         models.mnist_convnext(dims=(8, 16), depths=(1,))
+
+
+def test_attention_sample_batch_norm_state_and_dropout():
+    net = models.mnist_attention(dim=16, num_heads=2)
+    x = jax.random.normal(jax.random.PRNGKey(0), SPEC.shape)
+    params, state = net.init(jax.random.PRNGKey(1), SPEC)
+    _, new_state = net(params, state, x, train=True, key=jax.random.PRNGKey(2))
+    assert not np.allclose(new_state["stem"]["bn"]["mean"], state["stem"]["bn"]["mean"])  # running stats moved
+    a, _ = net(params, state, x, train=True, key=jax.random.PRNGKey(3))
+    b, _ = net(params, state, x, train=True, key=jax.random.PRNGKey(4))
+    assert not np.allclose(a, b)  # dropout is on in training
+    c, kept = net(params, state, x)
+    d, _ = net(params, state, x)
+    np.testing.assert_array_equal(c, d)  # and off in evaluation, with state unchanged
+    assert jax.tree.all(jax.tree.map(np.array_equal, kept, state))

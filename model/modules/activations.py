@@ -57,7 +57,9 @@ def _normal_cdf_jvp(primals, tangents):
 
 
 def relu(x):
-    return jnp.maximum(x, 0)
+    # A zero of x's dtype, not the literal 0: jax2onnx traces maximum(x, 0) as float64 (and then emits a float64 Pad
+    # for a following pool, which onnxruntime rejects).
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
 
 
 def sigmoid(x):

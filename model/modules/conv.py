@@ -283,7 +283,10 @@ def conv_transpose2d(x, w, stride=1, padding="SAME", custom_grad: bool | None = 
     # lax.conv_transpose SAME pads k - 1 before when stride >= k, else ceil((k + s - 2) / 2): an offset of
     # floor((k - s) / 2) into the VALID output.
     top, left = (max(k - s, 0) // 2 for k, s in zip(kernel, stride))
-    return y[:, top:top + x.shape[1] * stride[0], left:left + x.shape[2] * stride[1], :]
+    # lax.slice_in_dim, not y[:, a:b]: with a symbolic batch, basic indexing lowers to a gather that the TFLite
+    # converter rejects.
+    y = lax.slice_in_dim(y, top, top + x.shape[1] * stride[0], axis=1)
+    return lax.slice_in_dim(y, left, left + x.shape[2] * stride[1], axis=2)
 
 
 class Conv2d(Module):

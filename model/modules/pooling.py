@@ -27,7 +27,10 @@ def _pool(x, reduce, fill, kernel, stride, pads):
     n, h, w, c = x.shape
     oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
     if (kh, kw) == (sh, sw):
-        x = x[:, :oh * kh, :ow * kw].reshape(n, oh, kh, ow, kw, c)
+        # lax.slice_in_dim, not x[:, :a, :b]: with a symbolic batch, basic indexing lowers to a gather that the
+        # TFLite converter rejects.
+        x = lax.slice_in_dim(lax.slice_in_dim(x, 0, oh * kh, axis=1), 0, ow * kw, axis=2)
+        x = x.reshape(n, oh, kh, ow, kw, c)
         return x.max((2, 4)) if reduce == "max" else x.sum((2, 4))
     combine = jnp.maximum if reduce == "max" else jnp.add
     out = None
