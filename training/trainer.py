@@ -168,7 +168,8 @@ class Trainer:
         try:
             cost = self.compiled_chunk.cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-            self.flops_per_example = float(cost["flops"]) / (k * self.train_loader.batch_size)
+            # XLA reports one device's program and counts the scan body once: flops of one step on a device's shard
+            self.flops_per_example = float(cost["flops"]) / (self.train_loader.batch_size / self.mesh.size)
         except (KeyError, TypeError, IndexError, NotImplementedError):
             pass  # not every backend reports costs
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
