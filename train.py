@@ -1,6 +1,11 @@
 """Train a model from a JSON config:  python train.py -c config.json [-r CHECKPOINT] [--set key.path=value ...]"""
 from __future__ import annotations
 
+if __name__ == "__main__":  # before anything imports JAX; may re-execute once (TRAIN_PLATFORM_DEFAULTS=0: off)
+    from training import platform
+
+    platform.apply()
+
 import argparse
 import json
 import logging

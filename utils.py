@@ -38,7 +38,7 @@ TRAINER_DEFAULTS = {
     "monitor": "max val/accuracy",
     "early_stop": 0,
     "log_every": 50,
-    "steps_per_call": 1,
+    "steps_per_call": "auto",
     "run_id": None,
 }
 WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
@@ -197,7 +197,8 @@ def check_number(section: dict, key: str, where: str, kind=int, minimum=None, al
     if value in allow:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
-        raise ConfigError(f"{where}.{key}: expected {kind.__name__}, got {json.dumps(value)}")
+        expected = " or ".join([kind.__name__, *map(json.dumps, allow)])
+        raise ConfigError(f"{where}.{key}: expected {expected}, got {json.dumps(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{where}.{key}: must be >= {minimum}, got {value}")
 

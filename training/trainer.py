@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import resource
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from training import checkpoint
+from training import checkpoint, platform
 from training.trackers import StepTrace
 from training.step import empty_stats, make_eval_step, make_train_chunk
 
@@ -45,6 +47,30 @@ def format_results(prefix: str, results: dict) -> str:
     return "  ".join(f"{prefix}/{k} {v:.4f}" for k, v in results.items() if isinstance(v, float))
 
 
+# XLA:CPU pays a fixed cost per call; 10 steps per call reached 0.98-1.01 of a whole epoch in one call for both
+# sample CNNs (benchmarks/train_benchmark.py). Stacks are prefetched whole, so their size is capped.
+AUTO_STEPS = range(8, 17)
+AUTO_STACK_BYTES = 64 * 2**20
+
+
+def auto_steps_per_call(steps_per_epoch: int, batch_bytes: int, backend: str) -> int:
+    """``trainer.steps_per_call: "auto"``: on the CPU, the K in 8..16 that pads the epoch's last call least
+    (largest on ties), or the whole epoch when it is shorter; 1 on accelerators, where nothing was measured."""
+    if backend != "cpu":
+        return 1
+    cap = max(1, AUTO_STACK_BYTES // max(batch_bytes, 1))
+    if steps_per_epoch <= min(cap, AUTO_STEPS[-1]):
+        return steps_per_epoch
+    candidates = [k for k in AUTO_STEPS if k <= cap] or [cap]
+    return min(candidates, key=lambda k: ((-steps_per_epoch) % k, -k))
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
 class Trainer:
     def __init__(self, config: dict, run_dir: Path, model, loss_fn: Callable, metrics: Sequence, optimizer,
                  lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = ()):
@@ -65,7 +91,12 @@ class Trainer:
                                  f"the {len(devices)} devices in use")
         self.steps_per_call = self.trainer_cfg["steps_per_call"]
         if self.steps_per_call == "auto":
-            self.steps_per_call = 1
+            batch_bytes = sum(a.nbytes for a in next(train_loader.batches(0)).values())
+            self.steps_per_call = auto_steps_per_call(len(train_loader), batch_bytes, jax.default_backend())
+        self.first_call_logged = False
+        self.stats_template = None
+        self.compiling = None  # the training step's compilation under way (a Future)
+        self.compiled_eval, self.eval_batch_size = None, None
 
         self.train_chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
         self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics), donate_argnums=(2,))
@@ -88,8 +119,11 @@ class Trainer:
             return {"params": params, "state": state, "opt_state": self.optimizer.init(params),
                     "step": jnp.zeros((), jnp.int32), "rng": rng}
 
-        self.ts = jax.jit(init, out_shardings=self.replicated)(self.config["seed"])
+        seed = self.config["seed"]
+        traced = jax.jit(init, out_shardings=self.replicated).trace(seed)
         self.input_spec = spec
+        self.start_compile(traced.out_info)  # the training step compiles on another thread meanwhile
+        self.ts = traced.lower().compile(platform.xla_options("init", jax.default_backend()) or None)(seed)
         return self.ts
 
     def state_template(self, sample_shape: tuple) -> dict:
@@ -104,8 +138,10 @@ class Trainer:
     def restore(self, path: Path, sample_shape: tuple) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
         tree, header = checkpoint.restore(path, self.state_template(sample_shape))
-        self.ts = jax.device_put(tree, self.replicated)
         self.input_spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
+        self.start_compile(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self.replicated),
+                                        tree))
+        self.ts = jax.device_put(tree, self.replicated)
         self.epoch = header["epoch"]
         self.best = header.get("best")
         self.bad_epochs = header.get("bad_epochs", 0)
@@ -137,33 +173,48 @@ class Trainer:
     def put_batch(self, batch: dict) -> dict:
         return jax.device_put(batch, {k: NamedSharding(self.mesh, P("data")) for k in batch})
 
-    def empty_stats(self):
-        batch_spec = {"input": self.input_spec,
-                      "target": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.int32),
-                      "mask": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.float32)}
-        zeros = empty_stats(self.model, self.loss_fn, self.metrics, self.ts["params"], self.ts["state"], batch_spec)
-        return jax.device_put(zeros, self.replicated)
+    def empty_stats(self, state=None):
+        """Zeroed epoch statistics on the device; ``state``: the training state or its abstract value."""
+        if self.stats_template is None:  # traced once: the model is not re-traced every epoch
+            state = self.ts if state is None else state
+            batch_spec = {"input": self.input_spec,
+                          "target": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.int32),
+                          "mask": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.float32)}
+            self.stats_template = jax.device_get(empty_stats(self.model, self.loss_fn, self.metrics,
+                                                             state["params"], state["state"], batch_spec))
+        return jax.device_put(self.stats_template, self.replicated)
 
-    def compile(self) -> None:
-        """Compiles the training and evaluation steps ahead of time for the loaders' fixed batch shapes.
+    def start_compile(self, state_spec) -> None:
+        """Starts compiling the training step from the state's abstract value on a worker thread: XLA compiles
+        outside the GIL, so on a multi-core host this overlaps the initialisation. ``compile()`` waits for it."""
+        worker = ThreadPoolExecutor(1)
+        self.compiling = worker.submit(self.compile_train_step, state_spec)
+        worker.shutdown(wait=False)  # the thread ends with this one task
 
-        The loop calls these compiled executables, so a batch of another shape is an error, never a silent
-        recompilation; the compile time and XLA's FLOP estimate are logged.
-        """
+    def compile_train_step(self, state_spec):
         example = next(self.train_loader.batches(0))
         k = self.steps_per_call
         stack_spec = {name: jax.ShapeDtypeStruct((k, *a.shape), a.dtype, sharding=NamedSharding(self.mesh, P(None, "data")))
                       for name, a in example.items()}
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32, sharding=self.replicated)
         start = time.perf_counter()
-        self.compiled_chunk = self.train_chunk.lower(self.ts, self.empty_stats(), stack_spec).compile()
-        self.compile_seconds = time.perf_counter() - start
-        if self.valid_loader is not None:
-            example = next(self.valid_loader.batches(0))
-            batch_spec = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(self.mesh, P("data")))
-                          for name, a in example.items()}
-            self.compiled_eval = self.eval_step.lower(self.ts["params"], self.ts["state"], self.empty_stats(),
-                                                      batch_spec).compile()
+        compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
+            platform.xla_options("train", jax.default_backend()) or None)
+        return compiled, time.perf_counter() - start
+
+    def compile(self) -> None:
+        """Compiles the training step ahead of time for the loader's fixed batch shape (the evaluation step is
+        compiled at the first evaluation, off the path to the first training step).
+
+        The loop calls these compiled executables, so a batch of another shape is an error, never a silent
+        recompilation; the compile time and XLA's FLOP estimate are logged.
+        """
+        log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
+        if self.compiling is None:
+            self.start_compile(self.ts)
+        self.compiled_chunk, self.compile_seconds = self.compiling.result()
+        self.compiling = None
+        k = self.steps_per_call
         self.flops_per_example = None
         try:
             cost = self.compiled_chunk.cost_analysis()
@@ -199,6 +250,8 @@ class Trainer:
             if self.trace:
                 self.trace.before(first_step + done + 1, first_step + done + real)
             self.ts, acc, logs = self.compiled_chunk(self.ts, acc, stack)
+            if not self.first_call_logged:
+                self.log_first_call(logs, real)
             if self.trace:
                 self.trace.after(first_step + done + real, self.ts)
             if pending is not None:
@@ -208,6 +261,14 @@ class Trainer:
         self.check_logs(epoch, *pending, bar)
         bar.close()
         return acc
+
+    def log_first_call(self, logs, steps: int) -> None:
+        """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
+        jax.block_until_ready(logs)
+        self.first_call_logged = True
+        self.first_call_seconds = time.time() - platform.STARTED_AT
+        log.info(f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
+                 f"(compiling the step took {self.compile_seconds:.1f}s)")
 
     def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
         losses = np.asarray(logs["loss"])[:real]
@@ -238,7 +299,18 @@ class Trainer:
                             refresh=False)
             bar.update(real)
 
+    def compile_eval(self, loader) -> None:
+        example = next(loader.batches(0))
+        batch_spec = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(self.mesh, P("data")))
+                      for name, a in example.items()}
+        options = platform.xla_options("eval", jax.default_backend()) or None
+        self.compiled_eval = self.eval_step.lower(self.ts["params"], self.ts["state"], self.empty_stats(),
+                                                  batch_spec).compile(options)
+        self.eval_batch_size = loader.batch_size
+
     def evaluate(self, loader, epoch: int = 0) -> dict:
+        if self.eval_batch_size != loader.batch_size:
+            self.compile_eval(loader)
         acc = self.empty_stats()
         params, state = self.ts["params"], self.ts["state"]
         for batch in loader.batches(epoch):
@@ -259,7 +331,7 @@ class Trainer:
             if self.valid_loader is not None:
                 row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
             row.update({"time/epoch_s": seconds, "time/images_per_s": self.train_loader.num_examples / seconds,
-                        "time/data_wait_s": self.data_wait,
+                        "time/data_wait_s": self.data_wait, "time/peak_rss_mb": peak_rss_mb(),
                         "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
             self.epoch = epoch
             improved = self.update_best(row)

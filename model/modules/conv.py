@@ -155,7 +155,7 @@ def _materialized(y):
     Without it XLA:CPU copies a kh * kw-term sum into each consumer (recomputing it per layer-norm statistic),
     and its library fusions absorb the sum slice by slice, writing every shifted slice to memory: the ConvNeXt
     sample's step was ~3x slower either way. A rounding to the array's own precision is neither duplicated nor
-    absorbed (and, unlike a clamp to +-inf, jax2onnx converts it with a symbolic batch).
+    absorbed.
     """
     info = jnp.finfo(y.dtype)
     return lax.reduce_precision(y, exponent_bits=info.nexp, mantissa_bits=info.nmant)
@@ -163,21 +163,24 @@ def _materialized(y):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _depthwise_valid(xp, w, pads):
-    """The unpadded correlation of ``xp``, which carries ``pads`` (its gradient there is left zero)."""
+    """The unpadded correlation of ``xp``, which carries ``pads`` (its gradient there is left zero).
+
+    Evaluated without differentiation (inference, export) it is slices, products and sums only; the training
+    forward pass also marks its result ``_materialized`` (which TFLite cannot convert).
+    """
     return _shifted_sum(xp, w, (xp.shape[1] - w.shape[0] + 1, xp.shape[2] - w.shape[1] + 1))
 
 
 def _depthwise_valid_fwd(xp, w, pads):
-    return _depthwise_valid(xp, w, pads), (xp, w)
+    return _materialized(_depthwise_valid(xp, w, pads)), (xp, w)
 
 
 def depthwise_conv(x, w, pads):
     """Stride-1 depthwise convolution: NHWC ``x``, kernel (kh, kw, 1, C), explicit non-negative ``pads``.
 
-    The padding and the clamp stay outside the custom-gradient function: jax2onnx converts them there only.
+    The padding stays outside the custom-gradient function: jax2onnx converts it there only.
     """
-    xp = jnp.pad(x, ((0, 0), *pads, (0, 0)))
-    return _materialized(_depthwise_valid(xp, w, pads))
+    return _depthwise_valid(jnp.pad(x, ((0, 0), *pads, (0, 0))), w, pads)
 
 
 def _windows(a, axis, count, step, size):

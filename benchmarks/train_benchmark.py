@@ -1,0 +1,390 @@
+"""Training throughput on this machine: the template's training path against the fused bound and a conventional
+Flax + Optax loop, for the reference CNN (`mnist_cnn`) and the MNIST sample (`mnist_convnext`), with each
+optimisation switched off in turn.
+
+    python benchmarks/train_benchmark.py                        # both models, 3 rounds, 100 steps per epoch
+    python benchmarks/train_benchmark.py --steps 0 --rounds 5   # whole MNIST epochs (430 steps of 128)
+    python benchmarks/train_benchmark.py --models mnist_cnn --variants template,fused,flax --steps 50
+
+Variants (each measured in a fresh process, since platform defaults are per process):
+  template      the real path: `Trainer` (K steps per call, "auto"), the MNIST `DataLoader` with its prefetch
+                thread, metric statistics accumulated, no checkpoints; platform defaults as `train.py` sets them
+  fused         the bound: the same epoch in one jitted `lax.scan` call over batches already on the device
+  flax          conventional: flax.linen model + optax, one jitted step per batch, Python loop, XLA defaults
+  K=1           template with one step per call
+  no-hugetlb    template without GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+  no-xla-opts   template without the per-executable XLA:CPU options
+  autodiff-conv template with plain autodiff for convolutions (no custom VJP)
+  window-pool   template with max pooling as lax.reduce_window (mnist_cnn)
+  lax-depthwise template with depthwise convolutions as grouped lax convolutions (mnist_convnext)
+  no-prefetch   template with batches prepared in the loop (DataLoader prefetch=0)
+  startup       `python train.py`: seconds from the command to its first call's steps done, and the compile time
+
+Each process compiles, warms up with one epoch (the flax loop: ten steps), then times one epoch of --steps batches
+(the first --steps * 128 training examples; 0: all; the two 10-20x slower ablations: 30 steps after one call). Variants are interleaved round by round so that load changes on a shared
+machine hit them alike; the table reports per-variant medians over rounds and ratios of medians. MNIST is read from
+../shared/data/mnist when present, else data/mnist.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as host
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+MODELS = ("mnist_cnn", "mnist_convnext")
+VARIANTS = {
+    "mnist_cnn": ["template", "fused", "flax", "K=1", "no-hugetlb", "no-xla-opts", "autodiff-conv", "window-pool",
+                  "no-prefetch", "startup"],
+    "mnist_convnext": ["template", "fused", "flax", "K=1", "no-hugetlb", "no-xla-opts", "autodiff-conv",
+                       "lax-depthwise", "no-prefetch", "startup"],
+}
+BATCH = 128
+SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
+SLOW_STEPS = 30
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", help="comma-separated subset (default: all for each model)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=100, help="batches per timed epoch (0: the whole epoch)")
+    parser.add_argument("--out", help="also write the raw results here (JSON)")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------- one measurement
+def data_dir() -> str:
+    return str(SHARED_MNIST if (SHARED_MNIST / "train-images-idx3-ubyte.gz").is_file() else REPO / "data" / "mnist")
+
+
+def bench_config(model: str) -> dict:
+    from utils import load_config
+
+    config = load_config(REPO / "config.json", [f"model.name={model}", "model.args={}"])
+    config["data_loader"] = {"train": {"name": "mnist", "args": {"split": "train", "batch_size": BATCH,
+                                                                 "shuffle": True, "data_dir": data_dir()}}}
+    config["trainer"]["monitor"] = "off"
+    return config
+
+
+class FirstExamples:
+    """The first n examples of a dataset (a timed epoch shorter than the real one)."""
+
+    def __init__(self, dataset, n: int):
+        self.dataset, self.n = dataset, min(n, len(dataset)) if n else len(dataset)
+
+    def __len__(self):
+        return self.n
+
+    def get_batch(self, indices):
+        return self.dataset.get_batch(indices)
+
+
+def template_run(model_name: str, variant: str, steps: int) -> dict:
+    import jax
+
+    from model.modules import conv, pooling
+    from training import platform
+    from training.trainer import Trainer, metric_results
+    from utils import build, build_optimizer, learning_rate_fn
+
+    if variant == "no-xla-opts":
+        platform.XLA_CPU_OPTIONS = {}
+    if variant == "autodiff-conv":
+        conv._conv_fast_grad = conv._canonical_conv  # the plain lax convolution and its autodiff gradient
+    if variant == "window-pool":
+        def window_max(self, params, x):
+            return jax.lax.reduce_window(x, -jax.numpy.inf, jax.lax.max, (1, *self.kernel_size, 1),
+                                         (1, *self.stride, 1), "VALID")
+        pooling.MaxPool2d.forward = window_max
+    if variant == "lax-depthwise":
+        conv._is_plain_depthwise = lambda *args: False
+    config = bench_config(model_name)
+    if variant == "K=1":
+        config["trainer"]["steps_per_call"] = 1
+    spec = config["data_loader"]["train"]
+    if variant == "no-prefetch":
+        spec["args"]["prefetch"] = 0
+    loader = build(spec, "data_loader", seed=config["seed"])
+    loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
+    sample_shape = loader.dataset.dataset.sample_shape
+    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
+                      [build(m, "metrics") for m in config["metrics"]], build_optimizer(config),
+                      learning_rate_fn(config), loader)
+    trainer.init_state(sample_shape)
+    trainer.compile()
+    trainer.first_call_logged = True
+    if variant in SLOW:  # warm up with one call
+        _, stack = next(iter(loader.chunks(0, trainer.steps_per_call, trainer.put_stack)))
+        trainer.ts, _, logs = trainer.compiled_chunk(trainer.ts, trainer.empty_stats(), stack)
+        jax.block_until_ready(logs)
+    else:  # warm up with one epoch, as the fused bound does
+        metric_results(trainer.metrics, trainer.train_epoch(0))
+    start = time.perf_counter()
+    metric_results(trainer.metrics, trainer.train_epoch(1))  # waits for the last step
+    seconds = time.perf_counter() - start
+    from training.trainer import peak_rss_mb
+
+    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "data_wait_s": trainer.data_wait,
+            "compile_s": trainer.compile_seconds, "steps_per_call": trainer.steps_per_call,
+            "peak_rss_mb": peak_rss_mb(), "mflop_per_example": (trainer.flops_per_example or 0) / 1e6}
+
+
+def fused_run(model_name: str, steps: int) -> dict:
+    import jax
+    import numpy as np
+
+    from training import platform
+    from training.step import empty_stats, make_train_chunk
+    from training.trainer import metric_results
+    from utils import build, build_optimizer
+
+    config = bench_config(model_name)
+    loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
+    loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
+    batches = list(loader.batches(1))
+    epoch = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+    epoch["active"] = np.ones(len(batches), np.float32)
+    epoch = jax.device_put(epoch)  # the whole epoch on the device before timing
+    model, loss_fn = build(config["model"], "model"), build(config["loss"], "loss")
+    metrics, optimizer = [build(m, "metrics") for m in config["metrics"]], build_optimizer(config)
+
+    def init(seed):
+        params, state = model.init(jax.random.PRNGKey(seed), jax.ShapeDtypeStruct(batches[0]["input"].shape,
+                                                                                   np.float32))
+        return {"params": params, "state": state, "opt_state": optimizer.init(params),
+                "step": jax.numpy.zeros((), jax.numpy.int32), "rng": jax.random.PRNGKey(1)}
+
+    ts = jax.jit(init)(config["seed"])
+    one = {k: v[0] for k, v in epoch.items() if k != "active"}
+    zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], one))
+    chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
+    start = time.perf_counter()
+    compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
+    compile_s = time.perf_counter() - start
+    ts, acc, logs = compiled(ts, jax.device_put(zeros), epoch)  # warm-up: one whole epoch
+    jax.block_until_ready(logs)
+    start = time.perf_counter()
+    ts, acc, logs = compiled(ts, jax.device_put(zeros), epoch)
+    metric_results(metrics, acc)
+    seconds = time.perf_counter() - start
+    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "compile_s": compile_s}
+
+
+def flax_model(model_name: str):
+    """The same networks in flax.linen (Flax's own conv, max pool, LayerNorm, Dense)."""
+    import flax.linen as nn
+    import jax
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for c in (32, 64):
+                x = nn.max_pool(nn.relu(nn.Conv(c, (3, 3))(x)), (2, 2), (2, 2))
+            x = nn.relu(nn.Dense(128)(x.reshape(x.shape[0], -1)))
+            return nn.Dense(10)(x)
+
+    class ConvNeXt(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.LayerNorm(1e-6)(nn.Conv(32, (4, 4), 2)(x))
+            for i, dim in enumerate((32, 64)):
+                if i:
+                    x = nn.Conv(dim, (2, 2), 2)(nn.LayerNorm(1e-6)(x))
+                for _ in range(2):
+                    y = nn.Conv(dim, (7, 7), feature_group_count=dim)(x)
+                    y = nn.Dense(4 * dim)(nn.LayerNorm(1e-6)(y))
+                    x = x + nn.Dense(dim)(jax.nn.gelu(y, approximate=False))
+            return nn.Dense(10)(nn.LayerNorm(1e-6)(x.mean((1, 2))))
+
+    return CNN() if model_name == "mnist_cnn" else ConvNeXt()
+
+
+def flax_run(model_name: str, steps: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from utils import build
+
+    config = bench_config(model_name)
+    loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
+    loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
+    net = flax_model(model_name)
+    sched = config["optimizer"]["schedule"]["args"]
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.warmup_cosine_decay_schedule(
+        sched["init_value"], sched["peak_value"], sched["warmup_steps"], sched["decay_steps"]), weight_decay=0.05))
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros((BATCH, 28, 28, 1)))
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def train_step(params, opt_state, x, y):
+        def loss_fn(params):
+            logits = net.apply(params, x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
+
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, jnp.mean(logits.argmax(-1) == y)
+
+    for _, batch in zip(range(10), loader.batches(0)):  # compile and warm up
+        params, opt_state, loss, accuracy = train_step(params, opt_state, batch["input"], batch["target"])
+    jax.block_until_ready(loss)
+    start = time.perf_counter()
+    total = jnp.zeros(2)
+    for batch in loader.batches(1):
+        params, opt_state, loss, accuracy = train_step(params, opt_state, batch["input"], batch["target"])
+        total = total + jnp.stack([loss, accuracy])
+    jax.block_until_ready(total)
+    seconds = time.perf_counter() - start
+    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds}
+
+
+def startup_run(model_name: str) -> dict:
+    """`python train.py` on the model for one epoch, stopped once its first call is done."""
+    import re
+    import signal
+
+    with tempfile.TemporaryDirectory() as save_dir:
+        command = [sys.executable, "-X", "importtime", "train.py", "-c", "config.json", "--set",
+                   f"model.name={model_name}", "--set", "model.args={}", "--set", f"trainer.save_dir={save_dir}",
+                   "--epochs", "1"]
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        imported, found = set(), None
+        for line in process.stdout:
+            if line.startswith("import time:"):
+                imported.add(line.rsplit("|", 1)[-1].strip().split(".")[0])
+            found = re.search(r"first (\d+) training step\(s\) done ([\d.]+)s after start \(compiling the step "
+                              r"took ([\d.]+)s\)", line)
+            if found:
+                break
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=120)
+    if not found:
+        raise RuntimeError("train.py did not report its first steps")
+    heavy = sorted(imported & {"tensorflow", "wandb", "onnx", "onnxruntime", "tf2onnx", "jax2onnx", "flax", "optax"})
+    return {"first_call_s": float(found.group(2)), "compile_s": float(found.group(3)),
+            "steps_in_first_call": int(found.group(1)), "heavy_imports": heavy}
+
+
+def child(model_name: str, variant: str, steps: int) -> dict:
+    if variant in SLOW:
+        steps = min(steps or SLOW_STEPS, SLOW_STEPS)
+    if variant == "fused":
+        return fused_run(model_name, steps)
+    if variant == "flax":
+        return flax_run(model_name, steps)
+    if variant == "startup":
+        return startup_run(model_name)
+    return template_run(model_name, variant, steps)
+
+
+# ---------------------------------------------------------------------------------------------- orchestration
+def child_env(variant: str) -> dict:
+    from training import platform
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", platform.SWITCH)}
+    env.pop("_TRAIN_PLATFORM_REEXECUTED", None)
+    env.pop("_TRAIN_STARTED_AT", None)
+    if variant not in ("flax", "no-hugetlb", "startup"):  # train.py sets its own
+        env.update(platform.process_defaults(env))
+    if variant == "flax":
+        env[platform.SWITCH] = "0"
+    return env
+
+
+def measure(model_name: str, variant: str, steps: int) -> dict:
+    command = [sys.executable, __file__, "--child", model_name, variant, "--steps", str(steps)]
+    done = subprocess.run(command, cwd=REPO, env=child_env(variant), capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{model_name} {variant} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+def machine() -> dict:
+    import jax
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "python": host.python_version(),
+            "device": str(jax.devices()[0]), "cpu": host.processor() or host.machine(), "cores": os.cpu_count(),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def median(results: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def report(model_name: str, results: dict[str, list[dict]]) -> str:
+    template = median(results["template"], "images_per_s") if "template" in results else None
+    fused = median(results["fused"], "images_per_s") if "fused" in results else None
+    lines = [f"### {model_name}", "", "| variant | images/s (median) | runs | template / variant | variant / fused |",
+             "| --- | --- | --- | --- | --- |"]
+    for variant, runs in results.items():
+        if variant == "startup":
+            continue
+        rate = median(runs, "images_per_s")
+        ratio = f"{template / rate:.2f}" if template else "-"
+        bound = f"{rate / fused:.2f}" if fused else "-"
+        lines.append(f"| {variant} | {rate:,.0f} | {len(runs)} | {ratio} | {bound} |")
+    if "template" in results:
+        runs = results["template"]
+        wait = statistics.median(r["data_wait_s"] / r["seconds"] for r in runs)
+        lines += ["", f"template: K = {runs[0]['steps_per_call']} steps per call, data wait {100 * wait:.1f}% of "
+                      f"the epoch, compile {median(runs, 'compile_s'):.1f} s, peak RSS "
+                      f"{median(runs, 'peak_rss_mb'):.0f} MB, ~{runs[0]['mflop_per_example']:.1f} MFLOP per "
+                      f"training example (XLA's count)"]
+    if "startup" in results:
+        runs = results["startup"]
+        first, compile_s = median(runs, "first_call_s"), median(runs, "compile_s")
+        lines.append(f"startup: `python train.py` to its first {runs[0]['steps_in_first_call']} steps done "
+                     f"{first:.1f} s = {first / compile_s:.2f} x the step's compile time ({compile_s:.1f} s); "
+                     f"TensorFlow/WandB/ONNX/Flax imported: {', '.join(runs[0]['heavy_imports']) or 'none'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child, args.steps)), flush=True)
+        return 0
+    models = args.models.split(",")
+    chosen = {m: [v for v in VARIANTS[m] if not args.variants or v in args.variants.split(",")] for m in models}
+    results = {m: {v: [] for v in chosen[m]} for m in models}
+    load = [os.getloadavg()]
+    for round_ in range(args.rounds):
+        for model_name in models:
+            for variant in chosen[model_name]:
+                result = measure(model_name, variant, args.steps)
+                results[model_name][variant].append(result)
+                shown = (f"{result['images_per_s']:,.0f} images/s" if "images_per_s" in result
+                         else f"first call {result['first_call_s']:.1f} s, compile {result['compile_s']:.1f} s")
+                print(f"round {round_ + 1}/{args.rounds}  {model_name:15s} {variant:14s} {shown}", flush=True)
+        load.append(os.getloadavg())
+    info = machine()
+    print(f"\njax {info['jax']} (jaxlib {info['jaxlib']}), Python {info['python']}, {info['device']}, "
+          f"{info['cores']} cores ({info['cpu']}), {info['date']}; XLA_FLAGS={info['xla_flags'] or '(none)'}; "
+          f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
+          f"{args.steps or 'all'} steps of {BATCH} per timed epoch, medians of {args.rounds} runs\n")
+    for model_name in models:
+        print(report(model_name, results[model_name]) + "\n")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"machine": info, "load": load, "args": vars(args),
+                                              "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

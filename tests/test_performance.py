@@ -1,0 +1,168 @@
+"""The speed features keep results exact: K steps per call equal one per call on conv models, "auto" picks K as
+documented, nothing recompiles after the first epoch, and the platform defaults apply only where they should.
+(Speed itself is measured in benchmarks/, not here.)"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from data_loader.loader import ArrayDataset, DataLoader
+from training import platform
+from training.trainer import AUTO_STACK_BYTES, Trainer, auto_steps_per_call
+from utils import ConfigError, build, build_optimizer, learning_rate_fn, validate
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODELS = {
+    # the reference CNN's layers (custom-VJP convolutions, reshape max pooling) at small widths
+    "mnist_cnn": {"name": "mnist_cnn", "args": {"channels": [4, 8], "hidden": 16}},
+    # the sample's layers: 7x7 depthwise convolutions on the shifted-slice path, layer norm, GELU, strided convs
+    "mnist_convnext": {"name": "mnist_convnext", "args": {"dims": [8, 16], "depths": [1, 1]}},
+}
+
+
+class StepLosses:
+    """A tracker that keeps every logged step loss."""
+
+    def __init__(self):
+        self.losses = {}
+
+    def log_step(self, step, values):
+        self.losses[step] = values["train/step_loss"]
+
+    def log_epoch(self, epoch, row, best):
+        pass
+
+
+def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
+    """7 full batches of 16 and one of 5: a padded last batch, and with K = 3 a last call with 2 of 3 steps."""
+    config = validate({
+        "name": "perf", "seed": 1, "model": model, "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adamw", "args": {"weight_decay": 0.05},
+                      "schedule": {"name": "warmup_cosine_decay",
+                                   "args": {"init_value": 0.0, "peak_value": 0.004, "warmup_steps": 3, "decay_steps": 16}},
+                      "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}]},
+        "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path)},
+    })
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 28, 28, 1)).astype(np.float32)
+    y = (x[:, ::3, ::3, 0].reshape(n, -1)[:, :10].argmax(1)).astype(np.int32)
+    train = DataLoader(ArrayDataset(input=x, target=y), 16, shuffle=True, seed=1)
+    valid = DataLoader(ArrayDataset(input=x[:40], target=y[:40]), 16)
+    (tmp_path / run).mkdir()
+    trainer = Trainer(config, tmp_path / run, build(config["model"], "model"), build(config["loss"], "loss"),
+                      [build(m, "metrics") for m in config["metrics"]], build_optimizer(config),
+                      learning_rate_fn(config), train, valid, trackers=[StepLosses()])
+    trainer.init_state((28, 28, 1))
+    return trainer
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
+    one = make_trainer(tmp_path, TINY_MODELS[model], 1, "one")
+    many = make_trainer(tmp_path, TINY_MODELS[model], 3, "many")
+    one.fit()
+    many.fit()
+    a, b = one.trackers[0].losses, many.trackers[0].losses
+    assert sorted(a) == sorted(b) == list(range(1, 17))  # 8 steps per epoch, padding steps not counted
+    np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)
+    for x, y in zip(jax.tree.leaves(one.ts["params"]), jax.tree.leaves(many.ts["params"])):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    rows = [[json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()] for t in (one, many)]
+    for ra, rb in zip(*rows):
+        assert abs(ra["train/loss"] - rb["train/loss"]) < 1e-6 and ra["val/accuracy"] == rb["val/accuracy"]
+        assert ra["time/peak_rss_mb"] > 0
+
+
+def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
+    trainer = make_trainer(tmp_path, TINY_MODELS["mnist_convnext"], "auto", "auto", epochs=1)
+    assert trainer.steps_per_call == 8  # the whole (short) epoch in one call
+    trainer.fit()
+    assert trainer.first_call_seconds > 0
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        trainer.trainer_cfg["epochs"] = 3
+        trainer.fit()  # compile() only collects what was compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [] and trainer.epoch == 3
+
+
+@pytest.mark.parametrize("steps, batch_bytes, backend, expected", [
+    (430, 401_920, "cpu", 10),        # MNIST's 55,000 / 128: 10 divides the epoch, no padded step
+    (469, 401_920, "cpu", 10),        # 60,000 / 128 = 469 = 7 * 67: K = 10 leaves one padded step, the least
+    (16 * 9, 401_920, "cpu", 16),     # several K divide the epoch: the largest
+    (5, 401_920, "cpu", 5),           # a short epoch in one call
+    (430, AUTO_STACK_BYTES // 4, "cpu", 4),  # big batches: the prefetched stack stays within its cap
+    (430, AUTO_STACK_BYTES * 2, "cpu", 1),
+    (430, 401_920, "gpu", 1),         # not measured on accelerators: one step per call
+    (430, 401_920, "tpu", 1),
+])
+def test_auto_steps_per_call(steps, batch_bytes, backend, expected):
+    assert auto_steps_per_call(steps, batch_bytes, backend) == expected
+
+
+def test_auto_is_the_default_and_bad_values_are_named():
+    base = {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"}, "metrics": [],
+            "optimizer": {"name": "adam", "args": {"lr": 0.1}}, "data_loader": {"train": {"name": "mnist"}}, "trainer": {"monitor": "off"}}
+    assert validate(base)["trainer"]["steps_per_call"] == "auto"
+    with pytest.raises(ConfigError, match='steps_per_call: expected int or "auto", got "fast"'):
+        validate({**base, "trainer": {"monitor": "off", "steps_per_call": "fast"}})
+
+
+def test_process_defaults_only_on_linux_cpu_and_never_over_the_user():
+    on = platform.process_defaults({}, "linux", cpu=True)
+    assert on == {"GLIBC_TUNABLES": platform.HUGETLB}
+    assert platform.process_defaults({}, "linux", cpu=False) == {}
+    assert platform.process_defaults({}, "darwin", cpu=True) == {}
+    assert platform.process_defaults({platform.SWITCH: "0"}, "linux", cpu=True) == {}
+    assert platform.process_defaults({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "linux", cpu=True) == {}
+    assert not platform.cpu_backend_expected({"JAX_PLATFORMS": "cuda,cpu"})
+    assert platform.cpu_backend_expected({"JAX_PLATFORMS": "cpu"})
+
+
+def test_xla_options_only_for_the_measured_cpu_setup():
+    train = platform.xla_options("train", "cpu", {}, series="0.10")
+    assert train == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+    assert platform.xla_options("eval", "cpu", {}, series="0.10") == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    assert platform.xla_options("train", "gpu", {}, series="0.10") == {}
+    assert platform.xla_options("train", "cpu", {}, series="0.11") == {}  # unmeasured jaxlib: XLA may reject them
+    assert platform.xla_options("train", "cpu", {"XLA_FLAGS": "--xla_dump_to=/tmp"}, series="0.10") == {}
+    assert platform.xla_options("train", "cpu", {platform.SWITCH: "0"}, series="0.10") == {}
+    # The options are accepted by the installed XLA (a rejected option is an error at compile time).
+    for kind in ("train", "eval", "init"):
+        options = platform.xla_options(kind, jax.default_backend())
+        jax.jit(lambda x: x.sum(0) * 2).lower(np.ones((4, 3), np.float32)).compile(options or None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the malloc default is Linux-only")
+@pytest.mark.parametrize("switch, expected", [(None, ["None", "glibc.malloc.hugetlb=1"]), ("0", ["None"])])
+def test_apply_re_executes_once_with_the_tunable(switch, expected):
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from training import platform
+        print("image", os.environ.get("GLIBC_TUNABLES"), os.getpid(), flush=True)
+        platform.apply()
+        print("started", platform.STARTED_AT, flush=True)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLIBC_TUNABLES", "_TRAIN", platform.SWITCH))}
+    env["JAX_PLATFORMS"] = "cpu"
+    if switch is not None:
+        env[platform.SWITCH] = switch
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    images = [line.split() for line in out.splitlines() if line.startswith("image")]
+    assert [i[1] for i in images] == expected
+    assert len({i[2] for i in images}) == 1  # the same process, re-executed in place
+    assert len([line for line in out.splitlines() if line.startswith("started")]) == 1
