@@ -14,15 +14,17 @@ Variants (each measured in a fresh process, since platform defaults are per proc
   K=1           template with one step per call
   no-hugetlb    template without GLIBC_TUNABLES=glibc.malloc.hugetlb=1
   no-xla-opts   template without the per-executable XLA:CPU options
-  autodiff-conv template with plain autodiff for convolutions (no custom VJP)
+  autodiff-conv template with plain autodiff for the non-depthwise convolutions (no custom VJP)
   window-pool   template with max pooling as lax.reduce_window (mnist_cnn)
   lax-depthwise template with depthwise convolutions as grouped lax convolutions (mnist_convnext)
   no-prefetch   template with batches prepared in the loop (DataLoader prefetch=0)
+  A+B           template with both ablations, e.g. K=1+no-hugetlb (a per-step loop without the malloc default)
   startup       `python train.py`: seconds from the command to its first call's steps done, and the compile time
 
 Each process compiles, warms up with one epoch (the flax loop: ten steps), then times one epoch of --steps batches
-(the first --steps * 128 training examples; 0: all; the two 10-20x slower ablations: 30 steps after one call). Variants are interleaved round by round so that load changes on a shared
-machine hit them alike; the table reports per-variant medians over rounds and ratios of medians. MNIST is read from
+(the first --steps * 128 training examples; 0: all; the two 10-30x slower ablations: 30 steps after one call).
+Variants are interleaved round by round so that load changes on a shared machine hit them alike; the table reports
+per-variant medians over rounds and ratios of medians. MNIST is read from
 ../shared/data/mnist when present, else data/mnist.
 """
 from __future__ import annotations
@@ -43,10 +45,10 @@ sys.path.insert(0, str(REPO))
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 MODELS = ("mnist_cnn", "mnist_convnext")
 VARIANTS = {
-    "mnist_cnn": ["template", "fused", "flax", "K=1", "no-hugetlb", "no-xla-opts", "autodiff-conv", "window-pool",
-                  "no-prefetch", "startup"],
-    "mnist_convnext": ["template", "fused", "flax", "K=1", "no-hugetlb", "no-xla-opts", "autodiff-conv",
-                       "lax-depthwise", "no-prefetch", "startup"],
+    "mnist_cnn": ["template", "fused", "flax", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
+                  "autodiff-conv", "window-pool", "no-prefetch", "startup"],
+    "mnist_convnext": ["template", "fused", "flax", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
+                       "autodiff-conv", "lax-depthwise", "no-prefetch", "startup"],
 }
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
@@ -93,6 +95,7 @@ class FirstExamples:
 
 
 def template_run(model_name: str, variant: str, steps: int) -> dict:
+    """The template with the ablations named in ``variant`` ("template", or names joined by "+")."""
     import jax
 
     from model.modules import conv, pooling
@@ -100,22 +103,23 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     from training.trainer import Trainer, metric_results
     from utils import build, build_optimizer, learning_rate_fn
 
-    if variant == "no-xla-opts":
+    ablations = set(variant.split("+"))
+    if "no-xla-opts" in ablations:
         platform.XLA_CPU_OPTIONS = {}
-    if variant == "autodiff-conv":
+    if "autodiff-conv" in ablations:
         conv._conv_fast_grad = conv._canonical_conv  # the plain lax convolution and its autodiff gradient
-    if variant == "window-pool":
+    if "window-pool" in ablations:
         def window_max(self, params, x):
             return jax.lax.reduce_window(x, -jax.numpy.inf, jax.lax.max, (1, *self.kernel_size, 1),
                                          (1, *self.stride, 1), "VALID")
         pooling.MaxPool2d.forward = window_max
-    if variant == "lax-depthwise":
+    if "lax-depthwise" in ablations:
         conv._is_plain_depthwise = lambda *args: False
     config = bench_config(model_name)
-    if variant == "K=1":
+    if "K=1" in ablations:
         config["trainer"]["steps_per_call"] = 1
     spec = config["data_loader"]["train"]
-    if variant == "no-prefetch":
+    if "no-prefetch" in ablations:
         spec["args"]["prefetch"] = 0
     loader = build(spec, "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
@@ -126,7 +130,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     trainer.init_state(sample_shape)
     trainer.compile()
     trainer.first_call_logged = True
-    if variant in SLOW:  # warm up with one call
+    if ablations & SLOW:  # warm up with one call
         _, stack = next(iter(loader.chunks(0, trainer.steps_per_call, trainer.put_stack)))
         trainer.ts, _, logs = trainer.compiled_chunk(trainer.ts, trainer.empty_stats(), stack)
         jax.block_until_ready(logs)
@@ -280,7 +284,7 @@ def startup_run(model_name: str) -> dict:
 
 
 def child(model_name: str, variant: str, steps: int) -> dict:
-    if variant in SLOW:
+    if set(variant.split("+")) & SLOW:
         steps = min(steps or SLOW_STEPS, SLOW_STEPS)
     if variant == "fused":
         return fused_run(model_name, steps)
@@ -298,7 +302,7 @@ def child_env(variant: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", platform.SWITCH)}
     env.pop("_TRAIN_PLATFORM_REEXECUTED", None)
     env.pop("_TRAIN_STARTED_AT", None)
-    if variant not in ("flax", "no-hugetlb", "startup"):  # train.py sets its own
+    if variant not in ("flax", "startup") and "no-hugetlb" not in variant.split("+"):  # train.py sets its own
         env.update(platform.process_defaults(env))
     if variant == "flax":
         env[platform.SWITCH] = "0"
@@ -361,7 +365,7 @@ def main(argv=None) -> int:
         print(json.dumps(child(*args.child, args.steps)), flush=True)
         return 0
     models = args.models.split(",")
-    chosen = {m: [v for v in VARIANTS[m] if not args.variants or v in args.variants.split(",")] for m in models}
+    chosen = {m: args.variants.split(",") if args.variants else VARIANTS[m] for m in models}
     results = {m: {v: [] for v in chosen[m]} for m in models}
     load = [os.getloadavg()]
     for round_ in range(args.rounds):

@@ -47,8 +47,8 @@ def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
         "name": "perf", "seed": 1, "model": model, "loss": {"name": "cross_entropy"},
         "metrics": [{"name": "accuracy"}],
         "optimizer": {"name": "adamw", "args": {"weight_decay": 0.05},
-                      "schedule": {"name": "warmup_cosine_decay",
-                                   "args": {"init_value": 0.0, "peak_value": 0.004, "warmup_steps": 3, "decay_steps": 16}},
+                      "schedule": {"name": "warmup_cosine_decay", "args": {"init_value": 0.0, "peak_value": 0.004,
+                                                                           "warmup_steps": 3, "decay_steps": 16}},
                       "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}]},
         "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
         "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path)},
@@ -115,7 +115,8 @@ def test_auto_steps_per_call(steps, batch_bytes, backend, expected):
 
 def test_auto_is_the_default_and_bad_values_are_named():
     base = {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"}, "metrics": [],
-            "optimizer": {"name": "adam", "args": {"lr": 0.1}}, "data_loader": {"train": {"name": "mnist"}}, "trainer": {"monitor": "off"}}
+            "optimizer": {"name": "adam", "args": {"lr": 0.1}}, "data_loader": {"train": {"name": "mnist"}},
+            "trainer": {"monitor": "off"}}
     assert validate(base)["trainer"]["steps_per_call"] == "auto"
     with pytest.raises(ConfigError, match='steps_per_call: expected int or "auto", got "fast"'):
         validate({**base, "trainer": {"monitor": "off", "steps_per_call": "fast"}})

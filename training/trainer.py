@@ -194,8 +194,8 @@ class Trainer:
     def compile_train_step(self, state_spec):
         example = next(self.train_loader.batches(0))
         k = self.steps_per_call
-        stack_spec = {name: jax.ShapeDtypeStruct((k, *a.shape), a.dtype, sharding=NamedSharding(self.mesh, P(None, "data")))
-                      for name, a in example.items()}
+        stacked = NamedSharding(self.mesh, P(None, "data"))
+        stack_spec = {name: jax.ShapeDtypeStruct((k, *a.shape), a.dtype, sharding=stacked) for name, a in example.items()}
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32, sharding=self.replicated)
         start = time.perf_counter()
         compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
