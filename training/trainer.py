@@ -112,15 +112,8 @@ class Trainer:
     def init_state(self, sample_shape: tuple) -> dict:
         """Fresh training state from the config's seed, built by one jitted call (no eager per-layer work)."""
         spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
-
-        def init(seed):
-            init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
-            params, state = self.model.init(init_key, spec)
-            return {"params": params, "state": state, "opt_state": self.optimizer.init(params),
-                    "step": jnp.zeros((), jnp.int32), "rng": rng}
-
         seed = self.config["seed"]
-        traced = jax.jit(init, out_shardings=self.replicated).trace(seed)
+        traced = jax.jit(lambda s: self.fresh_state(s, spec), out_shardings=self.replicated).trace(seed)
         self.input_spec = spec
         self.start_compile(traced.out_info)  # the training step compiles on another thread meanwhile
         self.ts = traced.lower().compile(platform.xla_options("init", jax.default_backend()) or None)(seed)
@@ -128,12 +121,14 @@ class Trainer:
 
     def state_template(self, sample_shape: tuple) -> dict:
         spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
-        return jax.eval_shape(lambda: self._init_abstract(spec))
+        return jax.eval_shape(lambda: self.fresh_state(0, spec))
 
-    def _init_abstract(self, spec):
-        params, state = self.model.init(jax.random.PRNGKey(0), spec)
+    def fresh_state(self, seed, spec) -> dict:
+        """The training state a run starts from: init and dropout keys both derive from `seed`."""
+        init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
+        params, state = self.model.init(init_key, spec)
         return {"params": params, "state": state, "opt_state": self.optimizer.init(params),
-                "step": jnp.zeros((), jnp.int32), "rng": jax.random.PRNGKey(0)}
+                "step": jnp.zeros((), jnp.int32), "rng": rng}
 
     def restore(self, path: Path, sample_shape: tuple) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
