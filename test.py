@@ -1,10 +1,16 @@
-"""Evaluate a checkpoint:  python test.py -r saved/<name>/<run>/model_best.params  (or -r the run folder)
-[-c config.json] [--split test|validation] [--out DIR]. Prints the loss, every configured metric, the confusion
-matrix and per-class precision/recall; writes confusion_matrix.png and per_class.csv next to the checkpoint (or in
-DIR), with the split in the names when it is not the test split."""
+"""Evaluate a checkpoint:  python test.py -r saved/<name>/<run>  (its model_best.params, or checkpoint-latest.params
+when the run monitors nothing) or -r a checkpoint file, [-c config.json] [--split test|validation] [--out DIR].
+
+Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
+training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
+per_class.csv); for a language model (a class per position) perplexity and token accuracy; for regression a
+predicted-vs-true plot (predictions.png). Files go next to the checkpoint (or to DIR), with the split in their names
+when it is not the test split."""
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -14,13 +20,22 @@ from utils import ConfigError, build, fail, load_config
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-r", "--resume", required=True, help="checkpoint file or run folder (uses model_best.params)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-r", "--resume", required=True, help="checkpoint file or run folder")
     parser.add_argument("-c", "--config", help="config file (default: the run folder's config.json)")
     parser.add_argument("--split", default="test", choices=("test", "validation"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    parser.add_argument("--out", help="folder for confusion_matrix.png and per_class.csv (default: the checkpoint's)")
+    parser.add_argument("--out", help="folder for the figures and tables (default: the checkpoint's)")
     return parser.parse_args(argv)
+
+
+def checkpoint_in(path: Path) -> Path:
+    """A checkpoint file itself, or a run folder's best checkpoint (its latest when it monitors nothing)."""
+    if not path.is_dir():
+        return path
+    best = path / "model_best.params"
+    return best if best.is_file() or not (path / "checkpoint-latest.params").is_file() else \
+        path / "checkpoint-latest.params"
 
 
 def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
@@ -35,8 +50,7 @@ def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    path = Path(args.resume)
-    checkpoint_path = path / "model_best.params" if path.is_dir() else path
+    checkpoint_path = checkpoint_in(Path(args.resume))
     config_path = Path(args.config) if args.config else checkpoint_path.parent / "config.json"
     try:
         config = load_config(config_path, args.overrides, source=config_path.name)
@@ -50,63 +64,97 @@ def main(argv=None) -> int:
         metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
         loader = build(config["data_loader"][args.split], "data_loader", f"config.json: data_loader.{args.split}",
                        seed=config["seed"])
+        spec = loader.spec
     except ConfigError as error:
         fail(str(error))
+    except ValueError as error:
+        fail(f"config.json: data_loader.{args.split}: {error}")
 
     import jax
-    import jax.numpy as jnp
 
     from training import checkpoint
-    from training.metrics import confusion_matrix
+    from training.metrics import accuracy, confusion_matrix
     from training.step import empty_stats, make_eval_step
+    from training.tasks import task_of
     from training.trainer import metric_results
 
-    # The confusion matrix is always reported, whatever the config lists.
-    if not any(m.name == "confusion_matrix" for m in metrics):
+    preprocessing = loader.preprocessing
+    task = task_of(config["loss"]["name"], spec, preprocessing)
+    names = {m.name for m in metrics}
+    if task == "classification" and "confusion_matrix" not in names:
         metrics = [*metrics, confusion_matrix()]
-    spec = jax.ShapeDtypeStruct((loader.batch_size, *loader.dataset.sample_shape), jnp.float32)
-    template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec))))
+    if task == "sequence" and "accuracy" not in names:
+        metrics = [*metrics, accuracy()]
+    template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec["input"]))))
     try:
         tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
     except checkpoint.CheckpointError as error:
         fail(str(error))
+    params, state = tree["params"], tree["state"]
 
     eval_step = jax.jit(make_eval_step(model, loss_fn, metrics), donate_argnums=(2,))
-    batch_spec = {"input": spec, "target": jax.ShapeDtypeStruct((loader.batch_size,), jnp.int32),
-                  "mask": jax.ShapeDtypeStruct((loader.batch_size,), jnp.float32)}
-    acc = empty_stats(model, loss_fn, metrics, tree["params"], tree["state"], batch_spec)
+    totals = empty_stats(model, loss_fn, metrics, params, state, spec)
     for batch in loader.batches():
-        acc = eval_step(tree["params"], tree["state"], acc, batch)
-    results = metric_results(metrics, acc)
+        totals = eval_step(params, state, totals, batch)
+    results = metric_results(metrics, totals)
 
     print(f"{checkpoint_path} (epoch {header.get('epoch')}, step {header.get('step')}), "
-          f"{args.split} split, {loader.num_examples} examples")
+          f"{args.split} split, {loader.num_examples} examples, task: {task}")
     for name, value in results.items():
         if isinstance(value, float):
             print(f"  {name:<20} {value:.4f}")
-    matrix = np.asarray(results["confusion_matrix"], dtype=np.int64)
-    print("confusion matrix (rows: true class, columns: predicted):")
-    width = max(len(str(matrix.max())), 3)
-    print("      " + " ".join(f"{c:>{width}}" for c in range(len(matrix))))
-    for i, row in enumerate(matrix):
-        print(f"  {i:>3} " + " ".join(f"{v:>{width}}" for v in row))
-
-    table = per_class(matrix)
-    lines = ["class,precision,recall,f1,support"]
-    print("per class:\n  class  precision  recall      f1  support")
-    for c in range(len(matrix)):
-        p, r, f, n = (table[k][c] for k in ("precision", "recall", "f1", "support"))
-        print(f"  {c:>5}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
-        lines.append(f"{c},{p:.6f},{r:.6f},{f:.6f},{n}")
     out = Path(args.out) if args.out else checkpoint_path.parent
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.split == "test" else f"_{args.split}"
-    (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n")
+    if task == "classification":
+        report_classes(np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"), out,
+                       suffix)
+    elif task == "sequence" and config["loss"]["name"] == "cross_entropy":
+        print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
+        print(f"  {'token accuracy':<20} {results['accuracy']:.4f}")
+    elif task == "regression":
+        report_predictions(model, params, state, loader, preprocessing, out, suffix)
+    return 0
+
+
+def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
+    """The confusion matrix and the per-class table, printed and written."""
     from training.plots import save_confusion_matrix
 
-    image = save_confusion_matrix(matrix, out / f"confusion_matrix{suffix}.png")
+    names = [str(c) for c in classes] if classes else [str(c) for c in range(len(matrix))]
+    width = max(len(str(matrix.max())), 3)
+    print("confusion matrix (rows: true class, columns: predicted):")
+    print("      " + " ".join(f"{c[:width]:>{width}}" for c in names))
+    for name, row in zip(names, matrix):
+        print(f"  {name[:3]:>3} " + " ".join(f"{v:>{width}}" for v in row))
+    table = per_class(matrix)
+    lines = ["class,precision,recall,f1,support"]
+    print("per class:\n  class  precision  recall      f1  support")
+    for c, name in enumerate(names):
+        p, r, f, n = (table[k][c] for k in ("precision", "recall", "f1", "support"))
+        print(f"  {name:>5}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
+        lines.append(f"{json.dumps(name) if ',' in name else name},{p:.6f},{r:.6f},{f:.6f},{n}")
+    (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n")
+    image = save_confusion_matrix(matrix, out / f"confusion_matrix{suffix}.png", names)
     print(f"wrote {image} and {out / f'per_class{suffix}.csv'}")
-    return 0
+
+
+def report_predictions(model, params, state, loader, preprocessing: dict, out: Path, suffix: str) -> None:
+    """Predicted against true values of every real example: predictions.png."""
+    import jax
+
+    from training.plots import save_predictions
+    from training.step import target_of
+
+    forward = jax.jit(lambda x: model(params, state, x, train=False)[0])
+    predicted, true = [], []
+    for batch in loader.batches():
+        real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
+        predicted.append(np.asarray(forward(batch["input"]))[real])
+        true.append(np.asarray(target_of(batch))[real])
+    image = save_predictions(np.concatenate(predicted), np.concatenate(true), out / f"predictions{suffix}.png",
+                             preprocessing.get("targets"))
+    print(f"wrote {image}")
 
 
 if __name__ == "__main__":

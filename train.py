@@ -15,7 +15,8 @@ from datetime import datetime
 from pathlib import Path
 
 from training.trackers import new_run_id, start_trackers, wandb_on
-from utils import ConfigError, build, build_optimizer, fail, learning_rate_fn, load_config, read_json, setup_logging
+from utils import (ConfigError, build, build_optimizer, config_hash, fail, load_config, monitor_of, read_json,
+                   setup_logging)
 
 log = logging.getLogger("train")
 
@@ -25,6 +26,8 @@ def parse_args(argv=None):
     parser.add_argument("-c", "--config", help="config file (default: the resumed run's config.json)")
     parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/checkpoint-latest.params)")
     parser.add_argument("--weights", help="initialise params/state from this checkpoint, then train afresh (fine-tuning)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="KEY.PATH",
+                        help="with --weights: keep these key-path prefixes fresh, e.g. --exclude params.head")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="override a config value (JSON), e.g. --set optimizer.args.lr=0.01")
     parser.add_argument("--lr", type=float, help="alias of --set optimizer.args.lr=LR")
@@ -70,7 +73,8 @@ def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
     config["wandb"]["id"] = saved.get("id") or new_run_id()
 
 
-def make_run_dir(config: dict) -> Path:
+def new_run_dir(config: dict) -> Path:
+    """The folder for a new run (created once the run's state is ready)."""
     trainer = config["trainer"]
     run_id = trainer["run_id"] or datetime.now().strftime("%Y%m%d_%H%M%S")
     if not trainer["run_id"] and wandb_on(config):  # the folder and the wandb run are found from each other
@@ -80,64 +84,71 @@ def make_run_dir(config: dict) -> Path:
     while run_dir.exists():  # two runs started in the same second never share a folder
         run_dir = run_dir.with_name(f"{run_id}_{suffix}")
         suffix += 1
-    run_dir.mkdir(parents=True)
     return run_dir
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    setup_logging(None)  # the console until the run folder exists
     # 1. Config: read, override, validate. Nothing is loaded or compiled before this passes.
     try:
         config, resume_dir = resolve_config(args)
         model = build(config["model"], "model", "config.json: model")
         loss_fn = build(config["loss"], "loss", "config.json: loss")
         metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
-        optimizer = build_optimizer(config)
-        lr_fn = learning_rate_fn(config)
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
 
-    # 2. Data.
+    # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
     loaders = {}
     try:
         for split, spec in config["data_loader"].items():
             loaders[split] = build(spec, "data_loader", f"config.json: data_loader.{split}", seed=config["seed"])
+            loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
+        optimizer, lr_fn = build_optimizer(config, steps_per_epoch=len(loaders["train"]))
     except ConfigError as error:
         fail(str(error))
+    except ValueError as error:  # a dataset whose batches the loop cannot take
+        fail(f"config.json: data_loader: {error}")
 
-    # 3. Run folder: resolved config, the model code that defines the weights, logs.
-    run_dir = resume_dir or make_run_dir(config)
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if not resume_dir:
-        shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    setup_logging(run_dir)
     import jax
 
     from training.checkpoint import CheckpointError
     from training.trainer import Trainer, TrainingDiverged
 
-    log.info(f"run folder: {run_dir}")
-    log.info(f"devices: {', '.join(str(d) for d in jax.devices())}")
-
-    # 4. State: fresh, resumed, or initialised from another run's weights.
-    trainer = Trainer(config, run_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
-                      loaders.get("validation"))
-    sample_shape = loaders["train"].dataset.sample_shape
+    # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder.
+    run_dir = resume_dir or new_run_dir(config)
+    monitor = monitor_of(config)
     try:
+        trainer = Trainer(config, run_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
+                          loaders.get("validation"), monitor=monitor, config_hash=config_hash(config))
         if args.resume:
-            trainer.restore(Path(args.resume), sample_shape)
+            trainer.restore(Path(args.resume))
         else:
-            trainer.init_state(sample_shape)
+            trainer.init_state()
             if args.weights:
-                trainer.load_weights(Path(args.weights))
-    except CheckpointError as error:
+                trainer.load_weights(Path(args.weights), exclude=tuple(args.exclude))
+    except (CheckpointError, ValueError) as error:
         fail(str(error))
+
+    # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    preprocessing = loaders["train"].preprocessing
+    if preprocessing:
+        (run_dir / "preprocessing.json").write_text(json.dumps(preprocessing, indent=2) + "\n")
+    if not resume_dir:
+        shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    setup_logging(run_dir)
     from model.summary import summary
 
+    log.info(f"run folder: {run_dir}")
+    log.info(f"devices: {', '.join(str(d) for d in jax.devices())}")
+    log.info(f"batch: {describe_batch(trainer.batch_spec)}")
     log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.input_spec))
-    trainer.trackers = trackers = start_trackers(config, run_dir)
+    trainer.trackers = trackers = start_trackers(config, run_dir, monitor.name if monitor else None)
 
     # 5. Train.
     status = 1
@@ -153,6 +164,16 @@ def main(argv=None) -> int:
     finally:
         finish(run_dir, trackers, status)
     return status
+
+
+def describe_batch(spec: dict) -> str:
+    """The batch's tree of shapes and dtypes in one line: input int32[12,64], target int32[12,64], ..."""
+    import jax
+
+    from model.modules.module import key_path_str
+
+    leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
+    return ", ".join(f"{key_path_str(path)} {leaf.dtype}{list(leaf.shape)}" for path, leaf in leaves)
 
 
 def finish(run_dir: Path, trackers: list, status: int) -> None:

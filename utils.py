@@ -20,16 +20,19 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-# Where each kind of component lives. Adding a component = writing a function in that module.
+# Where each kind of component lives, and the list of the names a config may use (the module's __all__ unless
+# named). Adding a component = writing a function in that module and listing it.
 COMPONENT_MODULES = {
     "model": "model.model",
     "loss": "training.losses",
     "metrics": "training.metrics",
-    "optimizer": "training.optimizers",
+    "optimizer": ("training.optimizers", "OPTIMIZERS"),
     "schedule": "training.schedules",
-    "transforms": "training.optimizers",
+    "transforms": ("training.optimizers", "TRANSFORMS"),
     "data_loader": "data_loader.data_loaders",
 }
+# Keys besides "name" and "args" that a kind of component may have.
+EXTRA_KEYS = {"optimizer": ("schedule", "transforms")}
 
 TRAINER_DEFAULTS = {
     "epochs": 10,
@@ -49,6 +52,8 @@ TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_load
 LOADER_SPLITS = ("train", "validation", "test")
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
 DATA_ARGUMENTS = {"loss": 2}
+# Keyword arguments the training step fills in itself (a per-element mask), never the config.
+STEP_ARGUMENTS = {"loss": ("mask",)}
 
 
 class ConfigError(Exception):
@@ -118,8 +123,10 @@ def config_hash(config: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------------ resolution
 def available(kind: str) -> dict[str, Callable]:
-    module = importlib.import_module(COMPONENT_MODULES[kind])
-    names = getattr(module, "__all__", None)
+    module_name, list_name = COMPONENT_MODULES[kind] if isinstance(COMPONENT_MODULES[kind], tuple) else (
+        COMPONENT_MODULES[kind], "__all__")
+    module = importlib.import_module(module_name)
+    names = getattr(module, list_name, None)
     if names is None:
         names = [n for n, obj in vars(module).items()
                  if not n.startswith("_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__]
@@ -136,11 +143,15 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
         spec = {"name": spec}
     if not isinstance(spec, dict) or "name" not in spec:
         raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {json.dumps(spec)}")
-    extra = set(spec) - {"name", "args", "schedule", "transforms"}
+    allowed = ("name", "args", *EXTRA_KEYS.get(kind, ()))
+    extra = set(spec) - set(allowed)
     if extra:
-        raise ConfigError(f"{where}: unexpected key {sorted(extra)[0]!r}; a component has \"name\" and \"args\"")
+        raise ConfigError(f"{where}: unexpected key {sorted(extra)[0]!r}; a {kind} component has "
+                          + ", ".join(f'"{k}"' for k in allowed))
     options = available(kind)
     name = spec["name"]
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}.name: expected a string, got {json.dumps(name)}")
     if name not in options:
         raise ConfigError(f"{where}.name: unknown {kind} {name!r}; available: {', '.join(sorted(options))}."
                           f"{closest(name, options)}")
@@ -152,6 +163,7 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
     for data_arg in list(params)[:DATA_ARGUMENTS.get(kind, 0)]:
         supplied = (*supplied, data_arg)
         params.pop(data_arg)
+    supplied = (*supplied, *(a for a in STEP_ARGUMENTS.get(kind, ()) if a in params))
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     for key, value in args.items():
         if key in supplied:
@@ -232,12 +244,15 @@ def validate(config: dict, source: str = "config.json") -> dict:
                                         supplied=("lr",) if "schedule" in optimizer else ())
     for key, value in optimizer_args.items():
         if isinstance(value, dict):
-            check_component(value, "schedule", f"{source}: optimizer.args.{key}")
+            check_schedule(value, f"{source}: optimizer.args.{key}")
     if "schedule" in optimizer:
-        check_component(optimizer["schedule"], "schedule", f"{source}: optimizer.schedule")
+        check_schedule(optimizer["schedule"], f"{source}: optimizer.schedule")
     elif "lr" in optimizer_args and not isinstance(optimizer_args["lr"], dict):
         check_number(optimizer_args, "lr", f"{source}: optimizer.args", float, 0.0)
-    for i, spec in enumerate(optimizer.get("transforms", [])):
+    transforms = optimizer.get("transforms", [])
+    if not isinstance(transforms, list):
+        raise ConfigError(f"{source}: optimizer.transforms: expected a list of components")
+    for i, spec in enumerate(transforms):
         check_component(spec, "transforms", f"{source}: optimizer.transforms.{i}")
 
     loaders = config["data_loader"]
@@ -288,6 +303,35 @@ def validate(config: dict, source: str = "config.json") -> dict:
         raise ConfigError(f"{source}: wandb.mode: expected online, offline or disabled, got {json.dumps(wandb['mode'])}")
     check_tracker_settings(config, source)
     return config
+
+
+def check_schedule(spec: Any, where: str) -> None:
+    """A schedule component; its step counts may be given in epochs ({"epochs": 2.5}) or as "all" (the run)."""
+    from training.schedules import STEP_ARGUMENTS
+
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {json.dumps(spec)}")
+    args = spec.get("args") or {}
+    plain = {k: v for k, v in args.items() if not (k in STEP_ARGUMENTS and (v == "all" or isinstance(v, dict)))}
+    check_component({**spec, "args": plain}, "schedule", where, supplied=tuple(k for k in args if k not in plain))
+    for key in STEP_ARGUMENTS:
+        value = args.get(key)
+        if isinstance(value, dict):
+            if set(value) != {"epochs"}:
+                raise ConfigError(f"{where}.args.{key}: expected a number of steps, {{\"epochs\": N}} or \"all\", "
+                                  f"got {json.dumps(value)}")
+            check_number(value, "epochs", f"{where}.args.{key}", float, 0.0)
+        elif value is not None and value != "all":
+            check_number(args, key, f"{where}.args", int, 0)
+
+
+def steps_of(value: Any, steps_per_epoch: int, epochs: int) -> Any:
+    """A schedule's step count from the config: steps, {"epochs": N} or "all" (every step of the run)."""
+    if value == "all":
+        return steps_per_epoch * epochs
+    if isinstance(value, dict):
+        return max(1, round(value["epochs"] * steps_per_epoch))
+    return value
 
 
 def check_tracker_settings(config: dict, source: str) -> None:
@@ -349,32 +393,43 @@ def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
         raise ConfigError(f"{where}: {error}") from None
 
 
-def build_optimizer(config: dict, source: str = "config.json"):
-    """The optimizer with its schedule (as `lr`) and gradient transforms chained in front."""
-    from training import optimizers
+def build_optimizer(config: dict, steps_per_epoch: int = 1, source: str = "config.json"):
+    """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
+    transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run."""
+    from training import optimizers, schedules
+
+    def schedule(spec, where):
+        args = {k: steps_of(v, steps_per_epoch, config["trainer"]["epochs"]) if k in schedules.STEP_ARGUMENTS else v
+                for k, v in (spec.get("args") or {}).items()}
+        return build({**spec, "args": args}, "schedule", where)
 
     spec = config["optimizer"]
     supplied = {}
     if "schedule" in spec:
-        supplied["lr"] = build(spec["schedule"], "schedule", f"{source}: optimizer.schedule")
+        supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
     transforms = [build(t, "transforms", f"{source}: optimizer.transforms.{i}")
                   for i, t in enumerate(spec.get("transforms", []))]
     for key, value in (spec.get("args") or {}).items():
         if isinstance(value, dict):  # any schedulable hyperparameter may itself be a schedule component
-            supplied[key] = build(value, "schedule", f"{source}: optimizer.args.{key}")
-    spec = {**spec, "args": {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}}
-    optimizer = build(spec, "optimizer", f"{source}: optimizer", **supplied)
-    return optimizers.chain(*transforms, optimizer) if transforms else optimizer
+            supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")
+    args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
+    optimizer = build({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
+    lr = supplied.get("lr", args.get("lr", _default(available("optimizer")[spec["name"]], "lr", 0.0)))
+    lr_fn = lr if callable(lr) else (lambda step: lr)
+    return (optimizers.chain(*transforms, optimizer) if transforms else optimizer), lr_fn
 
 
-def learning_rate_fn(config: dict) -> Callable[[Any], Any]:
-    """step -> learning rate, for logging."""
-    spec = config["optimizer"]
-    if "schedule" in spec:
-        return build(spec["schedule"], "schedule")
-    fn, args = check_component(spec, "optimizer", "config.json: optimizer")
-    lr = args.get("lr", inspect.signature(fn).parameters["lr"].default if "lr" in inspect.signature(fn).parameters else 0.0)
-    return lambda step: lr
+def _default(fn: Callable, name: str, otherwise: Any) -> Any:
+    parameter = inspect.signature(fn).parameters.get(name)
+    return otherwise if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def monitor_of(config: dict):
+    """``trainer.monitor`` parsed once (validated by ``validate``): a ``Monitor``, or None when "off"."""
+    from training.trainer import Monitor
+
+    text = config["trainer"]["monitor"]
+    return None if text == "off" else Monitor(*text.split(" ", 1))
 
 
 def load_config(path: str | Path, overrides: list[str] = (), source: str | None = None) -> dict:

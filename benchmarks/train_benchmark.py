@@ -101,7 +101,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     from model.modules import conv, pooling
     from training import platform
     from training.trainer import Trainer, metric_results
-    from utils import build, build_optimizer, learning_rate_fn
+    from utils import build, build_optimizer, monitor_of
 
     ablations = set(variant.split("+"))
     if "no-xla-opts" in ablations:
@@ -123,11 +123,10 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         spec["args"]["prefetch"] = 0
     loader = build(spec, "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
-    sample_shape = loader.dataset.dataset.sample_shape
     trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], build_optimizer(config),
-                      learning_rate_fn(config), loader)
-    trainer.init_state(sample_shape)
+                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
+                      loader, monitor=monitor_of(config))
+    trainer.init_state()
     trainer.compile()
     trainer.first_call_logged = True
     if ablations & SLOW:  # warm up with one call
@@ -163,7 +162,7 @@ def fused_run(model_name: str, steps: int) -> dict:
     epoch["active"] = np.ones(len(batches), np.float32)
     epoch = jax.device_put(epoch)  # the whole epoch on the device before timing
     model, loss_fn = build(config["model"], "model"), build(config["loss"], "loss")
-    metrics, optimizer = [build(m, "metrics") for m in config["metrics"]], build_optimizer(config)
+    metrics, (optimizer, _) = [build(m, "metrics") for m in config["metrics"]], build_optimizer(config, len(loader))
 
     def init(seed):
         params, state = model.init(jax.random.PRNGKey(seed), jax.ShapeDtypeStruct(batches[0]["input"].shape,

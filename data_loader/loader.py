@@ -1,15 +1,25 @@
 """Batching in-memory datasets: seeded per-epoch shuffling, fixed batch shapes, background prefetch to the device.
 
-A dataset is anything with ``__len__`` and ``get_batch(indices) -> dict of numpy arrays`` (vectorised: one fancy
-index per array, no per-sample Python). Every batch has the same shape so the step compiles once: the last, smaller
-batch is either dropped (``drop_last``) or padded with repeated examples whose ``mask`` is 0, so sums over the epoch
-stay exact.
+A dataset is anything with ``__len__`` and ``get_batch(indices) -> dict`` (vectorised: one fancy index per array, no
+per-sample Python). A batch is a pytree of numpy arrays whose first axis is the batch:
+
+    {"input": array or {name: array, ...},   # any dtype and rank, or several named inputs
+     "target": array,                        # optional: losses given no target compare with the input
+     "mask": array}                          # optional: (B,) per example or per element, e.g. (B, T); 0 = ignore
+
+Every batch has the same shapes and dtypes, so the step compiles once: the last, smaller batch is either dropped
+(``drop_last``) or padded with repeated examples whose mask is 0, so sums over the epoch stay exact. ``spec``
+describes a batch abstractly (``jax.ShapeDtypeStruct`` leaves): the trainer, ``test.py`` and the export take every
+shape and dtype from it, never from literals.
+
+A dataset may also carry ``preprocessing``, a JSON-able dict of what a user of the trained model needs to prepare
+inputs and read outputs (class names, per-channel mean/std, a vocabulary); it travels with the run and the export.
 """
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -17,23 +27,57 @@ import numpy as np
 class Dataset(Protocol):
     def __len__(self) -> int: ...
 
-    def get_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]: ...
+    def get_batch(self, indices: np.ndarray) -> dict[str, Any]: ...
 
 
 class ArrayDataset:
-    """Arrays with a shared first axis, e.g. ``ArrayDataset(image=x, label=y)``."""
+    """Arrays (or dicts of arrays) with a shared first axis, e.g. ``ArrayDataset(input=x, target=y)`` or
+    ``ArrayDataset(input={"image": x, "features": f}, target=y)``."""
 
-    def __init__(self, **arrays: np.ndarray):
-        lengths = {len(a) for a in arrays.values()}
+    def __init__(self, preprocessing: dict | None = None, **arrays):
+        lengths = {len(a) for a in _leaves(arrays)}
         if len(lengths) != 1:
-            raise ValueError(f"arrays have different lengths: { {k: len(a) for k, a in arrays.items()} }")
+            raise ValueError(f"arrays have different lengths: {sorted(lengths)}")
         self.arrays = arrays
+        self.preprocessing = preprocessing or {}
 
     def __len__(self) -> int:
-        return len(next(iter(self.arrays.values())))
+        return len(_leaves(self.arrays)[0])
 
     def get_batch(self, indices):
-        return {name: array[indices] for name, array in self.arrays.items()}
+        return _map(lambda array: array[indices], self.arrays)
+
+
+def _leaves(tree) -> list:
+    return [leaf for value in tree.values() for leaf in _leaves(value)] if isinstance(tree, dict) else [tree]
+
+
+def _map(fn: Callable, *trees):
+    """fn over the leaves of nested dicts (numpy only: the loader never imports JAX)."""
+    if isinstance(trees[0], dict):
+        return {key: _map(fn, *(t[key] for t in trees)) for key in trees[0]}
+    return fn(*trees)
+
+
+def _paths(tree, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(tree, dict):
+        return [item for key, value in tree.items() for item in _paths(value, f"{prefix}{key}.")]
+    return [(prefix[:-1], tree)]
+
+
+def check_batch(batch: Any, batch_size: int) -> None:
+    """A dataset's batch as the loop needs it: a dict with "input", numeric numpy arrays, batch axis first."""
+    if not isinstance(batch, dict) or "input" not in batch:
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise ValueError(f"get_batch must return a dict with an \"input\" entry (and optionally \"target\", "
+                         f"\"mask\"), got {keys}")
+    for path, leaf in _paths(batch):
+        if not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in "biuf":
+            what = f"{type(leaf).__name__} of {leaf.dtype}" if isinstance(leaf, np.ndarray) else type(leaf).__name__
+            raise ValueError(f"batch entry {path!r}: expected a numeric numpy array, got {what}")
+        if leaf.ndim == 0 or len(leaf) != batch_size:
+            raise ValueError(f"batch entry {path!r}: shape {list(leaf.shape)} does not start with the batch size "
+                             f"{batch_size}")
 
 
 class DataLoader:
@@ -50,6 +94,7 @@ class DataLoader:
         self.seed = seed
         self.transform = transform
         self.prefetch = prefetch
+        self._spec = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -67,18 +112,38 @@ class DataLoader:
             return np.arange(n)
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
-    def batches(self, epoch: int = 0) -> Iterator[dict[str, np.ndarray]]:
-        """Host batches of the epoch, each with a float32 `mask` (0 on padding)."""
+    @property
+    def spec(self) -> dict:
+        """The abstract batch: the first batch's tree with ``jax.ShapeDtypeStruct`` leaves (shapes and dtypes)."""
+        if self._spec is None:
+            import jax
+
+            self._spec = _map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), next(self.batches(0)))
+        return self._spec
+
+    @property
+    def preprocessing(self) -> dict:
+        return dict(getattr(self.dataset, "preprocessing", None) or {})
+
+    def batches(self, epoch: int = 0) -> Iterator[dict]:
+        """Host batches of the epoch, each with a float32 `mask`: the dataset's own (per element) times 0 on
+        padding."""
         order = self.order(epoch)
         for b in range(len(self)):
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             real = len(idx)
             if real < self.batch_size:
                 idx = np.concatenate([idx, order[: self.batch_size - real]])
-            batch = self.dataset.get_batch(idx)
-            mask = np.zeros(self.batch_size, np.float32)
-            mask[:real] = 1.0
-            batch["mask"] = mask
+            batch = dict(self.dataset.get_batch(idx))
+            if b == 0:
+                check_batch(batch, self.batch_size)
+            padding = (np.arange(self.batch_size) < real).astype(np.float32)
+            mask = batch.get("mask")
+            if mask is None:
+                batch["mask"] = padding
+            else:
+                mask = np.asarray(mask, np.float32)
+                batch["mask"] = mask * padding.reshape((-1,) + (1,) * (mask.ndim - 1))
             if self.transform is not None:
                 batch = self.transform(batch)
             yield batch
@@ -98,7 +163,7 @@ class DataLoader:
                     return
                 real = len(group)
                 group += [group[-1]] * (steps_per_call - real)
-                stack = {k: np.stack([b[k] for b in group]) for k in group[0]}
+                stack = _map(lambda *leaves: np.stack(leaves), *group)
                 stack["active"] = (np.arange(steps_per_call) < real).astype(np.float32)
                 yield real, put(stack)
 

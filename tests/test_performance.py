@@ -17,7 +17,7 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from training import platform
 from training.trainer import AUTO_STACK_BYTES, Trainer, auto_steps_per_call
-from utils import ConfigError, build, build_optimizer, learning_rate_fn, validate
+from utils import ConfigError, build, build_optimizer, monitor_of, validate
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODELS = {
@@ -60,9 +60,9 @@ def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
     valid = DataLoader(ArrayDataset(input=x[:40], target=y[:40]), 16)
     (tmp_path / run).mkdir()
     trainer = Trainer(config, tmp_path / run, build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], build_optimizer(config),
-                      learning_rate_fn(config), train, valid, trackers=[StepLosses()])
-    trainer.init_state((28, 28, 1))
+                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config),
+                      train, valid, trackers=[StepLosses()], monitor=monitor_of(config))
+    trainer.init_state()
     return trainer
 
 

@@ -23,7 +23,7 @@ def make_rows(epochs: int = 4, validation: bool = True, seed: int = 0) -> list[d
         if validation:
             row.update({"val/loss": float(rng.uniform(0, 2)), "val/accuracy": float(rng.uniform()),
                         "val/top_3_accuracy": float(rng.uniform()), "val/recall": rng.uniform(size=3).tolist()})
-        row.update({"time/epoch_s": 1.0, "time/images_per_s": 300.0, "lr": 0.1 / epoch})
+        row.update({"time/epoch_s": 1.0, "time/examples_per_s": 300.0, "lr": 0.1 / epoch})
         rows.append(row)
     return rows
 

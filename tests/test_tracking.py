@@ -135,7 +135,7 @@ def check_events(events: dict, rows: list[dict], losses: dict[int, float], log_e
     steps = [s for s, _ in scalars_["train/step_loss"]]
     assert steps == [s for s in range(1, rows[-1]["step"] + 1) if s % log_every == 0]
     np.testing.assert_allclose([v for _, v in scalars_["train/step_loss"]], [losses[s] for s in steps], atol=1e-5)
-    for key in ("train/loss", "train/accuracy", "val/loss", "val/accuracy", "val/f1", "time/images_per_s", "lr"):
+    for key in ("train/loss", "train/accuracy", "val/loss", "val/accuracy", "val/f1", "time/examples_per_s", "lr"):
         assert [s for s, _ in scalars_[key]] == [r["step"] for r in rows], key
         np.testing.assert_allclose([v for _, v in scalars_[key]], [r[key] for r in rows], rtol=1e-6, err_msg=key)
     for c in range(10):  # a per-class vector: one scalar per class

@@ -86,17 +86,26 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     return arrays, header
 
 
-def restore(path: str | Path, template: dict, only: tuple[str, ...] | None = None) -> tuple[dict, dict]:
-    """Fills `template` (arrays or ShapeDtypeStructs) from the file; `only` restricts to top-level keys."""
+def restore(path: str | Path, template: dict, only: tuple[str, ...] | None = None,
+            exclude: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """Fills `template` (arrays or ShapeDtypeStructs) from the file; `only` restricts to top-level keys. Key paths
+    under an `exclude` prefix (``params.head``) keep the template's values, which must then be arrays."""
     arrays, header = read(path)
     if only is not None:
         template = {k: template[k] for k in only}
         arrays = {n: a for n, a in arrays.items() if n.split(".", 1)[0] in only}
+    excluded = lambda name: any(name == p or name.startswith(p + ".") for p in exclude)  # noqa: E731
     leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    names = [key_path_str(p) for p, _ in leaves]
-    problems = [f"missing {n}" for n in names if n not in arrays]
-    problems += [f"unexpected {n}" for n in sorted(set(arrays) - set(names))]
-    for name, (_, like) in zip(names, leaves):
+    likes = {key_path_str(p): like for p, like in leaves}
+    unused = [p for p in exclude if not any(n == p or n.startswith(p + ".") for n in likes)]
+    if unused:
+        layers = sorted({".".join(n.split(".")[:2]) for n in likes})
+        raise CheckpointError(f"exclude {unused[0]!r}: no such key path in the model; its layers: {', '.join(layers)}")
+    fresh = {n for n in likes if excluded(n)}
+    arrays = {n: a for n, a in arrays.items() if not excluded(n)}
+    problems = [f"missing {n}" for n in likes if n not in arrays and n not in fresh]
+    problems += [f"unexpected {n}" for n in sorted(set(arrays) - set(likes))]
+    for name, like in likes.items():
         if name in arrays:
             got = arrays[name]
             if tuple(got.shape) != tuple(like.shape) or got.dtype != np.dtype(like.dtype):
@@ -105,4 +114,5 @@ def restore(path: str | Path, template: dict, only: tuple[str, ...] | None = Non
     if problems:
         shown = "; ".join(problems[:8]) + (f"; ... {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckpointError(f"{path}: does not match the model/optimizer of this config: {shown}")
-    return jax.tree_util.tree_unflatten(treedef, [arrays[n] for n in names]), header
+    values = [likes[n] if n in fresh else arrays[n] for n in likes]
+    return jax.tree_util.tree_unflatten(treedef, values), header

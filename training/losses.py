@@ -1,7 +1,9 @@
 """Loss functions: ``loss(outputs, targets, **hyperparameters) -> per-example loss of shape (batch,)``.
 
 Each loss reduces over every non-batch axis itself; the training step weights and averages the per-example values
-(``weighted_mean``), so a padded last batch only needs zero weights on its padding. Elementwise losses (mse, l1,
+(``weighted_mean``), so a padded last batch only needs zero weights on its padding. A per-element ``mask`` (e.g.
+(B, T) for padded sequences, given by the training step when the batch has one) makes each example's value the mean
+over its unmasked positions. Elementwise losses (mse, l1,
 huber, binary cross-entropy) take the mean over all non-batch axes. Distribution losses (cross-entropy, KL) sum over
 the class axis, the last one, and take the mean over any axes in between, e.g. the positions of a sequence.
 
@@ -17,9 +19,16 @@ import jax.numpy as jnp
 __all__ = ["cross_entropy", "binary_cross_entropy", "mse", "l1", "huber", "kl_divergence", "kl_divergence_with_logits"]
 
 
-def _mean_over_examples(x: jax.Array) -> jax.Array:
-    """Mean over every axis but the first: (B, ...) -> (B,)."""
-    return x.reshape(x.shape[0], -1).mean(axis=1)
+def _mean_over_examples(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Mean over every axis but the first: (B, ...) -> (B,); with a mask of x's leading shape (B, ...), the mean
+    over the unmasked positions (0 for an example with none)."""
+    if mask is None:
+        return x.reshape(x.shape[0], -1).mean(axis=1)
+    if mask.shape != x.shape[:mask.ndim]:
+        raise ValueError(f"mask of shape {mask.shape} does not match the leading axes of the loss's {x.shape}")
+    w = jnp.broadcast_to(mask.astype(x.dtype).reshape(mask.shape + (1,) * (x.ndim - mask.ndim)), x.shape)
+    total = jnp.where(w != 0, w * x, 0).reshape(x.shape[0], -1).sum(axis=1)
+    return total / jnp.maximum(w.reshape(x.shape[0], -1).sum(axis=1), jnp.finfo(x.dtype).tiny)
 
 
 def _check_same_shape(outputs: jax.Array, targets: jax.Array) -> None:
@@ -41,7 +50,8 @@ def weighted_mean(per_example: jax.Array, weights: jax.Array | None = None) -> j
     return total / jnp.maximum(weights.sum(), jnp.finfo(per_example.dtype).tiny)
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0) -> jax.Array:
+def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0,
+                  mask: jax.Array | None = None) -> jax.Array:
     """Softmax cross-entropy over the last axis of ``logits`` (B, ..., C).
 
     ``labels`` are either integer class ids of shape (B, ...) or class probabilities / one-hot vectors of the same
@@ -62,38 +72,38 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: floa
     else:
         raise ValueError(f"labels of shape {labels.shape} fit neither class ids nor probabilities for logits "
                          f"of shape {logits.shape}")
-    return _mean_over_examples(loss)
+    return _mean_over_examples(loss, mask)
 
 
-def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+def binary_cross_entropy(logits: jax.Array, labels: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Sigmoid cross-entropy of ``logits`` against labels in [0, 1] of the same shape (multi-label allowed)."""
     _check_same_shape(logits, labels)
     labels = labels.astype(logits.dtype)
     # softplus(x) - x * y equals -y log sigmoid(x) - (1 - y) log sigmoid(-x) without overflow at large |x|.
-    return _mean_over_examples(jax.nn.softplus(logits) - logits * labels)
+    return _mean_over_examples(jax.nn.softplus(logits) - logits * labels, mask)
 
 
-def mse(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+def mse(outputs: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Mean squared error over the non-batch axes."""
     _check_same_shape(outputs, targets)
-    return _mean_over_examples(jnp.square(outputs - targets))
+    return _mean_over_examples(jnp.square(outputs - targets), mask)
 
 
-def l1(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+def l1(outputs: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Mean absolute error over the non-batch axes."""
     _check_same_shape(outputs, targets)
-    return _mean_over_examples(jnp.abs(outputs - targets))
+    return _mean_over_examples(jnp.abs(outputs - targets), mask)
 
 
-def huber(outputs: jax.Array, targets: jax.Array, *, delta: float = 1.0) -> jax.Array:
+def huber(outputs: jax.Array, targets: jax.Array, *, delta: float = 1.0, mask: jax.Array | None = None) -> jax.Array:
     """Huber loss: ``0.5 e^2`` for ``|e| <= delta``, ``delta * (|e| - 0.5 delta)`` beyond; mean over non-batch axes."""
     _check_same_shape(outputs, targets)
     error = jnp.abs(outputs - targets)
     quadratic = jnp.minimum(error, delta)
-    return _mean_over_examples(0.5 * jnp.square(quadratic) + delta * (error - quadratic))
+    return _mean_over_examples(0.5 * jnp.square(quadratic) + delta * (error - quadratic), mask)
 
 
-def kl_divergence(log_predictions: jax.Array, targets: jax.Array) -> jax.Array:
+def kl_divergence(log_predictions: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """``KL(targets || predictions)`` over the last axis.
 
     ``log_predictions`` are the model's log-probabilities (e.g. a log_softmax output); ``targets`` are
@@ -105,9 +115,9 @@ def kl_divergence(log_predictions: jax.Array, targets: jax.Array) -> jax.Array:
     # Double where keeps log(0) out of both the value and the gradient.
     log_targets = jnp.where(positive, jnp.log(jnp.where(positive, targets, 1.0)), 0.0)
     loss = (targets * (log_targets - log_predictions)).sum(axis=-1)
-    return _mean_over_examples(loss)
+    return _mean_over_examples(loss, mask)
 
 
-def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
+def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """``kl_divergence(log_softmax(logits), targets)``: KL from target probabilities to the model's softmax."""
-    return kl_divergence(jax.nn.log_softmax(logits, axis=-1), targets)
+    return kl_divergence(jax.nn.log_softmax(logits, axis=-1), targets, mask=mask)

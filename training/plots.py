@@ -118,3 +118,29 @@ def save_confusion_matrix(matrix, path: str | Path, class_names: Sequence[str] |
     path = Path(path)
     confusion_figure(matrix, class_names).savefig(path)
     return path
+
+
+def predictions_figure(predicted, true, names: Sequence[str] | None = None):
+    """Predicted against true values, one panel per output column (at most six), with the identity line."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    predicted = np.asarray(predicted, np.float64).reshape(len(predicted), -1)
+    true = np.asarray(true, np.float64).reshape(len(true), -1)
+    columns = min(predicted.shape[1], 6)
+    fig = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[0]), dpi=DPI, layout="constrained")
+    for i, ax in enumerate(np.atleast_1d(fig.subplots(1, columns))):
+        lo, hi = min(true[:, i].min(), predicted[:, i].min()), max(true[:, i].max(), predicted[:, i].max())
+        ax.plot([lo, hi], [lo, hi], color="0.6", lw=1)
+        ax.scatter(true[:, i], predicted[:, i], s=4, alpha=0.5)
+        rmse = float(np.sqrt(np.mean((predicted[:, i] - true[:, i]) ** 2)))
+        ax.set_title(f"{names[i] if names else f'output {i}'}: rmse {rmse:.4g}")
+        ax.set_xlabel("true")
+        ax.set_ylabel("predicted")
+    return fig
+
+
+def save_predictions(predicted, true, path: str | Path, names: Sequence[str] | None = None) -> Path:
+    path = Path(path)
+    predictions_figure(predicted, true, names).savefig(path)
+    return path

@@ -1,8 +1,9 @@
 """The update step and the evaluation step: pure functions of explicit state, jitted once by the trainer.
 
-A training state is a dict ``{"params", "state", "opt_state", "step", "rng"}``. Batches are dicts with ``input``,
-``target`` and ``mask`` (0 on padding). Each step also returns the batch's metric statistics (sums and counts), so
-epoch metrics are exact whatever the batch sizes.
+A training state is a dict ``{"params", "state", "opt_state", "step", "rng"}``. A batch is a dict with ``input`` (an
+array or a dict of arrays), ``target`` (optional: without one, losses and metrics compare the outputs with the
+input, as an autoencoder does) and ``mask`` (0 on padding; (B,) per example or per element, e.g. (B, T)). Each step
+also returns the batch's metric statistics (sums and counts), so epoch metrics are exact whatever the batch sizes.
 
 ``make_train_chunk`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
 fixed cost each jitted call pays on CPU. Stack entries with ``active`` = 0 (completing an epoch's last stack) leave
@@ -19,10 +20,24 @@ from training.losses import weighted_mean
 from training.optimizers import apply_updates, global_norm
 
 
-def batch_stats(metrics: Sequence, outputs, batch, per_example_loss) -> dict:
+def target_of(batch: dict):
+    return batch["target"] if "target" in batch else batch["input"]
+
+
+def example_losses(loss_fn: Callable, outputs, batch: dict):
+    """(per-example losses, their weights). A per-element mask goes to the loss, which averages each example over
+    its unmasked elements; the example then weighs as many elements as it kept, so the weighted mean is the mean
+    over every unmasked element (every real token of a padded batch of sequences, say)."""
     mask = batch["mask"]
-    return {"loss_sum": jnp.sum(per_example_loss * mask), "count": jnp.sum(mask),
-            "metrics": {m.name: m.stats(outputs, batch["target"], mask) for m in metrics}}
+    if mask.ndim == 1:
+        return loss_fn(outputs, target_of(batch)), mask
+    return loss_fn(outputs, target_of(batch), mask=mask), mask.reshape(mask.shape[0], -1).sum(axis=1)
+
+
+def batch_stats(metrics: Sequence, outputs, batch, per_example_loss, weights) -> dict:
+    # where, not a bare product: a padded example may hold anything, and must add exactly 0
+    return {"loss_sum": jnp.sum(jnp.where(weights > 0, per_example_loss * weights, 0.0)), "count": jnp.sum(weights),
+            "metrics": {m.name: m.stats(outputs, target_of(batch), batch["mask"]) for m in metrics}}
 
 
 def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence) -> Callable:
@@ -33,14 +48,16 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence) -> C
 
         def objective(params):
             outputs, new_state = model(params, ts["state"], batch["input"], train=True, key=key)
-            per_example = loss_fn(outputs, batch["target"])
-            return weighted_mean(per_example, batch["mask"]), (outputs, new_state, per_example)
+            per_example, weights = example_losses(loss_fn, outputs, batch)
+            return weighted_mean(per_example, weights), (outputs, new_state, per_example, weights)
 
-        (loss, (outputs, new_state, per_example)), grads = jax.value_and_grad(objective, has_aux=True)(ts["params"])
+        (loss, (outputs, new_state, per_example, weights)), grads = jax.value_and_grad(objective, has_aux=True)(
+            ts["params"])
         updates, opt_state = optimizer.update(grads, ts["opt_state"], ts["params"])
         new_ts = {"params": apply_updates(ts["params"], updates), "state": new_state, "opt_state": opt_state,
                   "step": ts["step"] + 1, "rng": ts["rng"]}
-        return new_ts, batch_stats(metrics, outputs, batch, per_example), {"loss": loss, "grad_norm": global_norm(grads)}
+        stats = batch_stats(metrics, outputs, batch, per_example, weights)
+        return new_ts, stats, {"loss": loss, "grad_norm": global_norm(grads)}
 
     return train_step
 
@@ -50,17 +67,17 @@ def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence) -> 
     train_step = make_train_step(model, loss_fn, optimizer, metrics)
 
     def body(carry, batch):
-        ts, acc = carry
-        new_ts, stats, logs = train_step(ts, batch)
+        ts, totals = carry
         active = batch["active"] > 0
+        new_ts, stats, logs = train_step(ts, batch)
         keep = lambda new, old: jnp.where(active, new, old)
         new_ts = jax.tree.map(keep, new_ts, ts)
-        acc = jax.tree.map(lambda a, s: a + jnp.where(active, s, jnp.zeros_like(s)), acc, stats)
-        return (new_ts, acc), logs
+        totals = jax.tree.map(lambda a, s: a + jnp.where(active, s, jnp.zeros_like(s)), totals, stats)
+        return (new_ts, totals), logs
 
-    def train_chunk(ts, acc, stack):
-        (ts, acc), logs = jax.lax.scan(body, (ts, acc), stack)
-        return ts, acc, logs
+    def train_chunk(ts, totals, stack):
+        (ts, totals), logs = jax.lax.scan(body, (ts, totals), stack)
+        return ts, totals, logs
 
     return train_chunk
 
@@ -68,20 +85,20 @@ def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence) -> 
 def make_eval_step(model, loss_fn: Callable, metrics: Sequence) -> Callable:
     """(params, model state, epoch_stats, batch) -> epoch_stats with the batch added."""
 
-    def eval_step(params, state, acc, batch):
+    def eval_step(params, state, totals, batch):
         outputs, _ = model(params, state, batch["input"], train=False)
-        stats = batch_stats(metrics, outputs, batch, loss_fn(outputs, batch["target"]))
-        return jax.tree.map(jnp.add, acc, stats)
+        stats = batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
+        return jax.tree.map(jnp.add, totals, stats)
 
     return eval_step
 
 
-def empty_stats(model, loss_fn, metrics, params, state, batch_spec) -> dict:
+def empty_stats(model, loss_fn, metrics, params, state, batch_spec: dict) -> dict:
     """Zeros shaped like one batch's statistics (computed abstractly, no compile)."""
 
     def stats(params, state, batch):
         outputs, _ = model(params, state, batch["input"], train=False)
-        return batch_stats(metrics, outputs, batch, loss_fn(outputs, batch["target"]))
+        return batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
 
     shapes = jax.eval_shape(stats, params, state, batch_spec)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

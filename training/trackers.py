@@ -87,7 +87,7 @@ class WandbTracker:
             self.run = None
 
 
-def start_wandb(config: dict, run_dir: Path) -> WandbTracker | None:
+def start_wandb(config: dict, run_dir: Path, monitored: str | None = None) -> WandbTracker | None:
     """`wandb.init` with the flattened config; the run id is `wandb.id` (train.py fills it in), resumed if it exists.
     Files go to `WANDB_DIR` if set, else into the run folder."""
     settings = config["wandb"]
@@ -103,7 +103,7 @@ def start_wandb(config: dict, run_dir: Path) -> WandbTracker | None:
         log.warning(f"wandb: could not start ({type(error).__name__}: {error}); training goes on without wandb")
         return None
     log.info(f"wandb: run {run.id} ({mode}), files in {Path(run.dir).parent}")
-    return WandbTracker(run, config["trainer"]["monitor"].partition(" ")[2])
+    return WandbTracker(run, monitored)
 
 
 class TensorBoardTracker:
@@ -150,11 +150,12 @@ def start_tensorboard(config: dict, run_dir: Path) -> TensorBoardTracker | None:
     return TensorBoardTracker(writer, hparams)
 
 
-def start_trackers(config: dict, run_dir: Path) -> list:
-    """The trackers the config turns on, in a fixed order; those that fail to start are left out with a warning."""
+def start_trackers(config: dict, run_dir: Path, monitored: str | None = None) -> list:
+    """The trackers the config turns on, in a fixed order; those that fail to start are left out with a warning.
+    ``monitored``: the name of the monitored value (``val/accuracy``), whose best goes to wandb's summary."""
     trackers = []
     if wandb_on(config):
-        trackers.append(start_wandb(config, run_dir))
+        trackers.append(start_wandb(config, run_dir, monitored))
     if config.get("tensorboard", {}).get("enabled"):
         trackers.append(start_tensorboard(config, run_dir))
     return [t for t in trackers if t is not None]

@@ -1,8 +1,9 @@
 """The training loop: epochs of jitted K-step calls, exact epoch metrics, checkpoints, early stopping, resume.
 
 Everything the loop needs arrives built (`train.py` builds it from the config); the loop owns the run folder's
-`metrics.jsonl` and checkpoints. Data is sharded along a `data` mesh axis over all local devices, parameters are
-replicated, so the same code runs on one CPU or several accelerators.
+`metrics.jsonl` and checkpoints. Every shape and dtype of a batch comes from the training loader's ``spec`` (one real
+batch, abstracted). Data is sharded along a `data` mesh axis over all local devices, parameters are replicated, so
+the same code runs on one CPU or several accelerators.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,15 @@ class TrainingDiverged(Exception):
     pass
 
 
+class Monitor(NamedTuple):
+    """``trainer.monitor`` parsed: "max val/accuracy" -> Monitor("max", "val/accuracy")."""
+    mode: str
+    name: str
+
+    def better(self, value, than) -> bool:
+        return value > than if self.mode == "max" else value < than
+
+
 def metric_results(metrics: Sequence, stats: dict) -> dict[str, float | list]:
     """Loss and metric values from summed statistics (host numbers; vectors become lists)."""
     stats = jax.device_get(stats)
@@ -41,6 +51,11 @@ def metric_results(metrics: Sequence, stats: dict) -> dict[str, float | list]:
         value = np.asarray(m.result(stats["metrics"][m.name]))
         results[m.name] = float(value) if value.ndim == 0 else value.tolist()
     return results
+
+
+def nbytes(spec) -> int:
+    """Bytes of a batch from its spec (any pytree of arrays or ShapeDtypeStructs)."""
+    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
 
 
 def format_results(prefix: str, results: dict) -> str:
@@ -73,8 +88,10 @@ def peak_rss_mb() -> float:
 
 class Trainer:
     def __init__(self, config: dict, run_dir: Path, model, loss_fn: Callable, metrics: Sequence, optimizer,
-                 lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = ()):
+                 lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = (),
+                 monitor: Monitor | None = None, config_hash: str | None = None):
         self.config = config
+        self.config_hash = config_hash
         self.trainer_cfg = config["trainer"]
         self.run_dir = Path(run_dir)
         self.model, self.loss_fn, self.metrics, self.optimizer = model, loss_fn, metrics, optimizer
@@ -89,10 +106,11 @@ class Trainer:
             if loader is not None and loader.batch_size % len(devices):
                 raise ValueError(f"data_loader.{split}.args.batch_size {loader.batch_size} must be a multiple of "
                                  f"the {len(devices)} devices in use")
+        self.batch_spec = train_loader.spec
         self.steps_per_call = self.trainer_cfg["steps_per_call"]
         if self.steps_per_call == "auto":
-            batch_bytes = sum(a.nbytes for a in next(train_loader.batches(0)).values())
-            self.steps_per_call = auto_steps_per_call(len(train_loader), batch_bytes, jax.default_backend())
+            self.steps_per_call = auto_steps_per_call(len(train_loader), nbytes(self.batch_spec),
+                                                      jax.default_backend())
         self.first_call_logged = False
         self.stats_template = None
         self.compiling = None  # the training step's compilation under way (a Future)
@@ -101,82 +119,82 @@ class Trainer:
         self.train_chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
         self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics), donate_argnums=(2,))
         self.epoch = 0  # epochs completed
-        mode, _, self.monitor = self.trainer_cfg["monitor"].partition(" ")
-        self.better = (lambda a, b: a > b) if mode == "max" else (lambda a, b: a < b)
+        self.monitor = monitor
         self.best = None
         self.bad_epochs = 0
         profile = self.trainer_cfg.get("profile")
         self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
 
     # ------------------------------------------------------------------------------------------------- state
-    def init_state(self, sample_shape: tuple) -> dict:
+    @property
+    def input_spec(self):
+        return self.batch_spec["input"]
+
+    def init_state(self) -> dict:
         """Fresh training state from the config's seed, built by one jitted call (no eager per-layer work)."""
-        spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
         seed = self.config["seed"]
-        traced = jax.jit(lambda s: self.fresh_state(s, spec), out_shardings=self.replicated).trace(seed)
-        self.input_spec = spec
+        traced = jax.jit(self.fresh_state, out_shardings=self.replicated).trace(seed)
         self.start_compile(traced.out_info)  # the training step compiles on another thread meanwhile
         self.ts = traced.lower().compile(platform.xla_options("init", jax.default_backend()) or None)(seed)
         return self.ts
 
-    def state_template(self, sample_shape: tuple) -> dict:
-        spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
-        return jax.eval_shape(lambda: self.fresh_state(0, spec))
+    def state_template(self) -> dict:
+        return jax.eval_shape(lambda: self.fresh_state(0))
 
-    def fresh_state(self, seed, spec) -> dict:
+    def fresh_state(self, seed) -> dict:
         """The training state a run starts from: init and dropout keys both derive from `seed`."""
         init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
-        params, state = self.model.init(init_key, spec)
+        params, state = self.model.init(init_key, self.input_spec)
         return {"params": params, "state": state, "opt_state": self.optimizer.init(params),
                 "step": jnp.zeros((), jnp.int32), "rng": rng}
 
-    def restore(self, path: Path, sample_shape: tuple) -> None:
+    def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
-        tree, header = checkpoint.restore(path, self.state_template(sample_shape))
-        self.input_spec = jax.ShapeDtypeStruct((self.train_loader.batch_size, *sample_shape), jnp.float32)
+        tree, header = checkpoint.restore(path, self.state_template())
         self.start_compile(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self.replicated),
                                         tree))
         self.ts = jax.device_put(tree, self.replicated)
         self.epoch = header["epoch"]
         self.best = header.get("best")
         self.bad_epochs = header.get("bad_epochs", 0)
-        from utils import config_hash
-
-        if header.get("config_hash") != config_hash(self.config):
+        if header.get("config_hash") != self.config_hash:
             log.warning("the config's model/loss/optimizer/seed differ from the checkpoint's run; continuing anyway")
         log.info(f"resumed from {path}: epoch {self.epoch}, step {header['step']}")
 
-    def load_weights(self, path: Path) -> None:
-        """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
+    def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
+        """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh.
+        Key paths under an ``exclude`` prefix (e.g. ``params.head``, a new classifier) keep their fresh values."""
         template = {"params": self.ts["params"], "state": self.ts["state"]}
-        tree, _ = checkpoint.restore(path, template, only=("params", "state"))
+        tree, _ = checkpoint.restore(path, template, only=("params", "state"), exclude=exclude)
         self.ts.update(jax.device_put(tree, self.replicated))
-        log.info(f"initialised params and model state from {path}")
+        kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
+        log.info(f"initialised params and model state from {path}{kept}")
 
     def header(self) -> dict:
-        from utils import config_hash
-
         return {"epoch": self.epoch, "step": int(self.ts["step"]), "best": self.best, "bad_epochs": self.bad_epochs,
-                "monitor": self.trainer_cfg["monitor"], "config_hash": config_hash(self.config),
+                "monitor": self.trainer_cfg["monitor"], "config_hash": self.config_hash,
                 "data_seed": self.config["seed"]}
 
     # -------------------------------------------------------------------------------------------------- loop
+    def stack_sharding(self, stack: dict) -> dict:
+        """Stacks of K batches: split along the batch axis (the second); ``active`` (K,) is replicated."""
+        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(None, "data") if a.ndim > 1 else P()), stack)
+
+    def batch_sharding(self, batch: dict) -> dict:
+        return jax.tree.map(lambda a: NamedSharding(self.mesh, P("data")), batch)
+
     def put_stack(self, stack: dict) -> dict:
-        sharding = {k: NamedSharding(self.mesh, P(None, "data") if v.ndim > 1 else P()) for k, v in stack.items()}
-        return jax.device_put(stack, sharding)
+        return jax.device_put(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
-        return jax.device_put(batch, {k: NamedSharding(self.mesh, P("data")) for k in batch})
+        return jax.device_put(batch, self.batch_sharding(batch))
 
     def empty_stats(self, state=None):
         """Zeroed epoch statistics on the device; ``state``: the training state or its abstract value."""
         if self.stats_template is None:  # traced once: the model is not re-traced every epoch
             state = self.ts if state is None else state
-            batch_spec = {"input": self.input_spec,
-                          "target": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.int32),
-                          "mask": jax.ShapeDtypeStruct((self.input_spec.shape[0],), jnp.float32)}
             self.stats_template = jax.device_get(empty_stats(self.model, self.loss_fn, self.metrics,
-                                                             state["params"], state["state"], batch_spec))
+                                                             state["params"], state["state"], self.batch_spec))
         return jax.device_put(self.stats_template, self.replicated)
 
     def start_compile(self, state_spec) -> None:
@@ -187,11 +205,11 @@ class Trainer:
         worker.shutdown(wait=False)  # the thread ends with this one task
 
     def compile_train_step(self, state_spec):
-        example = next(self.train_loader.batches(0))
         k = self.steps_per_call
-        stacked = NamedSharding(self.mesh, P(None, "data"))
-        stack_spec = {name: jax.ShapeDtypeStruct((k, *a.shape), a.dtype, sharding=stacked) for name, a in example.items()}
-        stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32, sharding=self.replicated)
+        stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
+        stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
+        stack_spec = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                                  stack_spec, self.stack_sharding(stack_spec))
         start = time.perf_counter()
         compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
             platform.xla_options("train", jax.default_backend()) or None)
@@ -228,7 +246,7 @@ class Trainer:
         steps = len(loader)
         interactive = sys.stderr.isatty()
         bar = tqdm(total=steps, desc=f"epoch {epoch}", unit="step", leave=False, disable=not interactive)
-        acc = self.empty_stats()
+        totals = self.empty_stats()
         pending = None  # the previous call's per-step logs, read while the next call runs
         first_step = int(self.ts["step"])
         done = 0
@@ -244,7 +262,7 @@ class Trainer:
             real, stack = item
             if self.trace:
                 self.trace.before(first_step + done + 1, first_step + done + real)
-            self.ts, acc, logs = self.compiled_chunk(self.ts, acc, stack)
+            self.ts, totals, logs = self.compiled_chunk(self.ts, totals, stack)
             if not self.first_call_logged:
                 self.log_first_call(logs, real)
             if self.trace:
@@ -255,7 +273,7 @@ class Trainer:
             done += real
         self.check_logs(epoch, *pending, bar)
         bar.close()
-        return acc
+        return totals
 
     def log_first_call(self, logs, steps: int) -> None:
         """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
@@ -274,7 +292,7 @@ class Trainer:
                                    f"training stopped, the last good checkpoint is kept")
         every = self.trainer_cfg["log_every"]
         rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
-        images_per_s = rate * self.train_loader.batch_size
+        examples_per_s = rate * self.train_loader.batch_size
         eta = (len(self.train_loader) - done - real) / rate
         for i in range(real):
             step = first_step + done + i + 1
@@ -285,19 +303,18 @@ class Trainer:
                 level = logging.INFO if bar.disable else logging.DEBUG
                 log.log(level, f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
                                f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
-                               f"{images_per_s:.0f} img/s  eta {int(eta) // 60}:{int(eta) % 60:02d}")
+                               f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}")
                 for tracker in self.trackers:
                     tracker.log_step(step, values)
         if not bar.disable:  # tqdm shows the ETA itself
             lr = float(self.lr_fn(first_step + done + real - 1))
-            bar.set_postfix({"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "img/s": f"{images_per_s:.0f}"},
+            bar.set_postfix({"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"},
                             refresh=False)
             bar.update(real)
 
     def compile_eval(self, loader) -> None:
-        example = next(loader.batches(0))
-        batch_spec = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(self.mesh, P("data")))
-                      for name, a in example.items()}
+        batch_spec = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                                  loader.spec, self.batch_sharding(loader.spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
         self.compiled_eval = self.eval_step.lower(self.ts["params"], self.ts["state"], self.empty_stats(),
                                                   batch_spec).compile(options)
@@ -306,11 +323,11 @@ class Trainer:
     def evaluate(self, loader, epoch: int = 0) -> dict:
         if self.eval_batch_size != loader.batch_size:
             self.compile_eval(loader)
-        acc = self.empty_stats()
+        totals = self.empty_stats()
         params, state = self.ts["params"], self.ts["state"]
         for batch in loader.batches(epoch):
-            acc = self.compiled_eval(params, state, acc, self.put_batch(batch))
-        return metric_results(self.metrics, acc)
+            totals = self.compiled_eval(params, state, totals, self.put_batch(batch))
+        return metric_results(self.metrics, totals)
 
     def fit(self) -> dict | None:
         epochs = self.trainer_cfg["epochs"]
@@ -319,39 +336,40 @@ class Trainer:
         while self.epoch < epochs:
             epoch = self.epoch + 1
             start = time.perf_counter()
-            acc = self.train_epoch(epoch)
-            train = metric_results(self.metrics, acc)  # waits for the epoch's last step
+            totals = self.train_epoch(epoch)
+            train = metric_results(self.metrics, totals)  # waits for the epoch's last step
             seconds = time.perf_counter() - start
             row = {"epoch": epoch, "step": int(self.ts["step"]), **{f"train/{k}": v for k, v in train.items()}}
             if self.valid_loader is not None:
                 row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
-            row.update({"time/epoch_s": seconds, "time/images_per_s": self.train_loader.num_examples / seconds,
+            row.update({"time/epoch_s": seconds, "time/examples_per_s": self.train_loader.num_examples / seconds,
                         "time/data_wait_s": self.data_wait, "time/peak_rss_mb": peak_rss_mb(),
                         "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
             self.epoch = epoch
             improved = self.update_best(row)
             log.info(f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
                      + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
-                     + f"  {seconds:.1f}s  {row['time/images_per_s']:.0f} img/s" + ("  *" if improved else ""))
+                     + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s" + ("  *" if improved else ""))
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
             self.save_checkpoints(epoch, improved)
             for tracker in self.trackers:
                 tracker.log_epoch(epoch, row, self.best)
             if patience and self.bad_epochs >= patience:
-                log.info(f"early stop: {self.monitor} has not improved for {patience} epochs (best {self.best:.4f})")
+                log.info(f"early stop: {self.monitor.name} has not improved for {patience} epochs "
+                         f"(best {self.best:.4f})")
                 break
         if self.trace:
             self.trace.stop(self.ts)
         return self.best
 
     def update_best(self, row: dict) -> bool:
-        if self.trainer_cfg["monitor"] == "off":
+        if self.monitor is None:
             return False
-        value = row.get(self.monitor)
+        value = row.get(self.monitor.name)
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            raise ValueError(f"trainer.monitor: {self.monitor!r} was not computed this epoch")
-        if self.best is None or self.better(value, self.best):
+            raise ValueError(f"trainer.monitor: {self.monitor.name!r} was not computed this epoch")
+        if self.best is None or self.monitor.better(value, self.best):
             self.best, self.bad_epochs = value, 0
             return True
         self.bad_epochs += 1
