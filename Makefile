@@ -1,10 +1,11 @@
 # make train   -> creates .venv, installs requirements, trains the MNIST sample
-# make test    -> creates .venv with the test references, runs the unit tests
+# make test    -> creates .venv with the test references, runs the unit tests and the end-to-end sample runs
+# make test-fast -> the same without the tests marked slow
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: train test bench clean
+.PHONY: train test test-fast bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,9 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 tests
+
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
 
 clean:
 	rm -rf $(VENV)
