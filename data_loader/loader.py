@@ -134,9 +134,10 @@ class DataLoader:
             real = len(idx)
             if real < self.batch_size:
                 idx = np.concatenate([idx, order[: self.batch_size - real]])
-            batch = dict(self.dataset.get_batch(idx))
+            batch = self.dataset.get_batch(idx)
             if b == 0:
                 check_batch(batch, self.batch_size)
+            batch = dict(batch)  # the mask is added to a copy, never to the dataset's own dict
             padding = (np.arange(self.batch_size) < real).astype(np.float32)
             mask = batch.get("mask")
             if mask is None:
