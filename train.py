@@ -58,6 +58,8 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     if args.run_id is not None:
         overrides.append(f"trainer.run_id={json.dumps(args.run_id)}")
     config = load_config(config_path, overrides, source=Path(config_path).name)
+    if args.exclude and not args.weights:
+        raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
     if args.lr is not None and "schedule" in config["optimizer"]:
         raise ConfigError("--lr: the learning rate comes from optimizer.schedule; set its args with --set "
                           "optimizer.schedule.args.<name>=VALUE")
@@ -147,6 +149,7 @@ def main(argv=None) -> int:
     log.info(f"run folder: {run_dir}")
     log.info(f"devices: {', '.join(str(d) for d in jax.devices())}")
     log.info(f"batch: {describe_batch(trainer.batch_spec)}")
+    log.info(f"state: {trainer.origin}")
     log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.input_spec))
     trainer.trackers = trackers = start_trackers(config, run_dir, monitor.name if monitor else None)
 

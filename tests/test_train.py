@@ -201,3 +201,35 @@ def test_four_devices_match_one(tmp_path, data_dir):
     a, b = step_losses("one"), step_losses("four")
     assert len(a) == len(b) == 2 * 9
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_runtime_config_problems_exit_2_and_leave_no_run_folder(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, data_loader__train__args__batch_size=30)
+    result = run("train.py", "-c", config, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: data_loader.train.args.batch_size 30 must be a multiple of the 4 devices in use"]
+    assert not (tmp_path / "saved").exists()
+
+
+def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "base").returncode == 0
+    weights = tmp_path / "saved/tiny/base/model_best.params"
+    bigger = make_config(tmp_path, data_dir, trainer__epochs=1, trainer__monitor="off",
+                         model={"name": "mlp", "args": {"hidden": [32], "num_classes": 12}})
+    result = run("train.py", "-c", bigger, "--weights", weights, "--run-id", "new_head")
+    assert result.returncode == 2 and "params.head.bias: file has float32[10], model expects float32[12]" in result.stderr
+    assert not (tmp_path / "saved/tiny/new_head").exists()
+    result = run("train.py", "-c", bigger, "--weights", weights, "--exclude", "params.head", "--run-id", "new_head")
+    assert result.returncode == 0, result.stderr
+    assert "kept fresh: params.head" in (tmp_path / "saved/tiny/new_head/train.log").read_text()
+    base, _ = params_of(weights)
+    # the body starts from the old weights: one epoch of adam at lr 0.003 moves them a little, not to a fresh init
+    tuned, _ = params_of(tmp_path / "saved/tiny/new_head/checkpoint-latest.params")
+    assert np.abs(tuned["params.fc0.weight"] - base["params.fc0.weight"]).max() < 0.1
+    # monitor off: no model_best.params, and test.py falls back to the latest checkpoint
+    run_dir = tmp_path / "saved/tiny/new_head"
+    assert not (run_dir / "model_best.params").exists()
+    tested = run("test.py", "-r", run_dir)
+    assert tested.returncode == 0 and "checkpoint-latest.params" in tested.stdout, tested.stderr

@@ -136,6 +136,7 @@ class Trainer:
         traced = jax.jit(self.fresh_state, out_shardings=self.replicated).trace(seed)
         self.start_compile(traced.out_info)  # the training step compiles on another thread meanwhile
         self.ts = traced.lower().compile(platform.xla_options("init", jax.default_backend()) or None)(seed)
+        self.origin = f"fresh state from seed {seed}"
         return self.ts
 
     def state_template(self) -> dict:
@@ -157,9 +158,9 @@ class Trainer:
         self.epoch = header["epoch"]
         self.best = header.get("best")
         self.bad_epochs = header.get("bad_epochs", 0)
+        self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}"
         if header.get("config_hash") != self.config_hash:
-            log.warning("the config's model/loss/optimizer/seed differ from the checkpoint's run; continuing anyway")
-        log.info(f"resumed from {path}: epoch {self.epoch}, step {header['step']}")
+            self.origin += " (the config's model/loss/optimizer/seed differ from the checkpoint's run)"
 
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh.
@@ -168,7 +169,7 @@ class Trainer:
         tree, _ = checkpoint.restore(path, template, only=("params", "state"), exclude=exclude)
         self.ts.update(jax.device_put(tree, self.replicated))
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
-        log.info(f"initialised params and model state from {path}{kept}")
+        self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
     def header(self) -> dict:
         return {"epoch": self.epoch, "step": int(self.ts["step"]), "best": self.best, "bad_epochs": self.bad_epochs,
