@@ -1,8 +1,9 @@
 """Metrics built from sufficient statistics that add up across batches.
 
-A metric's ``stats(outputs, targets, mask)`` returns a dict of sums for one batch (jittable; ``mask`` of shape
-(batch,) is 1 for real examples and 0 for padding). Stats of several batches combine with ``merge``, and ``result``
-turns the summed stats into the value, so an epoch value is exact whatever the batch sizes and padding:
+A metric's ``stats(outputs, targets, mask)`` returns a dict of sums for one batch (jittable; ``mask`` is 1 for real
+examples and 0 for padding, per example (batch,) or per element, e.g. (batch, positions)). Stats of several batches
+combine with ``merge``, and ``result`` turns the summed stats into the value, so an epoch value is exact whatever the
+batch sizes and padding:
 
     total = None
     for outputs, targets, mask in batches:
@@ -12,6 +13,12 @@ turns the summed stats into the value, so an epoch value is exact whatever the b
 Classification metrics take logits (B, ..., C) and targets as integer class ids (B, ...) or one-hot/probabilities
 (B, ..., C); the class count is ``outputs.shape[-1]``. A single logit (C = 1) is a binary classifier: class 1 when
 the logit is positive, targets 0/1 of shape (B, ...) or (B, ..., 1). Counts are float32 sums, exact up to 2**24.
+``perplexity`` takes the same logits and targets as a language model's cross-entropy, a token per position.
+
+Multi-label metrics (``binary_accuracy``, ``multilabel_*``) take logits and 0/1 targets of the same shape, e.g.
+attributes (B, L) or segmentation masks (B, H, W, 1); an element is predicted positive when its probability
+exceeds ``threshold`` (0.5: a positive logit), and the labels are the last axis. A per-element mask covers the
+leading axes of the outputs, e.g. (B, H, W) for masks (B, H, W, 1).
 
 Zero division gives 0, as sklearn's ``zero_division=0``: a class never predicted has precision 0, a class with no
 true examples has recall 0. Macro averages, like sklearn's default, run over the classes that occur in the targets
@@ -19,6 +26,7 @@ or the predictions seen so far; a class absent from both has no defined score an
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -26,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 # What a config can name under "metrics"; merge, summarize etc. are helpers for the training loop.
-__all__ = ["accuracy", "top_k_accuracy", "precision", "recall", "f1", "confusion_matrix", "mae", "rmse"]
+__all__ = ["accuracy", "top_k_accuracy", "precision", "recall", "f1", "confusion_matrix", "mae", "rmse", "perplexity",
+           "binary_accuracy", "multilabel_precision", "multilabel_recall", "multilabel_f1", "mean_iou"]
 
 Stats = dict
 
@@ -59,11 +68,14 @@ def _divide(numerator, denominator):
 
 
 def _weights(mask, like: jax.Array) -> jax.Array:
-    """The (B,) mask broadcast to the shape of ``like`` (B, ...); all ones when mask is None."""
+    """The mask, per example (B,) or per element (B, T, ...), broadcast to the shape of ``like`` (B, ...); all
+    ones when mask is None."""
     if mask is None:
         return jnp.ones(like.shape, jnp.float32)
     mask = jnp.asarray(mask, jnp.float32)
-    return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (like.ndim - 1)), like.shape)
+    if mask.shape != like.shape[:mask.ndim]:
+        raise ValueError(f"mask of shape {mask.shape} does not match the leading axes of {like.shape}")
+    return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim)), like.shape)
 
 
 def _masked_sum(values: jax.Array, mask) -> jax.Array:
@@ -72,10 +84,25 @@ def _masked_sum(values: jax.Array, mask) -> jax.Array:
     return jnp.where(w > 0, w * values, 0.0).sum()
 
 
-def _classes(outputs: jax.Array, targets: jax.Array):
-    """(predicted ids, true ids, number of classes) from logits and ids / one-hot targets."""
+def _logit_threshold(threshold) -> float:
+    """The logit at which the sigmoid equals ``threshold``: comparing logits stays exact where the sigmoid of a large
+    logit would round to 1."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) \
+            or not 0 < threshold < 1:
+        raise ValueError(f"threshold must be a probability in (0, 1), exclusive, not {threshold!r}")
+    return math.log(threshold) - math.log1p(-threshold)
+
+
+def _thresholded_name(name: str, threshold) -> str:
+    # a distinct log name per threshold, so two thresholds of one metric can be configured side by side
+    return name if threshold == 0.5 else f"{name}@{threshold:g}"
+
+
+def _classes(outputs: jax.Array, targets: jax.Array, logit_threshold: float = 0.0):
+    """(predicted ids, true ids, number of classes) from logits and ids / one-hot targets; ``logit_threshold`` is
+    where a single logit turns to class 1."""
     if outputs.shape[-1] == 1:
-        predicted = (outputs[..., 0] > 0).astype(jnp.int32)
+        predicted = (outputs[..., 0] > logit_threshold).astype(jnp.int32)
         return predicted, (targets.reshape(predicted.shape) > 0.5).astype(jnp.int32), 2
     return jnp.argmax(outputs, axis=-1), _true_ids(outputs, targets), outputs.shape[-1]
 
@@ -85,9 +112,9 @@ def _true_ids(outputs: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.argmax(targets, axis=-1) if targets.shape == outputs.shape else targets.astype(jnp.int32)
 
 
-def _class_counts(outputs, targets, mask) -> Stats:
+def _class_counts(outputs, targets, mask, logit_threshold: float = 0.0) -> Stats:
     """Per-class true positives, predicted counts and actual (support) counts, each of shape (C,)."""
-    predicted, true, num_classes = _classes(outputs, targets)
+    predicted, true, num_classes = _classes(outputs, targets, logit_threshold)
     w = _weights(mask, true)
     w = jnp.where(w > 0, w, 0.0).reshape(-1, 1)
     p = jax.nn.one_hot(predicted.reshape(-1), num_classes)
@@ -95,7 +122,33 @@ def _class_counts(outputs, targets, mask) -> Stats:
     return {"true_positives": (w * p * t).sum(0), "predicted": (w * p).sum(0), "actual": (w * t).sum(0)}
 
 
-def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str) -> Metric:
+def _check_same_shape(outputs, targets) -> None:
+    if outputs.shape != targets.shape:
+        raise ValueError(f"outputs of shape {outputs.shape} and targets of shape {targets.shape} differ")
+
+
+def _binary_elements(outputs, targets, logit_threshold: float):
+    """(predicted, true) as booleans of the outputs' shape; NaN (padding) compares False, never propagates."""
+    _check_same_shape(outputs, targets)
+    return outputs > logit_threshold, targets > 0.5
+
+
+def _label_counts(logit_threshold: float) -> Callable[..., Stats]:
+    """Stats of per-label counts, the labels being the last axis; every other axis (batch, spatial) is pooled."""
+    def stats(outputs, targets, mask=None):
+        predicted, true = _binary_elements(outputs, targets, logit_threshold)
+        num_labels = outputs.shape[-1]
+        w = _weights(mask, outputs)
+        w = jnp.where(w > 0, w, 0.0).reshape(-1, num_labels)
+        p = predicted.reshape(-1, num_labels).astype(jnp.float32)
+        t = true.reshape(-1, num_labels).astype(jnp.float32)
+        return {"true_positives": (w * p * t).sum(0), "predicted": (w * p).sum(0), "actual": (w * t).sum(0)}
+
+    return stats
+
+
+def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str,
+              stats_fn: Callable[..., Stats] = _class_counts, per_class_name: str | None = None) -> Metric:
     if average not in ("macro", "none"):
         raise ValueError(f"average must be 'macro' or 'none', not {average!r}")
 
@@ -107,7 +160,7 @@ def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str) 
         return _divide(jnp.where(present, scores, 0.0).sum(), present.sum())
 
     # a distinct log name per averaging, so "f1" and per-class "f1" can both be configured
-    return Metric(name if average == "macro" else f"{name}_per_class", _class_counts, result)
+    return Metric(name if average == "macro" else per_class_name or f"{name}_per_class", stats_fn, result)
 
 
 def accuracy() -> Metric:
@@ -121,8 +174,16 @@ def accuracy() -> Metric:
 
 
 def top_k_accuracy(k: int = 5) -> Metric:
-    """Fraction whose target class is among the k highest logits; ties with the target's logit count in its favour."""
+    """Fraction whose target class is among the k highest logits; ties with the target's logit count in its favour.
+    ``k`` is an integer from 1 to the class count."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"top_k_accuracy: k must be an integer >= 1, not {k!r}")
+
     def stats(outputs, targets, mask=None):
+        # the class count is known only from the outputs, at trace time
+        if k > outputs.shape[-1]:
+            raise ValueError(f"top_k_accuracy: k = {k} exceeds the {outputs.shape[-1]} classes of the outputs "
+                             f"(k must be from 1 to {outputs.shape[-1]})")
         true = _true_ids(outputs, targets)
         target_logit = jnp.take_along_axis(outputs, true[..., None], axis=-1)
         rank = (outputs > target_logit).sum(axis=-1)  # how many classes beat the target
@@ -159,10 +220,92 @@ def confusion_matrix() -> Metric:
     return Metric("confusion_matrix", stats, lambda s: s["matrix"])
 
 
+def perplexity() -> Metric:
+    """exp of the mean cross-entropy per position (every real token of every example, not a mean of per-example
+    perplexities). Logits (B, ..., V); targets are token ids (B, ...) or probabilities / one-hot (B, ..., V), in
+    which case the cross-entropy is against that distribution. An empty epoch gives exp(0) = 1."""
+    def stats(outputs, targets, mask=None):
+        if outputs.shape[-1] < 2:
+            raise ValueError(f"perplexity needs a logit per vocabulary entry, got outputs of shape {outputs.shape}")
+        # float32 even for bfloat16 logits: the epoch's sum of log-likelihoods would lose most of its digits
+        log_probs = jax.nn.log_softmax(outputs.astype(jnp.float32), axis=-1)
+        if targets.shape == outputs.shape:
+            nll = -(targets.astype(jnp.float32) * log_probs).sum(axis=-1)
+        elif targets.shape == outputs.shape[:-1]:
+            nll = -jnp.take_along_axis(log_probs, targets.astype(jnp.int32)[..., None], axis=-1)[..., 0]
+        else:
+            raise ValueError(f"targets of shape {targets.shape} fit neither token ids nor probabilities for logits "
+                             f"of shape {outputs.shape}")
+        return {"nll_sum": _masked_sum(nll, mask), "count": _masked_sum(jnp.ones(nll.shape, jnp.float32), mask)}
+
+    return Metric("perplexity", stats, lambda s: jnp.exp(_divide(s["nll_sum"], s["count"])))
+
+
+def binary_accuracy(threshold: float = 0.5) -> Metric:
+    """Fraction of elements whose prediction (probability > ``threshold``) equals the 0/1 target, over every element
+    of logits and targets of the same shape: per attribute for (B, L), per pixel for masks (B, H, W, 1), i.e. the
+    pixel accuracy of a segmentation."""
+    logit_threshold = _logit_threshold(threshold)
+
+    def stats(outputs, targets, mask=None):
+        predicted, true = _binary_elements(outputs, targets, logit_threshold)
+        return {"correct": _masked_sum((predicted == true).astype(jnp.float32), mask),
+                "count": _masked_sum(jnp.ones(outputs.shape, jnp.float32), mask)}
+
+    return Metric(_thresholded_name("binary_accuracy", threshold), stats,
+                  lambda s: _divide(s["correct"], s["count"]))
+
+
+def _multilabel(name: str, per_label: Callable[[Stats], jax.Array], average: str, threshold) -> Metric:
+    logit_threshold = _logit_threshold(threshold)
+    return _averaged(_thresholded_name(name, threshold), per_label, average, _label_counts(logit_threshold),
+                     _thresholded_name(f"{name}_per_label", threshold))
+
+
+def multilabel_precision(average: str = "macro", threshold: float = 0.5) -> Metric:
+    """tp / predicted per label (last axis); ``average`` "macro" (mean over labels present in the targets or the
+    predictions) or "none" (vector (L,))."""
+    return _multilabel("multilabel_precision", lambda s: _divide(s["true_positives"], s["predicted"]), average,
+                       threshold)
+
+
+def multilabel_recall(average: str = "macro", threshold: float = 0.5) -> Metric:
+    """tp / actual per label (last axis); ``average`` "macro" or "none"."""
+    return _multilabel("multilabel_recall", lambda s: _divide(s["true_positives"], s["actual"]), average, threshold)
+
+
+def multilabel_f1(average: str = "macro", threshold: float = 0.5) -> Metric:
+    """Per-label F1 = 2 tp / (predicted + actual), the labels being the last axis and every other axis pooled (for
+    one mask channel (B, H, W, 1) this is the Dice score of the foreground); ``average`` "macro" (mean over labels
+    present in the targets or the predictions) or "none" (vector (L,), logged as ``multilabel_f1_per_label``)."""
+    return _multilabel("multilabel_f1", lambda s: _divide(2 * s["true_positives"], s["predicted"] + s["actual"]),
+                       average, threshold)
+
+
+def mean_iou(average: str = "macro", threshold: float = 0.5) -> Metric:
+    """Intersection over union per class, tp / (predicted + actual - tp), averaged over the classes present in the
+    targets or the predictions (sklearn's ``jaccard_score(average="macro")``); "none" gives the vector (C,).
+
+    Logits (B, ..., C) with class ids (B, ...) or one-hot targets (B, ..., C) score the C classes (argmax); a single
+    logit channel (B, ..., 1) with 0/1 targets (B, ..., 1) or (B, ...) scores background and foreground (2 classes),
+    foreground where the probability exceeds ``threshold``. A per-element mask has the shape (B, ...) of the ids.
+    """
+    logit_threshold = _logit_threshold(threshold)
+
+    def stats(outputs, targets, mask=None):
+        if threshold != 0.5 and outputs.shape[-1] > 1:
+            raise ValueError(f"mean_iou: threshold applies to a single logit channel only; the outputs have "
+                             f"{outputs.shape[-1]} classes, scored by argmax (leave threshold at 0.5)")
+        return _class_counts(outputs, targets, mask, logit_threshold)
+
+    return _averaged(_thresholded_name("mean_iou", threshold),
+                     lambda s: _divide(s["true_positives"], s["predicted"] + s["actual"] - s["true_positives"]),
+                     average, stats, _thresholded_name("iou_per_class", threshold))
+
+
 def _regression_stats(error_fn: Callable[[jax.Array], jax.Array], key: str):
     def stats(outputs, targets, mask=None):
-        if outputs.shape != targets.shape:
-            raise ValueError(f"outputs of shape {outputs.shape} and targets of shape {targets.shape} differ")
+        _check_same_shape(outputs, targets)
         # float32 sums even for bfloat16 outputs, which would lose most of an epoch's total.
         error = error_fn(outputs.astype(jnp.float32) - targets.astype(jnp.float32))
         return {key: _masked_sum(error, mask), "count": _masked_sum(jnp.ones(error.shape, jnp.float32), mask)}
