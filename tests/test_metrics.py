@@ -128,30 +128,21 @@ def test_zero_division_convention():
     _close(metrics.compute(metrics.f1(), outputs, targets), 0.4 / 3)
 
 
-def test_summarize_names_and_errors():
+def test_values_names_and_errors():
     outputs, targets = _batch("f1", 12)
-    stats = metrics.f1("none").stats(outputs, targets, None)
-    summary = metrics.summarize(metrics.f1("none"), stats)
-    assert list(summary) == [f"f1_per_class/{c}" for c in range(C)]
+    chosen = [metrics.f1("none"), metrics.accuracy(), metrics.confusion_matrix()]
+    stats = {m.name: m.stats(outputs, targets, None) for m in chosen}
+    results = metrics.values(chosen, stats)
+    assert list(results) == ["f1_per_class", "accuracy", "confusion_matrix"]
+    _close(results["f1_per_class"], np_metric("f1_none", outputs, targets))
+    assert type(results["accuracy"]) is float and len(results["confusion_matrix"]) == C
     assert metrics.f1().name == "f1" and metrics.precision("none").name == "precision_per_class"
-    _close(list(summary.values()), np_metric("f1_none", outputs, targets))
-    assert all(type(v) is float for v in summary.values())
-    assert set(metrics.summarize(metrics.accuracy(), metrics.accuracy().stats(outputs, targets, None))) == {"accuracy"}
-    matrix = metrics.summarize(metrics.confusion_matrix(), metrics.confusion_matrix().stats(outputs, targets, None))
-    assert len(matrix) == C * C and "confusion_matrix/3/2" in matrix
     assert metrics.top_k_accuracy(3).name == "top_3_accuracy"
     assert all(isinstance(getattr(metrics, name)(), metrics.Metric) for name in metrics.__all__)
     with pytest.raises(ValueError):
         metrics.f1("micro")
     with pytest.raises(ValueError):  # (B, 1) against (B,) must not broadcast
         metrics.mae().stats(outputs[:, :1], outputs[:, 0], None)
-
-
-def test_zeros_like_is_identity_for_merge():
-    outputs, targets = _batch("precision", 6)
-    stats = metrics.precision().stats(outputs, targets, None)
-    merged = metrics.merge(metrics.zeros_like(stats), stats)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), merged, stats)
 
 
 # ---- perplexity, multi-label / per-element metrics and mean IoU, with per-example and per-element masks ----
@@ -336,7 +327,7 @@ def test_perplexity_of_uniform_logits_is_the_vocabulary_size():
     assert all(v.dtype == jnp.float32 for v in stats.values())
     _close(stats["count"], 3)
     _close(metrics.perplexity().result(stats), vocab)
-    empty = metrics.zeros_like(stats)
+    empty = jax.tree.map(jnp.zeros_like, stats)
     _close(metrics.perplexity().result(empty), 1.0)  # an empty mean is 0 by the zero-division convention
 
 
@@ -360,8 +351,9 @@ def test_names_of_averages_and_thresholds():
     assert metrics.multilabel_recall().name == "multilabel_recall"
     assert metrics.mean_iou().name == "mean_iou" and metrics.mean_iou("none").name == "iou_per_class"
     outputs, targets = _labels(6)
-    summary = metrics.summarize(metrics.multilabel_f1("none"), metrics.multilabel_f1("none").stats(outputs, targets))
-    assert list(summary) == [f"multilabel_f1_per_label/{label}" for label in range(5)]
+    per_label = metrics.multilabel_f1("none")
+    results = metrics.values([per_label], {per_label.name: per_label.stats(outputs, targets)})
+    assert list(results) == ["multilabel_f1_per_label"] and len(results["multilabel_f1_per_label"]) == 5
     for name in ("perplexity", "binary_accuracy", "multilabel_f1", "multilabel_precision", "multilabel_recall",
                  "mean_iou"):
         assert name in metrics.__all__

@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# What a config can name under "metrics"; merge, summarize etc. are helpers for the training loop.
+# What a config can name under "metrics"; merge and values are the training loop's helpers, compute a single
+# batch's value.
 __all__ = ["accuracy", "top_k_accuracy", "precision", "recall", "f1", "confusion_matrix", "mae", "rmse", "perplexity",
            "binary_accuracy", "multilabel_precision", "multilabel_recall", "multilabel_f1", "mean_iou"]
 
@@ -49,11 +50,6 @@ class Metric(NamedTuple):
 def merge(a: Stats | None, b: Stats) -> Stats:
     """Sum of two batches' stats; ``a`` may be None, meaning nothing accumulated yet."""
     return b if a is None else jax.tree.map(jnp.add, a, b)
-
-
-def zeros_like(stats: Stats) -> Stats:
-    """Stats of an empty batch, e.g. an accumulator shaped like ``stats``."""
-    return jax.tree.map(jnp.zeros_like, stats)
 
 
 def compute(metric: Metric, outputs, targets, mask=None):
@@ -324,17 +320,11 @@ def rmse() -> Metric:
                   lambda s: jnp.sqrt(_divide(s["squared_error"], s["count"])))
 
 
-def summarize(metric: Metric, stats: Stats) -> dict[str, float]:
-    """The result as plain floats for logging: ``{"f1": 0.8}``, or ``{"f1/0": .., "f1/1": ..}`` for a vector."""
-    value = metric.result(stats)
-    items = value.items() if isinstance(value, dict) else [(None, value)]
+def values(metrics, stats: dict) -> dict[str, float | list]:
+    """The results of several metrics from their summed stats (``{metric.name: stats}``) as host numbers for
+    logging: scalars as floats, vectors (per class) as lists."""
     out = {}
-    for key, array in items:
-        prefix = metric.name if key is None else f"{metric.name}/{key}"
-        array = np.asarray(array)
-        if array.ndim == 0:
-            out[prefix] = float(array)
-        else:
-            for index, v in np.ndenumerate(array):
-                out[prefix + "".join(f"/{i}" for i in index)] = float(v)
+    for metric in metrics:
+        value = np.asarray(metric.result(stats[metric.name]))
+        out[metric.name] = float(value) if value.ndim == 0 else value.tolist()
     return out

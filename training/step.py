@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from training.losses import weighted_mean
+from training.metrics import merge
 from training.optimizers import apply_updates, global_norm
 
 
@@ -87,8 +88,7 @@ def make_eval_step(model, loss_fn: Callable, metrics: Sequence) -> Callable:
 
     def eval_step(params, state, totals, batch):
         outputs, _ = model(params, state, batch["input"], train=False)
-        stats = batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
-        return jax.tree.map(jnp.add, totals, stats)
+        return merge(totals, batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch)))
 
     return eval_step
 

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from training import checkpoint, platform
+from training.metrics import values as metric_values
 from training.trackers import StepTrace
 from training.step import empty_stats, make_eval_step, make_train_chunk
 
@@ -45,12 +46,8 @@ class Monitor(NamedTuple):
 def metric_results(metrics: Sequence, stats: dict) -> dict[str, float | list]:
     """Loss and metric values from summed statistics (host numbers; vectors become lists)."""
     stats = jax.device_get(stats)
-    count = float(stats["count"])
-    results = {"loss": float(stats["loss_sum"]) / max(count, 1.0)}
-    for m in metrics:
-        value = np.asarray(m.result(stats["metrics"][m.name]))
-        results[m.name] = float(value) if value.ndim == 0 else value.tolist()
-    return results
+    return {"loss": float(stats["loss_sum"]) / max(float(stats["count"]), 1.0),
+            **metric_values(metrics, stats["metrics"])}
 
 
 def nbytes(spec) -> int:
