@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from data_loader.loader import DataLoader
 from data_loader.mnist import MnistDataset
+from data_loader.tabular import CsvDataset
 
-__all__ = ["mnist", "fashion_mnist", "kmnist"]
+__all__ = ["mnist", "fashion_mnist", "kmnist", "mnist_segmentation", "csv"]
 
 
 def mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist", validation_size=5000,
@@ -28,3 +29,22 @@ def kmnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_d
            split_seed=0, download=False, verify=True, prefetch=2, seed=0):
     return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, verify,
                  prefetch, seed, dataset="kmnist")
+
+
+def mnist_segmentation(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist",
+                       validation_size=5000, split_seed=0, download=False, verify=True, prefetch=2, seed=0,
+                       dataset="mnist", threshold=0.5, noise_std=0.5):
+    """MNIST images, noisy by `noise_std` (fixed per example), with the clean digit's mask (pixel > `threshold`)
+    as a float32 (B, 28, 28, 1) target: a dense-prediction task on the MNIST files."""
+    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download, verify=verify,
+                        target="mask", threshold=threshold, noise_std=noise_std)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+def csv(path, targets, features=None, split="train", batch_size=128, shuffle=False, drop_last=False,
+        validation_fraction=0.1, test_fraction=0.1, split_seed=0, standardize=True, sha256=None, prefetch=2, seed=0):
+    """Rows of a CSV file with a header: `targets` (and `features`, default all other columns) name its columns;
+    float32 inputs (B, features), targets (B, targets). See data_loader/tabular.py."""
+    data = CsvDataset(path, targets, features, split, validation_fraction, test_fraction, split_seed, standardize,
+                      sha256)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)

@@ -133,7 +133,8 @@ class DataLoader:
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             real = len(idx)
             if real < self.batch_size:
-                idx = np.concatenate([idx, order[: self.batch_size - real]])
+                # repeated cyclically: a split smaller than one batch still fills it
+                idx = np.concatenate([idx, np.resize(order, self.batch_size - real)])
             batch = self.dataset.get_batch(idx)
             if b == 0:
                 check_batch(batch, self.batch_size)

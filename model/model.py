@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from model.modules.activations import Activation
 from model.modules.attention import MultiHeadAttention
-from model.modules.conv import Conv2d
+from model.modules.conv import Conv2d, ConvTranspose2d
 from model.modules.dropout import Dropout
 from model.modules.flatten import Flatten
 from model.modules.linear import Linear
@@ -16,7 +16,7 @@ from model.modules.pooling import GlobalAvgPool, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
 
-__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention"]
+__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter"]
 
 
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
@@ -99,3 +99,29 @@ def mnist_attention(num_classes: int = 10, dim: int = 32, num_heads: int = 4, de
         layers["dropout"] = Dropout(dropout)
     layers["head"] = Linear(num_classes)
     return Sequential(layers)
+
+
+def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module:
+    """A small fully-convolutional encoder-decoder: per-pixel logits (B, H, W, out_channels) for images of even H, W.
+
+    Two 3x3 convs at full resolution; a stride-2 conv down to half resolution, two 3x3 convs there, and a 2x2
+    stride-2 transposed conv back up, added to the full-resolution features (a U-Net skip written as a Residual, so
+    edges lost at half resolution come back); a 3x3 conv and a 1x1 conv to the logits.
+    """
+    if len(channels) != 2:
+        raise ValueError(f"channels must be (full resolution, half resolution) widths, got {list(channels)}")
+    full, half = channels
+    return Sequential({
+        "enc": Sequential({"conv0": Conv2d(full, 3), "act0": Activation("relu"),
+                           "conv1": Conv2d(full, 3), "act1": Activation("relu")}),
+        "skip": Residual(Sequential({
+            "down": Conv2d(half, 2, stride=2), "act0": Activation("relu"),
+            "conv0": Conv2d(half, 3), "act1": Activation("relu"),
+            "conv1": Conv2d(half, 3), "act2": Activation("relu"),
+            "up": ConvTranspose2d(full, 2, stride=2),
+        })),
+        "act": Activation("relu"),
+        "dec": Conv2d(full, 3),
+        "dec_act": Activation("relu"),
+        "head": Conv2d(out_channels, 1),
+    })

@@ -121,3 +121,10 @@ def test_download_verifies_checksum_and_writes_atomically(tmp_path):
     bad_mirror = (tmp_path / "missing").as_uri()
     path = download("f.gz", good, [bad_mirror, source.as_uri()], target)  # falls through to the next mirror
     assert path.read_bytes() == b"payload"
+
+
+def test_a_split_smaller_than_one_batch_is_padded_to_the_batch():
+    loader = DataLoader(ArrayDataset(input=np.arange(3, dtype=np.float32)[:, None]), batch_size=8)
+    (batch,) = list(loader.batches())
+    assert batch["input"].shape == (8, 1) and batch["mask"].sum() == 3
+    assert sorted(batch["input"][batch["mask"] > 0, 0]) == [0, 1, 2]

@@ -84,6 +84,7 @@ CASES = {
     "mlp": (samples.mlp(hidden=(16, 8), activation="gelu", dropout=0.1), (28, 28, 1), "normal"),
     # BatchNorm, Dropout, attention and exact GELU in one model.
     "mnist_attention": (samples.mnist_attention(dim=8, num_heads=2), (28, 28, 1), "normal"),
+    "mnist_segmenter": (samples.mnist_segmenter(channels=(4, 8)), (28, 28, 1), "normal"),
 }
 
 ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
