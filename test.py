@@ -29,15 +29,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def checkpoint_in(path: Path) -> Path:
-    """A checkpoint file itself, or a run folder's best checkpoint (its latest when it monitors nothing)."""
-    if not path.is_dir():
-        return path
-    best = path / "model_best.params"
-    return best if best.is_file() or not (path / "checkpoint-latest.params").is_file() else \
-        path / "checkpoint-latest.params"
-
-
 def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
     """Precision, recall, F1 and support of each class from a confusion matrix (rows: true, columns: predicted);
     0 where a class is never predicted or never present, as the metrics do."""
@@ -50,7 +41,9 @@ def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    checkpoint_path = checkpoint_in(Path(args.resume))
+    from training.checkpoint import of_run
+
+    checkpoint_path = of_run(args.resume)
     config_path = Path(args.config) if args.config else checkpoint_path.parent / "config.json"
     try:
         config = load_config(config_path, args.overrides, source=config_path.name)

@@ -15,8 +15,9 @@ from model.modules.normalization import BatchNorm, LayerNorm
 from model.modules.pooling import GlobalAvgPool, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
+from model.modules.transformer import TransformerLM
 
-__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter"]
+__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter", "char_transformer"]
 
 
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
@@ -125,3 +126,11 @@ def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module
         "dec_act": Activation("relu"),
         "head": Conv2d(out_channels, 1),
     })
+
+
+def char_transformer(vocab_size: int, context: int, dim: int = 128, depth: int = 4, num_heads: int = 4,
+                     mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True, use_bias: bool = False) -> Module:
+    """A decoder-only transformer language model (nanoGPT's architecture): token ids (B, T) -> next-token logits
+    (B, T, vocab_size), T <= context; learned positions, causal pre-norm blocks, the head tied to the token
+    embedding unless ``tie_weights`` is false."""
+    return TransformerLM(vocab_size, context, dim, depth, num_heads, mlp_ratio, dropout, tie_weights, use_bias)

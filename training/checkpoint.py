@@ -116,3 +116,14 @@ def restore(path: str | Path, template: dict, only: tuple[str, ...] | None = Non
         raise CheckpointError(f"{path}: does not match the model/optimizer of this config: {shown}")
     values = [likes[n] if n in fresh else arrays[n] for n in likes]
     return jax.tree_util.tree_unflatten(treedef, values), header
+
+
+def of_run(path: str | Path) -> Path:
+    """A checkpoint file itself, or a run folder's best checkpoint (``model_best.params``; its
+    ``checkpoint-latest.params`` when the run monitors nothing and so has no best)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    best = path / "model_best.params"
+    return best if best.is_file() or not (path / "checkpoint-latest.params").is_file() else \
+        path / "checkpoint-latest.params"

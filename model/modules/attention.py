@@ -29,27 +29,39 @@ def dot_product_attention(q, k, v, mask=None, *, dropout_rate=0.0, key=None):
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
+def causal_mask(q_len: int, kv_len: int) -> jax.Array:
+    """(1, 1, q_len, kv_len) booleans: query i may attend to keys 0..i (a constant, so every exporter folds it)."""
+    return jnp.tril(jnp.ones((q_len, kv_len), bool))[None, None]
+
+
 class MultiHeadAttention(Module):
     """Projects x (queries) and context (keys/values; x itself when None) into heads, attends, projects back.
 
     Params `query`, `key`, `value`, `out` are Linear layers; the projections have qkv_features outputs split as
-    (heads, head_dim), head-major. qkv_features and out_features default to x's feature size.
+    (heads, head_dim), head-major. qkv_features and out_features default to x's feature size. ``causal``: each
+    position attends only to itself and earlier ones (a decoder); ``weight_init`` / ``out_init`` initialise the
+    projections and the output layer.
     """
 
     def __init__(self, num_heads: int, qkv_features: int | None = None, out_features: int | None = None,
-                 use_bias: bool = True, dropout_rate: float = 0.0):
+                 use_bias: bool = True, dropout_rate: float = 0.0, causal: bool = False,
+                 weight_init="lecun_normal", out_init=None):
         self.num_heads = num_heads
         self.qkv_features = qkv_features
         self.out_features = out_features
         self.use_bias = use_bias
         self.dropout_rate = dropout_rate
+        self.causal = causal
+        self.weight_init = weight_init
+        self.out_init = out_init or weight_init
 
     def _projections(self, x_features):
         qkv = self.qkv_features or x_features
         if qkv % self.num_heads:
             raise ValueError(f"qkv_features={qkv} is not divisible by num_heads={self.num_heads}")
-        proj = Linear(qkv, use_bias=self.use_bias)
-        return proj, Linear(self.out_features or x_features, use_bias=self.use_bias), qkv // self.num_heads
+        proj = Linear(qkv, use_bias=self.use_bias, weight_init=self.weight_init)
+        out = Linear(self.out_features or x_features, use_bias=self.use_bias, weight_init=self.out_init)
+        return proj, out, qkv // self.num_heads
 
     def init(self, key, x, context=None):
         """context: keys/values (an array or jax.ShapeDtypeStruct) for cross-attention; defaults to x."""
@@ -74,6 +86,9 @@ class MultiHeadAttention(Module):
             return proj.forward(params[name], inputs).reshape(*inputs.shape[:-1], self.num_heads, head_dim)
 
         q, k, v = split_heads("query", x), split_heads("key", context), split_heads("value", context)
+        if self.causal:
+            causal = causal_mask(x.shape[-2], context.shape[-2])
+            mask = causal if mask is None else jnp.logical_and(mask, causal)
         rate = self.dropout_rate if train else 0.0
         y = dot_product_attention(q, k, v, mask, dropout_rate=rate, key=key)
         return out.forward(params["out"], y.reshape(*x.shape[:-1], self.num_heads * head_dim)), state

@@ -1,0 +1,110 @@
+"""Decoder-only transformer: the pre-norm block of GPT-2 / nanoGPT and a language model over token ids.
+
+    model = TransformerLM(vocab_size=65, context=64, dim=128, depth=4, num_heads=4)
+    params, state = model.init(key, jax.ShapeDtypeStruct((12, 64), jnp.int32))
+    logits, _ = model(params, state, ids, train=True, key=dropout_key)      # (B, T, vocab_size)
+
+Initialisation follows GPT-2 (as nanoGPT does): every weight normal(0.02), the layers that write into the residual
+stream (attention output, second MLP layer) normal(0.02 / sqrt(2 * depth)) so the stream's variance does not grow
+with depth; biases and norms at zero/one.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from model.modules import initializers
+from model.modules.activations import gelu
+from model.modules.attention import MultiHeadAttention
+from model.modules.dropout import dropout
+from model.modules.embedding import Embedding
+from model.modules.linear import Linear
+from model.modules.module import Module, shape_of
+from model.modules.normalization import LayerNorm
+
+STDDEV = 0.02
+
+
+class TransformerBlock(Module):
+    """``x + attn(norm1(x))``, then ``+ fc2(gelu(fc1(norm2(.))))``, with dropout on both residual branches."""
+
+    def __init__(self, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0, causal: bool = True,
+                 use_bias: bool = False, residual_init=STDDEV):
+        self.num_heads, self.mlp_ratio, self.dropout, self.use_bias = num_heads, mlp_ratio, dropout, use_bias
+        weight, residual = initializers.normal(STDDEV), initializers.normal(residual_init)
+        self.norm1, self.norm2 = LayerNorm(use_bias=use_bias), LayerNorm(use_bias=use_bias)
+        self.attn = MultiHeadAttention(num_heads, use_bias=use_bias, dropout_rate=dropout, causal=causal,
+                                       weight_init=weight, out_init=residual)
+        self.weight_init, self.residual_init = weight, residual
+
+    def _mlp(self, dim: int):
+        return (Linear(self.mlp_ratio * dim, use_bias=self.use_bias, weight_init=self.weight_init),
+                Linear(dim, use_bias=self.use_bias, weight_init=self.residual_init))
+
+    def init(self, key, x):
+        x = shape_of(x)
+        fc1, fc2 = self._mlp(x.shape[-1])
+        hidden = jax.ShapeDtypeStruct((*x.shape[:-1], fc1.out_features), x.dtype)
+        keys = jax.random.split(key, 3)
+        params = {"norm1": self.norm1.init_params(None, x), "attn": self.attn.init(keys[0], x)[0],
+                  "norm2": self.norm2.init_params(None, x), "fc1": fc1.init_params(keys[1], x),
+                  "fc2": fc2.init_params(keys[2], hidden)}
+        return params, {}
+
+    def __call__(self, params, state, x, *, train=False, key=None):
+        fc1, fc2 = self._mlp(x.shape[-1])
+        rate = self.dropout if train else 0.0
+        keys = jax.random.split(key, 3) if key is not None and rate > 0 else (None, None, None)
+        h, _ = self.attn(params["attn"], {}, self.norm1.forward(params["norm1"], x), train=train, key=keys[0])
+        x = x + dropout(h, rate, keys[1])
+        h = fc2.forward(params["fc2"], gelu(fc1.forward(params["fc1"], self.norm2.forward(params["norm2"], x))))
+        return x + dropout(h, rate, keys[2]), state
+
+
+class TransformerLM(Module):
+    """Token ids (B, T), T <= context -> next-token logits (B, T, vocab_size): token + learned position embeddings,
+    ``depth`` causal pre-norm blocks, a final LayerNorm and a head (the token embedding itself with
+    ``tie_weights``, so no separate ``head`` weight)."""
+
+    def __init__(self, vocab_size: int, context: int, dim: int = 128, depth: int = 4, num_heads: int = 4,
+                 mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True, use_bias: bool = False):
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.vocab_size, self.context, self.dim, self.depth = vocab_size, context, dim, depth
+        self.dropout, self.tie_weights = dropout, tie_weights
+        self.tokens = Embedding(vocab_size, dim, weight_init=initializers.normal(STDDEV))
+        self.positions = Embedding(context, dim, weight_init=initializers.normal(STDDEV))
+        residual = STDDEV / math.sqrt(2 * depth)
+        self.blocks = [TransformerBlock(num_heads, mlp_ratio, dropout, True, use_bias, residual) for _ in range(depth)]
+        self.norm = LayerNorm(use_bias=use_bias)
+        self.head = Linear(vocab_size, use_bias=False, weight_init=initializers.normal(STDDEV))
+
+    def init(self, key, ids):
+        ids = shape_of(ids)
+        x = jax.ShapeDtypeStruct((*ids.shape, self.dim), jnp.float32)
+        keys = jax.random.split(key, self.depth + 3)
+        params = {"tokens": self.tokens.init_params(keys[0], ids), "positions": self.positions.init_params(keys[1], ids),
+                  "blocks": {str(i): block.init(keys[3 + i], x)[0] for i, block in enumerate(self.blocks)},
+                  "norm": self.norm.init_params(None, x)}
+        if not self.tie_weights:
+            params["head"] = self.head.init_params(keys[2], x)
+        return params, {}
+
+    def __call__(self, params, state, ids, *, train=False, key=None):
+        length = ids.shape[-1]
+        if length > self.context:
+            raise ValueError(f"sequences of {length} tokens exceed the model's context of {self.context}")
+        keys = jax.random.split(key, self.depth + 1) if key is not None else [None] * (self.depth + 1)
+        # a static slice, not positions[:T]: TFLite rejects the gather that indexing becomes (EXPORT_NOTES)
+        positions = jax.lax.slice_in_dim(params["positions"]["embedding"], 0, length)
+        x = self.tokens.forward(params["tokens"], ids) + positions
+        x = dropout(x, self.dropout if train else 0.0, keys[0])
+        for i, block in enumerate(self.blocks):
+            x, _ = block(params["blocks"][str(i)], {}, x, train=train, key=keys[i + 1])
+        x = self.norm.forward(params["norm"], x)
+        if self.tie_weights:  # through a 2-D matmul, as Linear does, for the exporters
+            table = params["tokens"]["embedding"]
+            return (x.reshape(-1, self.dim) @ table.T).reshape(*x.shape[:-1], self.vocab_size), state
+        return self.head.forward(params["head"], x), state

@@ -1,0 +1,96 @@
+"""Generate text with a trained language model:
+
+    python sample.py -r saved/shakespeare_char/<run_id> --prompt "ROMEO:" --tokens 200 --temperature 0.8
+
+Uses the run folder's config.json, its best checkpoint (model_best.params, else checkpoint-latest.params) and the
+vocabulary in its preprocessing.json. The model sees the last `context` characters; they sit at the start of a fixed
+(1, context) buffer, padded on the right, and the next character is drawn from the logits at the last real position
+(the model is causal, so the padding cannot change them): one compilation for any prompt and length.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from utils import ConfigError, build, fail, load_config
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-r", "--run", required=True, help="run folder (or a checkpoint file inside one)")
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
+    parser.add_argument("--tokens", type=int, default=200, help="characters to generate (default 200)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely character")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from training.checkpoint import of_run
+
+    checkpoint_path = of_run(args.run)
+    run_dir = checkpoint_path.parent
+    try:
+        if not checkpoint_path.is_file():
+            raise ConfigError(f"{checkpoint_path}: no such checkpoint file")
+        if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
+            raise ConfigError("--tokens and --temperature must be >= 0, --top-k >= 1")
+        if not args.prompt:
+            raise ConfigError("--prompt: give at least one character")
+        config = load_config(run_dir / "config.json", source="config.json")
+        preprocessing = run_dir / "preprocessing.json"
+        vocabulary = json.loads(preprocessing.read_text()).get("vocabulary") if preprocessing.is_file() else None
+        if not vocabulary:
+            raise ConfigError(f"{preprocessing}: no vocabulary (is this a language model's run folder?)")
+        unknown = sorted(set(args.prompt) - set(vocabulary))
+        if unknown:
+            raise ConfigError(f"--prompt: characters not in the model's vocabulary: {''.join(unknown)!r}")
+        model = build(config["model"], "model", "config.json: model")
+    except ConfigError as error:
+        fail(str(error))
+
+    import jax
+    import jax.numpy as jnp
+
+    from training import checkpoint
+
+    context = json.loads(preprocessing.read_text()).get("context") or config["model"]["args"]["context"]
+    buffer = jax.ShapeDtypeStruct((1, context), jnp.int32)
+    template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), buffer))))
+    try:
+        tree, _ = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
+    except checkpoint.CheckpointError as error:
+        fail(str(error))
+
+    @jax.jit
+    def next_logits(window, position):
+        logits, _ = model(tree["params"], tree["state"], window, train=False)
+        return logits[0, position]
+
+    rng = np.random.default_rng(args.seed)
+    ids = [vocabulary.index(c) for c in args.prompt]
+    for _ in range(args.tokens):
+        recent = ids[-context:]
+        window = np.zeros((1, context), np.int32)
+        window[0, :len(recent)] = recent
+        logits = np.asarray(next_logits(window, len(recent) - 1), np.float64)
+        if args.temperature == 0:
+            ids.append(int(logits.argmax()))
+            continue
+        logits = logits / args.temperature
+        if args.top_k is not None and args.top_k < len(logits):
+            logits[logits < np.sort(logits)[-args.top_k]] = -np.inf
+        p = np.exp(logits - logits.max())
+        ids.append(int(rng.choice(len(p), p=p / p.sum())))
+    print("".join(vocabulary[i] for i in ids))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

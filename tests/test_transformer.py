@@ -1,0 +1,120 @@
+"""Causal attention and the transformer language model: against flax.linen and numpy, gradients included."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from model.model import char_transformer
+from model.modules.attention import MultiHeadAttention
+from model.modules.module import key_path_str
+from model.modules.transformer import TransformerBlock
+
+
+
+def flax_attention_params(params):
+    """Our {query, key, value, out} Linear params as flax's MultiHeadDotProductAttention params."""
+    heads = 2
+    as_heads = lambda w: w.reshape(w.shape[0], heads, -1)  # noqa: E731
+    return {"params": {"query": {"kernel": as_heads(params["query"]["weight"])},
+                       "key": {"kernel": as_heads(params["key"]["weight"])},
+                       "value": {"kernel": as_heads(params["value"]["weight"])},
+                       "out": {"kernel": params["out"]["weight"].reshape(heads, -1, params["out"]["weight"].shape[1])}}}
+
+
+def test_causal_attention_matches_flax_with_a_causal_mask():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((3, 7, 8)), jnp.float32)
+    ours = MultiHeadAttention(2, use_bias=False, causal=True)
+    params, _ = ours.init(jax.random.PRNGKey(0), x)
+    got, _ = ours(params, {}, x)
+    reference = nn.MultiHeadDotProductAttention(2, use_bias=False)
+    want = reference.apply(flax_attention_params(params), x, x, mask=nn.make_causal_mask(jnp.ones((3, 7))))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    check_grads(lambda x: ours(params, {}, x)[0], (x,), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
+
+
+def test_future_tokens_never_change_earlier_outputs():
+    model = char_transformer(vocab_size=11, context=9, dim=16, depth=2, num_heads=2)
+    params, state = model.init(jax.random.PRNGKey(1), jax.ShapeDtypeStruct((2, 9), jnp.int32))
+    ids = np.random.default_rng(1).integers(0, 11, (2, 9)).astype(np.int32)
+    changed = ids.copy()
+    changed[:, 5:] = (changed[:, 5:] + 3) % 11
+    a, _ = model(params, state, ids)
+    b, _ = model(params, state, changed)
+    np.testing.assert_allclose(a[:, :5], b[:, :5], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(a[:, 5:], b[:, 5:])
+    short, _ = model(params, state, ids[:, :4])  # shorter sequences use the first positions
+    np.testing.assert_allclose(short, a[:, :4], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="exceed the model's context of 9"):
+        model(params, state, np.zeros((1, 10), np.int32))
+
+
+def numpy_lm(params, ids, depth, heads):
+    """The language model written out in numpy (float64): the reference for the whole forward pass."""
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+
+    def norm(x, scale):
+        mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + 1e-5) * scale
+
+    def gelu(x):
+        from scipy.special import erf
+
+        return 0.5 * x * (1 + erf(x / np.sqrt(2)))
+
+    b, t = ids.shape
+    x = p["tokens"]["embedding"][ids] + p["positions"]["embedding"][:t]
+    for i in range(depth):
+        block = p["blocks"][str(i)]
+        h = norm(x, block["norm1"]["scale"])
+        q, k, v = (h @ block["attn"][n]["weight"] for n in ("query", "key", "value"))
+        split = lambda a: a.reshape(b, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
+        q, k, v = split(q), split(k), split(v)
+        logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+        logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
+        w = np.exp(logits - logits.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        attended = (w @ v).transpose(0, 2, 1, 3).reshape(b, t, -1)
+        x = x + attended @ block["attn"]["out"]["weight"]
+        h = norm(x, block["norm2"]["scale"])
+        x = x + gelu(h @ block["fc1"]["weight"]) @ block["fc2"]["weight"]
+    return norm(x, p["norm"]["scale"]) @ p["tokens"]["embedding"].T
+
+
+def test_language_model_matches_numpy_and_has_readable_tied_params():
+    model = char_transformer(vocab_size=13, context=8, dim=16, depth=2, num_heads=4)
+    params, _ = model.init(jax.random.PRNGKey(2), jax.ShapeDtypeStruct((3, 8), jnp.int32))
+    names = {key_path_str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    assert {"tokens.embedding", "positions.embedding", "blocks.1.attn.query.weight", "blocks.0.fc2.weight",
+            "norm.scale"} <= names
+    assert not any(n.startswith("head") or n.endswith("bias") for n in names)  # tied head, no biases
+    ids = np.random.default_rng(2).integers(0, 13, (3, 8)).astype(np.int32)
+    got, _ = model(params, {}, ids)
+    np.testing.assert_allclose(got, numpy_lm(params, ids, 2, 4), rtol=2e-4, atol=2e-4)
+    untied = char_transformer(vocab_size=13, context=8, dim=16, depth=1, num_heads=4, tie_weights=False)
+    untied_params, _ = untied.init(jax.random.PRNGKey(2), jax.ShapeDtypeStruct((3, 8), jnp.int32))
+    assert untied_params["head"]["weight"].shape == (16, 13)
+
+
+def test_gpt2_initialisation_scales():
+    model = char_transformer(vocab_size=50, context=32, dim=64, depth=8, num_heads=4)
+    params, _ = model.init(jax.random.PRNGKey(3), jax.ShapeDtypeStruct((1, 32), jnp.int32))
+    assert np.std(params["blocks"]["0"]["fc1"]["weight"]) == pytest.approx(0.02, rel=0.05)
+    assert np.std(params["blocks"]["0"]["fc2"]["weight"]) == pytest.approx(0.02 / np.sqrt(16), rel=0.05)
+    assert np.std(params["blocks"]["0"]["attn"]["out"]["weight"]) == pytest.approx(0.02 / np.sqrt(16), rel=0.1)
+
+
+def test_block_gradients_and_dropout():
+    block = TransformerBlock(num_heads=2, dropout=0.5)
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5, 8)), jnp.float32)
+    params, _ = block.init(jax.random.PRNGKey(4), x)
+    evaluated, _ = block(params, {}, x)
+    again, _ = block(params, {}, x)
+    np.testing.assert_array_equal(evaluated, again)  # no dropout in evaluation
+    trained, _ = block(params, {}, x, train=True, key=jax.random.PRNGKey(5))
+    assert not np.allclose(trained, evaluated)
+    check_grads(lambda x: block(params, {}, x)[0], (x,), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
