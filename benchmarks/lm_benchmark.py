@@ -1,0 +1,340 @@
+"""Language-model training throughput (tokens/s) on this machine: the template's training path on the
+`shakespeare_char` sample against its fused bound, a conventional Flax + Optax loop of the same network, and
+nanoGPT's own PyTorch code on its CPU recipe (4 layers x 4 heads x 128, context 64, batch 12, no dropout).
+
+    python benchmarks/lm_benchmark.py                                  # 3 rounds of 200 steps per variant
+    python benchmarks/lm_benchmark.py --nanogpt ~/src/nanoGPT          # add nanoGPT's model.py (PyTorch eager)
+    python benchmarks/lm_benchmark.py --variants template,fused --steps 500 --rounds 5
+
+Variants (each in a fresh process, interleaved round by round; medians over rounds):
+  template  the real path: `Trainer` with K steps per call ("auto"), the text `DataLoader` with its prefetch thread,
+            metric statistics accumulated, platform defaults as `train.py` sets them
+  fused     the bound: the same steps in one jitted `lax.scan` call over batches already on the device
+  flax      conventional: the same network in flax.linen + optax.adamw, one jitted step per batch, Python loop
+  nanogpt   nanoGPT's `GPT` and `configure_optimizers` (from --nanogpt DIR, a checkout of nanoGPT; needs torch),
+            eager PyTorch on the CPU with all cores, its train.py's step (forward, backward, clip 1.0, AdamW)
+Each process compiles and warms up (template/fused: one timed-length run; flax/nanogpt: ten steps), then times
+--steps steps of the config's batch. The machine's CPU model, core count and load are printed with the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+CONFIG = REPO / "configs" / "shakespeare_char.json"
+VARIANTS = ["template", "fused", "flax", "nanogpt"]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200, help="training steps per timed run")
+    parser.add_argument("--nanogpt", help="a checkout of nanoGPT (its model.py is imported for the nanogpt variant)")
+    parser.add_argument("--out", help="also write the raw results here (JSON)")
+    parser.add_argument("--child", metavar="VARIANT", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def bench_config() -> dict:
+    from utils import load_config
+
+    # the warm-up in epochs: a timed run of any length still fits it (the values do not change the work)
+    config = load_config(CONFIG, ['optimizer.schedule.args.warmup_steps={"epochs": 0.05}'])
+    config["trainer"]["monitor"] = "off"
+    return config
+
+
+class FirstExamples:
+    """The first n examples of a dataset (a timed epoch shorter than the real one)."""
+
+    def __init__(self, dataset, n: int):
+        self.dataset, self.n = dataset, min(n, len(dataset))
+        self.preprocessing = getattr(dataset, "preprocessing", None)
+
+    def __len__(self):
+        return self.n
+
+    def get_batch(self, indices):
+        return self.dataset.get_batch(indices)
+
+
+def train_loader(config: dict, steps: int):
+    from utils import build
+
+    loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
+    loader.dataset = FirstExamples(loader.dataset, steps * loader.batch_size)
+    return loader
+
+
+def tokens_per_step(loader) -> int:
+    return int(loader.spec["target"].size if "target" in loader.spec else loader.spec["input"].size)
+
+
+# ------------------------------------------------------------------------------------------------- variants
+def template_run(steps: int) -> dict:
+    import jax
+
+    from training.trainer import Trainer, metric_results, peak_rss_mb
+    from utils import build, build_optimizer, monitor_of
+
+    config = bench_config()
+    loader = train_loader(config, steps)
+    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
+                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
+                      loader, monitor=monitor_of(config))
+    trainer.init_state()
+    trainer.compile()
+    trainer.first_call_logged = True
+    metric_results(trainer.metrics, trainer.train_epoch(0))  # warm-up: one epoch, as the fused bound does
+    start = time.perf_counter()
+    metric_results(trainer.metrics, trainer.train_epoch(1))  # waits for the last step
+    seconds = time.perf_counter() - start
+    jax.block_until_ready(trainer.ts)
+    return {"tokens_per_s": len(loader) * tokens_per_step(loader) / seconds, "seconds": seconds,
+            "steps_per_call": trainer.steps_per_call, "compile_s": trainer.compile_seconds,
+            "data_wait_s": trainer.data_wait, "peak_rss_mb": peak_rss_mb(),
+            "params": sum(x.size for x in jax.tree.leaves(trainer.ts["params"]))}
+
+
+def fused_run(steps: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from training import platform
+    from training.step import empty_stats, make_train_chunk
+    from training.trainer import metric_results
+    from utils import build, build_optimizer
+
+    config = bench_config()
+    loader = train_loader(config, steps)
+    batches = list(loader.batches(1))
+    epoch = jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
+    epoch["active"] = np.ones(len(batches), np.float32)
+    epoch = jax.device_put(epoch)  # the whole run's batches on the device before timing
+    model, loss_fn = build(config["model"], "model"), build(config["loss"], "loss")
+    metrics = [build(m, "metrics") for m in config["metrics"]]
+    optimizer, _ = build_optimizer(config, len(loader))
+
+    def init(seed):
+        params, state = model.init(jax.random.PRNGKey(seed), loader.spec["input"])
+        return {"params": params, "state": state, "opt_state": optimizer.init(params),
+                "step": jnp.zeros((), jnp.int32), "rng": jax.random.PRNGKey(1)}
+
+    ts = jax.jit(init)(config["seed"])
+    zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], loader.spec))
+    chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
+    start = time.perf_counter()
+    compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
+    compile_s = time.perf_counter() - start
+    ts, totals, logs = compiled(ts, jax.device_put(zeros), epoch)  # warm-up: the whole run once
+    jax.block_until_ready(logs)
+    start = time.perf_counter()
+    ts, totals, logs = compiled(ts, jax.device_put(zeros), epoch)
+    metric_results(metrics, totals)
+    seconds = time.perf_counter() - start
+    return {"tokens_per_s": len(batches) * tokens_per_step(loader) / seconds, "seconds": seconds,
+            "compile_s": compile_s}
+
+
+def flax_model(args: dict):
+    """nanoGPT's network in flax.linen: learned positions, pre-norm blocks, causal attention, tied head."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    dim, heads = args["dim"], args["num_heads"]
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            causal = nn.make_causal_mask(jnp.ones(x.shape[:2]))
+            x = x + nn.MultiHeadDotProductAttention(heads, use_bias=False)(nn.LayerNorm(use_bias=False)(x),
+                                                                          mask=causal)
+            y = nn.Dense(args.get("mlp_ratio", 4) * dim, use_bias=False)(nn.LayerNorm(use_bias=False)(x))
+            return x + nn.Dense(dim, use_bias=False)(nn.gelu(y, approximate=False))
+
+    class GPT(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            embed = nn.Embed(args["vocab_size"], dim)
+            x = embed(ids) + nn.Embed(args["context"], dim)(jnp.arange(ids.shape[1]))[None]
+            for _ in range(args["depth"]):
+                x = Block()(x)
+            return embed.attend(nn.LayerNorm(use_bias=False)(x))
+
+    return GPT()
+
+
+def flax_run(steps: int) -> dict:
+    import jax
+    import optax
+
+    config = bench_config()
+    loader = train_loader(config, steps)
+    net = flax_model(config["model"]["args"])
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, b2=0.99, weight_decay=0.1))
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), loader.spec["input"])
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def train_step(params, opt_state, x, y):
+        def loss_fn(params):
+            return optax.softmax_cross_entropy_with_integer_labels(net.apply(params, x), y).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    for _, batch in zip(range(10), loader.batches(0)):  # compile and warm up
+        params, opt_state, loss = train_step(params, opt_state, batch["input"], batch["target"])
+    jax.block_until_ready(loss)
+    start = time.perf_counter()
+    total = 0.0
+    for batch in loader.batches(1):
+        params, opt_state, loss = train_step(params, opt_state, batch["input"], batch["target"])
+        total = total + loss
+    jax.block_until_ready(total)
+    seconds = time.perf_counter() - start
+    return {"tokens_per_s": len(loader) * tokens_per_step(loader) / seconds, "seconds": seconds,
+            "params": sum(x.size for x in jax.tree.leaves(params))}
+
+
+def nanogpt_run(steps: int, folder: str) -> dict:
+    """nanoGPT's model and optimizer as its train.py uses them on the CPU (no torch.compile, float32)."""
+    import numpy as np
+    import torch
+
+    import importlib.util
+
+    # nanoGPT's model.py under a name of its own: "model" is this repository's package
+    spec = importlib.util.spec_from_file_location("nanogpt_model", Path(folder) / "model.py")
+    nanogpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nanogpt)
+    GPT, GPTConfig = nanogpt.GPT, nanogpt.GPTConfig
+
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count())
+    config = bench_config()
+    args = config["model"]["args"]
+    loader = train_loader(config, steps)
+    model = GPT(GPTConfig(block_size=args["context"], vocab_size=args["vocab_size"], n_layer=args["depth"],
+                          n_head=args["num_heads"], n_embd=args["dim"], dropout=0.0, bias=False))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+
+    def step(batch):
+        x, y = (torch.from_numpy(np.asarray(batch[k], np.int64)) for k in ("input", "target"))
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    for _, batch in zip(range(10), loader.batches(0)):
+        step(batch)
+    start = time.perf_counter()
+    for batch in loader.batches(1):
+        loss = step(batch)
+    loss.item()
+    seconds = time.perf_counter() - start
+    return {"tokens_per_s": len(loader) * tokens_per_step(loader) / seconds, "seconds": seconds,
+            "params": sum(p.numel() for p in model.parameters()), "torch": torch.__version__}
+
+
+# ---------------------------------------------------------------------------------------------- orchestration
+def child_env(variant: str) -> dict:
+    from training import platform
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", platform.SWITCH)}
+    env.pop("_TRAIN_PLATFORM_REEXECUTED", None)
+    env.pop("_TRAIN_STARTED_AT", None)
+    if variant in ("template", "fused"):
+        env.update(platform.process_defaults(env))
+    else:
+        env[platform.SWITCH] = "0"
+    return env
+
+
+def measure(variant: str, args) -> dict:
+    command = [sys.executable, __file__, "--child", variant, "--steps", str(args.steps)]
+    if args.nanogpt:
+        command += ["--nanogpt", args.nanogpt]
+    done = subprocess.run(command, cwd=REPO, env=child_env(variant), capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{variant} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform as host
+
+    return host.processor() or host.machine()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        runs = {"template": template_run, "fused": fused_run, "flax": flax_run}
+        result = nanogpt_run(args.steps, args.nanogpt) if args.child == "nanogpt" else runs[args.child](args.steps)
+        print(json.dumps(result), flush=True)
+        return 0
+    variants = args.variants.split(",")
+    if "nanogpt" in variants and not args.nanogpt:
+        print("nanogpt: skipped (give --nanogpt DIR, a checkout of nanoGPT, and install torch)")
+        variants.remove("nanogpt")
+    results = {v: [] for v in variants}
+    load = [os.getloadavg()]
+    for round_ in range(args.rounds):
+        for variant in variants:
+            result = measure(variant, args)
+            results[variant].append(result)
+            print(f"round {round_ + 1}/{args.rounds}  {variant:9s} {result['tokens_per_s']:,.0f} tokens/s", flush=True)
+        load.append(os.getloadavg())
+    import jax
+
+    median = {v: statistics.median(r["tokens_per_s"] for r in runs) for v, runs in results.items()}
+    print(f"\n{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; "
+          f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
+          f"{args.steps} steps per timed run, medians of {args.rounds} runs\n")
+    print("| variant | tokens/s (median) | ms per step | template / variant | variant / fused | params |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    config = bench_config()
+    tokens = config["data_loader"]["train"]["args"]["batch_size"] * config["model"]["args"]["context"]
+    for variant, rate in median.items():
+        ratio = f"{median['template'] / rate:.2f}" if "template" in median else "-"
+        bound = f"{rate / median['fused']:.2f}" if "fused" in median else "-"
+        params = results[variant][0].get("params", "-")
+        print(f"| {variant} | {rate:,.0f} | {1000 * tokens / rate:.1f} | {ratio} | {bound} | {params:,} |"
+              if isinstance(params, int) else
+              f"| {variant} | {rate:,.0f} | {1000 * tokens / rate:.1f} | {ratio} | {bound} | - |")
+    if "template" in results:
+        runs = results["template"]
+        print(f"\ntemplate: K = {runs[0]['steps_per_call']} steps per call, compile "
+              f"{statistics.median(r['compile_s'] for r in runs):.1f} s, data wait "
+              f"{100 * statistics.median(r['data_wait_s'] / r['seconds'] for r in runs):.1f}%, peak RSS "
+              f"{statistics.median(r['peak_rss_mb'] for r in runs):.0f} MB")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "load": load, "args": vars(args),
+                                              "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
