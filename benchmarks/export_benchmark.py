@@ -78,12 +78,14 @@ def main(argv=None) -> int:
     def fn(x):
         return model(params, state, x, train=False)[0]
 
+    NAMES = ["input"]  # noqa: N806 (one image input)
+
     def at(batch):
         return jax.ShapeDtypeStruct((batch, *args.input), jnp.float32)
 
     # One-off costs kept out of the per-format export times: TensorFlow's import and jax2onnx's first call.
     _, tf_import = timed(lambda: __import__("tensorflow"))
-    _, onnx_warmup = timed(lambda: export_onnx(lambda x: x * 2.0, jax.ShapeDtypeStruct((1, 2), jnp.float32)))
+    _, onnx_warmup = timed(lambda: export_onnx(lambda x: x * 2.0, [jax.ShapeDtypeStruct((1, 2), jnp.float32)], ["x"]))
 
     rows = []  # (artifact, export seconds, batch -> callable); a route that fails is listed with its error
 
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
     def tflite_fixed():
         models, seconds = {}, []
         for b in args.batches:
-            blob, s = timed(lambda: export_tflite(fn, at(b)))
+            blob, s = timed(lambda: export_tflite(fn, [at(b)], NAMES))
             models[b] = TFLiteModel(blob, args.threads)
             seconds.append(s)
         return statistics.mean(seconds), models.__getitem__
@@ -112,20 +114,20 @@ def main(argv=None) -> int:
 
     jitted = jax.jit(fn)
     rows.append(("jitted JAX (reference)", None, lambda b: lambda x: jitted(x).block_until_ready()))
-    add("jax.export artifact (.jax)", lambda: single(lambda: export_jax(fn, spec), JaxModel))
+    add("jax.export artifact (.jax)", lambda: single(lambda: export_jax(fn, [spec]), JaxModel))
     add("LiteRT, fixed-batch .tflite", tflite_fixed)
     dynamic = {}  # the dynamic-batch .tflite, which the tf2onnx route converts
 
     def tflite_dynamic():
-        dynamic["tflite"], seconds = timed(lambda: export_tflite(fn, spec, dynamic_batch=True))
+        dynamic["tflite"], seconds = timed(lambda: export_tflite(fn, [spec], NAMES, dynamic_batch=True))
         model = TFLiteModel(dynamic["tflite"], args.threads)
         return seconds, lambda b: model
 
     add("LiteRT, dynamic-batch .tflite", tflite_dynamic)
     add("onnxruntime, jax2onnx .onnx",
-        lambda: single(lambda: export_onnx(fn, spec), lambda blob: OnnxModel(blob, args.threads)))
+        lambda: single(lambda: export_onnx(fn, [spec], NAMES), lambda blob: OnnxModel(blob, args.threads)))
     add("onnxruntime, tf2onnx-from-.tflite .onnx",
-        lambda: single(lambda: tflite_to_onnx(dynamic["tflite"]), lambda blob: OnnxModel(blob, args.threads)))
+        lambda: single(lambda: tflite_to_onnx(dynamic["tflite"], NAMES), lambda blob: OnnxModel(blob, args.threads)))
 
     rng = np.random.default_rng(0)
     inputs = {b: rng.standard_normal((b, *args.input)).astype(np.float32) for b in args.batches}

@@ -2,8 +2,8 @@
 
 Reloading needs only JAX, not the model code:
 
-    exported = jax.export.deserialize(open("jax_mnist.jax", "rb").read())
-    logits = exported.call(images)            # any batch size when exported with a symbolic batch
+    exported = jax.export.deserialize(bytearray(open("jax_mnist.jax", "rb").read()))
+    outputs = exported.call(images)           # any batch size; several inputs: exported.call(a, b) in name order
 """
 from __future__ import annotations
 
@@ -17,33 +17,31 @@ from jax import export
 PLATFORMS = ("cpu", "cuda")
 
 
-def input_spec(spec: jax.ShapeDtypeStruct, dynamic_batch: bool) -> jax.ShapeDtypeStruct:
-    """spec with its first axis symbolic ("b") when dynamic_batch."""
-    if not dynamic_batch:
-        return spec
-    (batch,) = export.symbolic_shape("b")
-    return jax.ShapeDtypeStruct((batch, *spec.shape[1:]), spec.dtype)
-
-
-def export_jax(fn: Callable, spec: jax.ShapeDtypeStruct, *, dynamic_batch: bool = True,
+def export_jax(fn: Callable, specs: list, *, dynamic_batch: bool = True,
                platforms: Sequence[str] = PLATFORMS) -> bytes:
-    """The serialised `jax.export.Exported` of fn(x) for inputs like spec."""
-    exported = export.export(jax.jit(fn), platforms=tuple(platforms))(input_spec(spec, dynamic_batch))
+    """The serialised `jax.export.Exported` of fn(*inputs) for inputs like `specs` (one shared batch axis)."""
+    if dynamic_batch:
+        (batch,) = export.symbolic_shape("b")
+        specs = [jax.ShapeDtypeStruct((batch, *s.shape[1:]), s.dtype) for s in specs]
+    exported = export.export(jax.jit(fn), platforms=tuple(platforms))(*specs)
     return bytes(exported.serialize())
 
 
 class JaxModel:
-    """A deserialised artifact with the runners' interface (`input_shape` has None for a symbolic axis)."""
+    """A deserialised artifact with the runners' interface: ``inputs`` (name, shape with None for a symbolic axis,
+    dtype), called with one array or a dict of named arrays."""
 
-    def __init__(self, blob: bytes):
+    def __init__(self, blob: bytes, names: Sequence[str] | None = None):
         self.exported = export.deserialize(bytearray(blob))
-        (inp,), (out,) = self.exported.in_avals, self.exported.out_avals
-        self.input_name, self.output_name = "args[0]", "result"
-        self.input_shape = tuple(d if isinstance(d, int) else None for d in inp.shape)
+        avals, (out,) = self.exported.in_avals, self.exported.out_avals
+        names = list(names) if names else [f"args[{i}]" for i in range(len(avals))]
+        self.inputs = [{"name": n, "shape": tuple(d if isinstance(d, int) else None for d in a.shape),
+                        "dtype": np.dtype(a.dtype)} for n, a in zip(names, avals)]
+        self.output_name = "result"
         self.output_shape = tuple(d if isinstance(d, int) else None for d in out.shape)
-        self.input_dtype = np.dtype(inp.dtype)
         self.platforms = tuple(self.exported.platforms)
         self._call = jax.jit(self.exported.call)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(self._call(np.asarray(x, self.input_dtype)))
+    def __call__(self, x) -> np.ndarray:
+        flat = [x[i["name"]] for i in self.inputs] if isinstance(x, dict) else [x]
+        return np.asarray(self._call(*(np.asarray(a, i["dtype"]) for a, i in zip(flat, self.inputs))))

@@ -20,16 +20,17 @@ import jax
 OPSET = 18
 
 
-def export_onnx(fn: Callable, spec: jax.ShapeDtypeStruct, *, dynamic_batch: bool = True, opset: int = OPSET,
-                input_name: str = "input", output_name: str = "logits") -> bytes:
-    """The .onnx bytes of fn(x) for inputs like spec, via jax2onnx; the batch axis is "B" when dynamic_batch."""
+def export_onnx(fn: Callable, specs: list, names: list[str], *, dynamic_batch: bool = True, opset: int = OPSET,
+                output_name: str = "outputs") -> bytes:
+    """The .onnx bytes of fn(*inputs) for inputs like `specs` (named `names`), via jax2onnx; the batch axis is "B"
+    when dynamic_batch."""
     import jax2onnx
 
     if opset < 18:
         raise ValueError(f"opset {opset}: jax2onnx needs 18 or later for valid normalisation and pooling graphs")
-    shape = ("B", *spec.shape[1:]) if dynamic_batch else tuple(spec.shape)
-    model = jax2onnx.to_onnx(fn, [jax.ShapeDtypeStruct(shape, spec.dtype)], model_name="model", opset=opset,
-                             input_names=[input_name], output_names=[output_name])
+    shapes = [jax.ShapeDtypeStruct(("B", *s.shape[1:]) if dynamic_batch else tuple(s.shape), s.dtype) for s in specs]
+    model = jax2onnx.to_onnx(fn, shapes, model_name="model", opset=opset, input_names=list(names),
+                             output_names=[output_name])
     return model.SerializeToString()
 
 
@@ -70,9 +71,9 @@ def _segment_prod(ctx, node, name, args):
     ctx.make_node("Concat", pieces, attr={"axis": 0}, outputs=outputs, shapes=shapes, dtypes=[dtype])
 
 
-def tflite_to_onnx(tflite: bytes, *, opset: int = OPSET, input_name: str = "input",
-                   output_name: str = "logits") -> bytes:
-    """The .onnx bytes of a .tflite model via tf2onnx, with Select as Where and the graph's input/output renamed."""
+def tflite_to_onnx(tflite: bytes, names: list[str], *, opset: int = OPSET, output_name: str = "outputs") -> bytes:
+    """The .onnx bytes of a .tflite model via tf2onnx, with Select as Where and the graph's inputs (the .tflite's,
+    named `names`) and output renamed."""
     import tf2onnx
 
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
@@ -84,19 +85,23 @@ def tflite_to_onnx(tflite: bytes, *, opset: int = OPSET, input_name: str = "inpu
             str(path), opset=opset,
             custom_op_handlers={"Select": (_select_as_where, []), "SelectV2": (_select_as_where, []),
                                 "UnsortedSegmentProd": (_segment_prod, [])})
-    rename_io(model, input_name, output_name)
+    rename_io(model, names, output_name)
     return model.SerializeToString()
 
 
-def rename_io(model, input_name: str, output_name: str, batch_name: str = "B") -> None:
-    """Renames the graph's single input and output (in every node that uses them) and a symbolic batch axis."""
+def rename_io(model, names: list[str], output_name: str, batch_name: str = "B") -> None:
+    """Gives the graph's inputs their names (tf2onnx decorates the .tflite's, e.g. "serving_default_input:0"), its
+    single output `output_name`, in every node that uses them, and names a symbolic batch axis."""
     graph = model.graph
-    (inp,), (out,) = graph.input, graph.output
-    renames = {inp.name: input_name, out.name: output_name}
+    (out,) = graph.output
+    renames = {out.name: output_name}
+    for value in graph.input:
+        found = [n for n in names if n in value.name]
+        renames[value.name] = max(found, key=len) if found else names[len(renames) - 1]
     for node in graph.node:
         node.input[:] = [renames.get(n, n) for n in node.input]
         node.output[:] = [renames.get(n, n) for n in node.output]
-    for value in (inp, out):
+    for value in (*graph.input, out):
         value.name = renames[value.name]
         batch = value.type.tensor_type.shape.dim[0]
         if batch.HasField("dim_param"):

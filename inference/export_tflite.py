@@ -21,9 +21,10 @@ def _tf():
     return tf
 
 
-def export_tflite(fn: Callable, spec: jax.ShapeDtypeStruct, *, dynamic_batch: bool = False,
-                  quantize: str | None = None, input_name: str = "input", output_name: str = "logits") -> bytes:
-    """The .tflite bytes of fn(x) for inputs like spec (its batch axis left open when dynamic_batch).
+def export_tflite(fn: Callable, specs: list, names: list[str], *, dynamic_batch: bool = False,
+                  quantize: str | None = None, output_name: str = "outputs") -> bytes:
+    """The .tflite bytes of fn(*inputs) for inputs like `specs` (named `names`; their batch axis left open when
+    dynamic_batch), each with its own dtype.
 
     quantize: None (float32), "float16" (float16 weights) or "dynamic-int8" (int8 weights, dynamic-range
     quantised activations in the matmuls and convolutions).
@@ -33,10 +34,11 @@ def export_tflite(fn: Callable, spec: jax.ShapeDtypeStruct, *, dynamic_batch: bo
     tf = _tf()
     if quantize not in (None, *QUANTIZATIONS):
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
-    shape = [None if dynamic_batch else spec.shape[0], *spec.shape[1:]]
-    converted = jax2tf.convert(fn, polymorphic_shapes=["(b, ...)"] if dynamic_batch else None, with_gradient=False)
-    tf_fn = tf.function(converted, autograph=False,
-                        input_signature=[tf.TensorSpec(shape, tf.as_dtype(spec.dtype), name=input_name)])
+    signature = [tf.TensorSpec([None if dynamic_batch else s.shape[0], *s.shape[1:]], tf.as_dtype(s.dtype), name=n)
+                 for s, n in zip(specs, names)]
+    polymorphic = ["(b, ...)"] * len(specs) if dynamic_batch else None
+    converted = jax2tf.convert(fn, polymorphic_shapes=polymorphic, with_gradient=False)
+    tf_fn = tf.function(converted, autograph=False, input_signature=signature)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([tf_fn.get_concrete_function()], tf_fn)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if quantize:

@@ -1,7 +1,9 @@
-"""Classify images (or a .npy batch) with an exported model and print the top classes:
+"""Run an exported model on files and print what it says, as its task calls for:
 
-    python inference/predict.py inference/jax_mnist/jax_mnist.onnx digit.png other.jpg [--top 3]
+    python inference/predict.py inference/jax_mnist/jax_mnist.onnx digit.png other.jpg [--top 3]   # classes
     python inference/predict.py inference/jax_mnist/jax_mnist.tflite batch.npy
+    python inference/predict.py inference/regressor/regressor.onnx rows.csv        # raw values per target column
+    python inference/predict.py inference/shakespeare/shakespeare.onnx --text "ROMEO:" --tokens 100   # text
 
 Images are resized and normalised as the training data was: the numbers come from `preprocessing.json`, which the
 converter writes next to the model (from the run's data pipeline), plus the run's `config.json` for its name. A
@@ -21,8 +23,32 @@ from pathlib import Path
 import numpy as np
 
 
-class OnnxModel:
-    """An .onnx file in onnxruntime (CPU); `input_shape` has None for a symbolic axis."""
+ONNX_DTYPES = {"tensor(float)": np.float32, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
+               "tensor(float16)": np.float16, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8}
+
+
+class Runner:
+    """What every runner offers: ``inputs`` (dicts of name, shape with None for a symbolic axis, dtype),
+    ``output_name``, ``output_shape``, and a call on one array or a dict of named arrays."""
+
+    inputs: list[dict]
+
+    def named(self, x) -> dict[str, np.ndarray]:
+        if not isinstance(x, dict):
+            if len(self.inputs) != 1:
+                raise ValueError(f"the model takes {len(self.inputs)} named inputs: {self.names()}")
+            x = {self.inputs[0]["name"]: x}
+        missing = sorted(set(self.names()) - set(x))
+        if missing:
+            raise ValueError(f"missing inputs {missing}; the model takes {self.names()}")
+        return {i["name"]: np.ascontiguousarray(x[i["name"]], i["dtype"]) for i in self.inputs}
+
+    def names(self) -> list[str]:
+        return [i["name"] for i in self.inputs]
+
+
+class OnnxModel(Runner):
+    """An .onnx file in onnxruntime (CPU)."""
 
     def __init__(self, model, threads: int | None = None):
         import onnxruntime as ort
@@ -33,18 +59,17 @@ class OnnxModel:
             options.inter_op_num_threads = 1
         source = str(model) if isinstance(model, Path) else model
         self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        (inp,), (out,) = self.session.get_inputs(), self.session.get_outputs()
-        self.input_name, self.output_name = inp.name, out.name
-        self.input_shape = tuple(d if isinstance(d, int) else None for d in inp.shape)
+        (out,) = self.session.get_outputs()
+        self.inputs = [{"name": i.name, "shape": tuple(d if isinstance(d, int) else None for d in i.shape),
+                        "dtype": np.dtype(ONNX_DTYPES[i.type])} for i in self.session.get_inputs()]
+        self.output_name = out.name
         self.output_shape = tuple(d if isinstance(d, int) else None for d in out.shape)
-        self.input_dtype = np.dtype({"tensor(float)": np.float32, "tensor(int32)": np.int32,
-                                     "tensor(int64)": np.int64}[inp.type])
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.session.run([self.output_name], {self.input_name: np.asarray(x, self.input_dtype)})[0]
+    def __call__(self, x) -> np.ndarray:
+        return self.session.run([self.output_name], self.named(x))[0]
 
 
-class TFLiteModel:
+class TFLiteModel(Runner):
     """A .tflite file in LiteRT's interpreter; a dynamic batch axis is resized on demand."""
 
     def __init__(self, model, threads: int | None = None):
@@ -52,22 +77,26 @@ class TFLiteModel:
 
         source = {"model_path": str(model)} if isinstance(model, Path) else {"model_content": bytes(model)}
         self.interpreter = Interpreter(**source, num_threads=threads)
-        (inp,), (out,) = self.interpreter.get_input_details(), self.interpreter.get_output_details()
-        self._in, self._out = inp["index"], out["index"]
-        self.input_name, self.output_name = inp["name"], out["name"]
-        self.input_shape = tuple(int(d) if d >= 0 else None for d in inp["shape_signature"])
+        (out,) = self.interpreter.get_output_details()
+        details = self.interpreter.get_input_details()
+        self.inputs = [{"name": d["name"], "shape": tuple(int(n) if n >= 0 else None for n in d["shape_signature"]),
+                        "dtype": np.dtype(d["dtype"]), "index": d["index"]} for d in details]
+        self._out = out["index"]
+        self.output_name = out["name"]
         self.output_shape = tuple(int(d) if d >= 0 else None for d in out["shape_signature"])
-        self.input_dtype = np.dtype(inp["dtype"])
         self._allocated = None
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, self.input_dtype)
-        if x.shape != self._allocated:
-            if None in self.input_shape:
-                self.interpreter.resize_tensor_input(self._in, list(x.shape))
+    def __call__(self, x) -> np.ndarray:
+        named = self.named(x)
+        shapes = tuple(named[i["name"]].shape for i in self.inputs)
+        if shapes != self._allocated:
+            for i, shape in zip(self.inputs, shapes):
+                if None in i["shape"]:
+                    self.interpreter.resize_tensor_input(i["index"], list(shape))
             self.interpreter.allocate_tensors()
-            self._allocated = x.shape
-        self.interpreter.set_tensor(self._in, x)
+            self._allocated = shapes
+        for i in self.inputs:
+            self.interpreter.set_tensor(i["index"], named[i["name"]])
         self.interpreter.invoke()
         return self.interpreter.get_tensor(self._out)
 
@@ -83,31 +112,61 @@ def load_model(path: str | Path, threads: int | None = None):
     return runners[path.suffix](path, threads)
 
 
-def run_batched(model, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """The model on every row of x: in chunks of its fixed batch (the last one zero-padded), or of batch_size."""
-    fixed = model.input_shape[0]
+def run_batched(model, x, batch_size: int = 256) -> np.ndarray:
+    """The model on every row of x (one array or a dict of named arrays): in chunks of its fixed batch (the last one
+    zero-padded), or of batch_size."""
+    named = x if isinstance(x, dict) else {model.inputs[0]["name"]: x}
+    rows = len(next(iter(named.values())))
+    fixed = model.inputs[0]["shape"][0]
     step = fixed or batch_size
     outputs = []
-    for start in range(0, len(x), step):
-        chunk = x[start:start + step]
-        n = len(chunk)
+    for start in range(0, rows, step):
+        chunk = {k: v[start:start + step] for k, v in named.items()}
+        n = len(next(iter(chunk.values())))
         if fixed and n < fixed:
-            chunk = np.concatenate([chunk, np.zeros((fixed - n, *chunk.shape[1:]), chunk.dtype)])
-        outputs.append(model(chunk)[:n])
+            chunk = {k: np.concatenate([v, np.zeros((fixed - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
+        outputs.append(model(chunk if isinstance(x, dict) else next(iter(chunk.values())))[:n])
     return np.concatenate(outputs)
 
 
-def load_image(path: str | Path, preprocessing: dict, invert: bool = False) -> np.ndarray:
-    """An image file as one (H, W, C) float32 sample, normalised as in training."""
+def load_image(path: str | Path, shape: tuple, preprocessing: dict, invert: bool = False) -> np.ndarray:
+    """An image file as one (H, W, C) float32 sample of the model's input shape, normalised as in training (a mean
+    and std per channel, or one for all)."""
     from PIL import Image
 
-    height, width, channels = preprocessing["sample_shape"]
+    height, width, channels = shape
     with Image.open(path) as image:
         image = image.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
         pixels = np.asarray(image, np.float32).reshape(height, width, channels)
     if invert:  # dark strokes on a light background, the reverse of MNIST
         pixels = 255.0 - pixels
-    return (pixels * preprocessing["pixel_scale"] - preprocessing["mean"]) / preprocessing["std"]
+    return normalised(pixels * preprocessing.get("pixel_scale", 1.0), preprocessing)
+
+
+def normalised(x: np.ndarray, preprocessing: dict) -> np.ndarray:
+    mean = np.asarray(preprocessing.get("mean", 0.0), np.float32)
+    std = np.asarray(preprocessing.get("std", 1.0), np.float32)
+    return (x - mean) / std
+
+
+def load_rows(path: Path, preprocessing: dict) -> np.ndarray:
+    """A CSV file of raw feature rows (with the training data's column names as its header), standardised as in
+    training."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], [r for r in rows[1:] if r]
+    features = preprocessing.get("features") or header
+    missing = [c for c in features if c not in header]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r}; expected the columns {features}")
+    columns = [header.index(c) for c in features]
+    try:
+        values = np.array([[float(r[c]) for c in columns] for r in body], np.float32)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    return normalised(values, preprocessing)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -119,49 +178,107 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def generate(model, vocabulary: str, prompt: str, tokens: int, temperature: float, seed: int = 0) -> str:
+    """Text from an exported causal language model of fixed context: the last `context` characters sit at the start
+    of the input, padded on the right, and the next one comes from the logits at the last real position."""
+    unknown = sorted(set(prompt) - set(vocabulary))
+    if unknown or not prompt:
+        raise ValueError(f"--text: characters not in the vocabulary: {''.join(unknown)!r}" if unknown else
+                         "--text: give at least one character")
+    context = model.inputs[0]["shape"][1]
+    batch = model.inputs[0]["shape"][0] or 1
+    rng = np.random.default_rng(seed)
+    ids = [vocabulary.index(c) for c in prompt]
+    for _ in range(tokens):
+        recent = ids[-context:]
+        window = np.zeros((batch, context), model.inputs[0]["dtype"])
+        window[0, :len(recent)] = recent
+        logits = model(window)[0, len(recent) - 1].astype(np.float64)
+        if temperature == 0:
+            ids.append(int(logits.argmax()))
+        else:
+            p = softmax(logits / temperature)
+            ids.append(int(rng.choice(len(p), p=p)))
+    return "".join(vocabulary[i] for i in ids)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="an exported .onnx or .tflite file")
-    parser.add_argument("inputs", nargs="+", help="image files (PNG, JPEG, ...) or .npy batches")
-    parser.add_argument("--top", type=int, default=3, help="classes to print per input (default 3)")
+    parser.add_argument("inputs", nargs="*", help="image files (PNG, JPEG, ...), .csv rows or .npy batches")
+    parser.add_argument("--top", type=int, default=3, help="classes (or labels) to print per input (default 3)")
     parser.add_argument("--invert", action="store_true", help="invert images (dark digit on a light background)")
+    parser.add_argument("--text", help="language model: the text to continue")
+    parser.add_argument("--tokens", type=int, default=100, help="language model: characters to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="language model: 0 = most likely character")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="runtime threads (default: the runtime's)")
     args = parser.parse_args(argv)
 
     model_path = Path(args.model)
     folder = model_path.parent
     preprocessing = read_json(folder / "preprocessing.json")
+    task = preprocessing.get("task", "classification")
     try:
         model = load_model(model_path, args.threads)
+        if preprocessing.get("vocabulary"):
+            if args.text is None:
+                raise ValueError("a language model: give --text to continue")
+            print(generate(model, preprocessing["vocabulary"], args.text, args.tokens, args.temperature, args.seed))
+            return 0
+        if not args.inputs:
+            raise ValueError("give input files (images, .csv rows or .npy batches)")
+        if len(model.inputs) > 1:
+            raise ValueError(f"the model takes {len(model.inputs)} named inputs {model.names()}: use the runners "
+                             "(OnnxModel, TFLiteModel) from Python with a dict of arrays")
+        shape, dtype = model.inputs[0]["shape"], model.inputs[0]["dtype"]
         names, samples = [], []
         for item in map(Path, args.inputs):
             if item.suffix == ".npy":
                 batch = np.load(item)
-                batch = batch[None] if batch.ndim == len(model.input_shape) - 1 else batch
-                names += [f"{item}[{i}]" for i in range(len(batch))]
-                samples += list(batch)
+                batch = batch[None] if batch.ndim == len(shape) - 1 else batch
+            elif item.suffix == ".csv":
+                batch = load_rows(item, preprocessing)
             else:
                 if not preprocessing:
                     raise ValueError(f"{folder / 'preprocessing.json'} not found: it says how to prepare images; "
                                      "pass a preprocessed .npy batch instead")
-                names.append(str(item))
-                samples.append(load_image(item, preprocessing, args.invert))
-        x = np.stack(samples).astype(model.input_dtype)
-        if x.shape[1:] != model.input_shape[1:]:
-            raise ValueError(f"inputs have shape {list(x.shape[1:])} per sample, the model expects "
-                             f"{list(model.input_shape[1:])}")
+                batch = load_image(item, shape[1:], preprocessing, args.invert)[None]
+            names += [str(item)] if len(batch) == 1 and item.suffix not in (".npy", ".csv") else \
+                [f"{item}[{i}]" for i in range(len(batch))]
+            samples += list(batch)
+        x = np.stack(samples).astype(dtype)
+        if x.shape[1:] != tuple(shape[1:]):
+            raise ValueError(f"inputs have shape {list(x.shape[1:])} per sample, the model expects {list(shape[1:])}")
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    probabilities = softmax(run_batched(model, x).astype(np.float64))
-    classes = preprocessing.get("classes") or [str(i) for i in range(probabilities.shape[-1])]
+    outputs = run_batched(model, x).astype(np.float64)
     title = read_json(folder / "config.json").get("name", model_path.stem)
-    print(f"{title}: {model_path.name}, {len(x)} input(s)")
-    for name, p in zip(names, probabilities):
-        top = np.argsort(-p)[:args.top]
-        print(f"{name}: " + ", ".join(f"{classes[c]} ({p[c]:.3f})" for c in top))
+    print(f"{title}: {model_path.name}, {len(x)} input(s), task {task}")
+    for name, out in zip(names, outputs):
+        print(f"{name}: {describe(out, task, preprocessing, args.top)}")
     return 0
+
+
+def describe(output: np.ndarray, task: str, preprocessing: dict, top: int) -> str:
+    """One example's output in words: top classes, labels above one half, a mask's share, or raw values."""
+    if task == "classification":
+        p = softmax(output)
+        classes = preprocessing.get("classes") or [str(i) for i in range(len(p))]
+        return ", ".join(f"{classes[c]} ({p[c]:.3f})" for c in np.argsort(-p)[:top])
+    if task == "multilabel":
+        p = 1.0 / (1.0 + np.exp(-output))
+        if p.ndim == 1:
+            labels = preprocessing.get("classes") or [str(i) for i in range(len(p))]
+            return ", ".join(f"{labels[c]} ({p[c]:.3f})" for c in np.argsort(-p)[:top])
+        return f"{int((p > 0.5).sum())} of {p.size} elements positive (mean probability {p.mean():.3f})"
+    names = preprocessing.get("targets") or [f"output {i}" for i in range(output.size)]
+    flat = output.reshape(-1)
+    if len(flat) <= 8:
+        return ", ".join(f"{n} = {v:.6g}" for n, v in zip(names, flat))
+    return f"shape {list(output.shape)}, first values {', '.join(f'{v:.4g}' for v in flat[:8])}, ..."
 
 
 if __name__ == "__main__":

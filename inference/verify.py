@@ -55,11 +55,3 @@ def merge(comparisons: list[Comparison]) -> Comparison:
     failures = [c.failure for c in comparisons if not c.ok]
     return Comparison(max(c.max_abs_diff for c in comparisons), max(c.max_rel_diff for c in comparisons),
                       not failures, failures[0] if failures else None)
-
-
-def top1_agreement(got, expected) -> float:
-    return float(np.mean(np.argmax(got, axis=-1) == np.argmax(expected, axis=-1)))
-
-
-def accuracy(logits, targets) -> float:
-    return float(np.mean(np.argmax(logits, axis=-1) == np.asarray(targets)))

@@ -17,7 +17,7 @@ import pytest
 
 from data_loader.idx import write_idx
 from data_loader.mnist import SOURCES
-from inference import convert_tflite
+from inference import convert_tflite, exporter
 from training import checkpoint
 from utils import build, load_config
 
@@ -87,18 +87,21 @@ def test_writes_every_format_and_report(exported, run_dir):
     report = json.loads((exported / "report.json").read_text())
     entries = {e["format"]: e for e in report["formats"]}
     assert list(entries) == ["tflite", "onnx", "jax"]
-    assert entries["tflite"]["input"]["shape"] == "[1,28,28,1]"  # fixed batch by default
-    assert entries["onnx"]["input"]["shape"] == entries["jax"]["input"]["shape"] == "[B,28,28,1]"
+    assert entries["tflite"]["inputs"][0]["shape"] == "[1,28,28,1]"  # fixed batch by default
+    assert entries["onnx"]["inputs"][0]["shape"] == entries["jax"]["inputs"][0]["shape"] == "[B,28,28,1]"
     for fmt in ("tflite", "onnx"):
-        assert (entries[fmt]["input"]["name"], entries[fmt]["output"]["name"]) == ("input", "logits")
+        assert (entries[fmt]["inputs"][0]["name"], entries[fmt]["output"]["name"]) == ("input", "outputs")
+    assert report["task"] == "classification" and report["validated_on_real_data"] is True
     for e in entries.values():
         assert e["bytes"] == (exported / e["file"]).stat().st_size
-        assert e["validation"]["examples"] == N_VAL and e["validation"]["top1_agreement"] == 1.0
-        assert e["validation"]["accuracy"] == e["validation"]["jax_accuracy"]
+        assert e["validation"]["examples"] == N_VAL and e["validation"]["agreement"] == 1.0
+        assert e["validation"]["quality"] == e["validation"]["jax_quality"]
         assert max(e["random"]["max_abs_diff"], e["validation"]["max_abs_diff"]) <= 1e-4
     assert entries["jax"]["random"]["batch_sizes"] == [1, 16]
     prep = json.loads((exported / "preprocessing.json").read_text())
     assert (prep["mean"], prep["std"]) == (SOURCES["mnist"]["mean"], SOURCES["mnist"]["std"])
+    assert prep["classes"] == [str(d) for d in range(10)] and prep["task"] == "classification"
+    assert prep["inputs"] == [{"name": "input", "shape": "[B,28,28,1]", "dtype": "float32"}]
 
 
 def test_artifacts_equal_the_model_in_their_own_runtimes(exported, run_dir):
@@ -110,7 +113,7 @@ def test_artifacts_equal_the_model_in_their_own_runtimes(exported, run_dir):
     want = np.asarray(forward(x))
 
     session = ort.InferenceSession(str(exported / "tiny_mnist.onnx"), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(session.run(["logits"], {"input": x})[0], want, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(session.run(["outputs"], {"input": x})[0], want, atol=1e-4, rtol=1e-4)
 
     exp = jax.export.deserialize(bytearray((exported / "tiny_mnist.jax").read_bytes()))
     np.testing.assert_array_equal(np.asarray(exp.call(x)), want)
@@ -141,14 +144,14 @@ def test_force_replaces_and_config_weights_input_interface(run_dir, tmp_path):
     files = {p.name for p in (tmp_path / "m").iterdir()}
     assert "m.tflite" in files and "m.jax" not in files
     (entry,) = json.loads((tmp_path / "m" / "report.json").read_text())["formats"]
-    assert entry["input"]["shape"] == "[B,28,28,1]" and entry["random"]["batch_sizes"] == [1, 16]
+    assert entry["inputs"][0]["shape"] == "[B,28,28,1]" and entry["random"]["batch_sizes"] == [1, 16]
 
 
 def test_batch_fixes_every_format(run_dir, tmp_path):
     assert convert("-r", run_dir, "--name", "b", "--output-dir", tmp_path, "--batch", 4, "--formats", "onnx,jax",
                    "--val-examples", 10) == 0
     entries = json.loads((tmp_path / "b" / "report.json").read_text())["formats"]
-    assert [e["input"]["shape"] for e in entries] == ["[4,28,28,1]", "[4,28,28,1]"]
+    assert [e["inputs"][0]["shape"] for e in entries] == ["[4,28,28,1]", "[4,28,28,1]"]
     assert all(e["validation"]["examples"] == 10 for e in entries)  # 10 examples in batches of 4: padding dropped
 
 
@@ -156,8 +159,8 @@ def test_onnx_via_tflite_has_a_symbolic_batch(run_dir, tmp_path):
     assert convert("-r", run_dir, "--name", "v", "--output-dir", tmp_path, "--formats", "onnx",
                    "--onnx-via", "tflite", "--val-examples", 8) == 0
     (entry,) = json.loads((tmp_path / "v" / "report.json").read_text())["formats"]
-    assert entry["route"].startswith("tf2onnx") and entry["input"]["shape"] == "[B,28,28,1]"
-    assert (entry["input"]["name"], entry["output"]["name"]) == ("input", "logits")
+    assert entry["route"].startswith("tf2onnx") and entry["inputs"][0]["shape"] == "[B,28,28,1]"
+    assert (entry["inputs"][0]["name"], entry["output"]["name"]) == ("input", "outputs")
 
 
 def test_quantized_tflite_reports_drift(exported, run_dir, tmp_path):
@@ -166,33 +169,33 @@ def test_quantized_tflite_reports_drift(exported, run_dir, tmp_path):
     (entry,) = json.loads((tmp_path / "q" / "report.json").read_text())["formats"]
     float_entry = json.loads((exported / "report.json").read_text())["formats"][0]
     assert entry["quantize"] == "dynamic-int8" and entry["bytes"] < float_entry["bytes"]
-    assert entry["validation"]["max_abs_diff"] > 0 and "accuracy" in entry["validation"]
+    assert entry["validation"]["max_abs_diff"] > 0 and entry["validation"]["quality"] is not None
 
 
 def test_mismatch_fails_names_the_place_and_writes_nothing(run_dir, tmp_path, monkeypatch, capsys):
-    original = convert_tflite.export_bytes
+    original = exporter.export_bytes
 
     def off_by_a_bit(route, fn, *args, **kwargs):  # an exporter that gets the model slightly wrong
         return original(route, (lambda x: fn(x) + 1e-2) if route == "jax2tf" else fn, *args, **kwargs)
 
-    monkeypatch.setattr(convert_tflite, "export_bytes", off_by_a_bit)
+    monkeypatch.setattr(exporter, "export_bytes", off_by_a_bit)
     assert convert("-r", run_dir, "--name", "bad", "--output-dir", tmp_path, "--formats", "jax,tflite",
                    "--val-examples", 4) == 1
     err = capsys.readouterr().err
-    assert "tflite: FAILED" in err and "output 'logits'" in err and "worst at example" in err
+    assert "tflite: FAILED" in err and "output 'outputs'" in err and "worst at example" in err
     assert "--formats jax" in err  # the format that did pass
     assert list(tmp_path.iterdir()) == []
 
 
 def test_onnx_falls_back_to_the_other_route(run_dir, tmp_path, monkeypatch, capsys):
-    original = convert_tflite.export_bytes
+    original = exporter.export_bytes
 
     def no_jax2onnx(route, *args, **kwargs):
         if route == "jax2onnx":
             raise RuntimeError("unsupported primitive")
         return original(route, *args, **kwargs)
 
-    monkeypatch.setattr(convert_tflite, "export_bytes", no_jax2onnx)
+    monkeypatch.setattr(exporter, "export_bytes", no_jax2onnx)
     assert convert("-r", run_dir, "--name", "f", "--output-dir", tmp_path, "--formats", "onnx",
                    "--val-examples", 4) == 0
     assert "trying tf2onnx" in capsys.readouterr().out
@@ -248,7 +251,7 @@ def test_command_on_a_batchnorm_attention_gelu_dropout_model(run_dir, tmp_path, 
     assert convert("-r", run, "--name", "bn", "--output-dir", tmp_path / "out", "--val-examples", 16) == 0
     entries = json.loads((tmp_path / "out" / "bn" / "report.json").read_text())["formats"]
     assert [e["format"] for e in entries] == ["tflite", "onnx", "jax"]
-    assert all(e["validation"]["top1_agreement"] == 1.0 and "failed_routes" not in e for e in entries)
+    assert all(e["validation"]["agreement"] == 1.0 and "failed_routes" not in e for e in entries)
 
 
 def run_predict(*args) -> str:

@@ -32,6 +32,7 @@ from model.modules.normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from model.modules.pooling import AvgPool2d, GlobalAvgPool, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
+from model.modules.transformer import TransformerBlock
 
 FIXED = 2          # batch of the fixed-batch exports
 DYNAMIC = (1, 5)   # batches a symbolic-batch export runs at
@@ -85,6 +86,11 @@ CASES = {
     # BatchNorm, Dropout, attention and exact GELU in one model.
     "mnist_attention": (samples.mnist_attention(dim=8, num_heads=2), (28, 28, 1), "normal"),
     "mnist_segmenter": (samples.mnist_segmenter(channels=(4, 8)), (28, 28, 1), "normal"),
+    "causal_attention": (MultiHeadAttention(2, use_bias=False, causal=True), (6, 8), "normal"),
+    "transformer_block": (TransformerBlock(2, mlp_ratio=2, dropout=0.1), (6, 8), "normal"),
+    # int32 token ids in, logits per position out; the position slice and the tied head in every route.
+    "char_transformer": (samples.char_transformer(vocab_size=11, context=8, dim=16, depth=2, num_heads=2), (8,),
+                         "ids"),
 }
 
 ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
@@ -118,7 +124,8 @@ def setup(case):
     def inputs(n, seed):
         rng = np.random.default_rng(seed)
         if kind == "ids":
-            return rng.integers(0, CASES[case][0].num_embeddings, (n, *sample)).astype(np.int32)
+            vocabulary = getattr(module, "num_embeddings", None) or module.vocab_size
+            return rng.integers(0, vocabulary, (n, *sample)).astype(np.int32)
         return (rng.standard_normal((n, *sample)) * (3.0 if kind == "wide" else 1.0)).astype(np.float32)
 
     return fn, spec, inputs
@@ -127,7 +134,7 @@ def setup(case):
 @functools.cache
 def tflite_bytes(case, dynamic):
     fn, spec, _ = setup(case)
-    return export_tflite(fn, spec, dynamic_batch=dynamic, output_name="output")
+    return export_tflite(fn, [spec], ["input"], dynamic_batch=dynamic, output_name="output")
 
 
 def load(case, route):
@@ -135,10 +142,10 @@ def load(case, route):
     if route in ("tflite", "tflite_dynamic"):
         return TFLiteModel(tflite_bytes(case, route == "tflite_dynamic"))
     if route == "onnx":
-        return OnnxModel(export_onnx(fn, spec, output_name="output"))
+        return OnnxModel(export_onnx(fn, [spec], ["input"], output_name="output"))
     if route in ("onnx_via_tflite", "onnx_via_tflite_dynamic"):
-        return OnnxModel(tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), output_name="output"))
-    return JaxModel(export_jax(fn, spec))
+        return OnnxModel(tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), ["input"], output_name="output"))
+    return JaxModel(export_jax(fn, [spec]), ["input"])
 
 
 def params_for_matrix():
@@ -154,8 +161,9 @@ def test_export_matches_jax(case, route):
     fn, spec, inputs = setup(case)
     runner = load(case, route)
     dynamic = route in DYNAMIC_ROUTES
-    assert runner.input_shape == ((None,) if dynamic else (FIXED,)) + spec.shape[1:]
-    assert runner.input_name == ("args[0]" if route == "jax" else "input")
+    (given,) = runner.inputs
+    assert given["shape"] == ((None,) if dynamic else (FIXED,)) + spec.shape[1:]
+    assert given["name"] == "input" and given["dtype"] == np.dtype(spec.dtype)
     for n in DYNAMIC if dynamic else (FIXED,):
         x = inputs(n, seed=n)
         want = np.asarray(jax.jit(fn)(x))
@@ -188,3 +196,9 @@ def test_every_layer_is_in_the_matrix():
                 layers.add(name)
     missing = layers - covered - {"Module"}
     assert not missing, f"layers not in the export matrix: {sorted(missing)}"
+
+
+def test_every_sample_model_is_in_the_matrix():
+    """A model a config can name (model/model.py) must be a case of its own, under its own name."""
+    missing = set(samples.__all__) - set(CASES)
+    assert not missing, f"sample models not in the export matrix: {sorted(missing)}"

@@ -46,15 +46,28 @@ def test_merge_keeps_worst_figures_and_first_failure():
     assert (merged.max_abs_diff, merged.max_rel_diff, merged.ok, merged.failure) == (2e-3, 1e-3, False, "b failed")
 
 
-def test_accuracy_and_agreement():
+def test_agreement_and_quality_follow_the_task():
+    from inference.exporter import agreement, quality
+
     logits = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
-    assert verify.accuracy(logits, [1, 1, 1]) == pytest.approx(2 / 3)
-    assert verify.top1_agreement(logits, logits[:, ::-1]) == 0.0
+    assert quality("classification", logits, np.array([1, 1, 1]), np.ones(3)) == pytest.approx(2 / 3)
+    assert agreement("classification", logits, logits[:, ::-1]) == 0.0
+    # a class per position: only unmasked positions count
+    got, want = np.zeros((2, 3, 4)), np.zeros((2, 3, 4))
+    got[..., 1], want[..., 1] = 1.0, 1.0
+    got[1, 2, 3] = 5.0  # differs at one position, which is masked
+    mask = np.array([[1, 1, 1], [1, 1, 0]], np.float32)
+    assert agreement("sequence", got, want, mask) == 1.0 and agreement("sequence", got, want) == pytest.approx(5 / 6)
+    assert quality("sequence", want, np.ones((2, 3), int), mask) == 1.0
+    # multi-label: the sign of each logit; regression: no agreement or quality at all
+    assert agreement("multilabel", np.array([[1.0, -2.0]]), np.array([[0.5, 3.0]])) == 0.5
+    assert quality("multilabel", np.array([[1.0, -2.0]]), np.array([[1.0, 0.0]]), np.ones(1)) == 1.0
+    assert agreement("regression", logits, logits) is None and quality("regression", logits, logits, None) is None
 
 
 class FixedBatch:
     """A model that only accepts batches of 4 and records what it was given."""
-    input_shape = (4, 3)
+    inputs = [{"name": "input", "shape": (4, 3)}]
 
     def __init__(self):
         self.calls = []
@@ -72,7 +85,7 @@ def test_run_batched_pads_fixed_batches_and_drops_the_padding():
     assert len(model.calls) == 3 and not model.calls[-1][2:].any()  # last chunk: 2 rows, then zero padding
 
     class Dynamic:
-        input_shape = (None, 3)
+        inputs = [{"name": "input", "shape": (None, 3)}]
 
         def __call__(self, x):
             return x + 1.0

@@ -1,0 +1,332 @@
+"""Exporting a model and proving each file equal to it: the work behind `inference/convert_tflite.py`.
+
+Everything about the inputs comes from the data's spec (`DataLoader.spec["input"]`): one array or a dict of named
+arrays, each with its own dtype and shape, so int32 token ids stay int32 and a dict becomes several named inputs in
+every format (a single array is named "input"; a dict's inputs are named by their keys, in sorted order). Each file is
+reloaded in its own runtime and compared with the JAX model on random inputs (floats: normal noise; integers:
+uniform ids below the largest id the data holds, or the vocabulary's size) and on real validation examples, with an
+agreement that fits the task (`training/tasks.py`): top-1 per example for classification, top-1 per unmasked position
+for sequences, the sign of each logit for multi-label outputs; regression is judged by the tolerance alone.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+
+from inference import verify
+from inference.predict import run_batched
+from model.modules.module import key_path_str
+
+FORMATS = ("tflite", "onnx", "jax")
+SUFFIX = {"tflite": ".tflite", "onnx": ".onnx", "jax": ".jax"}
+ROUTES = {
+    "jax2tf": "jax2tf -> TFLiteConverter (builtin ops)",
+    "jax2onnx": "jax2onnx (opset 18)",
+    "tflite": "tf2onnx from the .tflite (Select as Where)",
+    "jax.export": "jax.export (StableHLO)",
+}
+LARGER_BATCH = 16  # the "larger size" a symbolic batch is checked at, besides 1
+OUTPUT_NAME = "outputs"
+# What "agreement" and "quality" mean per task: (agreement's name, quality's name).
+MEASURES = {"classification": ("top-1 agreement", "accuracy"), "sequence": ("top-1 agreement per position",
+                                                                            "token accuracy"),
+            "multilabel": ("sign agreement", "element accuracy")}
+
+
+@dataclass
+class Options:
+    batch: int = 1
+    dynamic: dict = field(default_factory=lambda: {"tflite": False, "onnx": True, "jax": True})
+    quantize: str | None = None
+    onnx_via: str = "jax2onnx"
+    atol: float = verify.ATOL
+    rtol: float = verify.RTOL
+    max_accuracy_drop: float = 0.5  # percentage points of the task's quality measure, quantized TFLite only
+    seed: int = 0
+
+
+class ExportError(Exception):
+    """A format that could not be exported or did not match the JAX model."""
+
+
+# ---------------------------------------------------------------------------------------------------------- inputs
+class Inputs:
+    """The model's input tree as the exporters see it: flat, named, with a batch of a given size."""
+
+    def __init__(self, spec, batch: int):
+        paths, self.treedef = jax.tree_util.tree_flatten_with_path(spec)
+        self.single = not isinstance(spec, dict)
+        self.names = ["input"] if self.single else [key_path_str(p) for p, _ in paths]
+        self.specs = [jax.ShapeDtypeStruct((batch, *leaf.shape[1:]), leaf.dtype) for _, leaf in paths]
+
+    def tree(self, flat):
+        return jax.tree_util.tree_unflatten(self.treedef, list(flat))
+
+    def flat_fn(self, fn):
+        """fn of the input tree as a function of the flat inputs, in `names` order."""
+        return lambda *flat: fn(self.tree(flat))
+
+    def feed(self, flat: list) -> np.ndarray | dict:
+        """What a runner takes: the one array, or the named arrays."""
+        return flat[0] if self.single else dict(zip(self.names, flat))
+
+    def described(self) -> list[dict]:
+        return [{"name": n, "shape": shape_text((None, *s.shape[1:])), "dtype": str(np.dtype(s.dtype))}
+                for n, s in zip(self.names, self.specs)]
+
+
+def shape_text(shape) -> str:
+    return "[" + ",".join("B" if d is None else str(d) for d in shape) + "]"
+
+
+def random_inputs(inputs: Inputs, n: int, rng: np.random.Generator, id_bound: dict) -> list[np.ndarray]:
+    """Random inputs of batch n: floats normal, integers uniform in [0, id_bound[name])."""
+    flat = []
+    for name, spec in zip(inputs.names, inputs.specs):
+        shape, dtype = (n, *spec.shape[1:]), np.dtype(spec.dtype)
+        if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+            flat.append(rng.integers(0, max(id_bound.get(name, 2), 1), shape).astype(dtype))
+        else:
+            flat.append(rng.standard_normal(shape).astype(dtype))
+    return flat
+
+
+# ------------------------------------------------------------------------------------------------------ validation
+@dataclass
+class Validation:
+    """Real examples (inputs flat, in `Inputs.names` order), their targets and masks, and the JAX model's outputs."""
+    inputs: list
+    targets: np.ndarray | None
+    masks: np.ndarray
+    outputs: np.ndarray
+
+    def __len__(self):
+        return len(self.outputs)
+
+
+def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Validation:
+    """Examples of the loader with at least one unmasked element, up to `limit`; the model's outputs on them."""
+    flats, targets, masks, outputs = [], [], [], []
+    seen = 0
+    for batch in loader.batches():
+        mask = batch["mask"]
+        keep = mask.reshape(len(mask), -1).max(axis=1) > 0
+        take = np.flatnonzero(keep)[: None if limit is None else limit - seen]
+        flat = jax.tree.leaves(batch["input"])
+        flats.append([leaf[take] for leaf in flat])
+        targets.append(batch["target"][take] if "target" in batch else None)
+        masks.append(mask[take])
+        outputs.append(np.asarray(forward(batch["input"]))[take])
+        seen += len(take)
+        if limit is not None and seen >= limit:
+            break
+    joined = [np.concatenate(parts) for parts in zip(*flats)]
+    target = None if targets[0] is None else np.concatenate(targets)
+    return Validation(joined, target, np.concatenate(masks), np.concatenate(outputs))
+
+
+def id_bounds(inputs: Inputs, validation: Validation | None, preprocessing: dict) -> dict:
+    """Per integer input, the ids random inputs may use: below the vocabulary's size, or the largest id seen."""
+    bounds = {}
+    for i, (name, spec) in enumerate(zip(inputs.names, inputs.specs)):
+        if np.issubdtype(np.dtype(spec.dtype), np.integer):
+            if preprocessing.get("vocabulary"):
+                bounds[name] = len(preprocessing["vocabulary"])
+            elif validation is not None and validation.inputs[i].size:
+                bounds[name] = int(validation.inputs[i].max()) + 1
+    return bounds
+
+
+def agreement(task: str, got: np.ndarray, want: np.ndarray, mask: np.ndarray | None = None) -> float | None:
+    """The fraction of decisions the export shares with JAX: top-1 per example or position, or logit signs."""
+    if task in ("classification", "sequence"):
+        same = np.argmax(got, -1) == np.argmax(want, -1)
+    elif task == "multilabel":
+        same = (got > 0) == (want > 0)
+    else:
+        return None
+    return masked_mean(same, mask)
+
+
+def quality(task: str, outputs: np.ndarray, targets: np.ndarray | None, mask: np.ndarray) -> float | None:
+    """The task's accuracy against the real targets (None for regression and other tasks)."""
+    if targets is None or task not in MEASURES:
+        return None
+    if task == "multilabel":
+        return masked_mean((outputs > 0) == (targets > 0.5), mask)
+    ids = np.argmax(targets, -1) if targets.shape == outputs.shape else targets
+    return masked_mean(np.argmax(outputs, -1) == ids, mask)
+
+
+def masked_mean(values: np.ndarray, mask: np.ndarray | None) -> float:
+    if mask is None:
+        return float(np.mean(values))
+    weights = np.broadcast_to(mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim)), values.shape)
+    return float((values * weights).sum() / max(weights.sum(), 1e-12))
+
+
+# ------------------------------------------------------------------------------------------------------- exporting
+def export_bytes(route: str, fn, inputs: Inputs, dynamic: bool, quantize: str | None = None,
+                 float_tflite=None) -> bytes:
+    """One artifact's bytes by `route`; fn takes the input tree; float_tflite() gives the float32 .tflite that route
+    "tflite" converts."""
+    if route == "jax2tf":
+        from inference.export_tflite import export_tflite
+
+        return export_tflite(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic,
+                             quantize=quantize, output_name=OUTPUT_NAME)
+    if route == "jax2onnx":
+        from inference.export_onnx import export_onnx
+
+        return export_onnx(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic,
+                           output_name=OUTPUT_NAME)
+    if route == "tflite":
+        from inference.export_onnx import tflite_to_onnx
+
+        return tflite_to_onnx(float_tflite(), inputs.names, output_name=OUTPUT_NAME)
+    if route == "jax.export":
+        from inference.export_jax import export_jax
+
+        return export_jax(inputs.flat_fn(fn), inputs.specs, dynamic_batch=dynamic)
+    raise ValueError(f"unknown route {route!r}")
+
+
+def load_runner(path, names: list[str], threads: int | None = None):
+    """The artifact at `path` in its own runtime."""
+    if path.suffix == ".jax":
+        from inference.export_jax import JaxModel
+
+        return JaxModel(path.read_bytes(), names)
+    from inference.predict import load_model
+
+    return load_model(path, threads)
+
+
+def first_line(error: Exception) -> str:
+    """A converter's error in one line (they run to pages of MLIR)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def check(runner, forward, inputs: Inputs, validation: Validation | None, task: str, options: Options,
+          quantized: bool, id_bound: dict) -> dict:
+    """Runs the loaded artifact against the JAX model; returns its report entry (raises ExportError on failure)."""
+    got_inputs = {i["name"]: i for i in runner.inputs}
+    if sorted(got_inputs) != sorted(inputs.names):
+        raise ExportError(f"inputs {sorted(got_inputs)}, expected {sorted(inputs.names)}")
+    fixed = runner.inputs[0]["shape"][0]
+    for name, spec in zip(inputs.names, inputs.specs):
+        expected = (None if fixed is None else spec.shape[0], *spec.shape[1:])
+        if tuple(got_inputs[name]["shape"]) != expected or got_inputs[name]["dtype"] != np.dtype(spec.dtype):
+            raise ExportError(f"input {name!r}: {got_inputs[name]['dtype']}{shape_text(got_inputs[name]['shape'])}, "
+                              f"expected {np.dtype(spec.dtype)}{shape_text(expected)}")
+    sizes = [fixed] if fixed else sorted({1, options.batch, LARGER_BATCH})
+    rng = np.random.default_rng(options.seed)
+    tolerance = dict(atol=options.atol, rtol=options.rtol)
+    comparisons, agreements = [], []
+    for n in sizes:
+        flat = random_inputs(inputs, n, rng, id_bound)
+        want = np.asarray(forward(inputs.tree(flat)))
+        got = runner(inputs.feed(flat))
+        comparisons.append(verify.compare(got, want, **tolerance,
+                                          what=f"output {runner.output_name!r}, random inputs, batch {n}"))
+        agreements.append(agreement(task, got, want))
+    random_result = verify.merge(comparisons)
+    entry = {"inputs": [{"name": i["name"], "shape": shape_text(i["shape"]), "dtype": str(i["dtype"])}
+                        for i in runner.inputs],
+             "output": {"name": runner.output_name, "shape": shape_text(runner.output_shape)},
+             "random": {"batch_sizes": sizes, **random_result.to_dict(),
+                        "agreement": None if agreements[0] is None else float(np.mean(agreements))}}
+    failures = [] if quantized or random_result.ok else [random_result.failure]
+    if validation is None:
+        entry["validation"] = None
+    else:
+        got = run_batched(runner, inputs.feed(validation.inputs))
+        result = verify.compare(got, validation.outputs, **tolerance,
+                                what=f"output {runner.output_name!r}, validation inputs")
+        measured, reference = (quality(task, o, validation.targets, validation.masks)
+                               for o in (got, validation.outputs))
+        entry["validation"] = {"examples": len(got), **result.to_dict(),
+                               "agreement": agreement(task, got, validation.outputs, validation.masks),
+                               "quality": measured, "jax_quality": reference}
+        if quantized:
+            if measured is not None and 100.0 * (reference - measured) > options.max_accuracy_drop:
+                failures.append(f"quantized {MEASURES[task][1]} {100 * measured:.2f}% is "
+                                f"{100 * (reference - measured):.2f} points below the JAX model's "
+                                f"{100 * reference:.2f}% (allowed: {options.max_accuracy_drop})")
+            if not np.isfinite(got).all():
+                failures.append("quantized model gives non-finite outputs")
+        elif not result.ok:
+            failures.append(result.failure)
+    if failures:
+        raise ExportError("; ".join(failures))
+    return entry
+
+
+def export_format(fmt: str, fn, forward, inputs: Inputs, folder, name: str, validation, task: str,
+                  options: Options, id_bound: dict, log=print, threads: int | None = None) -> dict:
+    """Exports one format into `folder`, reloads it and checks it; tries the other ONNX route if one fails."""
+    if fmt == "onnx":
+        routes = [options.onnx_via, "tflite" if options.onnx_via == "jax2onnx" else "jax2onnx"]
+    else:
+        routes = {"tflite": ["jax2tf"], "jax": ["jax.export"]}[fmt]
+    quantize = options.quantize if fmt == "tflite" else None
+    path = folder / f"{name}{SUFFIX[fmt]}"
+    float_tflite = lambda: export_bytes("jax2tf", fn, inputs, options.dynamic[fmt])  # noqa: E731
+    errors = []
+    for route in routes:
+        start = time.perf_counter()
+        try:
+            path.write_bytes(export_bytes(route, fn, inputs, options.dynamic[fmt], quantize, float_tflite))
+            seconds = time.perf_counter() - start
+            runner = load_runner(path, inputs.names, threads)
+            entry = check(runner, forward, inputs, validation, task, options, quantize is not None, id_bound)
+        except Exception as error:  # any converter or runtime error: report it, try the other route if any
+            message = f"{ROUTES[route]}: {first_line(error)}"
+            errors.append(message)
+            path.unlink(missing_ok=True)
+            if route != routes[-1]:
+                log(f"{fmt}: {message}\n{fmt}: trying {ROUTES[routes[routes.index(route) + 1]]} instead")
+            continue
+        entry = {"format": fmt, "file": path.name, "bytes": path.stat().st_size, "route": ROUTES[route],
+                 "dynamic_batch": options.dynamic[fmt], "quantize": quantize, "export_seconds": round(seconds, 2),
+                 **entry}
+        if fmt == "jax":
+            entry["platforms"] = list(runner.platforms)
+        if errors:
+            entry["failed_routes"] = errors
+        return entry
+    raise ExportError(" | ".join(errors))
+
+
+# ---------------------------------------------------------------------------------------------------------- report
+def fmt_size(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def table(entries: list[dict], task: str) -> str:
+    """The report as a Markdown table; the agreement and quality columns are the task's (none for regression)."""
+    measures = MEASURES.get(task)
+    head = ["format", "route", "size", "inputs", "output", "max abs diff", "max rel diff"]
+    if measures:
+        head += [measures[0], f"{measures[1]} (JAX)"]
+    rows = []
+    for e in entries:
+        val = e.get("validation")
+        diffs = [max(e["random"]["max_abs_diff"], val["max_abs_diff"] if val else 0.0),
+                 max(e["random"]["max_rel_diff"], val["max_rel_diff"] if val else 0.0)]
+        label = e["format"] + (f" ({e['quantize']})" if e.get("quantize") else "")
+        row = [label, e["route"], fmt_size(e["bytes"]),
+               ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in e["inputs"]),
+               f"{e['output']['name']} {e['output']['shape']}", f"{diffs[0]:.1e}", f"{diffs[1]:.1e}"]
+        if measures:
+            agree = val["agreement"] if val else e["random"]["agreement"]
+            row.append(f"{100 * agree:.2f}%" + ("" if val else " (random inputs)"))
+            row.append(f"{100 * val['quality']:.2f}% ({100 * val['jax_quality']:.2f}%)"
+                       if val and val["quality"] is not None else "-")
+        rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
