@@ -52,16 +52,20 @@ def main(argv=None) -> int:
         if unknown:
             raise ConfigError(f"--prompt: characters not in the model's vocabulary: {''.join(unknown)!r}")
         model = build(config["model"], "model", "config.json: model")
+        # the ids' dtype and the context length are the data's: one batch of the training split says them
+        spec = build(config["data_loader"]["train"], "data_loader", "config.json: data_loader.train",
+                     seed=config["seed"]).spec["input"]
     except ConfigError as error:
         fail(str(error))
+    except ValueError as error:
+        fail(f"config.json: data_loader.train: {error}")
 
     import jax
-    import jax.numpy as jnp
 
     from training import checkpoint
 
-    context = json.loads(preprocessing.read_text()).get("context") or config["model"]["args"]["context"]
-    buffer = jax.ShapeDtypeStruct((1, context), jnp.int32)
+    context = spec.shape[1]
+    buffer = jax.ShapeDtypeStruct((1, context), spec.dtype)
     template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), buffer))))
     try:
         tree, _ = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
@@ -77,7 +81,7 @@ def main(argv=None) -> int:
     ids = [vocabulary.index(c) for c in args.prompt]
     for _ in range(args.tokens):
         recent = ids[-context:]
-        window = np.zeros((1, context), np.int32)
+        window = np.zeros((1, context), spec.dtype)
         window[0, :len(recent)] = recent
         logits = np.asarray(next_logits(window, len(recent) - 1), np.float64)
         if args.temperature == 0:

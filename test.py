@@ -114,7 +114,9 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     """The confusion matrix and the per-class table, printed and written."""
     from training.plots import save_confusion_matrix
 
-    names = [str(c) for c in classes] if classes else [str(c) for c in range(len(matrix))]
+    # the data's class names, unless the model's classes are not the data's (a head of another size)
+    names = [str(c) for c in classes] if classes and len(classes) == len(matrix) else \
+        [str(c) for c in range(len(matrix))]
     width = max(len(str(matrix.max())), 3)
     print("confusion matrix (rows: true class, columns: predicted):")
     print("      " + " ".join(f"{c[:width]:>{width}}" for c in names))
