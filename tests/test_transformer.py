@@ -118,3 +118,22 @@ def test_block_gradients_and_dropout():
     trained, _ = block(params, {}, x, train=True, key=jax.random.PRNGKey(5))
     assert not np.allclose(trained, evaluated)
     check_grads(lambda x: block(params, {}, x)[0], (x,), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
+
+
+def test_language_model_under_jit_matches_eager_and_compiles_once():
+    model = char_transformer(vocab_size=11, context=8, dim=16, depth=2, num_heads=2, dropout=0.1)
+    params, state = model.init(jax.random.PRNGKey(6), jax.ShapeDtypeStruct((2, 8), jnp.int32))
+    traces = []
+
+    @jax.jit
+    def forward(params, ids, key):
+        traces.append(1)  # runs once per compilation, never per call
+        return model(params, state, ids, train=True, key=key)[0], model(params, state, ids)[0]
+
+    ids = np.random.default_rng(6).integers(0, 11, (2, 8)).astype(np.int32)
+    trained, evaluated = forward(params, ids, jax.random.PRNGKey(7))
+    np.testing.assert_allclose(evaluated, model(params, state, ids)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(trained, model(params, state, ids, train=True, key=jax.random.PRNGKey(7))[0],
+                               rtol=1e-5, atol=1e-5)  # dropout is a function of the key alone
+    forward(params, (ids + 1) % 11, jax.random.PRNGKey(8))
+    assert len(traces) == 1
