@@ -5,7 +5,8 @@
 
 Writes inference/<name>/: <name>.tflite, <name>.onnx, <name>.jax (`jax.export`, StableHLO), config.json, a copy of
 model/, predict.py with preprocessing.json (the data's preprocessing, class names or vocabulary, the inputs and the
-task), and report.json (report.md: the table printed at the end). The inputs' names, dtypes and shapes come from the
+task), and report.json (report.md: the table printed at the end, with what was not checked and which axes are
+fixed). The inputs' names, dtypes and shapes come from the
 data (one array is "input"; a dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
 onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size and, where
 the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see inference/exporter.py).
@@ -20,10 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -83,17 +81,43 @@ def resolve_run(args) -> tuple[Path, Path]:
 
 
 def split_loader(config: dict, splits=("validation", "test")):
-    """The loader of the first of `splits` in the config, or None and why not."""
+    """(loader, split, None) of the first of `splits` in the config, or (None, None, why not)."""
     split = next((s for s in splits if s in config["data_loader"]), None)
     if split is None:
-        return None, f"no {' or '.join(splits)} split in the config"
+        return None, None, f"no {' or '.join(splits)} split in the config"
     try:
         loader = build(config["data_loader"][split], "data_loader", f"config.json: data_loader.{split}",
                        seed=config["seed"])
         loader.spec  # noqa: B018 (reads the first batch: a data set that cannot be read fails here, clearly)
-        return loader, None
-    except (ConfigError, ValueError) as error:
-        return None, str(error)
+        return loader, split, None
+    except ConfigError as error:
+        return None, None, str(error)
+    except ValueError as error:  # the data set's own complaint, which does not say which split
+        return None, None, f"config.json: data_loader.{split}: {error}"
+
+
+def input_spec(args, spec_loader, problem: str | None):
+    """(the input spec, the export batch): --input's one array, else the data's input tree at batch 1."""
+    import jax
+
+    if args.input:
+        if len(args.input) < 2 or args.input[0] < 1:
+            raise ConfigError(f"--input {' '.join(map(str, args.input))}: expected a batch and a sample shape")
+        try:
+            spec = jax.ShapeDtypeStruct(tuple(args.input), np.dtype(args.input_dtype))
+        except TypeError:
+            raise ConfigError(f"--input-dtype {args.input_dtype}: not a dtype") from None
+        batch = args.input[0]
+    elif spec_loader is not None:
+        spec, batch = spec_loader.spec["input"], 1
+    else:
+        raise ConfigError(f"the input spec comes from the data, which cannot be read ({problem}): "
+                          "give one input's shape with --input 1 28 28 1 [--input-dtype float32]")
+    if args.batch is not None:
+        if args.batch < 1:
+            raise ConfigError(f"--batch {args.batch}: expected a positive batch size")
+        batch = args.batch
+    return spec, batch
 
 
 def main(argv=None) -> int:
@@ -112,34 +136,17 @@ def main(argv=None) -> int:
         config_path, checkpoint_path = resolve_run(args)
         config = load_config(config_path, source=config_path.name)
         model = build(config["model"], "model", "config.json: model")
-        loader, loader_problem = split_loader(config)
+        loader, split, problem = split_loader(config)
         spec_loader = loader or split_loader(config, ("train",))[0]  # a spec needs one batch of any split
-        import jax
-
-        if args.input:
-            if len(args.input) < 2 or args.input[0] < 1:
-                raise ConfigError(f"--input {' '.join(map(str, args.input))}: expected a batch and a sample shape")
-            try:
-                spec = jax.ShapeDtypeStruct(tuple(args.input), np.dtype(args.input_dtype))
-            except TypeError:
-                raise ConfigError(f"--input-dtype {args.input_dtype}: not a dtype") from None
-            batch = args.input[0]
-        elif spec_loader is not None:
-            spec, batch = spec_loader.spec["input"], 1
-        else:
-            raise ConfigError(f"the input spec comes from the data, which cannot be read ({loader_problem}): "
-                              "give one input's shape with --input 1 28 28 1 [--input-dtype float32]")
-        if args.batch is not None:
-            if args.batch < 1:
-                raise ConfigError(f"--batch {args.batch}: expected a positive batch size")
-            batch = args.batch
+        spec, batch = input_spec(args, spec_loader, problem)
     except ConfigError as error:
         fail(str(error))
+
+    import jax
 
     from training import checkpoint
     from training.tasks import task_of
 
-    inputs = Inputs(spec, batch)
     template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec))))
     try:
         tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
@@ -151,6 +158,7 @@ def main(argv=None) -> int:
         return model(params, state, x, train=False)[0]
 
     forward = jax.jit(fn)
+    inputs = Inputs(spec, batch)
     preprocessing = run_preprocessing(checkpoint_path, spec_loader)
     task = task_of(config["loss"]["name"], spec_loader.spec if spec_loader is not None else {"input": spec},
                    preprocessing)
@@ -159,15 +167,20 @@ def main(argv=None) -> int:
     if args.batch is not None or args.dynamic_batch:
         options.dynamic = {f: args.dynamic_batch for f in FORMATS}
 
-    validation = None
+    validation, skipped = None, None
     if args.val_examples == 0:
-        print("validation: not checked (--val-examples 0); random inputs only")
+        skipped = "--val-examples 0"
     elif loader is None:
-        print(f"validation: not checked ({loader_problem}); random inputs only"
-              + ("; the quantized model's accuracy is not checked" if args.quantize else ""))
+        skipped = problem
     else:
         validation = exporter.collect_validation(loader, forward, inputs, args.val_examples)
-    id_bound = exporter.id_bounds(inputs, validation, preprocessing)
+    if skipped:
+        print(f"validation: not checked ({skipped}); random inputs only"
+              + ("; the quantized model's accuracy is not checked" if args.quantize else ""))
+    seen = validation.inputs if validation is not None else None
+    if seen is None and spec_loader is not None and not args.input:  # ids of a training batch bound random ids
+        seen = jax.tree.leaves(next(spec_loader.batches())["input"])
+    id_bound = exporter.id_bounds(inputs, seen, preprocessing)
     measure = exporter.MEASURES.get(task)
     jax_quality = exporter.quality(task, validation.outputs, validation.targets, validation.masks) \
         if validation is not None else None
@@ -176,75 +189,24 @@ def main(argv=None) -> int:
           + f", {len(validation) if validation else 0} validation examples"
           + (f", JAX {measure[1]} {100 * jax_quality:.2f}%" if jax_quality is not None else ""))
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{args.name}.", dir=target.parent))
+    source = exporter.Source(config, checkpoint_path, preprocessing)
     try:
-        entries, failures = [], []
-        for fmt in formats:
-            try:
-                entry = exporter.export_format(fmt, fn, forward, inputs, folder, args.name, validation, task,
-                                               options, id_bound)
-            except ExportError as error:
-                failures.append(f"{fmt}: {error}")
-                print(f"{fmt}: FAILED: {error}", file=sys.stderr)
-                continue
-            entries.append(entry)
-            print(f"{fmt}: {entry['file']} ({exporter.fmt_size(entry['bytes'])}, {entry['route']}): matches the JAX "
-                  "model" + ("" if validation else " on random inputs (no validation data)"))
-        if failures:
-            failed = [f for f in formats if any(x.startswith(f + ":") for x in failures)]
-            others = [f for f in formats if f not in failed]
-            hints = [f"--formats {','.join(others)} exports the others"] if others else []
-            if any(options.dynamic[f] for f in failed):
-                hints.append("a fixed batch (--batch N) avoids the symbolic-shape limits of some converters")
-            print("export failed, nothing written" + "".join(f"; {h}" for h in hints), file=sys.stderr)
-            return 1
-        write_extras(folder, config, preprocessing, inputs, task, args, checkpoint_path, entries, options,
-                     validation is not None)
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{args.name}.old.", dir=target.parent))
-            target.rename(old / args.name)
-            folder.rename(target)
-            shutil.rmtree(old)
-        else:
-            folder.rename(target)
-    finally:
-        if folder.exists():
-            shutil.rmtree(folder)
-    print(exporter.table(entries, task))
+        report = exporter.export_folder(target, formats, fn, forward, inputs, task, options, validation, skipped,
+                                        id_bound, source, validation_split=split)
+    except ExportError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(exporter.markdown(report), end="")
     print(f"wrote {target}/")
     return 0
 
 
 def run_preprocessing(checkpoint_path: Path, loader) -> dict:
-    """The run's preprocessing.json (written by train.py from the training data), else the validation data's."""
+    """The run's preprocessing.json (written by train.py from the training data), else the data's own."""
     saved = checkpoint_path.parent / "preprocessing.json"
     if saved.is_file():
         return json.loads(saved.read_text())
     return loader.preprocessing if loader is not None else {}
-
-
-def write_extras(folder: Path, config: dict, preprocessing: dict, inputs, task: str, args, checkpoint_path: Path,
-                 entries: list[dict], options: Options, validated: bool) -> None:
-    """config.json, model/, predict.py, preprocessing.json and report.json next to the artifacts."""
-    import jax
-
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    shutil.copytree(REPO / "model", folder / "model", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copy2(Path(__file__).with_name("predict.py"), folder / "predict.py")
-    (folder / "preprocessing.json").write_text(json.dumps({
-        **preprocessing, "task": task, "inputs": inputs.described(), "output_name": exporter.OUTPUT_NAME,
-    }, indent=2) + "\n")
-    versions = {"jax": jax.__version__}
-    for package in ("tensorflow", "ai_edge_litert", "onnxruntime", "jax2onnx", "tf2onnx"):
-        module = sys.modules.get(package)
-        if module is not None:
-            versions[package] = getattr(module, "__version__", "?")
-    report = {"name": args.name, "checkpoint": str(checkpoint_path), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "task": task, "checked_on": jax.default_backend(), "validated_on_real_data": validated,
-              "tolerance": {"atol": options.atol, "rtol": options.rtol}, "versions": versions, "formats": entries}
-    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (folder / "report.md").write_text(exporter.table(entries, task) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from jax import export
 
+from inference.predict import Runner
+
 # Lowering for several platforms costs nothing and lets the same file run on a GPU host.
 PLATFORMS = ("cpu", "cuda")
 
@@ -27,14 +29,17 @@ def export_jax(fn: Callable, specs: list, *, dynamic_batch: bool = True,
     return bytes(exported.serialize())
 
 
-class JaxModel:
-    """A deserialised artifact with the runners' interface: ``inputs`` (name, shape with None for a symbolic axis,
-    dtype), called with one array or a dict of named arrays."""
+class JaxModel(Runner):
+    """A deserialised artifact with the runners' interface (`inference.predict.Runner`): ``inputs`` (name, shape with
+    None for a symbolic axis, dtype), called with one array or a dict of named arrays. The artifact keeps no input
+    names, so they are given (the export's, in order)."""
 
     def __init__(self, blob: bytes, names: Sequence[str] | None = None):
         self.exported = export.deserialize(bytearray(blob))
         avals, (out,) = self.exported.in_avals, self.exported.out_avals
         names = list(names) if names else [f"args[{i}]" for i in range(len(avals))]
+        if len(names) != len(avals):
+            raise ValueError(f"{len(names)} input names {names} for an artifact of {len(avals)} inputs")
         self.inputs = [{"name": n, "shape": tuple(d if isinstance(d, int) else None for d in a.shape),
                         "dtype": np.dtype(a.dtype)} for n, a in zip(names, avals)]
         self.output_name = "result"
@@ -43,5 +48,5 @@ class JaxModel:
         self._call = jax.jit(self.exported.call)
 
     def __call__(self, x) -> np.ndarray:
-        flat = [x[i["name"]] for i in self.inputs] if isinstance(x, dict) else [x]
-        return np.asarray(self._call(*(np.asarray(a, i["dtype"]) for a, i in zip(flat, self.inputs))))
+        named = self.named(x)
+        return np.asarray(self._call(*(named[i["name"]] for i in self.inputs)))

@@ -90,14 +90,16 @@ def tflite_to_onnx(tflite: bytes, names: list[str], *, opset: int = OPSET, outpu
 
 
 def rename_io(model, names: list[str], output_name: str, batch_name: str = "B") -> None:
-    """Gives the graph's inputs their names (tf2onnx decorates the .tflite's, e.g. "serving_default_input:0"), its
-    single output `output_name`, in every node that uses them, and names a symbolic batch axis."""
+    """Gives the graph's inputs their names (`names`, in the .tflite's input order; a SavedModel-made .tflite may
+    decorate them as "serving_default_input:0"), its single output `output_name`, in every node that uses them, and
+    names a symbolic batch axis."""
     graph = model.graph
     (out,) = graph.output
     renames = {out.name: output_name}
-    for value in graph.input:
-        found = [n for n in names if n in value.name]
-        renames[value.name] = max(found, key=len) if found else names[len(renames) - 1]
+    for position, value in enumerate(graph.input):
+        # Only an exact (undecorated) match counts: a short name like "e" is a substring of most decorations.
+        bare = value.name.removeprefix("serving_default_").split(":")[0]
+        renames[value.name] = bare if bare in names else names[position]
     for node in graph.node:
         node.input[:] = [renames.get(n, n) for n in node.input]
         node.output[:] = [renames.get(n, n) for n in node.output]

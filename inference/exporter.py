@@ -7,11 +7,19 @@ reloaded in its own runtime and compared with the JAX model on random inputs (fl
 uniform ids below the largest id the data holds, or the vocabulary's size) and on real validation examples, with an
 agreement that fits the task (`training/tasks.py`): top-1 per example for classification, top-1 per unmasked position
 for sequences, the sign of each logit for multi-label outputs; regression is judged by the tolerance alone.
+
+`export_folder` puts it together for the command: every format (with the other ONNX route when one fails), the files a
+deployment needs, and the report (what was checked, on what, and what was not), written all at once or not at all.
 """
 from __future__ import annotations
 
+import json
+import shutil
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -20,6 +28,7 @@ from inference import verify
 from inference.predict import run_batched
 from model.modules.module import key_path_str
 
+REPO = Path(__file__).resolve().parents[1]
 FORMATS = ("tflite", "onnx", "jax")
 SUFFIX = {"tflite": ".tflite", "onnx": ".onnx", "jax": ".jax"}
 ROUTES = {
@@ -128,15 +137,17 @@ def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Va
     return Validation(joined, target, np.concatenate(masks), np.concatenate(outputs))
 
 
-def id_bounds(inputs: Inputs, validation: Validation | None, preprocessing: dict) -> dict:
-    """Per integer input, the ids random inputs may use: below the vocabulary's size, or the largest id seen."""
+def id_bounds(inputs: Inputs, seen: list[np.ndarray] | None, preprocessing: dict) -> dict:
+    """Per integer input, the ids random inputs may use: below the vocabulary's size, else up to the largest id in
+    `seen` (real inputs, flat in `Inputs.names` order: the validation examples, or a training batch without them).
+    An id the model never saw in training may index past an embedding, where formats legitimately differ."""
     bounds = {}
     for i, (name, spec) in enumerate(zip(inputs.names, inputs.specs)):
         if np.issubdtype(np.dtype(spec.dtype), np.integer):
             if preprocessing.get("vocabulary"):
                 bounds[name] = len(preprocessing["vocabulary"])
-            elif validation is not None and validation.inputs[i].size:
-                bounds[name] = int(validation.inputs[i].max()) + 1
+            elif seen is not None and seen[i].size:
+                bounds[name] = int(seen[i].max()) + 1
     return bounds
 
 
@@ -330,3 +341,121 @@ def table(entries: list[dict], task: str) -> str:
         rows.append(row)
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def fixed_axes(inputs: Inputs) -> dict[str, list[int]]:
+    """Per input, the axes after the batch: fixed at the data's in every format (a sequence length included)."""
+    return {name: [int(d) for d in spec.shape[1:]] for name, spec in zip(inputs.names, inputs.specs)}
+
+
+def notes(report: dict) -> list[str]:
+    """What the table alone does not say: what was not checked, and which axes are fixed."""
+    lines = []
+    if report["validation"] is None:
+        lines.append(f"Not checked on real data ({report['validation_skipped']}): the formats were compared with "
+                     "the JAX model on random inputs only.")
+    else:
+        lines.append(f"Checked on {report['validation']['examples']} real examples of the "
+                     f"{report['validation']['split']} split, and on random inputs.")
+    fixed = ", ".join(f"{name} {shape_text(axes)}" for name, axes in report["fixed_axes"].items())
+    lines.append(f"Only the batch axis can be symbolic (B); every other axis is fixed at the data's: {fixed}.")
+    return lines
+
+
+def markdown(report: dict) -> str:
+    """report.md: the table, then its notes."""
+    return table(report["formats"], report["task"]) + "\n\n" + "\n".join(notes(report)) + "\n"
+
+
+@dataclass
+class Source:
+    """Where the exported model comes from: what its folder carries besides the artifacts."""
+    config: dict
+    checkpoint: Path
+    preprocessing: dict
+
+
+def export_folder(target: Path, formats, fn, forward, inputs: Inputs, task: str, options: Options,
+                  validation: Validation | None, skipped: str | None, id_bound: dict, source: Source,
+                  validation_split: str | None = None, log=print, warn=None) -> dict:
+    """Writes `target` (<output-dir>/<name>): each of `formats` exported, reloaded and checked (`export_format`),
+    then config.json, a copy of model/, predict.py, preprocessing.json, report.json and report.md. Returns the report.
+
+    The folder is built as a hidden sibling and renamed into place (replacing an existing `target`) only once every
+    format has passed, so a failure leaves nothing behind: ExportError then names each failed format and what still
+    works. `skipped` says why there is no `validation` (the report carries it; random inputs alone are no pass on real
+    data)."""
+    warn = warn or (lambda text: print(text, file=sys.stderr))
+    name = target.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    try:
+        entries, failed = [], []
+        for fmt in formats:
+            try:
+                entry = export_format(fmt, fn, forward, inputs, folder, name, validation, task, options, id_bound,
+                                      log=log)
+            except ExportError as error:
+                failed.append(fmt)
+                warn(f"{fmt}: FAILED: {error}")
+                continue
+            entries.append(entry)
+            log(f"{fmt}: {entry['file']} ({fmt_size(entry['bytes'])}, {entry['route']}): matches the JAX model"
+                + ("" if validation else " on random inputs only (no real data checked)"))
+        if failed:
+            others = [f for f in formats if f not in failed]
+            hints = [f"--formats {','.join(others)} exports the others"] if others else []
+            if any(options.dynamic[f] for f in failed):
+                hints.append("a fixed batch (--batch N) avoids the symbolic-shape limits of some converters")
+            raise ExportError("export failed, nothing written" + "".join(f"; {h}" for h in hints))
+        report = build_report(name, entries, inputs, task, options, validation, skipped, validation_split, source)
+        write_extras(folder, report, inputs, task, source)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=target.parent))
+            target.rename(old / name)
+            folder.rename(target)
+            shutil.rmtree(old)
+        else:
+            folder.rename(target)
+    finally:
+        if folder.exists():
+            shutil.rmtree(folder)
+    return report
+
+
+def build_report(name: str, entries: list[dict], inputs: Inputs, task: str, options: Options,
+                 validation: Validation | None, skipped: str | None, split: str | None, source: Source) -> dict:
+    versions = {"jax": jax.__version__}
+    for package in ("tensorflow", "ai_edge_litert", "onnxruntime", "jax2onnx", "tf2onnx"):
+        module = sys.modules.get(package)  # only the converters and runtimes this export used
+        if module is not None:
+            versions[package] = getattr(module, "__version__", None) or distribution_version(package)
+    checked = None if validation is None else {"split": split or "validation", "examples": len(validation)}
+    return {"name": name, "checkpoint": str(source.checkpoint), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "task": task, "checked_on": jax.default_backend(), "validated_on_real_data": validation is not None,
+            "validation": checked, **({} if validation is not None else {"validation_skipped": skipped or "unknown"}),
+            "inputs": inputs.described(), "fixed_axes": fixed_axes(inputs),
+            "tolerance": {"atol": options.atol, "rtol": options.rtol}, "versions": versions, "formats": entries}
+
+
+def distribution_version(package: str) -> str:
+    """A package's installed version when its module does not say (jax2onnx has no __version__)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def write_extras(folder: Path, report: dict, inputs: Inputs, task: str, source: Source) -> None:
+    """What makes the folder a deployable unit: config.json, model/, predict.py and preprocessing.json (the data's
+    preprocessing, plus the inputs, the output and the task that predict.py reads), and the report."""
+    (folder / "config.json").write_text(json.dumps(source.config, indent=2) + "\n")
+    shutil.copytree(REPO / "model", folder / "model", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy2(Path(__file__).with_name("predict.py"), folder / "predict.py")
+    (folder / "preprocessing.json").write_text(json.dumps({
+        **source.preprocessing, "task": task, "inputs": inputs.described(), "output_name": OUTPUT_NAME,
+    }, indent=2) + "\n")
+    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (folder / "report.md").write_text(markdown(report))

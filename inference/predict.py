@@ -7,7 +7,8 @@
 
 Images are resized and normalised as the training data was: the numbers come from `preprocessing.json`, which the
 converter writes next to the model (from the run's data pipeline), plus the run's `config.json` for its name. A
-.npy file holds inputs already preprocessed, (N, H, W, C) or one (H, W, C) sample.
+.npy file holds inputs already preprocessed, (N, H, W, C) or one (H, W, C) sample; a model of several named inputs
+takes .npz files with one such array per input name (`np.savez("x.npz", features=..., image=...)`).
 
 This file imports only numpy, Pillow (for images) and the runtime the model needs, onnxruntime or ai-edge-litert:
 no JAX, no TensorFlow. Copied with the export folder, it is all a deployment machine needs. The converter runs its
@@ -205,7 +206,8 @@ def generate(model, vocabulary: str, prompt: str, tokens: int, temperature: floa
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="an exported .onnx or .tflite file")
-    parser.add_argument("inputs", nargs="*", help="image files (PNG, JPEG, ...), .csv rows or .npy batches")
+    parser.add_argument("inputs", nargs="*",
+                        help="image files (PNG, JPEG, ...), .csv rows, .npy batches, or .npz files of named inputs")
     parser.add_argument("--top", type=int, default=3, help="classes (or labels) to print per input (default 3)")
     parser.add_argument("--invert", action="store_true", help="invert images (dark digit on a light background)")
     parser.add_argument("--text", help="language model: the text to continue")
@@ -227,39 +229,59 @@ def main(argv=None) -> int:
             print(generate(model, preprocessing["vocabulary"], args.text, args.tokens, args.temperature, args.seed))
             return 0
         if not args.inputs:
-            raise ValueError("give input files (images, .csv rows or .npy batches)")
-        if len(model.inputs) > 1:
-            raise ValueError(f"the model takes {len(model.inputs)} named inputs {model.names()}: use the runners "
-                             "(OnnxModel, TFLiteModel) from Python with a dict of arrays")
-        shape, dtype = model.inputs[0]["shape"], model.inputs[0]["dtype"]
-        names, samples = [], []
-        for item in map(Path, args.inputs):
-            if item.suffix == ".npy":
-                batch = np.load(item)
-                batch = batch[None] if batch.ndim == len(shape) - 1 else batch
-            elif item.suffix == ".csv":
-                batch = load_rows(item, preprocessing)
-            else:
-                if not preprocessing:
-                    raise ValueError(f"{folder / 'preprocessing.json'} not found: it says how to prepare images; "
-                                     "pass a preprocessed .npy batch instead")
-                batch = load_image(item, shape[1:], preprocessing, args.invert)[None]
-            names += [str(item)] if len(batch) == 1 and item.suffix not in (".npy", ".csv") else \
-                [f"{item}[{i}]" for i in range(len(batch))]
-            samples += list(batch)
-        x = np.stack(samples).astype(dtype)
-        if x.shape[1:] != tuple(shape[1:]):
-            raise ValueError(f"inputs have shape {list(x.shape[1:])} per sample, the model expects {list(shape[1:])}")
+            raise ValueError("give input files (images, .csv rows, .npy or .npz batches)")
+        names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
     outputs = run_batched(model, x).astype(np.float64)
     title = read_json(folder / "config.json").get("name", model_path.stem)
-    print(f"{title}: {model_path.name}, {len(x)} input(s), task {task}")
+    print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
     for name, out in zip(names, outputs):
         print(f"{name}: {describe(out, task, preprocessing, args.top)}")
     return 0
+
+
+def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tuple[list[str], dict]:
+    """(a name per example, the model's named inputs) from files: images, .csv rows and .npy batches for a model of
+    one input; .npz files holding one array per input name (a batch, or one example) for any model."""
+    expected = {i["name"]: i for i in model.inputs}
+    names, parts = [], []
+    for path in paths:
+        if path.suffix == ".npz":
+            with np.load(path) as archive:
+                missing = sorted(set(expected) - set(archive.files))
+                if missing:
+                    raise ValueError(f"{path}: no array {missing[0]!r}; the model takes {model.names()}")
+                named = {k: archive[k] for k in expected}
+        elif len(model.inputs) > 1:
+            raise ValueError(f"{path}: the model takes {len(model.inputs)} named inputs {model.names()}: give .npz "
+                             "files with one array per name")
+        elif path.suffix == ".npy":
+            named = {model.inputs[0]["name"]: np.load(path)}
+        elif path.suffix == ".csv":
+            named = {model.inputs[0]["name"]: load_rows(path, preprocessing)}
+        else:
+            if not preprocessing:
+                raise ValueError(f"{path.parent / 'preprocessing.json'} not found: it says how to prepare images; "
+                                 "pass a preprocessed .npy batch instead")
+            named = {model.inputs[0]["name"]: load_image(path, model.inputs[0]["shape"][1:], preprocessing, invert)}
+        # One example (the sample shape) or a batch of them.
+        named = {k: v[None] if v.ndim == len(expected[k]["shape"]) - 1 else v for k, v in named.items()}
+        for k, v in named.items():
+            if v.shape[1:] != tuple(expected[k]["shape"][1:]):
+                raise ValueError(f"{path}: input {k!r} has shape {list(v.shape[1:])} per example, the model expects "
+                                 f"{list(expected[k]['shape'][1:])}")
+        rows = {len(v) for v in named.values()}
+        if len(rows) > 1:
+            raise ValueError(f"{path}: the arrays hold different numbers of examples {sorted(rows)}")
+        (n,) = rows
+        single = n == 1 and path.suffix not in (".npy", ".npz", ".csv")
+        names += [str(path)] if single else [f"{path}[{i}]" for i in range(n)]
+        parts.append(named)
+    x = {k: np.concatenate([p[k] for p in parts]).astype(expected[k]["dtype"]) for k in expected}
+    return names, x
 
 
 def describe(output: np.ndarray, task: str, preprocessing: dict, top: int) -> str:

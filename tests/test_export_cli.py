@@ -18,6 +18,8 @@ import pytest
 from data_loader.idx import write_idx
 from data_loader.mnist import SOURCES
 from inference import convert_tflite, exporter
+from model.modules.linear import Linear
+from model.modules.module import Module
 from training import checkpoint
 from utils import build, load_config
 
@@ -25,12 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 N_VAL = 40
 
 
-def write_config(folder: Path, data_dir: Path, model: dict) -> Path:
-    loader = {"name": "mnist", "args": {"data_dir": str(data_dir), "verify": False, "validation_size": N_VAL,
-                                        "batch_size": 16}}
+def write_config(folder: Path, data_dir: Path, model: dict, loader: str = "mnist", loss: str = "cross_entropy") -> Path:
+    loader = {"name": loader, "args": {"data_dir": str(data_dir), "verify": False, "validation_size": N_VAL,
+                                       "batch_size": 16}}
     config = {
         "name": "tiny", "seed": 0, "model": model,
-        "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
+        "loss": {"name": loss}, "metrics": [{"name": "accuracy"}],
         "optimizer": {"name": "adamw", "args": {"lr": 1e-3}},
         "data_loader": {"train": {**loader, "args": {**loader["args"], "split": "train"}},
                         "validation": {**loader, "args": {**loader["args"], "split": "validation"}}},
@@ -92,6 +94,11 @@ def test_writes_every_format_and_report(exported, run_dir):
     for fmt in ("tflite", "onnx"):
         assert (entries[fmt]["inputs"][0]["name"], entries[fmt]["output"]["name"]) == ("input", "outputs")
     assert report["task"] == "classification" and report["validated_on_real_data"] is True
+    assert report["validation"] == {"split": "validation", "examples": N_VAL} and "validation_skipped" not in report
+    assert report["fixed_axes"] == {"input": [28, 28, 1]}
+    text = (exported / "report.md").read_text()
+    assert text.startswith("| format |") and "top-1 agreement | accuracy (JAX) |" in text
+    assert f"Checked on {N_VAL} real examples of the validation split" in text
     for e in entries.values():
         assert e["bytes"] == (exported / e["file"]).stat().st_size
         assert e["validation"]["examples"] == N_VAL and e["validation"]["agreement"] == 1.0
@@ -289,3 +296,182 @@ def test_predict_on_images_and_npy(exported, run_dir, tmp_path, suffix):
                    for item in line.split(": ", 1)[1].split(", ")]
         assert [c for c, _ in printed] == list(np.argsort(-p)[:2])
         np.testing.assert_allclose([q for _, q in printed], p[np.argsort(-p)[:2]], atol=2e-3)
+
+
+def test_without_real_data_the_report_says_so(run_dir, tmp_path, capsys):
+    assert convert("-r", run_dir, "--name", "r", "--output-dir", tmp_path, "--formats", "jax",
+                   "--val-examples", 0) == 0
+    assert "validation: not checked (--val-examples 0); random inputs only" in capsys.readouterr().out
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["validated_on_real_data"] is False and report["validation"] is None
+    assert report["validation_skipped"] == "--val-examples 0" and report["formats"][0]["validation"] is None
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "Not checked on real data (--val-examples 0)" in text and "(random inputs)" in text
+
+
+def test_segmentation_is_judged_by_logit_signs_and_predict_summarises_masks(run_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    data_dir = load_config(run_dir / "config.json")["data_loader"]["validation"]["args"]["data_dir"]
+    config_path = write_config(run, Path(data_dir), {"name": "mnist_segmenter", "args": {"channels": [4, 8]}},
+                               loader="mnist_segmentation", loss="binary_cross_entropy")
+    model = build(load_config(config_path)["model"], "model")
+    params, state = model.init(jax.random.PRNGKey(4), jax.ShapeDtypeStruct((1, 28, 28, 1), jnp.float32))
+    checkpoint.save(run / "model_best.params", {"params": params, "state": state}, {"epoch": 1, "step": 1})
+
+    assert convert("-r", run, "--name", "seg", "--output-dir", tmp_path / "out", "--val-examples", 12) == 0
+    out = tmp_path / "out" / "seg"
+    report = json.loads((out / "report.json").read_text())
+    assert report["task"] == "multilabel"
+    for entry in report["formats"]:
+        assert entry["output"]["shape"].endswith(",28,28,1]") and entry["validation"]["agreement"] == 1.0
+        assert entry["validation"]["quality"] == entry["validation"]["jax_quality"]
+    assert "| sign agreement | element accuracy (JAX) |" in (out / "report.md").read_text()
+
+    x = np.random.default_rng(6).standard_normal((2, 28, 28, 1)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    logits = np.asarray(model(params, state, x)[0])
+    lines = [line for line in run_predict(out / "seg.onnx", tmp_path / "x.npy").splitlines() if "x.npy[" in line]
+    assert len(lines) == 2
+    for line, want in zip(lines, logits):
+        positive = int(line.split(": ", 1)[1].split(" of ")[0])
+        assert abs(positive - int((want > 0).sum())) <= 1 and "of 784 elements positive" in line
+
+
+class PairNet(Module):
+    """{"features": (B, 3), "image": (B, 4, 4, 1)} -> (B, 2) logits: a model of named inputs."""
+
+    def __init__(self):
+        self.head = Linear(2)
+
+    def init(self, key, x):
+        joined = jax.ShapeDtypeStruct((x["image"].shape[0], 19), jnp.float32)
+        return {"head": self.head.init_params(key, joined)}, {}
+
+    def __call__(self, params, state, x, *, train=False, key=None):
+        flat = x["image"].reshape(x["image"].shape[0], -1)
+        joined = jnp.concatenate([flat * 2.0, jnp.tanh(x["features"])], axis=1)
+        return self.head.forward(params["head"], joined), state
+
+
+def pair_data(split="train", batch_size=8, seed=0):
+    """24 examples of named inputs, as a data set of the config's could return them."""
+    from data_loader.loader import ArrayDataset, DataLoader
+
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    inputs = {"image": rng.standard_normal((24, 4, 4, 1)).astype(np.float32),
+              "features": rng.standard_normal((24, 3)).astype(np.float32)}
+    dataset = ArrayDataset(input=inputs, target=rng.integers(0, 2, 24).astype(np.int32),
+                           preprocessing={"classes": ["no", "yes"]})
+    return DataLoader(dataset, batch_size, seed=seed)
+
+
+def register_run(folder: Path, monkeypatch, loader, model, spec, loss: str = "cross_entropy"):
+    """A run folder (config.json, model_best.params of random weights) of a loader and a model of the test's own,
+    registered as names a config may use (in this process only)."""
+    from data_loader import data_loaders
+    from model import model as samples
+
+    for module, function in ((data_loaders, loader), (samples, model)):
+        monkeypatch.setattr(module, function.__name__, function, raising=False)
+        monkeypatch.setattr(module, "__all__", [*module.__all__, function.__name__])
+    folder.mkdir()
+    args = {"batch_size": 8}
+    config = {"name": folder.name, "seed": 0, "model": {"name": model.__name__, "args": {}}, "loss": {"name": loss},
+              "optimizer": {"name": "adam", "args": {"lr": 1e-3}}, "trainer": {"monitor": "off"},
+              "data_loader": {s: {"name": loader.__name__, "args": {**args, "split": s}}
+                              for s in ("train", "validation")}}
+    (folder / "config.json").write_text(json.dumps(config))
+    net = model()
+    params, state = net.init(jax.random.PRNGKey(0), spec)
+    checkpoint.save(folder / "model_best.params", {"params": params, "state": state}, {"epoch": 1, "step": 1})
+    return lambda x: net(params, state, x)[0]
+
+
+def pair_net():
+    return PairNet()
+
+
+def test_named_inputs_end_to_end_and_predict_reads_npz(tmp_path, monkeypatch):
+    run = tmp_path / "pair_run"
+    model = register_run(run, monkeypatch, pair_data, pair_net, pair_data().spec["input"])
+    assert convert("-r", run, "--name", "pair", "--output-dir", tmp_path / "out") == 0
+    out = tmp_path / "out" / "pair"
+    report = json.loads((out / "report.json").read_text())
+    for entry in report["formats"]:
+        assert [(i["name"], i["dtype"]) for i in entry["inputs"]] == [("features", "float32"), ("image", "float32")]
+        assert entry["validation"]["examples"] == 24 and entry["validation"]["agreement"] == 1.0
+    assert report["fixed_axes"] == {"features": [3], "image": [4, 4, 1]}
+    prep = json.loads((out / "preprocessing.json").read_text())
+    assert [i["name"] for i in prep["inputs"]] == ["features", "image"] and prep["classes"] == ["no", "yes"]
+
+    data = pair_data("validation").dataset.arrays["input"]
+    np.savez(tmp_path / "pair.npz", image=data["image"][:3], features=data["features"][:3])
+    want = np.asarray(jax.nn.softmax(model({k: v[:3] for k, v in data.items()})))
+    for suffix in (".onnx", ".tflite"):
+        lines = [line for line in run_predict(out / f"pair{suffix}", tmp_path / "pair.npz", "--top", 1).splitlines()
+                 if "pair.npz[" in line]
+        assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == [["no", "yes"][c] for c in want.argmax(1)]
+
+
+MEAN, STD = [0.2, 0.5, 0.7], [0.3, 0.2, 0.25]  # per channel, on pixels scaled to [0, 1]
+
+
+def rgb_data(split="train", batch_size=8, seed=0):
+    """Colour images normalised per channel, whose preprocessing says how (what predict.py must repeat)."""
+    from data_loader.loader import ArrayDataset, DataLoader
+
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    pixels = rng.integers(0, 256, (20, 6, 5, 3)) / 255.0
+    images = ((pixels - MEAN) / STD).astype(np.float32)
+    preprocessing = {"classes": ["red", "green", "blue"], "pixel_scale": 1 / 255, "mean": MEAN, "std": STD}
+    dataset = ArrayDataset(input=images, target=rng.integers(0, 3, 20).astype(np.int32), preprocessing=preprocessing)
+    return DataLoader(dataset, batch_size, seed=seed)
+
+
+def rgb_mlp():
+    from model.model import mlp
+
+    return mlp(num_classes=3, hidden=(8,))
+
+
+def test_per_channel_normalisation_end_to_end(tmp_path, monkeypatch):
+    from PIL import Image
+
+    model = register_run(tmp_path / "rgb_run", monkeypatch, rgb_data, rgb_mlp,
+                         jax.ShapeDtypeStruct((1, 6, 5, 3), jnp.float32))
+    assert convert("-r", tmp_path / "rgb_run", "--name", "rgb", "--output-dir", tmp_path / "out",
+                   "--formats", "onnx") == 0
+    out = tmp_path / "out" / "rgb"
+    prep = json.loads((out / "preprocessing.json").read_text())
+    assert (prep["mean"], prep["std"], prep["task"]) == (MEAN, STD, "classification")
+
+    pixels = np.random.default_rng(7).integers(0, 256, (12, 10, 3)).astype(np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "colour.png")  # twice the model's size: predict.py resizes it
+    resized = np.asarray(Image.fromarray(pixels).resize((5, 6), Image.BILINEAR), np.float32)
+    want = np.asarray(jax.nn.softmax(model(((resized / 255.0 - MEAN) / STD)[None].astype(np.float32))))[0]
+    (line,) = [x for x in run_predict(out / "rgb.onnx", tmp_path / "colour.png", "--top", 3).splitlines()
+               if x.startswith(str(tmp_path))]
+    printed = [item.split(" (") for item in line.split(": ", 1)[1].split(", ")]
+    assert [name for name, _ in printed] == [["red", "green", "blue"][c] for c in np.argsort(-want)]
+    np.testing.assert_allclose([float(p.rstrip(")")) for _, p in printed], np.sort(want)[::-1], atol=2e-3)
+
+
+def test_onnx_from_tflite_keeps_short_input_names_apart():
+    """Two inputs through tf2onnx, one of them int32 and named by a prefix of the other: each keeps its name, dtype
+    and place."""
+    import onnxruntime as ort
+
+    from inference.export_onnx import tflite_to_onnx
+    from inference.export_tflite import export_tflite
+
+    def fn(e, ef):
+        return e * 2.0 + ef.astype(jnp.float32)
+
+    specs = [jax.ShapeDtypeStruct((1, 3), jnp.float32), jax.ShapeDtypeStruct((1, 3), jnp.int32)]
+    names = ["e", "ef"]
+    session = ort.InferenceSession(tflite_to_onnx(export_tflite(fn, specs, names), names),
+                                   providers=["CPUExecutionProvider"])
+    assert [(i.name, i.type) for i in session.get_inputs()] == [("e", "tensor(float)"), ("ef", "tensor(int32)")]
+    e, ef = np.ones((1, 3), np.float32), np.array([[1, 2, 3]], np.int32)
+    np.testing.assert_array_equal(session.run(["outputs"], {"e": e, "ef": ef})[0], [[3.0, 4.0, 5.0]])

@@ -98,3 +98,42 @@ def test_softmax_matches_scipy():
 
     z = np.random.default_rng(1).standard_normal((4, 7)) * 30
     np.testing.assert_allclose(softmax(z), reference(z, axis=-1), rtol=1e-12, atol=1e-300)
+
+
+def test_random_ids_stay_below_the_vocabulary_or_the_largest_id_seen():
+    import jax
+
+    from inference.exporter import Inputs, id_bounds, random_inputs
+
+    spec = {"ids": jax.ShapeDtypeStruct((4, 7), np.int32), "image": jax.ShapeDtypeStruct((4, 3, 3, 1), np.float32)}
+    inputs = Inputs(spec, 2)
+    assert inputs.names == ["ids", "image"] and [s.shape for s in inputs.specs] == [(2, 7), (2, 3, 3, 1)]
+    seen = [np.array([[0, 5, 2]]), np.zeros((1, 3, 3, 1), np.float32)]
+    assert id_bounds(inputs, seen, {}) == {"ids": 6}  # floats have no bound
+    assert id_bounds(inputs, seen, {"vocabulary": "abc"}) == {"ids": 3}
+    assert id_bounds(inputs, None, {}) == {}
+    ids, image = random_inputs(inputs, 500, np.random.default_rng(0), {"ids": 6})
+    assert ids.dtype == np.int32 and ids.shape == (500, 7) and set(np.unique(ids)) == set(range(6))
+    assert image.dtype == np.float32 and image.shape == (500, 3, 3, 1)
+
+
+def test_runners_take_one_array_or_named_arrays():
+    import jax
+
+    from inference.export_jax import JaxModel, export_jax
+
+    def fn(features, ids):
+        return features * 2.0 + ids.astype(np.float32)
+
+    specs = [jax.ShapeDtypeStruct((1, 3), np.float32), jax.ShapeDtypeStruct((1, 3), np.int32)]
+    model = JaxModel(export_jax(fn, specs), ["features", "ids"])
+    assert [(i["name"], i["shape"], i["dtype"]) for i in model.inputs] == [
+        ("features", (None, 3), np.float32), ("ids", (None, 3), np.int32)]
+    x = {"ids": np.arange(6).reshape(2, 3), "features": np.ones((2, 3))}  # any order; cast to the inputs' dtypes
+    np.testing.assert_array_equal(model(x), 2.0 + np.arange(6).reshape(2, 3))
+    with pytest.raises(ValueError, match=r"missing inputs \['ids'\]"):
+        model({"features": x["features"]})
+    with pytest.raises(ValueError, match="takes 2 named inputs"):
+        model(x["features"])
+    with pytest.raises(ValueError, match="1 input names"):
+        JaxModel(export_jax(fn, specs), ["features"])
