@@ -8,12 +8,17 @@ import urllib.request
 from pathlib import Path
 
 
-def md5sum(path: str | Path) -> str:
-    digest = hashlib.md5()
+def checksum(path: str | Path, algorithm: str = "md5") -> str:
+    """The file's hex digest, read in blocks (data files can be large)."""
+    digest = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def md5sum(path: str | Path) -> str:
+    return checksum(path, "md5")
 
 
 def download(filename: str, md5: str, mirrors: list[str], folder: str | Path, timeout: float = 30.0) -> Path:

@@ -9,21 +9,14 @@ from __future__ import annotations
 
 import csv
 import difflib
-import hashlib
 import math
 from pathlib import Path
 
 import numpy as np
 
+from data_loader.download import checksum
+
 SPLITS = ("train", "validation", "test")
-
-
-def sha256sum(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def split_rows(num_rows: int, validation_fraction: float, test_fraction: float, split_seed: int) -> dict:
@@ -110,9 +103,10 @@ class CsvDataset:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file")
-        if sha256 is not None and sha256sum(path) != sha256.lower():
-            raise ValueError(f"{path}: checksum mismatch (sha256 {sha256sum(path)}, expected {sha256}); the file is "
-                             "not the one the config was written for")
+        actual = checksum(path, "sha256") if sha256 is not None else None
+        if sha256 is not None and actual != sha256.lower():
+            raise ValueError(f"{path}: checksum mismatch (sha256 {actual}, expected {sha256}); the file is not the "
+                             "one the config was written for")
         targets = [targets] if isinstance(targets, str) else list(targets)
         if not targets:
             raise ValueError(f"{path}: no target columns given")

@@ -15,8 +15,7 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from inference import convert_tflite, exporter
 from inference.predict import load_image
-from model.modules.linear import Linear
-from model.modules.module import Module
+from tests.test_export_cli import PairNet
 from training import checkpoint
 from utils import build, load_config
 
@@ -130,27 +129,12 @@ def test_no_validation_data_is_said_and_not_counted_as_a_pass(tmp_path, csv_path
     assert report["validated_on_real_data"] is False and report["formats"][0]["validation"] is None
 
 
-class TwoInputs(Module):
-    """{"image": (B, 4, 4, 1), "features": (B, 3)} -> (B, 2)."""
-
-    def __init__(self):
-        self.head = Linear(2)
-
-    def init(self, key, x):
-        joined = jax.ShapeDtypeStruct((x["image"].shape[0], 19), jnp.float32)
-        return {"head": self.head.init_params(key, joined)}, {}
-
-    def __call__(self, params, state, x, *, train=False, key=None):
-        joined = jnp.concatenate([x["image"].reshape(x["image"].shape[0], -1), x["features"]], axis=1)
-        return self.head.forward(params["head"], jnp.tanh(joined)), state
-
-
 def test_several_named_inputs_in_every_format(tmp_path):
     rng = np.random.default_rng(1)
     data = {"image": rng.standard_normal((10, 4, 4, 1)).astype(np.float32),
             "features": rng.standard_normal((10, 3)).astype(np.float32)}
     loader = DataLoader(ArrayDataset(input=data, target=rng.integers(0, 2, 10).astype(np.int32)), 4)
-    model = TwoInputs()
+    model = PairNet()
     params, state = model.init(jax.random.PRNGKey(0), loader.spec["input"])
 
     def fn(x):
