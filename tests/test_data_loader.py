@@ -128,3 +128,11 @@ def test_a_split_smaller_than_one_batch_is_padded_to_the_batch():
     (batch,) = list(loader.batches())
     assert batch["input"].shape == (8, 1) and batch["mask"].sum() == 3
     assert sorted(batch["input"][batch["mask"] > 0, 0]) == [0, 1, 2]
+
+
+def test_a_good_file_of_another_data_set_is_named_as_such(tiny_mnist):
+    # the folder holds (tiny) MNIST files registered as the real ones; asking for Fashion-MNIST from that folder must
+    # say the folder is wrong, not that the file is corrupt
+    with pytest.raises(ValueError, match="is the mnist file, not fashion_mnist's: point data_dir at a folder of "
+                                         "fashion_mnist files"):
+        mnist(data_dir=str(tiny_mnist), dataset="fashion_mnist")
