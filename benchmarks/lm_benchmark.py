@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.train_benchmark import FirstExamples, base_env, run_child  # noqa: E402
+
 CONFIG = REPO / "configs" / "shakespeare_char.json"
 VARIANTS = ["template", "fused", "flax", "nanogpt"]
 
@@ -52,20 +53,6 @@ def bench_config() -> dict:
     config = load_config(CONFIG, ['optimizer.schedule.args.warmup_steps={"epochs": 0.05}'])
     config["trainer"]["monitor"] = "off"
     return config
-
-
-class FirstExamples:
-    """The first n examples of a dataset (a timed epoch shorter than the real one)."""
-
-    def __init__(self, dataset, n: int):
-        self.dataset, self.n = dataset, min(n, len(dataset))
-        self.preprocessing = getattr(dataset, "preprocessing", None)
-
-    def __len__(self):
-        return self.n
-
-    def get_batch(self, indices):
-        return self.dataset.get_batch(indices)
 
 
 def train_loader(config: dict, steps: int):
@@ -255,9 +242,7 @@ def nanogpt_run(steps: int, folder: str) -> dict:
 def child_env(variant: str) -> dict:
     from training import platform
 
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", platform.SWITCH)}
-    env.pop("_TRAIN_PLATFORM_REEXECUTED", None)
-    env.pop("_TRAIN_STARTED_AT", None)
+    env = base_env()
     if variant in ("template", "fused"):
         env.update(platform.process_defaults(env))
     else:
@@ -269,11 +254,7 @@ def measure(variant: str, args) -> dict:
     command = [sys.executable, __file__, "--child", variant, "--steps", str(args.steps)]
     if args.nanogpt:
         command += ["--nanogpt", args.nanogpt]
-    done = subprocess.run(command, cwd=REPO, env=child_env(variant), capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        raise RuntimeError(f"{variant} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return json.loads(lines[-1])
+    return run_child(command, child_env(variant), variant)
 
 
 def cpu_model() -> str:

@@ -86,6 +86,7 @@ class FirstExamples:
 
     def __init__(self, dataset, n: int):
         self.dataset, self.n = dataset, min(n, len(dataset)) if n else len(dataset)
+        self.preprocessing = getattr(dataset, "preprocessing", None)
 
     def __len__(self):
         return self.n
@@ -295,12 +296,18 @@ def child(model_name: str, variant: str, steps: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
+def base_env() -> dict:
+    """This process's environment without the platform settings it may carry: each child chooses its own."""
+    from training import platform
+
+    drop = ("GLIBC_TUNABLES", platform.SWITCH, "_TRAIN_PLATFORM_REEXECUTED", "_TRAIN_STARTED_AT")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def child_env(variant: str) -> dict:
     from training import platform
 
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", platform.SWITCH)}
-    env.pop("_TRAIN_PLATFORM_REEXECUTED", None)
-    env.pop("_TRAIN_STARTED_AT", None)
+    env = base_env()
     if variant not in ("flax", "startup") and "no-hugetlb" not in variant.split("+"):  # train.py sets its own
         env.update(platform.process_defaults(env))
     if variant == "flax":
@@ -308,13 +315,18 @@ def child_env(variant: str) -> dict:
     return env
 
 
-def measure(model_name: str, variant: str, steps: int) -> dict:
-    command = [sys.executable, __file__, "--child", model_name, variant, "--steps", str(steps)]
-    done = subprocess.run(command, cwd=REPO, env=child_env(variant), capture_output=True, text=True)
+def run_child(command: list[str], env: dict, what: str) -> dict:
+    """A measurement in a fresh process: the last JSON line it prints."""
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
-        raise RuntimeError(f"{model_name} {variant} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"{what} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     return json.loads(lines[-1])
+
+
+def measure(model_name: str, variant: str, steps: int) -> dict:
+    command = [sys.executable, __file__, "--child", model_name, variant, "--steps", str(steps)]
+    return run_child(command, child_env(variant), f"{model_name} {variant}")
 
 
 def machine() -> dict:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -16,13 +13,7 @@ import pytest
 
 from model.model import mnist_segmenter
 from tests.conftest import make_idx_dataset
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(script: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+from tests.test_train import ROOT, run, write_config
 
 
 def sample_config(name: str, tmp_path: Path, loader_args: dict, **changes) -> Path:
@@ -31,15 +22,7 @@ def sample_config(name: str, tmp_path: Path, loader_args: dict, **changes) -> Pa
     for loader in config["data_loader"].values():
         loader["args"].update(loader_args)
     config["trainer"].update(save_dir=str(tmp_path / "saved"), log_every=1)
-    for dotted, value in changes.items():
-        node = config
-        *parents, last = dotted.split("__")
-        for part in parents:
-            node = node[part]
-        node[last] = value
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config, indent=2))
-    return path
+    return write_config(tmp_path, config, changes)
 
 
 def epochs_of(run_dir: Path) -> list[dict]:

@@ -40,13 +40,19 @@ def make_config(tmp_path: Path, data_dir: Path, **changes) -> Path:
         "trainer": {"epochs": 2, "save_dir": str(tmp_path / "saved"), "save_period": 1,
                     "monitor": "max val/accuracy", "log_every": 1},
     }
+    return write_config(tmp_path, config, changes)
+
+
+def write_config(folder: Path, config: dict, changes: dict) -> Path:
+    """folder/config.json: `config` with `changes` applied, keys of nested sections joined by "__"
+    (trainer__epochs=3)."""
     for dotted, value in changes.items():
         node = config
         *parents, last = dotted.split("__")
         for part in parents:
             node = node[part]
         node[last] = value
-    path = tmp_path / "config.json"
+    path = folder / "config.json"
     path.write_text(json.dumps(config, indent=2))
     return path
 

@@ -83,22 +83,27 @@ def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence) -> 
     return train_chunk
 
 
+def make_eval_stats(model, loss_fn: Callable, metrics: Sequence) -> Callable:
+    """(params, model state, batch) -> the batch's statistics, the model in evaluation mode."""
+
+    def eval_stats(params, state, batch):
+        outputs, _ = model(params, state, batch["input"], train=False)
+        return batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
+
+    return eval_stats
+
+
 def make_eval_step(model, loss_fn: Callable, metrics: Sequence) -> Callable:
     """(params, model state, epoch_stats, batch) -> epoch_stats with the batch added."""
+    eval_stats = make_eval_stats(model, loss_fn, metrics)
 
     def eval_step(params, state, totals, batch):
-        outputs, _ = model(params, state, batch["input"], train=False)
-        return merge(totals, batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch)))
+        return merge(totals, eval_stats(params, state, batch))
 
     return eval_step
 
 
 def empty_stats(model, loss_fn, metrics, params, state, batch_spec: dict) -> dict:
     """Zeros shaped like one batch's statistics (computed abstractly, no compile)."""
-
-    def stats(params, state, batch):
-        outputs, _ = model(params, state, batch["input"], train=False)
-        return batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
-
-    shapes = jax.eval_shape(stats, params, state, batch_spec)
+    shapes = jax.eval_shape(make_eval_stats(model, loss_fn, metrics), params, state, batch_spec)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
