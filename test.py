@@ -95,16 +95,16 @@ def main(argv=None) -> int:
           f"{args.split} split, {loader.num_examples} examples, task: {task}")
     for name, value in results.items():
         if isinstance(value, float):
-            print(f"  {name:<20} {value:.4f}")
+            label = "token accuracy" if task == "sequence" and name == "accuracy" else name
+            print(f"  {label:<20} {value:.4f}")
     out = Path(args.out) if args.out else checkpoint_path.parent
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.split == "test" else f"_{args.split}"
     if task == "classification":
         report_classes(np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"), out,
                        suffix)
-    elif task == "sequence" and config["loss"]["name"] == "cross_entropy":
+    elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
         print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
-        print(f"  {'token accuracy':<20} {results['accuracy']:.4f}")
     elif task == "regression":
         report_predictions(model, params, state, loader, preprocessing, out, suffix)
     return 0
