@@ -43,6 +43,7 @@ TRAINER_DEFAULTS = {
     "log_every": 50,
     "steps_per_call": "auto",
     "run_id": None,
+    "divergence_factor": None,
 }
 WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
                   "mode": "offline", "id": None}
@@ -280,6 +281,7 @@ def validate(config: dict, source: str = "config.json") -> dict:
     check_number(trainer, "early_stop", where, int, 0)
     check_number(trainer, "log_every", where, int, 1)
     check_number(trainer, "steps_per_call", where, int, 1, allow=("auto",))
+    check_number(trainer, "divergence_factor", where, float, 1.0, allow=(None,))
     if not isinstance(trainer["save_dir"], str):
         raise ConfigError(f"{where}.save_dir: expected a path string")
     monitor = trainer["monitor"]
