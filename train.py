@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import shutil
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,14 @@ from utils import (ConfigError, build, build_optimizer, config_hash, fail, load_
                    setup_logging)
 
 log = logging.getLogger("train")
+
+
+class Interrupted(BaseException):
+    """SIGTERM, raised where the program is (as SIGINT raises KeyboardInterrupt): nothing catches it by accident."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def parse_args(argv=None):
@@ -75,29 +84,46 @@ def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
     config["wandb"]["id"] = saved.get("id") or new_run_id()
 
 
-def new_run_dir(config: dict) -> Path:
-    """The folder for a new run (created once the run's state is ready)."""
+def run_id_of(config: dict) -> str:
+    """A new run's folder name: trainer.run_id, else the start time (and the wandb run id, so each finds the
+    other)."""
     trainer = config["trainer"]
-    run_id = trainer["run_id"] or datetime.now().strftime("%Y%m%d_%H%M%S")
-    if not trainer["run_id"] and wandb_on(config):  # the folder and the wandb run are found from each other
-        run_id += f"_{config['wandb']['id']}"
-    run_dir = Path(trainer["save_dir"]) / config["name"] / run_id
-    suffix = 1
-    while run_dir.exists():  # two runs started in the same second never share a folder
-        run_dir = run_dir.with_name(f"{run_id}_{suffix}")
-        suffix += 1
-    return run_dir
+    if trainer["run_id"]:
+        return trainer["run_id"]
+    run_id = datetime.now().strftime("%Y%m%d_%H%M%S")
+    return f"{run_id}_{config['wandb']['id']}" if wandb_on(config) else run_id
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    """Exit status: 0 trained, 1 the run stopped on an error (divergence, a failed write), 2 bad input (config,
+    data, checkpoint, a run folder in use or not writable: nothing was written), 130/143 stopped by SIGINT/SIGTERM
+    (continue with -r; every finished epoch is in its checkpoint)."""
+    previous = signal.signal(signal.SIGTERM, stop_on_signal)
+    try:
+        return run(parse_args(argv))
+    except (KeyboardInterrupt, Interrupted) as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",
+              file=sys.stderr)
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_on_signal(signum, frame):
+    raise Interrupted(signum)
+
+
+def run(args) -> int:
     setup_logging(None)  # the console until the run folder exists
-    # 1. Config: read, override, validate. Nothing is loaded or compiled before this passes.
+    # 1. Config: read, override, validate, build. Nothing is loaded or compiled before this passes.
     try:
         config, resume_dir = resolve_config(args)
-        model = build(config["model"], "model", "config.json: model")
-        loss_fn = build(config["loss"], "loss", "config.json: loss")
-        metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
+        source = Path(args.config).name if args.config else "config.json"
+        model = build(config["model"], "model", f"{source}: model")
+        loss_fn = build(config["loss"], "loss", f"{source}: loss")
+        metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
+        build_optimizer(config, steps_per_epoch=1, source=source)  # its hyperparameters' checks, before the data
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
@@ -106,24 +132,27 @@ def main(argv=None) -> int:
     loaders = {}
     try:
         for split, spec in config["data_loader"].items():
-            loaders[split] = build(spec, "data_loader", f"config.json: data_loader.{split}", seed=config["seed"])
+            loaders[split] = build(spec, "data_loader", f"{source}: data_loader.{split}", seed=config["seed"])
             loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
-        optimizer, lr_fn = build_optimizer(config, steps_per_epoch=len(loaders["train"]))
+        optimizer, lr_fn = build_optimizer(config, steps_per_epoch=len(loaders["train"]), source=source)
     except ConfigError as error:
         fail(str(error))
     except ValueError as error:  # a dataset whose batches the loop cannot take
-        fail(f"config.json: data_loader: {error}")
+        fail(f"{source}: data_loader: {error}")
 
     import jax
 
-    from training.checkpoint import CheckpointError
+    from training import run_folder
+    from training.checkpoint import CheckpointError, write_atomic
     from training.trainer import Trainer, TrainingDiverged
 
-    # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder.
-    run_dir = resume_dir or new_run_dir(config)
+    # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
+    # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
     monitor = monitor_of(config)
     try:
-        trainer = Trainer(config, run_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
+        if resume_dir:
+            run_folder.hold(resume_dir)
+        trainer = Trainer(config, resume_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
                           loaders.get("validation"), monitor=monitor, config_hash=config_hash(config))
         if args.resume:
             trainer.restore(Path(args.resume))
@@ -131,22 +160,37 @@ def main(argv=None) -> int:
             trainer.init_state()
             if args.weights:
                 trainer.load_weights(Path(args.weights), exclude=tuple(args.exclude))
-    except (CheckpointError, ValueError) as error:
+    except (CheckpointError, ValueError, run_folder.RunFolderError) as error:
         fail(str(error))
 
     # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    preprocessing = loaders["train"].preprocessing
-    if preprocessing:
-        (run_dir / "preprocessing.json").write_text(json.dumps(preprocessing, indent=2) + "\n")
-    if not resume_dir:
-        shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    setup_logging(run_dir)
+    try:
+        if resume_dir:
+            run_dir = resume_dir
+            repaired = run_folder.reconcile(run_dir, Path(args.resume), trainer.resumed_header,
+                                            config["trainer"]["save_period"])
+        else:
+            run_dir = run_folder.create(Path(config["trainer"]["save_dir"]) / config["name"], run_id_of(config))
+            run_folder.hold(run_dir)
+            shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            repaired = []
+        trainer.run_dir = run_dir
+        write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+        preprocessing = loaders["train"].preprocessing
+        if preprocessing:
+            write_atomic(run_dir / "preprocessing.json", (json.dumps(preprocessing, indent=2) + "\n").encode())
+        setup_logging(run_dir)
+    except run_folder.RunFolderError as error:
+        fail(str(error))
+    except OSError as error:
+        fail(f"cannot write in the run folder: {error.filename or ''}: {error.strerror or error}")
+    logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
     from model.summary import summary
 
     log.info(f"run folder: {run_dir}")
+    for line in repaired:
+        log.info(f"resume: {line}")
     log.info(f"devices: {', '.join(str(d) for d in jax.devices())}")
     log.info(f"batch: {describe_batch(trainer.batch_spec)}")
     log.info(f"state: {trainer.origin}")
@@ -159,11 +203,14 @@ def main(argv=None) -> int:
         best = trainer.fit()
         log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
         status = 0
-    except TrainingDiverged as error:
+    except (TrainingDiverged, run_folder.RunFolderError) as error:
         log.error(str(error))
-    except KeyboardInterrupt:
-        log.info(f"interrupted; continue with: python train.py -r {run_dir / 'checkpoint-latest.params'}")
-        status = 130
+    except (KeyboardInterrupt, Interrupted) as stop:
+        status = 128 + getattr(stop, "signum", signal.SIGINT)
+        latest = run_dir / "checkpoint-latest.params"
+        follow = f"continue with: python train.py -r {latest}" if latest.is_file() else \
+            "no epoch ended, so there is no checkpoint to continue from"
+        log.info(f"stopped by {signal.Signals(status - 128).name}; {follow}")
     finally:
         finish(run_dir, trackers, status)
     return status

@@ -207,4 +207,11 @@ def _prefetch(iterator: Iterator, size: int) -> Iterator:
                 raise item
             yield item
     finally:
+        # joined, not abandoned: a daemon thread still placing arrays on the device while the interpreter shuts
+        # down (an error or Ctrl-C ending the run) crashes the process with SIGABRT/SIGSEGV instead of its status
         stop.set()
+        while thread.is_alive():
+            try:
+                items.get(timeout=0.05)
+            except queue.Empty:
+                pass

@@ -7,7 +7,6 @@ the same code runs on one CPU or several accelerators.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import resource
@@ -22,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from training import checkpoint, platform
+from training import checkpoint, platform, run_folder
 from training.metrics import values as metric_values
 from training.trackers import StepTrace
 from training.step import empty_stats, make_eval_step, make_train_chunk
@@ -84,13 +83,13 @@ def peak_rss_mb() -> float:
 
 
 class Trainer:
-    def __init__(self, config: dict, run_dir: Path, model, loss_fn: Callable, metrics: Sequence, optimizer,
+    def __init__(self, config: dict, run_dir: Path | None, model, loss_fn: Callable, metrics: Sequence, optimizer,
                  lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = (),
                  monitor: Monitor | None = None, config_hash: str | None = None):
         self.config = config
         self.config_hash = config_hash
         self.trainer_cfg = config["trainer"]
-        self.run_dir = Path(run_dir)
+        self.run_dir = run_dir  # set before fit(); a new run's folder is created once its state is ready
         self.model, self.loss_fn, self.metrics, self.optimizer = model, loss_fn, metrics, optimizer
         self.lr_fn = lr_fn
         self.train_loader, self.valid_loader = train_loader, valid_loader
@@ -117,10 +116,11 @@ class Trainer:
         self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics), donate_argnums=(2,))
         self.epoch = 0  # epochs completed
         self.monitor = monitor
-        self.best = None
+        self.best, self.best_epoch = None, None
         self.bad_epochs = 0
-        profile = self.trainer_cfg.get("profile")
-        self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
+        self.min_loss = math.inf  # the lowest step loss so far, for trainer.divergence_factor
+        self.resumed_header = None
+        self.trace = None
 
     # ------------------------------------------------------------------------------------------------- state
     @property
@@ -153,8 +153,10 @@ class Trainer:
                                         tree))
         self.ts = jax.device_put(tree, self.replicated)
         self.epoch = header["epoch"]
-        self.best = header.get("best")
+        self.best, self.best_epoch = header.get("best"), header.get("best_epoch")
         self.bad_epochs = header.get("bad_epochs", 0)
+        self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
+        self.resumed_header = header
         self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}"
         if header.get("config_hash") != self.config_hash:
             self.origin += " (the config's model/loss/optimizer/seed differ from the checkpoint's run)"
@@ -169,9 +171,10 @@ class Trainer:
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
     def header(self) -> dict:
-        return {"epoch": self.epoch, "step": int(self.ts["step"]), "best": self.best, "bad_epochs": self.bad_epochs,
-                "monitor": self.trainer_cfg["monitor"], "config_hash": self.config_hash,
-                "data_seed": self.config["seed"]}
+        return {"epoch": self.epoch, "step": int(self.ts["step"]), "best": self.best, "best_epoch": self.best_epoch,
+                "bad_epochs": self.bad_epochs, "monitor": self.trainer_cfg["monitor"],
+                "config_hash": self.config_hash, "data_seed": self.config["seed"],
+                "min_loss": self.min_loss if math.isfinite(self.min_loss) else None}
 
     # -------------------------------------------------------------------------------------------------- loop
     def stack_sharding(self, stack: dict) -> dict:
@@ -251,26 +254,32 @@ class Trainer:
         started = time.perf_counter()
         self.data_wait = 0.0
         chunks = loader.chunks(epoch, k, self.put_stack)
-        while True:
-            waited = time.perf_counter()
-            item = next(chunks, None)
-            self.data_wait += time.perf_counter() - waited
-            if item is None:
-                break
-            real, stack = item
-            if self.trace:
-                self.trace.before(first_step + done + 1, first_step + done + real)
-            self.ts, totals, logs = self.compiled_chunk(self.ts, totals, stack)
-            if not self.first_call_logged:
-                self.log_first_call(logs, real)
-            if self.trace:
-                self.trace.after(first_step + done + real, self.ts)
-            if pending is not None:
-                self.check_logs(epoch, *pending, bar)
-            pending = (logs, done, real, first_step, started)
-            done += real
-        self.check_logs(epoch, *pending, bar)
-        bar.close()
+        try:
+            while True:
+                waited = time.perf_counter()
+                item = next(chunks, None)
+                self.data_wait += time.perf_counter() - waited
+                if item is None:
+                    break
+                real, stack = item
+                if self.trace:
+                    self.trace.before(first_step + done + 1, first_step + done + real)
+                self.ts, totals, logs = self.compiled_chunk(self.ts, totals, stack)
+                if not self.first_call_logged:
+                    self.log_first_call(logs, real)
+                if self.trace:
+                    self.trace.after(first_step + done + real, self.ts)
+                if pending is not None:
+                    self.check_logs(epoch, *pending, bar)
+                pending = (logs, done, real, first_step, started)
+                done += real
+            self.check_logs(epoch, *pending, bar)
+        finally:
+            # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps finish,
+            # so the process never exits with work in flight (which aborts it instead of returning its status)
+            chunks.close()
+            settle(self.ts)
+            bar.close()
         return totals
 
     def log_first_call(self, logs, steps: int) -> None:
@@ -287,7 +296,15 @@ class Trainer:
         if bad.size:
             step = first_step + done + int(bad[0]) + 1
             raise TrainingDiverged(f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {step}; "
-                                   f"training stopped, the last good checkpoint is kept")
+                                   f"training stopped; {self.kept()}")
+        factor = self.trainer_cfg["divergence_factor"]
+        for i, loss in enumerate(losses):
+            if factor and 0 < self.min_loss and loss > factor * self.min_loss:
+                step = first_step + done + i + 1
+                raise TrainingDiverged(f"diverging: loss {loss:.4g} at epoch {epoch}, step {step} is above "
+                                       f"trainer.divergence_factor {factor:g} x the lowest step loss "
+                                       f"{self.min_loss:.4g}; training stopped; {self.kept()}")
+            self.min_loss = min(self.min_loss, float(loss))
         every = self.trainer_cfg["log_every"]
         rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
         examples_per_s = rate * self.train_loader.batch_size
@@ -330,6 +347,8 @@ class Trainer:
     def fit(self) -> dict | None:
         epochs = self.trainer_cfg["epochs"]
         patience = self.trainer_cfg["early_stop"]
+        profile = self.trainer_cfg.get("profile")
+        self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
         self.compile()
         while self.epoch < epochs:
             epoch = self.epoch + 1
@@ -344,13 +363,11 @@ class Trainer:
                         "time/data_wait_s": self.data_wait, "time/peak_rss_mb": peak_rss_mb(),
                         "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
             self.epoch = epoch
-            improved = self.update_best(row)
+            improved = self.update_best(row, epoch)
             log.info(f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
                      + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
                      + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s" + ("  *" if improved else ""))
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            self.save_checkpoints(epoch, improved)
+            self.commit(epoch, improved, row)
             for tracker in self.trackers:
                 tracker.log_epoch(epoch, row, self.best)
             if patience and self.bad_epochs >= patience:
@@ -361,22 +378,50 @@ class Trainer:
             self.trace.stop(self.ts)
         return self.best
 
-    def update_best(self, row: dict) -> bool:
+    def update_best(self, row: dict, epoch: int) -> bool:
         if self.monitor is None:
             return False
         value = row.get(self.monitor.name)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             raise ValueError(f"trainer.monitor: {self.monitor.name!r} was not computed this epoch")
         if self.best is None or self.monitor.better(value, self.best):
-            self.best, self.bad_epochs = value, 0
+            self.best, self.best_epoch, self.bad_epochs = value, epoch, 0
             return True
         self.bad_epochs += 1
         return False
 
-    def save_checkpoints(self, epoch: int, improved: bool) -> None:
-        payload = checkpoint.encode(self.ts, self.header())
-        checkpoint.write_atomic(self.run_dir / "checkpoint-latest.params", payload)
-        if epoch % self.trainer_cfg["save_period"] == 0:
-            checkpoint.write_atomic(self.run_dir / f"checkpoint-epoch_{epoch}.params", payload)
+    def commit(self, epoch: int, improved: bool, row: dict) -> None:
+        """The end of an epoch, in an order a kill cannot make inconsistent: checkpoint-latest.params first (the
+        commit point: its header holds the row and the best epoch), then what derives from it, then the row.
+        ``run_folder.reconcile`` redoes whatever a kill left undone when the run resumes."""
+        payload = checkpoint.encode(self.ts, {**self.header(), "row": row})
+        derived = [self.run_dir / "checkpoint-latest.params"]
         if improved:
-            checkpoint.write_atomic(self.run_dir / "model_best.params", payload)
+            derived.append(self.run_dir / "model_best.params")
+        if epoch % self.trainer_cfg["save_period"] == 0:
+            derived.append(self.run_dir / f"checkpoint-epoch_{epoch}.params")
+        try:
+            for path in derived:
+                checkpoint.write_atomic(path, payload)
+            run_folder.append_row(self.run_dir, row)
+        except OSError as error:
+            kept = "nothing else was changed" if path == derived[0] else \
+                f"checkpoint-latest.params holds epoch {epoch}"
+            raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
+
+    def kept(self) -> str:
+        """What a stopped run leaves to continue from, for its last message."""
+        latest = self.run_dir / "checkpoint-latest.params"
+        written = run_folder.written_at(latest)
+        if written is None:
+            return "no checkpoint was written yet (no epoch ended)"
+        return f"{latest} (epoch {written[0]}) is kept"
+
+
+def settle(tree) -> None:
+    """Waits for the computations that produce `tree` (some may have been donated: those are skipped)."""
+    for leaf in jax.tree.leaves(tree):
+        try:
+            leaf.block_until_ready()
+        except (RuntimeError, AttributeError):
+            pass

@@ -1,0 +1,297 @@
+"""Faults during a run: kill -9 and SIGTERM at start-up, mid-epoch and at every write of an epoch's commit, a second
+process on the same run folder, read-only and full disks. After each, the run folder is consistent and a resume
+ends bitwise identical to a run that was never interrupted."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import make_idx_dataset
+from tests.test_train import ROOT, make_config, run
+from training import checkpoint, run_folder
+
+# Runs train.main with one fault injected where FAULT says: "replace:<file name>:<nth>:<before|after>" (around the
+# atomic rename of that file), "row:<epoch>" (before the epoch's metrics row), "step:<n>:<signal>" (after the
+# training step n is checked), "init:<signal>" (before the state is initialised).
+FAULTY_TRAIN = r'''
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, os.getcwd())
+kind, *spec = os.environ["FAULT"].split(":")
+def hit(signame):
+    os.kill(os.getpid(), getattr(signal, signame))
+    if signame != "SIGKILL":
+        return
+    while True:
+        pass
+if kind == "replace":
+    name, nth, when = spec[0], int(spec[1]), spec[2]
+    real, seen = os.replace, [0]
+    def replace(src, dst):
+        if Path(dst).name == name:
+            seen[0] += 1
+            if seen[0] == nth and when == "before":
+                hit("SIGKILL")
+            real(src, dst)
+            if seen[0] == nth and when == "after":
+                hit("SIGKILL")
+            return
+        real(src, dst)
+    os.replace = replace
+elif kind == "row":
+    from training import run_folder
+    real_row = run_folder.append_row
+    def append_row(run_dir, row):
+        if row["epoch"] == int(spec[0]):
+            hit("SIGKILL")
+        real_row(run_dir, row)
+    run_folder.append_row = append_row
+elif kind == "step":
+    from training import trainer
+    real_check = trainer.Trainer.check_logs
+    def check_logs(self, epoch, logs, done, real, first_step, started, bar):
+        real_check(self, epoch, logs, done, real, first_step, started, bar)
+        if first_step + done + real >= int(spec[0]):
+            hit(spec[1])
+    trainer.Trainer.check_logs = check_logs
+elif kind == "init":
+    from training import trainer
+    def init_state(self):
+        hit(spec[0])
+    trainer.Trainer.init_state = init_state
+import train
+sys.exit(train.main(sys.argv[1:]))
+'''
+
+EPOCHS = 3
+
+
+def run_faulty(fault: str, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "FAULT": fault}
+    return subprocess.run([sys.executable, "-c", FAULTY_TRAIN, *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data") / "mnist"
+    make_idx_dataset(folder, n_train=330, n_test=90)
+    return folder
+
+
+def fault_config(tmp_path: Path, data_dir: Path) -> Path:
+    # val/loss keeps falling on the toy task, so model_best is rewritten at every epoch's commit
+    return make_config(tmp_path, data_dir, trainer__epochs=EPOCHS, trainer__monitor="min val/loss",
+                       trainer__log_every=3)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """The run that is never interrupted."""
+    folder = tmp_path_factory.mktemp("reference")
+    result = run("train.py", "-c", fault_config(folder, data_dir), "--run-id", "ref")
+    assert result.returncode == 0, result.stderr
+    return folder / "saved/tiny/ref"
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without the timings."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines]
+
+
+def assert_consistent(run_dir: Path) -> None:
+    """Every checkpoint present reads and verifies; metrics rows count epochs 1, 2, ... once each, none past the
+    latest checkpoint."""
+    latest = checkpoint.read(run_dir / "checkpoint-latest.params")[1]["epoch"]
+    for path in run_dir.glob("*.params"):
+        checkpoint.read(path)
+    epochs = [row["epoch"] for row in rows_of(run_dir)] if (run_dir / "metrics.jsonl").is_file() else []
+    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= latest - 1, epochs
+
+
+def assert_same_as_reference(run_dir: Path, reference: Path) -> None:
+    assert not list(run_dir.glob(".*.tmp")), list(run_dir.glob(".*.tmp"))
+    assert rows_of(run_dir) == rows_of(reference)
+    names = sorted(p.name for p in reference.glob("*.params"))
+    assert sorted(p.name for p in run_dir.glob("*.params")) == names
+    for name in names:
+        got, header = checkpoint.read(run_dir / name)
+        want, want_header = checkpoint.read(reference / name)
+        assert (header["epoch"], header["step"]) == (want_header["epoch"], want_header["step"]), name
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name}: {key}")
+
+
+KILL_POINTS = [
+    "replace:checkpoint-latest.params:2:before",
+    "replace:checkpoint-latest.params:2:after",
+    "replace:model_best.params:2:before",
+    "replace:checkpoint-epoch_2.params:1:before",
+    "row:2",
+    "step:13:SIGKILL",  # mid-epoch 2 (9 steps per epoch)
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", KILL_POINTS)
+def test_kill_9_anywhere_leaves_a_consistent_folder_and_an_exact_resume(tmp_path, data_dir, reference, fault):
+    config = fault_config(tmp_path, data_dir)
+    killed = run_faulty(fault, "-c", config, "--run-id", "k")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run_dir = tmp_path / "saved/tiny/k"
+    assert_consistent(run_dir)
+    resumed = run("train.py", "-r", run_dir / "checkpoint-latest.params")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_as_reference(run_dir, reference)
+
+
+def test_sigterm_mid_epoch_exits_143_and_resumes_exactly(tmp_path, data_dir, reference):
+    config = fault_config(tmp_path, data_dir)
+    stopped = run_faulty("step:13:SIGTERM", "-c", config, "--run-id", "t")
+    assert stopped.returncode == 143, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    run_dir = tmp_path / "saved/tiny/t"
+    assert f"stopped by SIGTERM; continue with: python train.py -r {run_dir / 'checkpoint-latest.params'}" in \
+        stopped.stdout
+    assert_consistent(run_dir)
+    assert run("train.py", "-r", run_dir / "checkpoint-latest.params").returncode == 0
+    assert_same_as_reference(run_dir, reference)
+
+
+@pytest.mark.parametrize("signame, status", [("SIGTERM", 143), ("SIGINT", 130), ("SIGKILL", -9)])
+def test_a_signal_at_start_up_writes_nothing(tmp_path, data_dir, signame, status):
+    result = run_faulty(f"init:{signame}", "-c", fault_config(tmp_path, data_dir))
+    assert result.returncode == status, result.stderr
+    if status > 0:
+        assert result.stderr.strip().splitlines() == [
+            f"error: stopped by {signame} before training started; nothing was written"]
+    assert not (tmp_path / "saved").exists()
+
+
+@pytest.mark.slow
+def test_external_sigterm_never_aborts(tmp_path, data_dir):
+    """Signals sent from outside at several moments (start-up, compile, training): always 143, never a crash."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=50)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    for delay in (0.5, 2.0, 4.0, 6.0):
+        process = subprocess.Popen([sys.executable, "train.py", "-c", str(config)], cwd=ROOT, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+        assert process.returncode in (143, 0), (delay, process.returncode, err[-2000:])
+        assert "Traceback" not in err and "terminate called" not in err, (delay, err[-2000:])
+
+
+@pytest.mark.slow
+def test_divergence_exits_1_without_aborting(tmp_path, data_dir):
+    """Non-finite losses stop the run with status 1 every time (prefetched work in flight is drained first)."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=3)
+    for i in range(4):
+        result = run("train.py", "-c", config, "--lr", "1e30", "--run-id", f"d{i}")
+        assert result.returncode == 1, result.stderr[-2000:]
+        assert "non-finite loss" in result.stdout
+        assert "no checkpoint was written yet" in result.stdout
+
+
+def test_divergence_guard_stops_a_loss_that_explodes(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=3, trainer__divergence_factor=20.0)
+    result = run("train.py", "-c", config, "--lr", "1e4", "--run-id", "g")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "diverging: loss" in result.stdout and "trainer.divergence_factor 20 x the lowest step loss" in result.stdout
+
+
+def test_a_held_run_folder_refuses_a_second_process(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "held").returncode == 0
+    run_dir = tmp_path / "saved/tiny/held"
+    files = lambda: {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.name != ".lock"}  # noqa: E731
+    before = files()
+    fd = run_folder.hold(run_dir)
+    try:
+        result = run("train.py", "-r", run_dir / "checkpoint-latest.params", "--epochs", "2")
+    finally:
+        os.close(fd)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {run_dir}: in use by process {os.getpid()} (another train.py is training in it); "
+        f"wait for it to end or stop it"]
+    assert files() == before
+
+
+def test_run_folders_are_created_atomically(tmp_path):
+    made, barrier = [], threading.Barrier(16)
+
+    def create():
+        barrier.wait()
+        made.append(run_folder.create(tmp_path / "saved", "same_second"))
+
+    threads = [threading.Thread(target=create) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(made)) == 16
+
+
+def test_reconcile_repairs_what_a_kill_left(tmp_path):
+    """Rows past the checkpoint and repeated rows dropped, its own row restored, interrupted writes removed, a best
+    checkpoint whose write was cut off rewritten."""
+    tree = {"params": {"w": np.arange(3, dtype=np.float32)}}
+    header = {"epoch": 3, "step": 30, "best": 0.5, "best_epoch": 3, "row": {"epoch": 3, "step": 30, "x": 3}}
+    checkpoint.save(tmp_path / "checkpoint-latest.params", tree, header)
+    checkpoint.save(tmp_path / "model_best.params", tree, {**header, "epoch": 2, "step": 20})
+    (tmp_path / ".checkpoint-latest.params.abc123.tmp").write_bytes(b"partial")
+    rows = [{"epoch": 1}, {"epoch": 2}, {"epoch": 2}, {"epoch": 4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"epoch": 5, "st')
+    repaired = run_folder.reconcile(tmp_path, tmp_path / "checkpoint-latest.params", header, save_period=5)
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        {"epoch": 1}, {"epoch": 2}, header["row"]]
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert checkpoint.read(tmp_path / "model_best.params")[1]["epoch"] == 3
+    assert len(repaired) == 6, repaired
+    assert run_folder.reconcile(tmp_path, tmp_path / "checkpoint-latest.params", header, save_period=5) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs mounted for the test (needs the right to mount; skipped where there is none)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if result.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.decode().strip() or 'no permission'})")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_read_only_save_dir_is_one_error_line(tmp_path, data_dir, small_disk):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    result = run("train.py", "-c", make_config(tmp_path, data_dir, trainer__save_dir=str(small_disk / "saved")))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot create a run folder in {small_disk / 'saved/tiny'}: Read-only file system"]
+
+
+def test_full_disk_stops_with_one_error_line_and_keeps_the_last_checkpoint(tmp_path, data_dir, small_disk):
+    """~0.6 MB per checkpoint (an MLP with Adam): epoch 1 writes three, epoch 2 finds the 2 MiB disk full."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=3, trainer__save_dir=str(small_disk / "saved"),
+                         model__args__hidden=[64])
+    result = run("train.py", "-c", config, "--run-id", "full")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stdout.splitlines() if "No space left on device" in line]
+    assert len(lines) == 1 and lines[0].startswith("cannot write "), result.stdout
+    run_dir = small_disk / "saved/tiny/full"
+    assert checkpoint.read(run_dir / "checkpoint-latest.params")[1]["epoch"] >= 1
+    assert not list(run_dir.glob(".*.tmp"))

@@ -1,0 +1,131 @@
+"""A run folder's bookkeeping: created atomically, held by one training process at a time, reconciled on resume.
+
+The end of an epoch is committed in one order (``Trainer.commit``): ``checkpoint-latest.params`` first (its header
+carries the epoch's metrics row and where the best epoch is), then what derives from it (``model_best.params``,
+``checkpoint-epoch_N.params``, the row in ``metrics.jsonl``). A process killed at any moment leaves the latest
+checkpoint readable and everything else either done or re-derivable, and ``reconcile`` re-derives it on resume.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+from training import checkpoint
+
+LOCK_NAME = ".lock"
+
+
+class RunFolderError(Exception):
+    """A run folder that cannot be created, held or written: reported as one line."""
+
+
+def create(parent: Path, run_id: str) -> Path:
+    """A new folder ``parent/run_id`` (``run_id_1``, ``_2``, ... when taken), made with one exclusive ``mkdir`` so
+    two runs started in the same second never share one."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for suffix in itertools.count():
+            path = parent / (run_id if suffix == 0 else f"{run_id}_{suffix}")
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
+    except OSError as error:
+        raise RunFolderError(f"cannot create a run folder in {parent}: {error.strerror or error}") from None
+
+
+def hold(run_dir: Path) -> int:
+    """Locks the run folder for this process (released when it exits, however it exits); a second process that
+    tries to train in it gets an error naming the holder."""
+    import fcntl
+
+    path = run_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise RunFolderError(f"{run_dir}: cannot write in the run folder ({error.strerror or error}); "
+                             f"nothing was changed") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunFolderError(f"{run_dir}: in use by process {holder} (another train.py is training in it); "
+                             f"wait for it to end or stop it") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def append_row(run_dir: Path, row: dict) -> None:
+    """One epoch's row in metrics.jsonl, flushed to disk before the epoch counts as logged."""
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rows(path: Path) -> list[dict]:
+    """metrics.jsonl's rows; a line cut short by a kill (the last one) is dropped."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("epoch"), int):
+                rows.append(row)
+    return rows
+
+
+def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> list[str]:
+    """Makes the run folder agree with the checkpoint a run resumes from (held by this process): temporary files of
+    interrupted writes removed, metrics rows past its epoch dropped, its own row restored, and a best or epoch
+    checkpoint that a kill left unwritten rewritten from it. Returns what was repaired, for the log."""
+    stale = [p for p in run_dir.glob(".*.tmp") if p.is_file()]  # TEMP until checkpoint.remove_stale_temps
+    for p in stale:
+        p.unlink()
+    repaired = [f"removed an interrupted write: {p.name}" for p in stale]
+    epoch = header["epoch"]
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    rows = read_rows(metrics)
+    if len(rows) < len(lines):
+        repaired.append(f"metrics.jsonl: dropped {len(lines) - len(rows)} line(s) cut short")
+    past = [r for r in rows if r["epoch"] > epoch]
+    if past:
+        repaired.append(f"metrics.jsonl: dropped {len(past)} row(s) past epoch {epoch}")
+    kept = list({r["epoch"]: r for r in rows if r["epoch"] <= epoch}.values())  # a repeated epoch: its last row
+    if len(kept) < len(rows) - len(past):
+        repaired.append(f"metrics.jsonl: dropped {len(rows) - len(past) - len(kept)} repeated row(s)")
+    own = header.get("row")
+    if isinstance(own, dict) and not any(r["epoch"] == epoch for r in kept):
+        kept.append(own)
+        repaired.append(f"metrics.jsonl: restored the row of epoch {epoch}")
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    if "".join(line + "\n" for line in lines) != text:
+        checkpoint.write_atomic(metrics, text.encode())
+    derived = []
+    if header.get("best_epoch") == epoch:
+        derived.append(run_dir / "model_best.params")
+    if epoch and epoch % save_period == 0:
+        derived.append(run_dir / f"checkpoint-epoch_{epoch}.params")
+    for path in derived:
+        if path.resolve() == latest.resolve() or written_at(path) == (epoch, header["step"]):
+            continue
+        checkpoint.write_atomic(path, latest.read_bytes())
+        repaired.append(f"{path.name}: rewritten from epoch {epoch}'s checkpoint (its write was interrupted)")
+    return repaired
+
+
+def written_at(path: Path) -> tuple[int, int] | None:
+    """(epoch, step) of a checkpoint file, or None when it is missing or unreadable."""
+    try:
+        header = checkpoint.read(path)[1]
+    except checkpoint.CheckpointError:
+        return None
+    return header.get("epoch"), header.get("step")
