@@ -155,13 +155,15 @@ def test_kill_9_anywhere_leaves_a_consistent_folder_and_an_exact_resume(tmp_path
     assert_same_as_reference(run_dir, reference)
 
 
-def test_sigterm_mid_epoch_exits_143_and_resumes_exactly(tmp_path, data_dir, reference):
+@pytest.mark.parametrize("signame, status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_mid_epoch_exits_with_its_status_and_resumes_exactly(tmp_path, data_dir, reference, signame,
+                                                                      status):
     config = fault_config(tmp_path, data_dir)
-    stopped = run_faulty("step:13:SIGTERM", "-c", config, "--run-id", "t")
-    assert stopped.returncode == 143, stopped.stderr
+    stopped = run_faulty(f"step:13:{signame}", "-c", config, "--run-id", "t")
+    assert stopped.returncode == status, stopped.stderr
     assert "Traceback" not in stopped.stderr
     run_dir = tmp_path / "saved/tiny/t"
-    assert f"stopped by SIGTERM; continue with: python train.py -r {run_dir / 'checkpoint-latest.params'}" in \
+    assert f"stopped by {signame}; continue with: python train.py -r {run_dir / 'checkpoint-latest.params'}" in \
         stopped.stdout
     assert_consistent(run_dir)
     assert run("train.py", "-r", run_dir / "checkpoint-latest.params").returncode == 0
@@ -295,3 +297,33 @@ def test_full_disk_stops_with_one_error_line_and_keeps_the_last_checkpoint(tmp_p
     run_dir = small_disk / "saved/tiny/full"
     assert checkpoint.read(run_dir / "checkpoint-latest.params")[1]["epoch"] >= 1
     assert not list(run_dir.glob(".*.tmp"))
+
+
+def test_a_failed_resume_or_fine_tune_changes_nothing(tmp_path, data_dir):
+    """A checkpoint that does not fit the given config (here: another model) is refused before the run folder is
+    touched; a failed --weights start leaves no run folder."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
+    run_dir = tmp_path / "saved/tiny/r"
+    files = lambda: {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}  # noqa: E731
+    before = files()
+    (tmp_path / "other").mkdir()
+    other = make_config(tmp_path / "other", data_dir, model__args__hidden=[16])
+    result = run("train.py", "-r", run_dir / "checkpoint-latest.params", "-c", other, "--epochs", "7",
+                 "--set", "optimizer.args.lr=0.5")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "does not match the model/optimizer of this config" in result.stderr
+    assert files() == before
+    result = run("train.py", "-c", other, "--weights", run_dir / "checkpoint-latest.params", "--run-id", "ft")
+    assert result.returncode == 2 and not (tmp_path / "other/saved").exists(), result.stderr
+
+
+def test_a_read_only_run_folder_refuses_a_resume_cleanly(tmp_path, data_dir, small_disk):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1, trainer__save_dir=str(small_disk / "saved"))
+    assert run("train.py", "-c", config, "--run-id", "ro").returncode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    run_dir = small_disk / "saved/tiny/ro"
+    result = run("train.py", "-r", run_dir / "checkpoint-latest.params", "--epochs", "2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {run_dir}: cannot write in the run folder (Read-only file system); nothing was changed"]
