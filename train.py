@@ -23,7 +23,8 @@ log = logging.getLogger("train")
 
 
 class Interrupted(BaseException):
-    """SIGTERM, raised where the program is (as SIGINT raises KeyboardInterrupt): nothing catches it by accident."""
+    """A stop signal received during start-up, raised at the next safe point (a BaseException, like
+    KeyboardInterrupt: nothing catches it by accident)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -33,7 +34,8 @@ class Interrupted(BaseException):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-c", "--config", help="config file (default: the resumed run's config.json)")
-    parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/checkpoint-latest.params)")
+    parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/checkpoint-latest.params), "
+                        "or auto: the run named by --run-id if it has a checkpoint, else a new run of that name")
     parser.add_argument("--weights", help="initialise params/state from this checkpoint, then train afresh (fine-tuning)")
     parser.add_argument("--exclude", action="append", default=[], metavar="KEY.PATH",
                         help="with --weights: keep these key-path prefixes fresh, e.g. --exclude params.head")
@@ -49,6 +51,8 @@ def parse_args(argv=None):
 def resolve_config(args) -> tuple[dict, Path | None]:
     """The validated config (file, then --set and aliases) and the run folder to continue, if resuming."""
     resume_dir = None
+    if args.resume == "auto":
+        return resolve_auto(args)
     if args.resume:
         resume = Path(args.resume)
         if not resume.is_file():
@@ -75,6 +79,24 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     return config, resume_dir
 
 
+def resolve_auto(args) -> tuple[dict, Path | None]:
+    """``-r auto``: one command for a job that may be requeued. The run named by --run-id (or trainer.run_id)
+    continues from its checkpoint-latest.params when it has one, and starts under exactly that name otherwise."""
+    if not args.config:
+        raise ConfigError("-r auto: give the config with -c (and the run's name with --run-id)")
+    args.resume = None
+    config, _ = resolve_config(args)
+    if not config["trainer"]["run_id"]:
+        raise ConfigError("-r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it")
+    run_dir = Path(config["trainer"]["save_dir"]) / config["name"] / config["trainer"]["run_id"]
+    latest = run_dir / "checkpoint-latest.params"
+    args.exact_run_dir = True
+    if latest.is_file():
+        args.resume = str(latest)
+        return config, run_dir
+    return config, None
+
+
 def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
     """A resumed run keeps its wandb run (the id saved in its folder's config); a new one draws an id now, so the
     run folder can be named after it."""
@@ -98,20 +120,61 @@ def main(argv=None) -> int:
     """Exit status: 0 trained, 1 the run stopped on an error (divergence, a failed write), 2 bad input (config,
     data, checkpoint, a run folder in use or not writable: nothing was written), 130/143 stopped by SIGINT/SIGTERM
     (continue with -r; every finished epoch is in its checkpoint)."""
-    previous = signal.signal(signal.SIGTERM, stop_on_signal)
+    RECEIVED.clear()
+    previous = {signum: signal.signal(signum, stop_at_safe_point) for signum in STOP_SIGNALS}
     try:
         return run(parse_args(argv))
-    except (KeyboardInterrupt, Interrupted) as stop:
+    except (Exception, KeyboardInterrupt, Interrupted) as error:
+        stop = signal_in(error)
+        if stop is None:
+            raise
         signum = getattr(stop, "signum", signal.SIGINT)
         print(f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",
               file=sys.stderr)
         return 128 + signum
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def stop_on_signal(signum, frame):
-    raise Interrupted(signum)
+# SIGTERM: a cluster's stop or a preemption; SIGUSR1: SLURM's warning before the end of a job's time.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def signal_in(error: BaseException | None) -> BaseException | None:
+    """The KeyboardInterrupt or Interrupted behind an error (an import interrupted by a signal surfaces as an
+    ImportError caused by it)."""
+    while error is not None:
+        if isinstance(error, (KeyboardInterrupt, Interrupted)):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+RECEIVED: list[int] = []  # stop signals received during start-up
+
+
+def stop_at_safe_point(signum, frame):
+    """Before training: noted, and acted on between start-up phases (an exception raised inside an import of a
+    native extension, or inside XLA, crashes the process instead of ending it); a second Ctrl-C stops at once."""
+    if RECEIVED and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    RECEIVED.append(signum)
+
+
+def safe_point() -> None:
+    if RECEIVED:
+        raise Interrupted(RECEIVED[0])
+
+
+def stop_at_next_step(trainer):
+    """While training: the loop saves at the next step boundary and stops; a second Ctrl-C stops at once (every
+    finished epoch or saved step is kept either way)."""
+    def handler(signum, frame):
+        if signum == signal.SIGINT and trainer.stop_signal is not None:
+            raise KeyboardInterrupt
+        trainer.request_stop(signum)
+    return handler
 
 
 def run(args) -> int:
@@ -128,6 +191,7 @@ def run(args) -> int:
     except ConfigError as error:
         fail(str(error))
 
+    safe_point()
     # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
     loaders = {}
     try:
@@ -140,11 +204,12 @@ def run(args) -> int:
     except ValueError as error:  # a dataset whose batches the loop cannot take
         fail(f"{source}: data_loader: {error}")
 
+    safe_point()
     import jax
 
     from training import run_folder
     from training.checkpoint import CheckpointError, write_atomic
-    from training.trainer import Trainer, TrainingDiverged
+    from training.trainer import Stopped, Trainer, TrainingDiverged
 
     # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
     # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
@@ -163,6 +228,7 @@ def run(args) -> int:
     except (CheckpointError, ValueError, run_folder.RunFolderError) as error:
         fail(str(error))
 
+    safe_point()
     # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
     try:
         if resume_dir:
@@ -170,10 +236,11 @@ def run(args) -> int:
             repaired = run_folder.reconcile(run_dir, Path(args.resume), trainer.resumed_header,
                                             config["trainer"]["save_period"])
         else:
-            run_dir = run_folder.create(Path(config["trainer"]["save_dir"]) / config["name"], run_id_of(config))
+            run_dir = run_folder.create(Path(config["trainer"]["save_dir"]) / config["name"], run_id_of(config),
+                                        exact=getattr(args, "exact_run_dir", False))
             run_folder.hold(run_dir)
             shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
-                            ignore=shutil.ignore_patterns("__pycache__"))
+                            ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
             repaired = []
         trainer.run_dir = run_dir
         write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
@@ -197,7 +264,11 @@ def run(args) -> int:
     log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.input_spec))
     trainer.trackers = trackers = start_trackers(config, run_dir, monitor.name if monitor else None)
 
-    # 5. Train.
+    # 5. Train. A stop signal from here on saves the position first.
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop_at_next_step(trainer))
+    if RECEIVED:  # while the run folder was being written
+        trainer.request_stop(RECEIVED[0])
     status = 1
     try:
         best = trainer.fit()
@@ -205,12 +276,13 @@ def run(args) -> int:
         status = 0
     except (TrainingDiverged, run_folder.RunFolderError) as error:
         log.error(str(error))
-    except (KeyboardInterrupt, Interrupted) as stop:
+    except (Stopped, KeyboardInterrupt, Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
+        saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
         latest = run_dir / "checkpoint-latest.params"
         follow = f"continue with: python train.py -r {latest}" if latest.is_file() else \
-            "no epoch ended, so there is no checkpoint to continue from"
-        log.info(f"stopped by {signal.Signals(status - 128).name}; {follow}")
+            "no checkpoint was written, so there is nothing to continue from"
+        log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
     finally:
         finish(run_dir, trackers, status)
     return status

@@ -125,18 +125,18 @@ class DataLoader:
     def preprocessing(self) -> dict:
         return dict(getattr(self.dataset, "preprocessing", None) or {})
 
-    def batches(self, epoch: int = 0) -> Iterator[dict]:
-        """Host batches of the epoch, each with a float32 `mask`: the dataset's own (per element) times 0 on
-        padding."""
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[dict]:
+        """Host batches of the epoch from batch `start` on (a run resumed mid-epoch), each with a float32 `mask`:
+        the dataset's own (per element) times 0 on padding."""
         order = self.order(epoch)
-        for b in range(len(self)):
+        for b in range(start, len(self)):
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             real = len(idx)
             if real < self.batch_size:
                 # repeated cyclically: a split smaller than one batch still fills it
                 idx = np.concatenate([idx, np.resize(order, self.batch_size - real)])
             batch = self.dataset.get_batch(idx)
-            if b == 0:
+            if b == start:
                 check_batch(batch, self.batch_size)
             batch = dict(batch)  # the mask is added to a copy, never to the dataset's own dict
             padding = (np.arange(self.batch_size) < real).astype(np.float32)
@@ -150,7 +150,8 @@ class DataLoader:
                 batch = self.transform(batch)
             yield batch
 
-    def chunks(self, epoch: int, steps_per_call: int, put: Callable = lambda b: b) -> Iterator[tuple[int, dict]]:
+    def chunks(self, epoch: int, steps_per_call: int, put: Callable = lambda b: b,
+               start: int = 0) -> Iterator[tuple[int, dict]]:
         """Stacks of `steps_per_call` batches (leading axis K) placed by `put`, prepared in a background thread.
 
         The last stack of an epoch is completed with copies of its final batch marked inactive (`active` = 0), so
@@ -158,7 +159,7 @@ class DataLoader:
         Yields (number of real steps in the stack, stack).
         """
         def produce():
-            batches = self.batches(epoch)
+            batches = self.batches(epoch, start)
             while True:
                 group = [b for _, b in zip(range(steps_per_call), batches)]
                 if not group:

@@ -21,11 +21,15 @@ class RunFolderError(Exception):
     """A run folder that cannot be created, held or written: reported as one line."""
 
 
-def create(parent: Path, run_id: str) -> Path:
+def create(parent: Path, run_id: str, exact: bool = False) -> Path:
     """A new folder ``parent/run_id`` (``run_id_1``, ``_2``, ... when taken), made with one exclusive ``mkdir`` so
-    two runs started in the same second never share one."""
+    two runs started in the same second never share one. ``exact``: that name, existing or not (``-r auto``
+    starting a run whose earlier attempt ended before its first checkpoint)."""
     try:
         parent.mkdir(parents=True, exist_ok=True)
+        if exact:
+            (parent / run_id).mkdir(exist_ok=True)
+            return parent / run_id
         for suffix in itertools.count():
             path = parent / (run_id if suffix == 0 else f"{run_id}_{suffix}")
             try:
@@ -110,6 +114,8 @@ def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> li
     if "".join(line + "\n" for line in lines) != text:
         checkpoint.write_atomic(metrics, text.encode())
     derived = []
+    if header.get("position"):  # saved mid-epoch: the epoch-end files belong to the epoch before
+        return repaired
     if header.get("best_epoch") == epoch:
         derived.append(run_dir / "model_best.params")
     if epoch and epoch % save_period == 0:

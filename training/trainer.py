@@ -33,6 +33,14 @@ class TrainingDiverged(Exception):
     pass
 
 
+class Stopped(Exception):
+    """A stop asked for by a signal, honoured at a step boundary after the position was saved."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
 class Monitor(NamedTuple):
     """``trainer.monitor`` parsed: "max val/accuracy" -> Monitor("max", "val/accuracy")."""
     mode: str
@@ -120,6 +128,9 @@ class Trainer:
         self.bad_epochs = 0
         self.min_loss = math.inf  # the lowest step loss so far, for trainer.divergence_factor
         self.resumed_header = None
+        self.position, self.resumed_totals = 0, None  # steps of the epoch under way done before a resume
+        self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
+        self.last_save = (0, time.monotonic())  # (step, time) of the last checkpoint, for checkpoint_every
         self.trace = None
 
     # ------------------------------------------------------------------------------------------------- state
@@ -148,7 +159,12 @@ class Trainer:
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
-        tree, header = checkpoint.restore(path, self.state_template())
+        template = self.state_template()
+        if checkpoint.read(path)[1].get("position"):  # saved mid-epoch: the epoch's statistics so far come too
+            template["epoch_totals"] = self.empty_stats(template)
+        tree, header = checkpoint.restore(path, template)
+        self.resumed_totals = tree.pop("epoch_totals", None)
+        self.position = header.get("position", 0)
         self.start_compile(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self.replicated),
                                         tree))
         self.ts = jax.device_put(tree, self.replicated)
@@ -157,7 +173,9 @@ class Trainer:
         self.bad_epochs = header.get("bad_epochs", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
         self.resumed_header = header
-        self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}"
+        self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}" + (
+            f" ({self.position} step(s) into epoch {self.epoch + 1})" if self.position else "")
+        self.last_save = (header["step"], time.monotonic())
         if header.get("config_hash") != self.config_hash:
             self.origin += " (the config's model/loss/optimizer/seed differ from the checkpoint's run)"
 
@@ -240,20 +258,24 @@ class Trainer:
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
         log.info(f"compiled the training step ({k} step(s) per call) in {self.compile_seconds:.1f}s{flops}")
 
-    def train_epoch(self, epoch: int) -> dict:
+    def train_epoch(self, epoch: int, start: int = 0, totals=None) -> dict:
+        """One epoch's training steps from step `start` of its order on (a resumed position, with the statistics
+        `totals` it had gathered); saves the position when checkpoint_every says so or a stop was asked for."""
         from tqdm import tqdm
 
         loader, k = self.train_loader, self.steps_per_call
         steps = len(loader)
         interactive = sys.stderr.isatty()
-        bar = tqdm(total=steps, desc=f"epoch {epoch}", unit="step", leave=False, disable=not interactive)
-        totals = self.empty_stats()
+        bar = tqdm(total=steps, initial=start, desc=f"epoch {epoch}", unit="step", leave=False,
+                   disable=not interactive)
+        totals = self.empty_stats() if totals is None else jax.device_put(totals, self.replicated)
         pending = None  # the previous call's per-step logs, read while the next call runs
         first_step = int(self.ts["step"])
-        done = 0
+        done = 0  # steps run by this call of train_epoch
+        self.skipped = start
         started = time.perf_counter()
         self.data_wait = 0.0
-        chunks = loader.chunks(epoch, k, self.put_stack)
+        chunks = loader.chunks(epoch, k, self.put_stack, start)
         try:
             while True:
                 waited = time.perf_counter()
@@ -273,7 +295,15 @@ class Trainer:
                     self.check_logs(epoch, *pending, bar)
                 pending = (logs, done, real, first_step, started)
                 done += real
-            self.check_logs(epoch, *pending, bar)
+                if start + done < steps and (self.stop_signal is not None or self.save_due(first_step + done)):
+                    self.check_logs(epoch, *pending, bar)  # a diverged state is never saved
+                    pending = None
+                    self.save_position(start + done, totals)
+                    if self.stop_signal is not None:
+                        raise Stopped(self.stop_signal, f"saved at step {first_step + done} ({start + done} of "
+                                                        f"{steps} into epoch {epoch})")
+            if pending is not None:
+                self.check_logs(epoch, *pending, bar)
         finally:
             # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps finish,
             # so the process never exits with work in flight (which aborts it instead of returning its status)
@@ -308,7 +338,7 @@ class Trainer:
         every = self.trainer_cfg["log_every"]
         rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
         examples_per_s = rate * self.train_loader.batch_size
-        eta = (len(self.train_loader) - done - real) / rate
+        eta = (len(self.train_loader) - self.skipped - done - real) / rate
         for i in range(real):
             step = first_step + done + i + 1
             if step % every == 0:
@@ -353,13 +383,16 @@ class Trainer:
         while self.epoch < epochs:
             epoch = self.epoch + 1
             start = time.perf_counter()
-            totals = self.train_epoch(epoch)
+            ran = 1 - self.position / len(self.train_loader)  # the share of the epoch this process trains
+            totals = self.train_epoch(epoch, self.position, self.resumed_totals)
+            self.position, self.resumed_totals = 0, None
             train = metric_results(self.metrics, totals)  # waits for the epoch's last step
             seconds = time.perf_counter() - start
             row = {"epoch": epoch, "step": int(self.ts["step"]), **{f"train/{k}": v for k, v in train.items()}}
             if self.valid_loader is not None:
                 row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
-            row.update({"time/epoch_s": seconds, "time/examples_per_s": self.train_loader.num_examples / seconds,
+            row.update({"time/epoch_s": seconds,
+                        "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
                         "time/data_wait_s": self.data_wait, "time/peak_rss_mb": peak_rss_mb(),
                         "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
             self.epoch = epoch
@@ -370,6 +403,8 @@ class Trainer:
             self.commit(epoch, improved, row)
             for tracker in self.trackers:
                 tracker.log_epoch(epoch, row, self.best)
+            if self.stop_signal is not None and self.epoch < epochs:
+                raise Stopped(self.stop_signal, f"saved at the end of epoch {epoch}")
             if patience and self.bad_epochs >= patience:
                 log.info(f"early stop: {self.monitor.name} has not improved for {patience} epochs "
                          f"(best {self.best:.4f})")
@@ -408,6 +443,41 @@ class Trainer:
             kept = "nothing else was changed" if path == derived[0] else \
                 f"checkpoint-latest.params holds epoch {epoch}"
             raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
+        self.last_save = (int(self.ts["step"]), time.monotonic())
+
+    def request_stop(self, signum: int) -> None:
+        """Called from a signal handler: the loop saves and stops at the next step boundary."""
+        self.stop_signal = signum
+
+    def save_due(self, step: int) -> bool:
+        """trainer.checkpoint_every: {"steps": N} and/or {"minutes": M} since the last checkpoint."""
+        every = self.trainer_cfg.get("checkpoint_every") or {}
+        last_step, last_time = self.last_save
+        return (("steps" in every and step // every["steps"] > last_step // every["steps"])
+                or ("minutes" in every and time.monotonic() - last_time >= 60 * every["minutes"]))
+
+    def save_position(self, position: int, totals) -> None:
+        """checkpoint-latest.params in the middle of an epoch: the state, the position in the epoch's order and the
+        statistics gathered so far, so the resumed run goes on with the next batch and ends bit-identical. With
+        checkpoint_every.keep = N also checkpoint-step_S.params, the last N of them kept."""
+        step = int(self.ts["step"])
+        payload = checkpoint.encode({**self.ts, "epoch_totals": totals}, {**self.header(), "position": position})
+        keep = (self.trainer_cfg.get("checkpoint_every") or {}).get("keep", 0)
+        path = self.run_dir / "checkpoint-latest.params"
+        try:
+            checkpoint.write_atomic(path, payload)
+            if keep:
+                path = self.run_dir / f"checkpoint-step_{step}.params"
+                checkpoint.write_atomic(path, payload)
+                numbered = sorted(self.run_dir.glob("checkpoint-step_*.params"),
+                                  key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+                for old in numbered[:-keep]:
+                    old.unlink()
+        except OSError as error:
+            raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; "
+                                            f"{self.kept()}") from None
+        self.last_save = (step, time.monotonic())
+        log.info(f"checkpoint at step {step} ({position} of {len(self.train_loader)} into epoch {self.epoch + 1})")
 
     def kept(self) -> str:
         """What a stopped run leaves to continue from, for its last message."""
