@@ -5,7 +5,10 @@ Prints the loss and every configured metric, then what fits the task (derived fr
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
 per_class.csv); for a language model (a class per position) perplexity and token accuracy; for regression a
 predicted-vs-true plot (predictions.png). Files go next to the checkpoint (or to DIR), with the split in their names
-when it is not the test split."""
+when it is not the test split.
+
+Exit status: 0 done; 1 the results were printed but a file could not be written (one `error:` line names it); 2 bad
+input (arguments, config, data, checkpoint), reported in one `error:` line before anything is evaluated."""
 from __future__ import annotations
 
 import argparse
@@ -45,13 +48,25 @@ def main(argv=None) -> int:
 
     checkpoint_path = of_run(args.resume)
     config_path = Path(args.config) if args.config else checkpoint_path.parent / "config.json"
+    out = Path(args.out) if args.out else checkpoint_path.parent
     try:
+        if not checkpoint_path.is_file():
+            raise ConfigError(f"{checkpoint_path}: no such checkpoint file")
+        if not args.config and not config_path.exists():
+            raise ConfigError(f"{config_path}: no such file; give the run's config with -c CONFIG")
         config = load_config(config_path, args.overrides, source=config_path.name)
+    except ConfigError as error:
+        fail(str(error))
+    except (OSError, UnicodeDecodeError) as error:  # permission denied, a folder, not text
+        fail(f"{config_path}: cannot read it ({getattr(error, 'strerror', None) or error})")
+    try:
         if args.split not in config["data_loader"]:
             raise ConfigError(f"data_loader.{args.split}: not in the config; "
                               f"splits: {', '.join(config['data_loader'])}")
-        if not checkpoint_path.is_file():
-            raise ConfigError(f"{checkpoint_path}: no such checkpoint file")
+        # the figures are written after the evaluation: an --out that cannot be a folder is refused before it
+        existing = next(p for p in (out, *out.parents) if p.exists())
+        if not existing.is_dir():
+            raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
         model = build(config["model"], "model", "config.json: model")
         loss_fn = build(config["loss"], "loss", "config.json: loss")
         metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
@@ -60,7 +75,7 @@ def main(argv=None) -> int:
         spec = loader.spec
     except ConfigError as error:
         fail(str(error))
-    except ValueError as error:
+    except (OSError, ValueError) as error:  # the data set's own complaint, which does not say which split
         fail(f"config.json: data_loader.{args.split}: {error}")
 
     import jax
@@ -78,7 +93,12 @@ def main(argv=None) -> int:
         metrics = [*metrics, confusion_matrix()]
     if task == "sequence" and "accuracy" not in names:
         metrics = [*metrics, accuracy()]
-    template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec["input"]))))
+    try:
+        template = jax.eval_shape(lambda: dict(zip(("params", "state"),
+                                                   model.init(jax.random.PRNGKey(0), spec["input"]))))
+    except Exception as error:  # shape errors from deep inside a layer: their first line says what
+        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+        fail(f"config.json: model: cannot take the data's input ({reason})")
     try:
         tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
     except checkpoint.CheckpointError as error:
@@ -97,16 +117,18 @@ def main(argv=None) -> int:
         if isinstance(value, float):
             label = "token accuracy" if task == "sequence" and name == "accuracy" else name
             print(f"  {label:<20} {value:.4f}")
-    out = Path(args.out) if args.out else checkpoint_path.parent
-    out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.split == "test" else f"_{args.split}"
-    if task == "classification":
-        report_classes(np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"), out,
-                       suffix)
-    elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
-        print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
-    elif task == "regression":
-        report_predictions(model, params, state, loader, preprocessing, out, suffix)
+    try:
+        if task == "classification":
+            report_classes(np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"),
+                           out, suffix)
+        elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
+            print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
+        elif task == "regression":
+            report_predictions(model, params, state, loader, preprocessing, out, suffix)
+    except OSError as error:  # a read-only or full disk: the results above stand, the files do not
+        fail(f"cannot write {error.filename or out} ({error.strerror or error}); the results above are complete, "
+             "--out DIR writes the files elsewhere", 1)
     return 0
 
 
@@ -129,6 +151,7 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
         p, r, f, n = (table[k][c] for k in ("precision", "recall", "f1", "support"))
         print(f"  {name:>5}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
         lines.append(f"{json.dumps(name) if ',' in name else name},{p:.6f},{r:.6f},{f:.6f},{n}")
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n")
     image = save_confusion_matrix(matrix, out / f"confusion_matrix{suffix}.png", names)
     print(f"wrote {image} and {out / f'per_class{suffix}.csv'}")
@@ -147,6 +170,7 @@ def report_predictions(model, params, state, loader, preprocessing: dict, out: P
         real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
         predicted.append(np.asarray(forward(batch["input"]))[real])
         true.append(np.asarray(target_of(batch))[real])
+    out.mkdir(parents=True, exist_ok=True)
     image = save_predictions(np.concatenate(predicted), np.concatenate(true), out / f"predictions{suffix}.png",
                              preprocessing.get("targets"))
     print(f"wrote {image}")

@@ -9,11 +9,14 @@ from pathlib import Path
 
 
 def checksum(path: str | Path, algorithm: str = "md5") -> str:
-    """The file's hex digest, read in blocks (data files can be large)."""
+    """The file's hex digest, read in blocks (data files can be large); ValueError naming a file it cannot read."""
     digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as error:  # permission denied, a directory, a disk error
+        raise ValueError(f"{path}: cannot read it ({(error.strerror or str(error)).lower()})") from None
     return digest.hexdigest()
 
 
@@ -49,4 +52,5 @@ def download(filename: str, md5: str, mirrors: list[str], folder: str | Path, ti
         except Exception as error:  # try the next mirror, report all failures together
             errors.append(f"{url}: {error}")
             Path(tmp).unlink(missing_ok=True)
-    raise OSError(f"could not download {filename}:\n  " + "\n  ".join(errors))
+    # one line: the commands print an error as one `error:` line
+    raise OSError(f"could not download {filename} into {folder}: " + "; ".join(errors))

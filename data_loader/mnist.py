@@ -102,9 +102,16 @@ class MnistDataset:
         if not 0 <= threshold < 1 or noise_std < 0:
             raise ValueError(f"threshold must be in [0, 1) and noise_std >= 0, got {threshold} and {noise_std}")
         files = FILES["test" if split == "test" else "train"]
-        images, labels = (read_idx(locate(dataset, data_dir, f, download, verify)) for f in files)
+        image_path, label_path = (locate(dataset, data_dir, f, download, verify) for f in files)
+        images, labels = read_idx(image_path), read_idx(label_path)
+        # without verify nothing else vouches for the files: a wrong or damaged one must fail here, by name
+        if images.ndim != 3 or not len(images):
+            raise ValueError(f"{image_path}: expected images of shape (N, height, width), got {images.shape}")
+        if labels.ndim != 1 or (len(labels) and not 0 <= labels.min() <= labels.max() < 10):
+            raise ValueError(f"{label_path}: expected labels 0-9 of shape (N,), got shape {labels.shape}"
+                             + (f", values {labels.min()}..{labels.max()}" if labels.ndim == 1 else ""))
         if len(images) != len(labels):
-            raise ValueError(f"{data_dir}: {len(images)} images but {len(labels)} labels")
+            raise ValueError(f"{image_path} holds {len(images)} images but {label_path} {len(labels)} labels")
         ids = np.arange(len(images))
         if split != "test":
             if not 0 <= validation_size < len(images):

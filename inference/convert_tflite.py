@@ -15,6 +15,10 @@ at the end.
 
 Batch: TFLite fixed (the first --input dimension, default 1: LiteRT runs a fixed batch much faster), ONNX and JAX
 symbolic. --batch N fixes every format at N, --dynamic-batch makes every one symbolic.
+
+Every option is checked against the model and the data before anything is exported, and a bad one is one `error:`
+line (exit status 2): an --input example shape or dtype other than the data's is refused while the data validates
+the export (--val-examples 0 exports it on random inputs alone), and one the model cannot take is refused always.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packa
     sys.path.insert(0, str(REPO))
 
 from inference import exporter, verify  # noqa: E402
-from inference.exporter import FORMATS, ExportError, Inputs, Options  # noqa: E402
+from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
 from utils import ConfigError, build, fail, load_config  # noqa: E402
 
@@ -96,40 +100,88 @@ def split_loader(config: dict, splits=("validation", "test")):
         return None, None, f"config.json: data_loader.{split}: {error}"
 
 
+def check_arguments(args, formats: list[str]) -> None:
+    """Every option on its own, before anything is read or built."""
+    if not formats or set(formats) - set(FORMATS):
+        raise ConfigError(f"--formats {args.formats}: choose from {','.join(FORMATS)}")
+    if args.quantize and "tflite" not in formats:
+        raise ConfigError("--quantize applies to the TFLite model: add tflite to --formats")
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        raise ConfigError(f"--name {args.name!r}: expected a plain folder name")
+    if args.input is not None:
+        dims = " ".join(map(str, args.input))
+        if len(args.input) < 2:
+            raise ConfigError(f"--input {dims}: expected a batch and a sample shape, e.g. --input 1 28 28 1")
+        for axis, size in enumerate(args.input):
+            if size < 1:
+                raise ConfigError(f"--input {dims}: axis {axis}{' (the batch)' if axis == 0 else ''} is {size}; "
+                                  "every size must be a positive integer")
+        try:
+            kind = np.dtype(args.input_dtype).kind
+        except TypeError:
+            kind = None
+        if kind is None or kind not in "biuf":
+            raise ConfigError(f"--input-dtype {args.input_dtype}: expected a numeric dtype (float32, int32, ...)")
+    if args.batch is not None and args.batch < 1:
+        raise ConfigError(f"--batch {args.batch}: expected a batch size of at least 1")
+    if args.val_examples is not None and args.val_examples < 0:
+        raise ConfigError(f"--val-examples {args.val_examples}: expected 0 (random inputs only) or more")
+    for option in ("atol", "rtol", "max_accuracy_drop"):
+        value = getattr(args, option)
+        if not np.isfinite(value) or value < 0:
+            raise ConfigError(f"--{option.replace('_', '-')} {value}: expected a finite number >= 0")
+
+
 def input_spec(args, spec_loader, problem: str | None):
     """(the input spec, the export batch): --input's one array, else the data's input tree at batch 1."""
     import jax
 
     if args.input:
-        if len(args.input) < 2 or args.input[0] < 1:
-            raise ConfigError(f"--input {' '.join(map(str, args.input))}: expected a batch and a sample shape")
-        try:
-            spec = jax.ShapeDtypeStruct(tuple(args.input), np.dtype(args.input_dtype))
-        except TypeError:
-            raise ConfigError(f"--input-dtype {args.input_dtype}: not a dtype") from None
-        batch = args.input[0]
+        spec, batch = jax.ShapeDtypeStruct(tuple(args.input), np.dtype(args.input_dtype)), args.input[0]
     elif spec_loader is not None:
         spec, batch = spec_loader.spec["input"], 1
     else:
         raise ConfigError(f"the input spec comes from the data, which cannot be read ({problem}): "
                           "give one input's shape with --input 1 28 28 1 [--input-dtype float32]")
-    if args.batch is not None:
-        if args.batch < 1:
-            raise ConfigError(f"--batch {args.batch}: expected a positive batch size")
-        batch = args.batch
-    return spec, batch
+    return spec, (batch if args.batch is None else args.batch)
+
+
+def described(spec, batch: int) -> str:
+    """An input tree at `batch` as text: float32[1,28,28,1], or {a: int32[1,8], b: ...}."""
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{k}: {described(v, batch)}" for k, v in sorted(spec.items())) + "}"
+    return f"{np.dtype(spec.dtype)}[{','.join(map(str, (batch, *spec.shape[1:])))}]"
+
+
+def same_examples(spec, data_spec) -> bool:
+    """Whether one array spec's examples (all but the batch axis) have the data's shape and dtype."""
+    return not isinstance(data_spec, dict) and tuple(spec.shape[1:]) == tuple(data_spec.shape[1:]) \
+        and np.dtype(spec.dtype) == np.dtype(data_spec.dtype)
+
+
+def check_input_against_data(args, spec, data_spec, validating: bool, split: str | None) -> None:
+    """--input against the data's inputs: the data's examples can check an export only at their own shape and
+    dtype, and --input describes one array."""
+    if not args.input or data_spec is None or same_examples(spec, data_spec):
+        return
+    asked = f"--input {' '.join(map(str, args.input))} ({described(spec, spec.shape[0])})"
+    if isinstance(data_spec, dict):
+        raise ConfigError(f"{asked}: the data has several named inputs ({', '.join(sorted(data_spec))}), which "
+                          "--input cannot describe; leave --input out to export them")
+    if validating:
+        fix = " ".join(map(str, (spec.shape[0], *data_spec.shape[1:])))
+        if np.dtype(data_spec.dtype) != np.dtype(spec.dtype):
+            fix += f" --input-dtype {np.dtype(data_spec.dtype)}"
+        raise ConfigError(f"{asked}: the {split} data's examples are {described(data_spec, spec.shape[0])}, so they "
+                          f"cannot check this export; give --input {fix}, or --val-examples 0 to export this input "
+                          "checked on random inputs only")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
-        if not formats or set(formats) - set(FORMATS):
-            raise ConfigError(f"--formats {args.formats}: choose from {','.join(FORMATS)}")
-        if args.quantize and "tflite" not in formats:
-            raise ConfigError("--quantize applies to the TFLite model: add tflite to --formats")
-        if not args.name or "/" in args.name or args.name.startswith("."):
-            raise ConfigError(f"--name {args.name!r}: expected a plain folder name")
+        check_arguments(args, formats)
         target = Path(args.output_dir) / args.name
         if target.exists() and not args.force:
             raise ConfigError(f"{target} exists; pass --force to replace it")
@@ -139,6 +191,8 @@ def main(argv=None) -> int:
         loader, split, problem = split_loader(config)
         spec_loader = loader or split_loader(config, ("train",))[0]  # a spec needs one batch of any split
         spec, batch = input_spec(args, spec_loader, problem)
+        data_spec = spec_loader.spec["input"] if spec_loader is not None else None
+        check_input_against_data(args, spec, data_spec, args.val_examples != 0 and loader is not None, split)
     except ConfigError as error:
         fail(str(error))
 
@@ -147,12 +201,28 @@ def main(argv=None) -> int:
     from training import checkpoint
     from training.tasks import task_of
 
-    template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec))))
+    # The checkpoint's shapes follow from the data's input where there is data, from --input where there is not.
+    asked = f"--input {' '.join(map(str, args.input))}" if args.input else None
+    known = spec if data_spec is None else data_spec
+    try:
+        template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), known))))
+    except Exception as error:  # a shape error from deep inside a layer: its first line says what
+        if data_spec is None:
+            fail(f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the data, "
+                 f"which would give the shape, cannot be read ({problem})")
+        fail(f"config.json: model: cannot take the data's input {described(data_spec, 1)} ({first_line(error)})")
     try:
         tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
     except checkpoint.CheckpointError as error:
-        fail(str(error))
+        fail(str(error) + (f" (the model's shapes came from {asked}: the shape it was trained on?)"
+                           if data_spec is None else ""))
     params, state = jax.device_put((tree["params"], tree["state"]))
+    if data_spec is not None and not same_examples(spec, data_spec):  # --input of another shape, --val-examples 0
+        try:
+            jax.eval_shape(lambda x: model(params, state, x, train=False)[0], spec)
+        except Exception as error:
+            fail(f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the "
+                 f"data's input is {described(data_spec, spec.shape[0])}")
 
     def fn(x):
         return model(params, state, x, train=False)[0]
@@ -173,7 +243,10 @@ def main(argv=None) -> int:
     elif loader is None:
         skipped = problem
     else:
-        validation = exporter.collect_validation(loader, forward, inputs, args.val_examples)
+        try:
+            validation = exporter.collect_validation(loader, forward, inputs, args.val_examples)
+        except ExportError as error:
+            fail(f"config.json: data_loader.{split}: {error}")
     if skipped:
         print(f"validation: not checked ({skipped}); random inputs only"
               + ("; the quantized model's accuracy is not checked" if args.quantize else ""))

@@ -117,7 +117,8 @@ class Validation:
 
 
 def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Validation:
-    """Examples of the loader with at least one unmasked element, up to `limit`; the model's outputs on them."""
+    """Examples of the loader with at least one unmasked element, up to `limit`; the model's outputs on them.
+    Examples of another shape or dtype than the export's inputs raise ExportError: they could check nothing."""
     flats, targets, masks, outputs = [], [], [], []
     seen = 0
     for batch in loader.batches():
@@ -125,6 +126,12 @@ def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Va
         keep = mask.reshape(len(mask), -1).max(axis=1) > 0
         take = np.flatnonzero(keep)[: None if limit is None else limit - seen]
         flat = jax.tree.leaves(batch["input"])
+        if not flats:
+            got, want = ([f"{np.dtype(a.dtype)}{shape_text((None, *a.shape[1:]))}" for a in arrays]
+                         for arrays in (flat, inputs.specs))
+            if got != want:
+                raise ExportError(f"the validation examples are {', '.join(got)}, the export's inputs "
+                                  f"{', '.join(want)}: they cannot check it")
         flats.append([leaf[take] for leaf in flat])
         targets.append(batch["target"][take] if "target" in batch else None)
         masks.append(mask[take])

@@ -216,6 +216,14 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="runtime threads (default: the runtime's)")
     args = parser.parse_args(argv)
+    checks = [(args.top < 1, f"--top {args.top}: expected 1 or more"),
+              (args.tokens < 0, f"--tokens {args.tokens}: expected 0 or more"),
+              (not 0 <= args.temperature < float("inf"), f"--temperature {args.temperature}: expected a number >= 0"),
+              (args.threads is not None and args.threads < 1, f"--threads {args.threads}: expected 1 or more")]
+    for bad, message in checks:
+        if bad:
+            print(f"error: {message}", file=sys.stderr)
+            return 2
 
     model_path = Path(args.model)
     folder = model_path.parent
