@@ -274,7 +274,7 @@ def run(args) -> int:
         best = trainer.fit()
         log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
         status = 0
-    except (TrainingDiverged, run_folder.RunFolderError) as error:
+    except (TrainingDiverged, run_folder.RunFolderError, CheckpointError) as error:
         log.error(str(error))
     except (Stopped, KeyboardInterrupt, Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)

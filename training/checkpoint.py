@@ -4,12 +4,19 @@ A checkpoint is a dict of pytrees (``{"params": ..., "state": ..., "opt_state": 
 ``params.blocks.1.norm.scale``-style names. Reading needs a template tree of the same structure (built from the
 config with ``jax.eval_shape``, no compute): every path, shape and dtype is checked against it and all differences
 are reported together. Nothing falls back silently to fresh weights.
+
+Since format version 2 the header records a crc32 of every array (with its dtype and shape) and the file keeps a
+crc32 of the header text, both verified on every read: a flipped byte anywhere is an error, never silently other
+weights. Version 1 files (no checksums) still read.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +25,11 @@ import numpy as np
 
 from model.modules.module import key_path_str
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums of the header and of every array (dtype, shape, bytes); 1 had none
+CORRUPT = "the file is corrupt; use another checkpoint of the run or a copy"
+# mkstemp's names as write_atomic asks for them: ".<name>.<random>.tmp".
+TEMP_NAME = re.compile(r"\..+\.[^.]+\.tmp")
+INT64 = 2 ** 63
 
 
 class CheckpointError(Exception):
@@ -30,14 +41,40 @@ def flatten(tree: Any) -> dict[str, Any]:
     return {key_path_str(path): leaf for path, leaf in leaves}
 
 
+def raw_bytes(array: np.ndarray) -> memoryview:
+    # A uint8 view: extension dtypes (bfloat16) export no buffer of their own.
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def little_endian(leaf: Any) -> np.ndarray:
+    # The bytes safetensors writes, so that the checksum taken here is the one a read recomputes from the file.
+    array = np.asarray(leaf, order="C")
+    return array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
+
+
+def text_crc(text: str) -> str:
+    return str(zlib.crc32(text.encode("utf-8", "surrogatepass")))
+
+
+def describe(array: np.ndarray, data: memoryview) -> list:
+    """What the header records of an array: [dtype, shape, crc32 of its bytes]."""
+    return [array.dtype.name, list(array.shape), zlib.crc32(data)]
+
+
 def encode(tree: dict, header: dict | None = None) -> bytes:
-    """The checkpoint file's bytes: every leaf by key path, and the header as JSON metadata."""
+    """The checkpoint file's bytes: every leaf by key path, and the header as JSON metadata with its own crc32."""
     from safetensors.numpy import save as to_bytes
 
-    arrays = {name: np.asarray(leaf) for name, leaf in flatten(jax.device_get(tree)).items()}
+    arrays = {name: little_endian(leaf) for name, leaf in flatten(jax.device_get(tree)).items()}
     meta = dict(header or {})
-    meta.update(format_version=FORMAT_VERSION, treedef=str(jax.tree_util.tree_structure(tree)))
-    return to_bytes(arrays, metadata={"header": json.dumps(meta)})
+    meta.update(format_version=FORMAT_VERSION, treedef=str(jax.tree_util.tree_structure(tree)),
+                arrays={name: describe(a, raw_bytes(a)) for name, a in arrays.items()})
+    # A header this module would refuse to read is refused now, while the run that wrote it can still say why.
+    problem = header_problem(meta)
+    if problem:
+        raise CheckpointError(f"checkpoint header: {problem}")
+    text = json.dumps(meta)
+    return to_bytes(arrays, metadata={"header": text, "header_crc32": text_crc(text)})
 
 
 def write_atomic(path: str | Path, payload: bytes) -> None:
@@ -61,35 +98,141 @@ def write_atomic(path: str | Path, payload: bytes) -> None:
         os.close(directory)
 
 
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Deletes the temporary files of writes a kill interrupted; only safe while no other process writes to the
+    folder (the caller holds the run's lock). Returns what it removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = sorted(p for p in folder.iterdir()
+                   if TEMP_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink())
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 def save(path: str | Path, tree: dict, header: dict | None = None) -> None:
     write_atomic(path, encode(tree, header))
 
 
+def kind_of(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+    if value is None or isinstance(value, (list, dict)):
+        return kind
+    if type(value) is int and abs(value) >= INT64:
+        return "an integer beyond 64 bits"  # repr of a 5000-digit int raises
+    return f"{kind} ({repr(value)[:40]})"
+
+
+def is_int(value: Any, low: int) -> bool:
+    return type(value) is int and low <= value < INT64
+
+
+def is_finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+# field -> (accepts, what it should be); bool is not taken for a number.
+FIELDS = {
+    "format_version": (lambda v: is_int(v, 1), "an integer >= 1"),
+    "epoch": (lambda v: is_int(v, 0), "an integer >= 0"),
+    "step": (lambda v: is_int(v, 0), "an integer >= 0"),
+    "best": (lambda v: v is None or is_finite(v), "a finite number or null"),
+    "best_epoch": (lambda v: v is None or is_int(v, 0), "an integer >= 0 or null"),
+    "bad_epochs": (lambda v: is_int(v, 0), "an integer >= 0"),
+    "monitor": (lambda v: type(v) is str, "a string"),
+    "config_hash": (lambda v: v is None or type(v) is str, "a string or null"),
+    "data_seed": (lambda v: is_int(v, -INT64), "an integer"),
+    "min_loss": (lambda v: v is None or is_finite(v), "a finite number or null"),
+    "treedef": (lambda v: type(v) is str, "a string"),
+    "row": (lambda v: type(v) is dict, "an object"),
+}
+REQUIRED = ("epoch", "step")
+
+
+def header_problem(header: Any) -> str | None:
+    """What is wrong with a header's fields, or None."""
+    if type(header) is not dict:
+        return f"is {kind_of(header)}, expected a JSON object"
+    for name in REQUIRED:
+        if name not in header:
+            return f"has no field {name!r} ({FIELDS[name][1]})"
+    for name, (accepts, expected) in FIELDS.items():
+        if name in header and not accepts(header[name]):
+            return f"field {name!r} is {kind_of(header[name])}, expected {expected}"
+    return None
+
+
+def verify_arrays(path: Path, entries: Any, arrays: dict, layout: dict, data: memoryview, start: int) -> None:
+    """Every array against the [dtype, shape, crc32] its header recorded, in the order of the file."""
+    if type(entries) is not dict:
+        raise CheckpointError(f"{path}: header field 'arrays' is {kind_of(entries)}, expected an object ({CORRUPT})")
+    extra = sorted(set(entries) - set(arrays))
+    if extra:
+        raise CheckpointError(f"{path}: array {extra[0]} is in the header but not in the file ({CORRUPT})")
+    for name in sorted(layout, key=lambda n: layout[n]["data_offsets"][0]):
+        begin, end = layout[name]["data_offsets"]
+        if entries.get(name) != describe(arrays[name], data[start + begin:start + end]):
+            raise CheckpointError(f"{path}: array {name} fails its checksum ({CORRUPT})")
+
+
 def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
-    """The raw arrays by name and the header."""
+    """The raw arrays by name and the header, after every checksum the file has is verified and every header
+    field is checked; anything wrong is a CheckpointError naming the file and what was wrong."""
     from safetensors import SafetensorError
     from safetensors.numpy import load as from_bytes
 
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint file") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read the checkpoint: {error.strerror or error}") from None
     try:
         arrays = from_bytes(data)
-        header_len = int.from_bytes(data[:8], "little")
-        meta = json.loads(data[8:8 + header_len]).get("__metadata__", {})
-        header = json.loads(meta["header"])
-    except (SafetensorError, ValueError, KeyError, UnicodeDecodeError, OverflowError) as error:
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {error}") from None
-    if header.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format version {header.get('format_version')}, expected {FORMAT_VERSION}")
+        start = 8 + int.from_bytes(data[:8], "little")
+        layout = json.loads(data[8:start])
+        meta = layout.pop("__metadata__", None) or {}
+        # JSON would take other whitespace in safetensors' space padding; refused, so that no changed byte passes.
+        if data[8:9] != b"{" or data[8:start].rstrip(b" ")[-1:] != b"}":
+            raise ValueError("the header has bytes around its JSON")
+    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OverflowError,
+            RecursionError) as error:
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
+                              f"{type(error).__name__}: {error}") from None
+    text = meta.get("header")
+    if text is None:
+        raise CheckpointError(f"{path}: a safetensors file without a checkpoint header (not written by this code?)")
+    if "header_crc32" in meta and meta["header_crc32"] != text_crc(text):
+        raise CheckpointError(f"{path}: its header fails its checksum ({CORRUPT})")
+    try:
+        header = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(f"{path}: its header is not JSON ({type(error).__name__}: {error})") from None
+    if type(header) is not dict:
+        raise CheckpointError(f"{path}: its header is {kind_of(header)}, expected a JSON object")
+    version = header.get("format_version")
+    if not is_int(version, 1) or version > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: its header field 'format_version' is {kind_of(version)}, this code reads "
+                              f"versions 1 to {FORMAT_VERSION}")
+    if version >= 2 and ("header_crc32" not in meta or "arrays" not in header):
+        raise CheckpointError(f"{path}: format version {version} without its checksums ({CORRUPT})")
+    if "arrays" in header:
+        verify_arrays(path, header["arrays"], arrays, layout, memoryview(data), start)
+    problem = header_problem(header)
+    if problem:
+        raise CheckpointError(f"{path}: its header {problem}")
     return arrays, header
 
 
 def restore(path: str | Path, template: dict, only: tuple[str, ...] | None = None,
-            exclude: tuple[str, ...] = ()) -> tuple[dict, dict]:
+            exclude: tuple[str, ...] = (), allow_nonfinite: bool = False) -> tuple[dict, dict]:
     """Fills `template` (arrays or ShapeDtypeStructs) from the file; `only` restricts to top-level keys. Key paths
-    under an `exclude` prefix (``params.head``) keep the template's values, which must then be arrays."""
+    under an `exclude` prefix (``params.head``) keep the template's values, which must then be arrays. A NaN or
+    Inf in a restored array is refused unless `allow_nonfinite`: a diverged run's weights evaluate to nonsense
+    without any error."""
     arrays, header = read(path)
     if only is not None:
         template = {k: template[k] for k in only}
@@ -114,6 +257,13 @@ def restore(path: str | Path, template: dict, only: tuple[str, ...] | None = Non
     if problems:
         shown = "; ".join(problems[:8]) + (f"; ... {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckpointError(f"{path}: does not match the model/optimizer of this config: {shown}")
+    if not allow_nonfinite:
+        for name in likes:
+            got = arrays.get(name)
+            if got is not None and jax.dtypes.issubdtype(got.dtype, np.inexact) and not np.isfinite(got).all():
+                bad = int(got.size - np.isfinite(got).sum())
+                raise CheckpointError(f"{path}: array {name} has {bad} NaN/Inf value(s) of {got.size} (a diverged "
+                                      f"run?); refused, as it would evaluate to nonsense without an error")
     values = [likes[n] if n in fresh else arrays[n] for n in likes]
     return jax.tree_util.tree_unflatten(treedef, values), header
 

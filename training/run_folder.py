@@ -90,10 +90,7 @@ def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> li
     """Makes the run folder agree with the checkpoint a run resumes from (held by this process): temporary files of
     interrupted writes removed, metrics rows past its epoch dropped, its own row restored, and a best or epoch
     checkpoint that a kill left unwritten rewritten from it. Returns what was repaired, for the log."""
-    stale = [p for p in run_dir.glob(".*.tmp") if p.is_file()]  # TEMP until checkpoint.remove_stale_temps
-    for p in stale:
-        p.unlink()
-    repaired = [f"removed an interrupted write: {p.name}" for p in stale]
+    repaired = [f"removed an interrupted write: {p.name}" for p in checkpoint.remove_stale_temps(run_dir)]
     epoch = header["epoch"]
     metrics = run_dir / "metrics.jsonl"
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
