@@ -64,6 +64,32 @@ def hold(run_dir: Path) -> int:
     return fd
 
 
+class Writer:
+    """Runs checkpoint writes on one background thread, one at a time and in order; a write's error is raised by
+    the next ``submit`` or ``wait``. ``background=False`` writes in the caller's thread."""
+
+    def __init__(self, background: bool = True):
+        self.background = background
+        self.pool = None
+        self.pending = None
+
+    def submit(self, job) -> None:
+        self.wait()
+        if not self.background:
+            job()
+            return
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        self.pending = self.pool.submit(job)
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+
 def append_row(run_dir: Path, row: dict) -> None:
     """One epoch's row in metrics.jsonl, flushed to disk before the epoch counts as logged."""
     with open(run_dir / "metrics.jsonl", "a") as f:

@@ -131,6 +131,7 @@ class Trainer:
         self.position, self.resumed_totals = 0, None  # steps of the epoch under way done before a resume
         self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
         self.last_save = (0, time.monotonic())  # (step, time) of the last checkpoint, for checkpoint_every
+        self.writer = run_folder.Writer(background=self.trainer_cfg.get("async_checkpoints", True))
         self.trace = None
 
     # ------------------------------------------------------------------------------------------------- state
@@ -380,6 +381,15 @@ class Trainer:
         profile = self.trainer_cfg.get("profile")
         self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
         self.compile()
+        try:
+            self.train_epochs(epochs, patience)
+        finally:
+            self.writer.wait()  # the last checkpoint is on disk before the run reports how it ended
+        if self.trace:
+            self.trace.stop(self.ts)
+        return self.best
+
+    def train_epochs(self, epochs: int, patience: int) -> None:
         while self.epoch < epochs:
             epoch = self.epoch + 1
             start = time.perf_counter()
@@ -409,9 +419,6 @@ class Trainer:
                 log.info(f"early stop: {self.monitor.name} has not improved for {patience} epochs "
                          f"(best {self.best:.4f})")
                 break
-        if self.trace:
-            self.trace.stop(self.ts)
-        return self.best
 
     def update_best(self, row: dict, epoch: int) -> bool:
         if self.monitor is None:
@@ -429,21 +436,47 @@ class Trainer:
         """The end of an epoch, in an order a kill cannot make inconsistent: checkpoint-latest.params first (the
         commit point: its header holds the row and the best epoch), then what derives from it, then the row.
         ``run_folder.reconcile`` redoes whatever a kill left undone when the run resumes."""
-        payload = checkpoint.encode(self.ts, {**self.header(), "row": row})
-        derived = [self.run_dir / "checkpoint-latest.params"]
+        names = ["checkpoint-latest.params"]
         if improved:
-            derived.append(self.run_dir / "model_best.params")
+            names.append("model_best.params")
         if epoch % self.trainer_cfg["save_period"] == 0:
-            derived.append(self.run_dir / f"checkpoint-epoch_{epoch}.params")
-        try:
-            for path in derived:
-                checkpoint.write_atomic(path, payload)
-            run_folder.append_row(self.run_dir, row)
-        except OSError as error:
-            kept = "nothing else was changed" if path == derived[0] else \
-                f"checkpoint-latest.params holds epoch {epoch}"
-            raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
-        self.last_save = (int(self.ts["step"]), time.monotonic())
+            names.append(f"checkpoint-epoch_{epoch}.params")
+        pause = self.save(self.ts, {**self.header(), "row": row}, names, row=row)
+        log.debug(f"epoch {epoch} committed; the loop paused {1000 * pause:.0f} ms")
+
+    def save(self, tree, header: dict, names: list[str], row: dict | None = None, rotate: int = 0) -> float:
+        """Writes `tree` and `header` to the run folder's files `names`, in order, then the metrics `row`, once the
+        previous save has finished. The state is copied to host memory here, at the step boundary; encoding and
+        writing run on a background thread (trainer.async_checkpoints) while training goes on. ``rotate`` > 0: also
+        keep only the last `rotate` numbered step checkpoints. Returns the pause the loop paid, in seconds."""
+        started = time.perf_counter()
+        self.writer.wait()
+        host = jax.tree.map(np.array, jax.device_get(tree))  # copies: the device buffers go to the next step
+        run_dir = self.run_dir
+
+        def write():
+            payload = checkpoint.encode(host, header)
+            path = run_dir / names[0]
+            try:
+                for name in names:
+                    path = run_dir / name
+                    checkpoint.write_atomic(path, payload)
+                if row is not None:
+                    path = run_dir / "metrics.jsonl"
+                    run_folder.append_row(run_dir, row)
+                if rotate:
+                    numbered = sorted(run_dir.glob("checkpoint-step_*.params"),
+                                      key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+                    for old in numbered[:-rotate]:
+                        old.unlink()
+            except OSError as error:
+                kept = "nothing was changed" if path.name == names[0] else \
+                    f"{names[0]} holds step {header['step']}"
+                raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
+
+        self.writer.submit(write)
+        self.last_save = (header["step"], time.monotonic())
+        return time.perf_counter() - started
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: the loop saves and stops at the next step boundary."""
@@ -460,27 +493,20 @@ class Trainer:
         """checkpoint-latest.params in the middle of an epoch: the state, the position in the epoch's order and the
         statistics gathered so far, so the resumed run goes on with the next batch and ends bit-identical. With
         checkpoint_every.keep = N also checkpoint-step_S.params, the last N of them kept."""
-        step = int(self.ts["step"])
-        payload = checkpoint.encode({**self.ts, "epoch_totals": totals}, {**self.header(), "position": position})
+        header = {**self.header(), "position": position}
+        step = header["step"]
         keep = (self.trainer_cfg.get("checkpoint_every") or {}).get("keep", 0)
-        path = self.run_dir / "checkpoint-latest.params"
-        try:
-            checkpoint.write_atomic(path, payload)
-            if keep:
-                path = self.run_dir / f"checkpoint-step_{step}.params"
-                checkpoint.write_atomic(path, payload)
-                numbered = sorted(self.run_dir.glob("checkpoint-step_*.params"),
-                                  key=lambda p: int(p.stem.rsplit("_", 1)[1]))
-                for old in numbered[:-keep]:
-                    old.unlink()
-        except OSError as error:
-            raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; "
-                                            f"{self.kept()}") from None
-        self.last_save = (step, time.monotonic())
-        log.info(f"checkpoint at step {step} ({position} of {len(self.train_loader)} into epoch {self.epoch + 1})")
+        names = ["checkpoint-latest.params"] + ([f"checkpoint-step_{step}.params"] if keep else [])
+        pause = self.save({**self.ts, "epoch_totals": totals}, header, names, rotate=keep)
+        log.info(f"checkpoint at step {step} ({position} of {len(self.train_loader)} into epoch {self.epoch + 1}); "
+                 f"the loop paused {1000 * pause:.0f} ms")
 
     def kept(self) -> str:
         """What a stopped run leaves to continue from, for its last message."""
+        try:
+            self.writer.wait()
+        except run_folder.RunFolderError:
+            pass  # reported by the loop; what is on disk is what counts here
         latest = self.run_dir / "checkpoint-latest.params"
         written = run_folder.written_at(latest)
         if written is None:
