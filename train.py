@@ -186,7 +186,7 @@ def run(args) -> int:
         model = build(config["model"], "model", f"{source}: model")
         loss_fn = build(config["loss"], "loss", f"{source}: loss")
         metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
-        build_optimizer(config, steps_per_epoch=1, source=source)  # its hyperparameters' checks, before the data
+        build_optimizer(config, steps_per_epoch=None, source=source)  # its hyperparameters' checks, before the data
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))

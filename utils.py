@@ -7,6 +7,7 @@ every problem is reported as one line that names its place in the file: `config.
 """
 from __future__ import annotations
 
+import codecs
 import copy
 import difflib
 import functools
@@ -16,6 +17,7 @@ import inspect
 import json
 import logging
 import logging.config
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -44,17 +46,35 @@ TRAINER_DEFAULTS = {
     "steps_per_call": "auto",
     "run_id": None,
     "divergence_factor": None,
+    "checkpoint_every": None,
+    "async_checkpoints": True,
 }
 WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
                   "mode": "offline", "id": None}
 TENSORBOARD_DEFAULTS = {"enabled": False}
 PROFILE_KEYS = ("start_step", "num_steps")
+CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
 TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard"}
 LOADER_SPLITS = ("train", "validation", "test")
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
 DATA_ARGUMENTS = {"loss": 2}
 # Keyword arguments the training step fills in itself (a per-element mask), never the config.
 STEP_ARGUMENTS = {"loss": ("mask",)}
+# A model argument that sets the number of classes its outputs score (what top_k_accuracy's k may not exceed).
+CLASS_COUNT_ARGUMENTS = ("num_classes", "vocab_size")
+
+
+# Bounds past which a value is a typo, not a setting: a run that never ends, a step counter (int32) that wraps, a seed
+# numpy refuses, a folder name the file system refuses, a config nested or numbered past anything JSON carries.
+MAX_EPOCHS = 10**6
+MAX_STEPS = 2**31 - 1
+MAX_SEED = 2**32 - 1
+MAX_BATCH = 2**24
+MAX_NAME = 100
+MAX_DEPTH = 32
+MAX_INTEGER = 2**63 - 1
+# Steps an epoch counts in a schedule checked before the data is read (build_optimizer's steps_per_epoch None).
+NOMINAL_STEPS_PER_EPOCH = 2**20
 
 
 class ConfigError(Exception):
@@ -66,19 +86,113 @@ def closest(name: str, choices) -> str:
     return f" Did you mean {match[0]!r}?" if match else ""
 
 
-# ---------------------------------------------------------------------------------------------------------- reading
-def read_json(path: str | Path) -> dict:
-    path = Path(path)
+def show(value: Any, limit: int = 60) -> str:
+    """A config value as JSON for a message, cut to `limit` characters (a 300-character name stays readable)."""
     try:
-        text = path.read_text()
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------------- reading
+class _DuplicateKeys(dict):
+    """An object whose text repeated a key: json keeps the last value silently, so the walk reports it instead."""
+    duplicate = ""
+
+
+class _HugeInteger:
+    """An integer past Python's digit limit for int(), kept as a marker so the walk reports it at its place."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+
+def _object(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen = set()
+        obj = _DuplicateKeys(obj)
+        obj.duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+    return obj
+
+
+def _integer(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return _HugeInteger(text)
+
+
+def parse_json(text: str, where: str) -> Any:
+    """JSON text as Python values, refusing what json.loads lets through but no setting can mean (see check_values).
+    Raises json.JSONDecodeError for text that is not JSON at all."""
+    try:
+        value = json.loads(text, object_pairs_hook=_object, parse_int=_integer)
+    except RecursionError:
+        raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
+    check_values(value, where)
+    return value
+
+
+def check_values(value: Any, where: str) -> None:
+    """NaN and infinities (NaN, Infinity, 1e400), integers beyond 64 bits, repeated keys, keys with control
+    characters and nesting deeper than MAX_DEPTH: each reported at its key path. Iterative, so depth cannot
+    overflow the stack."""
+    stack = [(value, ())]
+    while stack:
+        node, path = stack.pop()
+        place = f"{where}: {'.'.join(path)}" if path else where
+        if len(path) > MAX_DEPTH:
+            raise ConfigError(f"{where}: {'.'.join(path[:3])}...: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(node, _HugeInteger):
+            raise ConfigError(f"{place}: an integer of {node.digits} digits (at most {MAX_INTEGER:,} accepted)")
+        if isinstance(node, bool):
+            continue
+        if isinstance(node, int) and abs(node) > MAX_INTEGER:
+            raise ConfigError(f"{place}: {show(node)} is too large (at most {MAX_INTEGER:,} accepted)")
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{place}: {show(node)} is not a finite number")
+        if isinstance(node, _DuplicateKeys):
+            inside = f" in {'.'.join(path)}" if path else ""
+            raise ConfigError(f"{where}: duplicate key {show(node.duplicate)}{inside}")
+        if isinstance(node, dict):
+            for key in node:
+                if not str(key).isprintable():
+                    raise ConfigError(f"{place}: key {show(key)} has a control character")
+            stack.extend((v, (*path, str(k))) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, (*path, str(i))) for i, v in reversed(list(enumerate(node))))
+
+
+def read_json(path: str | Path, source: str | None = None) -> dict:
+    """A JSON object from a UTF-8 file (a UTF-8 byte-order mark is allowed, as json.load allows it); errors name
+    `source` (default: the path)."""
+    path = Path(path)
+    source = source or str(path)
+    try:
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a config file") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\0" in raw:
+        raise ConfigError(f"{source}: UTF-16 or binary data, not UTF-8 text; save the file as UTF-8")
     try:
-        config = json.loads(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        body = error.object  # after a byte-order mark, which the positions do not count
+        line = body[:error.start].count(b"\n") + 1
+        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{body[error.start]:02x} on line {line}); save the file "
+                          f"as UTF-8") from None
+    try:
+        config = parse_json(text, source)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+        raise ConfigError(f"{source}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
     if not isinstance(config, dict):
-        raise ConfigError(f"{path}: the top level must be an object {{...}}")
+        raise ConfigError(f"{source}: the top level must be an object {{...}}")
     return config
 
 
@@ -108,11 +222,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set {text}: expected key.path=value")
     key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key.isprintable():
+        raise ConfigError(f"--set {show(key)}: the key has a control character")
     try:
-        value = json.loads(raw)
+        value = parse_json(raw, f"--set {key}")
     except json.JSONDecodeError:
         value = raw  # a bare word is a string: --set model.name=mlp
-    return key.strip(), value
+    return key, value
 
 
 def config_hash(config: dict) -> str:
@@ -128,10 +245,10 @@ def available(kind: str) -> dict[str, Callable]:
         COMPONENT_MODULES[kind], "__all__")
     module = importlib.import_module(module_name)
     names = getattr(module, list_name, None)
-    if names is None:
+    if names is None:  # functions only: a module's state classes (AdamState, ...) are not components
         names = [n for n, obj in vars(module).items()
-                 if not n.startswith("_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__]
-    return {name: getattr(module, name) for name in names}
+                 if not n.startswith("_") and inspect.isfunction(obj) and obj.__module__ == module.__name__]
+    return {name: getattr(module, name) for name in names if callable(getattr(module, name, None))}
 
 
 def signature_text(name: str, fn: Callable) -> str:
@@ -139,11 +256,15 @@ def signature_text(name: str, fn: Callable) -> str:
 
 
 def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] = ()) -> tuple[Callable, dict]:
-    """Looks up spec['name'] and binds spec['args']; `supplied` are arguments the program fills in itself."""
+    """Looks up spec['name'] and binds spec['args']; `supplied` are arguments the program fills in itself. A component
+    function may carry `check_args(**args)`, called here: the checks of what is never built before the data exists
+    (a loss's hyperparameters) or whose building reads files (a data loader's)."""
     if isinstance(spec, str):
         spec = {"name": spec}
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {json.dumps(spec)}")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {show(spec)}")
+    if "name" not in spec:
+        raise ConfigError(f"{where}: missing \"name\" (a component is {{\"name\": ..., \"args\": {{...}}}})")
     allowed = ("name", "args", *EXTRA_KEYS.get(kind, ()))
     extra = set(spec) - set(allowed)
     if extra:
@@ -152,14 +273,14 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
     options = available(kind)
     name = spec["name"]
     if not isinstance(name, str):
-        raise ConfigError(f"{where}.name: expected a string, got {json.dumps(name)}")
+        raise ConfigError(f"{where}.name: expected a string, got {show(name)}")
     if name not in options:
         raise ConfigError(f"{where}.name: unknown {kind} {name!r}; available: {', '.join(sorted(options))}."
                           f"{closest(name, options)}")
     fn = options[name]
-    args = spec.get("args") or {}
+    args = {} if spec.get("args") is None else spec["args"]
     if not isinstance(args, dict):
-        raise ConfigError(f"{where}.args: expected an object, got {json.dumps(args)}")
+        raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
     params = dict(inspect.signature(fn).parameters)
     for data_arg in list(params)[:DATA_ARGUMENTS.get(kind, 0)]:
         supplied = (*supplied, data_arg)
@@ -173,24 +294,45 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
             raise ConfigError(f"{where}.args.{key}: unknown argument{closest(key, params)} "
                               f"Accepted: {signature_text(name, fn)}")
         if key in params:
-            check_type(value, params[key].default, f"{where}.args.{key}")
+            # only an optimizer's `Hyper` arguments may be schedules: build_optimizer builds no others
+            schedulable = kind == "optimizer" and "Hyper" in str(params[key].annotation)
+            check_type(value, params[key].default, f"{where}.args.{key}", schedulable)
     missing = [p for p, v in params.items()
                if v.default is inspect.Parameter.empty and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
                and p not in args and p not in supplied]
     if missing:
         raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
+    check = getattr(fn, "check_args", None)
+    if check is not None:
+        try:
+            check(**args)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(component_error(where, error, args)) from None
     return fn, dict(args)
 
 
-def check_type(value: Any, default: Any, where: str) -> None:
-    """Type check against the default's type: a number where a number is expected, and so on."""
-    if default is inspect.Parameter.empty or default is None or value is None:
+def component_error(where: str, error: Exception, args: dict) -> str:
+    """A constructor's "b1: must be in [0, 1), got 1.5" placed at its argument: `cfg.json: optimizer.args.b1: ...`."""
+    text = str(error)
+    argument, colon, rest = text.partition(": ")
+    named = colon and argument.split(".")[0] in args  # "hidden.0: ..." is an entry of the argument hidden
+    return f"{where}.args.{argument}: {rest}" if named else f"{where}: {text}"
+
+
+def check_type(value: Any, default: Any, where: str, schedulable: bool = False) -> None:
+    """Type check against the default's type: a number where a number is expected, and so on. null is taken where
+    the default is null or a string (a mode such as mask's), never for a number, flag or list."""
+    if default is inspect.Parameter.empty or default is None:
         return
-    if isinstance(default, bool):
+    if value is None:
+        if isinstance(default, str):
+            return
+        ok = False
+    elif isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, (int, float)):
-        # a component dict is accepted where a number is: hyperparameters may be schedules
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or isinstance(value, dict)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = number or (schedulable and isinstance(value, dict))
         if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
             ok = False
     elif isinstance(default, str):
@@ -200,24 +342,63 @@ def check_type(value: Any, default: Any, where: str) -> None:
     else:
         return
     if not ok:
-        expected = type(default).__name__
-        raise ConfigError(f"{where}: expected {expected} (like the default {json.dumps(default)}), "
-                          f"got {json.dumps(value)}")
+        expected = "list" if isinstance(default, tuple) else type(default).__name__
+        raise ConfigError(f"{where}: expected {expected} (like the default {show(default)}), got {show(value)}")
 
 
-def check_number(section: dict, key: str, where: str, kind=int, minimum=None, allow=()) -> None:
+def check_number(section: dict, key: str, where: str, kind=int, minimum=None, allow=(), maximum=None) -> None:
+    """section[key] as a number of `kind` in [minimum, maximum] (or one of `allow`); `where` is the section's place
+    ending in ": " or "." (`cfg.json: ` for the top level). An integer written as 5.0 is stored as 5."""
     value = section.get(key)
-    if value in allow:
+    if any(value is a or (type(value) is type(a) and value == a) for a in allow):
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            kind is int and isinstance(value, float) and not value.is_integer()):
         expected = " or ".join([kind.__name__, *map(json.dumps, allow)])
-        raise ConfigError(f"{where}.{key}: expected {expected}, got {json.dumps(value)}")
+        raise ConfigError(f"{where}{key}: expected {expected}, got {show(value)}")
     if minimum is not None and value < minimum:
-        raise ConfigError(f"{where}.{key}: must be >= {minimum}, got {value}")
+        raise ConfigError(f"{where}{key}: must be >= {minimum}, got {show(value)}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where}{key}: must be at most {maximum:,}, got {show(value)}")
+    if kind is int:
+        section[key] = int(value)
+
+
+def check_folder_name(value: Any, where: str) -> None:
+    """A run title or id names one folder under save_dir: one plain path component, so that no config can put a
+    run anywhere else or name a folder the file system refuses."""
+    if (not isinstance(value, str) or not value or value in (".", "..") or len(value) > MAX_NAME
+            or "/" in value or "\\" in value or not value.isprintable()):
+        raise ConfigError(f"{where}: expected a folder name (1 to {MAX_NAME} printable characters, no '/' or '\\', "
+                          f"not '.' or '..'), got {show(value)}")
+
+
+def check_save_dir(trainer: dict, name: str, where: str) -> None:
+    """save_dir must be a path in which a run folder can be made: no part of it that exists may be a file."""
+    save_dir = trainer["save_dir"]
+    if not isinstance(save_dir, str) or not save_dir or "\0" in save_dir:
+        raise ConfigError(f"{where}save_dir: expected a folder path, got {show(save_dir)}")
+    path = Path(save_dir) / name
+    for folder in (path, *path.parents):
+        try:
+            if folder.exists() and not folder.is_dir():
+                raise ConfigError(f"{where}save_dir: {folder} is a file, so no run folder can be made under it")
+        except OSError as error:
+            raise ConfigError(f"{where}save_dir: {folder}: {error.strerror or error}") from None
+
+
+def section(config: dict, key: str, source: str, default: Any) -> Any:
+    """config[key] (set to `default` when absent), which must be of the default's type."""
+    value = config.setdefault(key, default)
+    if not isinstance(value, type(default)):
+        expected = "an object {...}" if isinstance(default, dict) else "a list [...]"
+        raise ConfigError(f"{source}: {key}: expected {expected}, got {show(value)}")
+    return value
 
 
 def validate(config: dict, source: str = "config.json") -> dict:
     """Checks the whole config and fills defaults; returns the resolved config (what gets saved)."""
+    check_values(config, source)  # read_json did for the file; this covers configs built in Python
     config = copy.deepcopy(config)
     unknown = set(config) - TOP_LEVEL
     if unknown:
@@ -227,29 +408,29 @@ def validate(config: dict, source: str = "config.json") -> dict:
     for key in ("name", "model", "loss", "optimizer", "data_loader"):
         if key not in config:
             raise ConfigError(f"{source}: missing section {key!r}")
-    if not isinstance(config["name"], str) or not config["name"] or "/" in config["name"]:
-        raise ConfigError(f"{source}: name: expected a non-empty run title without '/', got {json.dumps(config['name'])}")
+    check_folder_name(config["name"], f"{source}: name")
     config.setdefault("seed", 0)
-    check_number(config, "seed", source)
+    check_number(config, "seed", f"{source}: ", int, 0, maximum=MAX_SEED)
 
-    check_component(config["model"], "model", f"{source}: model")
+    model_fn, model_args = check_component(config["model"], "model", f"{source}: model")
     check_component(config["loss"], "loss", f"{source}: loss")
-    metrics = config.setdefault("metrics", [])
-    if not isinstance(metrics, list):
-        raise ConfigError(f"{source}: metrics: expected a list of components")
-    for i, spec in enumerate(metrics):
-        check_component(spec, "metrics", f"{source}: metrics.{i}")
+    metrics = section(config, "metrics", source, [])
+    names = [build(spec, "metrics", f"{source}: metrics.{i}").name for i, spec in enumerate(metrics)]
+    check_class_count(config, model_fn, model_args, source)
 
+    if isinstance(config["optimizer"], str):
+        config["optimizer"] = {"name": config["optimizer"]}
     optimizer = config["optimizer"]
+    scheduled = isinstance(optimizer, dict) and "schedule" in optimizer
     _, optimizer_args = check_component(optimizer, "optimizer", f"{source}: optimizer",
-                                        supplied=("lr",) if "schedule" in optimizer else ())
+                                        supplied=("lr",) if scheduled else ())
     for key, value in optimizer_args.items():
         if isinstance(value, dict):
             check_schedule(value, f"{source}: optimizer.args.{key}")
     if "schedule" in optimizer:
         check_schedule(optimizer["schedule"], f"{source}: optimizer.schedule")
     elif "lr" in optimizer_args and not isinstance(optimizer_args["lr"], dict):
-        check_number(optimizer_args, "lr", f"{source}: optimizer.args", float, 0.0)
+        check_number(optimizer_args, "lr", f"{source}: optimizer.args.", float, 0.0)
     transforms = optimizer.get("transforms", [])
     if not isinstance(transforms, list):
         raise ConfigError(f"{source}: optimizer.transforms: expected a list of components")
@@ -266,45 +447,76 @@ def validate(config: dict, source: str = "config.json") -> dict:
                               f"Expected: {', '.join(LOADER_SPLITS)}")
         _, args = check_component(spec, "data_loader", f"{source}: data_loader.{split}", supplied=("seed",))
         if "batch_size" in args:
-            check_number(args, "batch_size", f"{source}: data_loader.{split}.args", int, 1)
+            check_number(spec["args"], "batch_size", f"{source}: data_loader.{split}.args.", int, 1,
+                         maximum=MAX_BATCH)
 
-    trainer = config.setdefault("trainer", {})
+    trainer = section(config, "trainer", source, {})
     for key in trainer:
         if key not in TRAINER_DEFAULTS and key not in ("profile",):
             raise ConfigError(f"{source}: trainer.{key}: unknown setting.{closest(key, TRAINER_DEFAULTS)} "
                               f"Settings: {', '.join(TRAINER_DEFAULTS)}")
     for key, value in TRAINER_DEFAULTS.items():
         trainer.setdefault(key, value)
-    where = f"{source}: trainer"
-    check_number(trainer, "epochs", where, int, 1)
-    check_number(trainer, "save_period", where, int, 1)
-    check_number(trainer, "early_stop", where, int, 0)
-    check_number(trainer, "log_every", where, int, 1)
-    check_number(trainer, "steps_per_call", where, int, 1, allow=("auto",))
+    where = f"{source}: trainer."
+    check_number(trainer, "epochs", where, int, 1, maximum=MAX_EPOCHS)
+    check_number(trainer, "save_period", where, int, 1, maximum=MAX_EPOCHS)
+    check_number(trainer, "early_stop", where, int, 0, maximum=MAX_EPOCHS)
+    check_number(trainer, "log_every", where, int, 1, maximum=MAX_STEPS)
+    check_number(trainer, "steps_per_call", where, int, 1, allow=("auto",), maximum=MAX_STEPS)
     check_number(trainer, "divergence_factor", where, float, 1.0, allow=(None,))
-    if not isinstance(trainer["save_dir"], str):
-        raise ConfigError(f"{where}.save_dir: expected a path string")
+    every = trainer["checkpoint_every"]
+    if every is not None:
+        if not isinstance(every, dict) or not every or set(every) - set(CHECKPOINT_EVERY_KEYS):
+            raise ConfigError(f"{where}checkpoint_every: expected null or an object of \"steps\", \"minutes\" and "
+                              f"\"keep\", got {show(every)}")
+        if "steps" in every:
+            check_number(every, "steps", f"{where}checkpoint_every.", int, 1, maximum=MAX_STEPS)
+        if "minutes" in every:
+            check_number(every, "minutes", f"{where}checkpoint_every.", float, 0.0, maximum=MAX_EPOCHS)
+        if "keep" in every:
+            check_number(every, "keep", f"{where}checkpoint_every.", int, 0, maximum=MAX_EPOCHS)
+    if not isinstance(trainer["async_checkpoints"], bool):
+        raise ConfigError(f"{where}async_checkpoints: expected true or false, got {show(trainer['async_checkpoints'])}")
+    check_save_dir(trainer, config["name"], where)
+    if trainer["run_id"] is not None:
+        check_folder_name(trainer["run_id"], f"{where}run_id")
     monitor = trainer["monitor"]
     if monitor != "off":
-        mode, _, metric = str(monitor).partition(" ")
+        mode, _, metric = monitor.partition(" ") if isinstance(monitor, str) else ("", "", "")
         if mode not in ("min", "max") or not metric:
-            raise ConfigError(f"{where}.monitor: expected \"off\" or \"min|max <metric>\" such as "
-                              f"\"max val/accuracy\", got {json.dumps(monitor)}")
-        known = monitored_names(config)
+            raise ConfigError(f"{where}monitor: expected \"off\" or \"min|max <metric>\" such as "
+                              f"\"max val/accuracy\", got {show(monitor)}")
+        known = monitored_names(config, names)
         if metric not in known:
-            raise ConfigError(f"{where}.monitor: {metric!r} is not logged.{closest(metric, known)} "
+            raise ConfigError(f"{where}monitor: {metric!r} is not logged.{closest(metric, known)} "
                               f"Logged: {', '.join(known)}")
 
-    wandb = config.setdefault("wandb", {})
+    wandb = section(config, "wandb", source, {})
     for key in wandb:
         if key not in WANDB_DEFAULTS:
             raise ConfigError(f"{source}: wandb.{key}: unknown setting.{closest(key, WANDB_DEFAULTS)}")
     for key, value in WANDB_DEFAULTS.items():
         wandb.setdefault(key, value)
     if wandb["mode"] not in ("online", "offline", "disabled"):
-        raise ConfigError(f"{source}: wandb.mode: expected online, offline or disabled, got {json.dumps(wandb['mode'])}")
+        raise ConfigError(f"{source}: wandb.mode: expected online, offline or disabled, got {show(wandb['mode'])}")
     check_tracker_settings(config, source)
     return config
+
+
+def check_class_count(config: dict, model_fn: Callable, model_args: dict, source: str) -> None:
+    """A metric's `k` above the model's class count (num_classes, or vocab_size of a language model) would fail
+    only once the step is traced, after the data is read; both are in the config."""
+    classes = next((model_args.get(n, _default(model_fn, n, None)) for n in CLASS_COUNT_ARGUMENTS
+                    if n in inspect.signature(model_fn).parameters), None)
+    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+        return  # the model's own check reports it
+    for i, spec in enumerate(config["metrics"]):
+        name = spec if isinstance(spec, str) else spec["name"]
+        fn = available("metrics")[name]
+        args = {} if isinstance(spec, str) else spec.get("args") or {}
+        k = args.get("k", _default(fn, "k", None))
+        if isinstance(k, int) and k > classes:
+            raise ConfigError(f"{source}: metrics.{i}.args.k: must be at most the model's {classes} classes, got {k}")
 
 
 def check_schedule(spec: Any, where: str) -> None:
@@ -312,8 +524,10 @@ def check_schedule(spec: Any, where: str) -> None:
     from training.schedules import STEP_ARGUMENTS
 
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {json.dumps(spec)}")
-    args = spec.get("args") or {}
+        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {show(spec)}")
+    args = {} if spec.get("args") is None else spec["args"]
+    if not isinstance(args, dict):
+        raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
     plain = {k: v for k, v in args.items() if not (k in STEP_ARGUMENTS and (v == "all" or isinstance(v, dict)))}
     check_component({**spec, "args": plain}, "schedule", where, supplied=tuple(k for k in args if k not in plain))
     for key in STEP_ARGUMENTS:
@@ -321,10 +535,10 @@ def check_schedule(spec: Any, where: str) -> None:
         if isinstance(value, dict):
             if set(value) != {"epochs"}:
                 raise ConfigError(f"{where}.args.{key}: expected a number of steps, {{\"epochs\": N}} or \"all\", "
-                                  f"got {json.dumps(value)}")
-            check_number(value, "epochs", f"{where}.args.{key}", float, 0.0)
+                                  f"got {show(value)}")
+            check_number(value, "epochs", f"{where}.args.{key}.", float, 0.0, maximum=MAX_EPOCHS)
         elif value is not None and value != "all":
-            check_number(args, key, f"{where}.args", int, 0)
+            check_number(args, key, f"{where}.args.", int, 0, maximum=MAX_STEPS)
 
 
 def steps_of(value: Any, steps_per_epoch: int, epochs: int) -> Any:
@@ -340,18 +554,19 @@ def check_tracker_settings(config: dict, source: str) -> None:
     """Types of the wandb and tensorboard sections and the shape of trainer.profile."""
     wandb = config["wandb"]
     if not isinstance(wandb["enabled"], bool):
-        raise ConfigError(f"{source}: wandb.enabled: expected true or false, got {json.dumps(wandb['enabled'])}")
+        raise ConfigError(f"{source}: wandb.enabled: expected true or false, got {show(wandb['enabled'])}")
     for key in ("project", "entity", "group", "id"):
         if wandb[key] is not None and (not isinstance(wandb[key], str) or not wandb[key]):
-            raise ConfigError(f"{source}: wandb.{key}: expected a non-empty string or null, got {json.dumps(wandb[key])}")
+            raise ConfigError(f"{source}: wandb.{key}: expected a non-empty string or null, got {show(wandb[key])}")
     if not isinstance(wandb["tags"], list) or not all(isinstance(t, str) for t in wandb["tags"]):
-        raise ConfigError(f"{source}: wandb.tags: expected a list of strings, got {json.dumps(wandb['tags'])}")
-    if wandb["id"] is not None and not all(c.isalnum() or c in "-_" for c in wandb["id"]):
-        raise ConfigError(f"{source}: wandb.id: letters, digits, '-' and '_' only, got {json.dumps(wandb['id'])}")
+        raise ConfigError(f"{source}: wandb.tags: expected a list of strings, got {show(wandb['tags'])}")
+    # the id becomes part of the run folder's name
+    run_id = wandb["id"]
+    if run_id is not None and (len(run_id) > MAX_NAME or not all(c.isalnum() or c in "-_" for c in run_id)):
+        raise ConfigError(f"{source}: wandb.id: letters, digits, '-' and '_' only, at most {MAX_NAME}, "
+                          f"got {show(wandb['id'])}")
 
-    tensorboard = config.setdefault("tensorboard", {})
-    if not isinstance(tensorboard, dict):
-        raise ConfigError(f"{source}: tensorboard: expected an object such as {{\"enabled\": true}}")
+    tensorboard = section(config, "tensorboard", source, {})
     for key in tensorboard:
         if key not in TENSORBOARD_DEFAULTS:
             raise ConfigError(f"{source}: tensorboard.{key}: unknown setting.{closest(key, TENSORBOARD_DEFAULTS)} "
@@ -360,28 +575,29 @@ def check_tracker_settings(config: dict, source: str) -> None:
         tensorboard.setdefault(key, value)
     if not isinstance(tensorboard["enabled"], bool):
         raise ConfigError(f"{source}: tensorboard.enabled: expected true or false, "
-                          f"got {json.dumps(tensorboard['enabled'])}")
+                          f"got {show(tensorboard['enabled'])}")
 
     profile = config["trainer"].get("profile")
     if profile is not None:
         where = f"{source}: trainer.profile"
         if not isinstance(profile, dict) or set(profile) != set(PROFILE_KEYS):
             raise ConfigError(f"{where}: expected {{\"start_step\": N, \"num_steps\": K}} or null, "
-                              f"got {json.dumps(profile)}")
-        check_number(profile, "start_step", where, int, 1)
-        check_number(profile, "num_steps", where, int, 1)
+                              f"got {show(profile)}")
+        check_number(profile, "start_step", f"{where}.", int, 1, maximum=MAX_STEPS)
+        check_number(profile, "num_steps", f"{where}.", int, 1, maximum=MAX_STEPS)
 
 
-def metric_names(config: dict) -> list[str]:
+def metric_names(config: dict, source: str = "config.json") -> list[str]:
     """The log names of the configured metrics, built without touching data."""
-    return [build(spec, "metrics").name for spec in config.get("metrics", [])]
+    return [build(spec, "metrics", f"{source}: metrics.{i}").name for i, spec in enumerate(config.get("metrics", []))]
 
 
-def monitored_names(config: dict) -> list[str]:
-    names = ["train/loss"] + [f"train/{m}" for m in metric_names(config)]
+def monitored_names(config: dict, names: list[str] | None = None) -> list[str]:
+    names = metric_names(config) if names is None else names
+    logged = ["train/loss"] + [f"train/{m}" for m in names]
     if "validation" in config["data_loader"]:
-        names += ["val/loss"] + [f"val/{m}" for m in metric_names(config)]
-    return names
+        logged += ["val/loss"] + [f"val/{m}" for m in names]
+    return logged
 
 
 def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
@@ -392,13 +608,19 @@ def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
     try:
         return fn(**args, **supplied)
     except (ValueError, TypeError, FileNotFoundError, OSError) as error:
-        raise ConfigError(f"{where}: {error}") from None
+        raise ConfigError(component_error(where, error, args)) from None
 
 
-def build_optimizer(config: dict, steps_per_epoch: int = 1, source: str = "config.json"):
+def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json"):
     """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
-    transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run."""
+    transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run.
+
+    steps_per_epoch None: before the data is read, to check the hyperparameters. Lengths in epochs then count
+    NOMINAL_STEPS_PER_EPOCH steps, so "all" stays longer than a warm-up of a fixed number of steps (whether it is
+    really longer is known, and checked, once the data is)."""
     from training import optimizers, schedules
+
+    steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
 
     def schedule(spec, where):
         args = {k: steps_of(v, steps_per_epoch, config["trainer"]["epochs"]) if k in schedules.STEP_ARGUMENTS else v
@@ -436,7 +658,7 @@ def monitor_of(config: dict):
 
 def load_config(path: str | Path, overrides: list[str] = (), source: str | None = None) -> dict:
     source = source or str(path)
-    config = read_json(path)
+    config = read_json(path, source)
     for text in overrides:
         key, value = parse_override(text)
         set_path(config, key, value, f"--set {key}")
@@ -462,7 +684,9 @@ def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config
 
 
 def fail(message: str, status: int = 2) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    # one line whatever the message quotes: a newline or escape code from a file name or a value is shown escaped
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+    print(f"error: {text}", file=sys.stderr)
     raise SystemExit(status)
 
 

@@ -1,13 +1,14 @@
 """The data loaders `config.json` names in `data_loader.{train,validation,test}.name`.
 
 Add one by writing a function here that returns a `DataLoader`; its keyword arguments are what the config's `args`
-may set. `seed` is supplied from the config's top-level `seed`.
+may set. `seed` is supplied from the config's top-level `seed`. Each loader's `check_args` is called by the config
+resolver before any loader is built, so a bad setting is reported before any file is read.
 """
 from __future__ import annotations
 
 from data_loader.loader import DataLoader
 from data_loader.text import CharDataset
-from data_loader.mnist import MnistDataset
+from data_loader.mnist import SOURCES, MnistDataset
 from data_loader.tabular import CsvDataset
 
 __all__ = ["mnist", "fashion_mnist", "kmnist", "mnist_segmentation", "csv", "char_text", "shakespeare_char"]
@@ -67,3 +68,41 @@ def shakespeare_char(split="train", context=64, batch_size=12, shuffle=False, dr
     in file order as nanoGPT does; its SHA-256 is checked unless `verify` is false."""
     return char_text(path, split, context, batch_size, shuffle, drop_last, stride, windows, 0.1,
                      SHAKESPEARE_SHA256 if verify else None, prefetch, seed)
+
+
+def _count(value, name: str, minimum: int, maximum: int = 2**31 - 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
+            or not minimum <= value <= maximum:
+        raise ValueError(f"{name}: must be an integer from {minimum} to {maximum:,}, got {value!r}")
+
+
+def _fraction(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name}: must be in [0, 1), got {value!r}")
+
+
+def check_args(split="train", validation_size=5000, prefetch=2, split_seed=0, context=64, stride=None,
+               windows=None, validation_fraction=0.1, test_fraction=0.1, dataset="mnist", threshold=0.5, noise_std=0.0,
+               **_) -> None:
+    """The arguments the loaders here share, checked without reading anything (batch_size: by the resolver)."""
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"split: expected \"train\", \"validation\" or \"test\", got {split!r}")
+    if not isinstance(dataset, str) or dataset not in SOURCES:
+        raise ValueError(f"dataset: expected one of {', '.join(SOURCES)}, got {dataset!r}")
+    # an empty validation split would only fail when the first batch is read
+    _count(validation_size, "validation_size", 1 if split == "validation" else 0)
+    _count(prefetch, "prefetch", 0, 64)
+    _count(split_seed, "split_seed", 0, 2**32 - 1)
+    _count(context, "context", 1)
+    for name, value in (("stride", stride), ("windows", windows)):
+        if value is not None:
+            _count(value, name, 1)
+    _fraction(validation_fraction, "validation_fraction")
+    _fraction(test_fraction, "test_fraction")
+    _fraction(threshold, "threshold")
+    if isinstance(noise_std, bool) or not isinstance(noise_std, (int, float)) or noise_std < 0:
+        raise ValueError(f"noise_std: must be >= 0, got {noise_std!r}")
+
+
+for _loader in (mnist, fashion_mnist, kmnist, mnist_segmentation, csv, char_text, shakespeare_char):
+    _loader.check_args = check_args

@@ -10,7 +10,7 @@ from model.modules.conv import Conv2d, ConvTranspose2d
 from model.modules.dropout import Dropout
 from model.modules.flatten import Flatten
 from model.modules.linear import Linear
-from model.modules.module import Lambda, Module
+from model.modules.module import Lambda, Module, check_size, check_sizes
 from model.modules.normalization import BatchNorm, LayerNorm
 from model.modules.pooling import GlobalAvgPool, MaxPool2d
 from model.modules.residual import Residual
@@ -35,6 +35,11 @@ def mnist_convnext(num_classes: int = 10, dims: tuple = (32, 64), depths: tuple 
                    mlp_ratio: int = 4, dropout: float = 0.0) -> Module:
     """A small ConvNeXt for 28x28 images: a stride-2 stem, stages of ConvNeXt blocks joined by stride-2
     downsampling (LayerNorm + 2x2 conv), global average pooling, LayerNorm and a linear classifier."""
+    check_size(num_classes, "num_classes")
+    check_sizes(dims, "dims", nonempty=True)
+    check_sizes(depths, "depths", minimum=0)
+    check_size(kernel_size, "kernel_size")
+    check_size(mlp_ratio, "mlp_ratio")
     if len(dims) != len(depths):
         raise ValueError(f"dims {list(dims)} and depths {list(depths)} must have the same length")
     layers = {"stem": Sequential({"conv": Conv2d(dims[0], 4, stride=2), "norm": LayerNorm(eps=1e-6)})}
@@ -52,6 +57,9 @@ def mnist_convnext(num_classes: int = 10, dims: tuple = (32, 64), depths: tuple 
 
 def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 128, dropout: float = 0.0) -> Module:
     """The classic CNN: [conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, then a hidden dense layer."""
+    check_size(num_classes, "num_classes")
+    check_sizes(channels, "channels")
+    check_size(hidden, "hidden")
     layers = {}
     for i, c in enumerate(channels):
         layers[f"conv{i}"] = Conv2d(c, 3)
@@ -68,6 +76,8 @@ def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 1
 
 def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "relu", dropout: float = 0.0) -> Module:
     """Flatten, then Linear -> activation (-> dropout) per hidden width, then the classifier."""
+    check_size(num_classes, "num_classes")
+    check_sizes(hidden, "hidden")
     layers = {"flatten": Flatten()}
     for i, width in enumerate(hidden):
         layers[f"fc{i}"] = Linear(width)
@@ -83,6 +93,11 @@ def mnist_attention(num_classes: int = 10, dim: int = 32, num_heads: int = 4, de
     """A small conv + transformer hybrid: a stride-2 conv stem with BatchNorm, exact GELU and 2x2 max pooling turns
     28x28 images into 7x7 = 49 tokens; `depth` pre-norm blocks of self-attention and a GELU MLP; mean over tokens,
     LayerNorm, dropout and a linear classifier."""
+    for name, size in (("num_classes", num_classes), ("dim", dim), ("num_heads", num_heads), ("mlp_ratio", mlp_ratio)):
+        check_size(size, name)
+    check_size(depth, "depth", minimum=0)
+    if dim % num_heads:
+        raise ValueError(f"dim: {dim} is not divisible by num_heads {num_heads}")
     layers = {
         "stem": Sequential({"conv": Conv2d(dim, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"),
                             "pool": MaxPool2d(2)}),
@@ -109,8 +124,10 @@ def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module
     stride-2 transposed conv back up, added to the full-resolution features (a U-Net skip written as a Residual, so
     edges lost at half resolution come back); a 3x3 conv and a 1x1 conv to the logits.
     """
+    check_sizes(channels, "channels")
     if len(channels) != 2:
         raise ValueError(f"channels must be (full resolution, half resolution) widths, got {list(channels)}")
+    check_size(out_channels, "out_channels")
     full, half = channels
     return Sequential({
         "enc": Sequential({"conv0": Conv2d(full, 3), "act0": Activation("relu"),

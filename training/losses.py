@@ -9,8 +9,13 @@ the class axis, the last one, and take the mean over any axes in between, e.g. t
 
 Hyperparameters are keyword-only with defaults, so a config can set them by name:
 ``{"name": "cross_entropy", "args": {"label_smoothing": 0.1}}``.
+
+A loss may carry ``check_args(**hyperparameters)``: the config resolver calls it before any data exists, since a
+loss itself runs only once the step is traced.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -121,3 +126,17 @@ def kl_divergence(log_predictions: jax.Array, targets: jax.Array, *, mask: jax.A
 def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """``kl_divergence(log_softmax(logits), targets)``: KL from target probabilities to the model's softmax."""
     return kl_divergence(jax.nn.log_softmax(logits, axis=-1), targets, mask=mask)
+
+
+def _check_cross_entropy(label_smoothing: float = 0.0) -> None:
+    if not 0 <= label_smoothing < 1:  # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
+        raise ValueError(f"label_smoothing: must be in [0, 1), got {label_smoothing!r}")
+
+
+def _check_huber(delta: float = 1.0) -> None:
+    if not 0 < delta < math.inf:
+        raise ValueError(f"delta: must be > 0, got {delta!r}")
+
+
+cross_entropy.check_args = _check_cross_entropy
+huber.check_args = _check_huber

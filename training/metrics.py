@@ -85,7 +85,7 @@ def _logit_threshold(threshold) -> float:
     logit would round to 1."""
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) \
             or not 0 < threshold < 1:
-        raise ValueError(f"threshold must be a probability in (0, 1), exclusive, not {threshold!r}")
+        raise ValueError(f"threshold: must be a probability in (0, 1), exclusive, got {threshold!r}")
     return math.log(threshold) - math.log1p(-threshold)
 
 
@@ -146,7 +146,7 @@ def _label_counts(logit_threshold: float) -> Callable[..., Stats]:
 def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str,
               stats_fn: Callable[..., Stats] = _class_counts, per_class_name: str | None = None) -> Metric:
     if average not in ("macro", "none"):
-        raise ValueError(f"average must be 'macro' or 'none', not {average!r}")
+        raise ValueError(f"average: must be 'macro' or 'none', got {average!r}")
 
     def result(stats):
         scores = per_class(stats)
@@ -173,7 +173,7 @@ def top_k_accuracy(k: int = 5) -> Metric:
     """Fraction whose target class is among the k highest logits; ties with the target's logit count in its favour.
     ``k`` is an integer from 1 to the class count."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"top_k_accuracy: k must be an integer >= 1, not {k!r}")
+        raise ValueError(f"k: must be an integer >= 1, got {k!r}")
 
     def stats(outputs, targets, mask=None):
         # the class count is known only from the outputs, at trace time

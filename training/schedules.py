@@ -10,7 +10,7 @@ same name, so the two can be swapped and compared:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import jax.numpy as jnp
 
@@ -23,8 +23,30 @@ STEP_ARGUMENTS = ("step_size", "transition_steps", "transition_begin", "decay_st
 Schedule = Callable[[int], jnp.ndarray]
 
 
+def check_range(value: Any, name: str, low: float = 0.0, high: float = math.inf, *, open_low: bool = False,
+                open_high: bool = False) -> None:
+    """A hyperparameter given as a number must lie in its range: an Adam b1 of 1.5 or a negative weight decay
+    trains without a word otherwise. A schedule (a callable) is checked by its own factory."""
+    if callable(value):
+        return
+    try:
+        number = math.nan if isinstance(value, (bool, str)) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if math.isnan(number) and not isinstance(value, float):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    if math.isnan(number) or (number <= low if open_low else number < low) or (
+            number >= high if open_high else number > high):
+        if high == math.inf:
+            expected = f"{'>' if open_low else '>='} {low:g}"
+        else:
+            expected = f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+        raise ValueError(f"{name}: must be {expected}, got {value!r}")
+
+
 def constant(value: float) -> Schedule:
     """Always ``value``."""
+    check_range(value, "value")
 
     def schedule(step):
         return jnp.full(jnp.shape(step), value, dtype=float)
@@ -37,9 +59,12 @@ def piecewise_constant(init_value: float, boundaries_and_scales: dict | None = N
 
     Keys may be strings (``{"1000": 0.1}``), as JSON configs write them.
     """
+    check_range(init_value, "init_value")
+    if not isinstance(boundaries_and_scales, (dict, type(None))):
+        raise ValueError(f"boundaries_and_scales: expected an object {{step: scale}}, got {boundaries_and_scales!r}")
+    for key, scale in (boundaries_and_scales or {}).items():
+        check_range(scale, f"boundaries_and_scales.{key}")
     items = sorted((_as_step(k, "boundaries_and_scales"), float(s)) for k, s in (boundaries_and_scales or {}).items())
-    if any(s < 0 for _, s in items):
-        raise ValueError(f"piecewise_constant: scales must be non-negative, got {dict(items)}")
 
     def schedule(step):
         value = jnp.full(jnp.shape(step), init_value, dtype=float)
@@ -52,6 +77,8 @@ def piecewise_constant(init_value: float, boundaries_and_scales: dict | None = N
 
 def step_decay(init_value: float, step_size: int, gamma: float = 0.1) -> Schedule:
     """``init_value * gamma ** (step // step_size)``: multiply by ``gamma`` every ``step_size`` steps."""
+    check_range(init_value, "init_value")
+    check_range(gamma, "gamma")
     if step_size <= 0:
         raise ValueError(f"step_decay: step_size must be positive, got {step_size}")
     return exponential_decay(init_value, step_size, gamma, staircase=True)
@@ -64,6 +91,10 @@ def exponential_decay(init_value: float, transition_steps: int, decay_rate: floa
 
     As in optax, a non-positive ``transition_steps`` or a zero ``decay_rate`` gives a constant schedule.
     """
+    check_range(init_value, "init_value")
+    check_range(decay_rate, "decay_rate")
+    if end_value is not None:
+        check_range(end_value, "end_value")
     if transition_steps <= 0 or decay_rate == 0:
         return constant(init_value)
     transition_begin = max(transition_begin, 0)
@@ -84,6 +115,8 @@ def exponential_decay(init_value: float, transition_steps: int, decay_rate: floa
 
 def cosine_decay(init_value: float, decay_steps: int, alpha: float = 0.0) -> Schedule:
     """Half a cosine from ``init_value`` down to ``alpha * init_value`` over ``decay_steps``, then flat."""
+    check_range(init_value, "init_value")
+    check_range(alpha, "alpha")
     if decay_steps <= 0:
         raise ValueError(f"cosine_decay: decay_steps must be positive, got {decay_steps}")
 
@@ -100,6 +133,8 @@ def linear(init_value: float, end_value: float, transition_steps: int, transitio
 
     As in optax, a non-positive ``transition_steps`` gives a constant ``init_value``.
     """
+    check_range(init_value, "init_value")
+    check_range(end_value, "end_value")
     if transition_steps <= 0:
         return constant(init_value)
     transition_begin = max(transition_begin, 0)
@@ -115,6 +150,8 @@ def warmup_cosine_decay(init_value: float, peak_value: float, warmup_steps: int,
                         end_value: float = 0.0) -> Schedule:
     """Linear warm-up from ``init_value`` to ``peak_value`` over ``warmup_steps``, then cosine decay to
     ``end_value``; ``decay_steps`` counts the warm-up too (optax's convention)."""
+    for name, value in (("init_value", init_value), ("peak_value", peak_value), ("end_value", end_value)):
+        check_range(value, name)
     if decay_steps <= warmup_steps:
         raise ValueError(f"warmup_cosine_decay: decay_steps ({decay_steps}) must exceed warmup_steps ({warmup_steps})")
     warmup = linear(init_value, peak_value, warmup_steps)
@@ -131,6 +168,10 @@ def one_cycle(transition_steps: int, peak_value: float, pct_start: float = 0.3, 
     """The one-cycle policy with cosine annealing (optax ``cosine_onecycle_schedule``): from
     ``peak_value / div_factor`` up to ``peak_value`` over the first ``pct_start`` of ``transition_steps``, then down
     to ``peak_value / (div_factor * final_div_factor)``, flat afterwards."""
+    check_range(peak_value, "peak_value")
+    check_range(pct_start, "pct_start", 0, 1)
+    check_range(div_factor, "div_factor", open_low=True)
+    check_range(final_div_factor, "final_div_factor", open_low=True)
     if transition_steps <= 0:
         raise ValueError(f"one_cycle: transition_steps must be positive, got {transition_steps}")
     start = peak_value / div_factor

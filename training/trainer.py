@@ -131,7 +131,7 @@ class Trainer:
         self.position, self.resumed_totals = 0, None  # steps of the epoch under way done before a resume
         self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
         self.last_save = (0, time.monotonic())  # (step, time) of the last checkpoint, for checkpoint_every
-        self.writer = run_folder.Writer(background=self.trainer_cfg.get("async_checkpoints", True))
+        self.writer = run_folder.Writer(background=self.trainer_cfg["async_checkpoints"])
         self.trace = None
 
     # ------------------------------------------------------------------------------------------------- state

@@ -115,7 +115,7 @@ ACTIVATIONS = {
 
 def get(name: str):
     """The activation function registered under `name`."""
-    if name not in ACTIVATIONS:
+    if not isinstance(name, str) or name not in ACTIVATIONS:
         close = difflib.get_close_matches(str(name), ACTIVATIONS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown activation {name!r}; available: {', '.join(sorted(ACTIVATIONS))}.{hint}")

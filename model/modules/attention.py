@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from model.modules.activations import softmax
 from model.modules.dropout import dropout
 from model.modules.linear import Linear
-from model.modules.module import Module, shape_of
+from model.modules.module import Module, check_size, shape_of
 
 
 def dot_product_attention(q, k, v, mask=None, *, dropout_rate=0.0, key=None):
@@ -46,6 +46,10 @@ class MultiHeadAttention(Module):
     def __init__(self, num_heads: int, qkv_features: int | None = None, out_features: int | None = None,
                  use_bias: bool = True, dropout_rate: float = 0.0, causal: bool = False,
                  weight_init="lecun_normal", out_init=None):
+        check_size(num_heads, "num_heads")
+        for name, size in (("qkv_features", qkv_features), ("out_features", out_features)):
+            if size is not None:
+                check_size(size, name)
         self.num_heads = num_heads
         self.qkv_features = qkv_features
         self.out_features = out_features

@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from model.modules import initializers
-from model.modules.module import Module
+from model.modules.module import Module, check_size
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
 
@@ -300,6 +300,8 @@ class Conv2d(Module):
 
     def __init__(self, out_channels: int, kernel_size, stride=1, padding="SAME", dilation=1, groups: int = 1,
                  use_bias: bool = True, weight_init="he_normal", bias_init="zeros"):
+        check_size(out_channels, "out_channels")
+        check_size(groups, "groups")
         self.out_channels = out_channels
         self.kernel_size = as_pair(kernel_size, "kernel_size")
         self.stride = as_pair(stride, "stride")
@@ -339,6 +341,7 @@ class ConvTranspose2d(Module):
                  weight_init="he_normal", bias_init="zeros"):
         if not (isinstance(padding, str) and padding.upper() in ("SAME", "VALID")):
             raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}")
+        check_size(out_channels, "out_channels")
         self.out_channels = out_channels
         self.kernel_size = as_pair(kernel_size, "kernel_size")
         self.stride = as_pair(stride, "stride")

@@ -1,6 +1,8 @@
 """Dropout: zeroes each element with probability `rate` in training and rescales the rest by 1 / (1 - rate)."""
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 
@@ -24,8 +26,8 @@ class Dropout(Module):
     """Identity in evaluation; `dropout(x, rate, key)` when called with train=True."""
 
     def __init__(self, rate: float):
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"dropout rate must be in [0, 1], got {rate}")
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate <= 1.0:
+            raise ValueError(f"dropout: must be a rate in [0, 1], got {rate!r}")
         self.rate = rate
 
     def __call__(self, params, state, x, *, train=False, key=None):

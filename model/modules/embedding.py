@@ -4,13 +4,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from model.modules import initializers
-from model.modules.module import Module
+from model.modules.module import Module, check_size
 
 
 class Embedding(Module):
     """ids of any shape -> vectors of shape ids.shape + (features,). Out-of-range ids are clamped to the table."""
 
     def __init__(self, num_embeddings: int, features: int, weight_init="normal", dtype=jnp.float32):
+        check_size(num_embeddings, "num_embeddings")
+        check_size(features, "features")
         self.num_embeddings = num_embeddings
         self.features = features
         self.weight_init = weight_init

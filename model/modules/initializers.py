@@ -80,7 +80,7 @@ def get(init: str | Initializer) -> Initializer:
     """An initialiser from its name, or the function itself."""
     if callable(init):
         return init
-    if init not in INITIALIZERS:
+    if not isinstance(init, str) or init not in INITIALIZERS:
         close = difflib.get_close_matches(str(init), INITIALIZERS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown initializer {init!r}; available: {', '.join(sorted(INITIALIZERS))}.{hint}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 import jax
 
 from model.modules import initializers
-from model.modules.module import Module
+from model.modules.module import Module, check_size
 
 
 class Linear(Module):
     """y = x @ weight + bias, weight of shape (in_features, out_features); in_features is inferred at init."""
 
     def __init__(self, out_features: int, use_bias: bool = True, weight_init="lecun_normal", bias_init="zeros"):
+        check_size(out_features, "out_features")
         self.out_features = out_features
         self.use_bias = use_bias
         self.weight_init = weight_init

@@ -11,6 +11,7 @@ with depth; biases and norms at zero/one.
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from model.modules.attention import MultiHeadAttention
 from model.modules.dropout import dropout
 from model.modules.embedding import Embedding
 from model.modules.linear import Linear
-from model.modules.module import Module, shape_of
+from model.modules.module import Module, check_size, shape_of
 from model.modules.normalization import LayerNorm
 
 STDDEV = 0.02
@@ -32,6 +33,8 @@ class TransformerBlock(Module):
 
     def __init__(self, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0, causal: bool = True,
                  use_bias: bool = False, residual_init=STDDEV):
+        check_size(num_heads, "num_heads")
+        check_size(mlp_ratio, "mlp_ratio")
         self.num_heads, self.mlp_ratio, self.dropout, self.use_bias = num_heads, mlp_ratio, dropout, use_bias
         weight, residual = initializers.normal(STDDEV), initializers.normal(residual_init)
         self.norm1, self.norm2 = LayerNorm(use_bias=use_bias), LayerNorm(use_bias=use_bias)
@@ -70,6 +73,11 @@ class TransformerLM(Module):
 
     def __init__(self, vocab_size: int, context: int, dim: int = 128, depth: int = 4, num_heads: int = 4,
                  mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True, use_bias: bool = False):
+        for name, size in (("vocab_size", vocab_size), ("context", context), ("dim", dim), ("depth", depth),
+                           ("num_heads", num_heads), ("mlp_ratio", mlp_ratio)):
+            check_size(size, name)
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout <= 1:
+            raise ValueError(f"dropout: must be in [0, 1], got {dropout!r}")
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
         self.vocab_size, self.context, self.dim, self.depth = vocab_size, context, dim, depth

@@ -1,0 +1,94 @@
+"""Long runs: step checkpoints with rotation, resume from any of them, and `-r auto` for requeued jobs."""
+from __future__ import annotations
+
+import json
+import signal
+
+import numpy as np
+import pytest
+
+from tests.test_run_faults import (assert_consistent, data_dir, fault_config, reference, rows_of,  # noqa: F401
+                                   run_faulty)
+from tests.test_train import run, write_config
+from training import checkpoint
+
+
+def assert_same_state(path, want_path) -> None:
+    got, header = checkpoint.read(path)
+    want, want_header = checkpoint.read(want_path)
+    assert (header["epoch"], header["step"]) == (want_header["epoch"], want_header["step"])
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def step_config(tmp_path, data_dir, async_checkpoints=True, **every):
+    spec = json.loads(fault_config(tmp_path, data_dir).read_text())
+    spec["trainer"].update(checkpoint_every=every, async_checkpoints=async_checkpoints)
+    return write_config(tmp_path, spec, {})
+
+
+def test_step_checkpoints_rotate_and_change_nothing(tmp_path, data_dir, reference):
+    """Every 4 steps (calls of 2, epochs of 9): a save at the first call boundary past each multiple of 4 since the
+    last save (epoch ends count as saves), numbered step checkpoints 4, 8, 13, 17, 20, 24 of which the last 2 are
+    kept; the run ends exactly as the reference."""
+    config = step_config(tmp_path, data_dir, steps=4, keep=2)
+    result = run("train.py", "-c", config, "--run-id", "s")
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "saved/tiny/s"
+    steps = sorted(int(p.stem.rsplit("_", 1)[1]) for p in run_dir.glob("checkpoint-step_*.params"))
+    assert steps == [20, 24], steps
+    assert "checkpoint at step 4 (4 of 9 into epoch 1)" in result.stdout
+    assert_same_state(run_dir / "checkpoint-latest.params", reference / "checkpoint-latest.params")
+    assert rows_of(run_dir) == rows_of(reference)
+    header = checkpoint.read(run_dir / "checkpoint-step_20.params")[1]
+    assert (header["epoch"], header["position"]) == (2, 2)
+
+
+@pytest.mark.slow
+def test_kill_after_a_step_checkpoint_resumes_from_it_exactly(tmp_path, data_dir, reference):
+    # written in the loop, so the save of step 13 is on disk when the kill comes (a background write could still
+    # be in flight, and the kill would then leave the save before it: correct, but not this test's point)
+    config = step_config(tmp_path, data_dir, async_checkpoints=False, steps=4)
+    killed = run_faulty("step:15:SIGKILL", "-c", config, "--run-id", "k")
+    assert killed.returncode == -signal.SIGKILL
+    run_dir = tmp_path / "saved/tiny/k"
+    assert checkpoint.read(run_dir / "checkpoint-latest.params")[1]["position"] == 4  # step 13, epoch 2
+    assert_consistent(run_dir)
+    resumed = run("train.py", "-r", run_dir / "checkpoint-latest.params")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(4 step(s) into epoch 2)" in resumed.stdout
+    assert_same_state(run_dir / "checkpoint-latest.params", reference / "checkpoint-latest.params")
+    assert_same_state(run_dir / "model_best.params", reference / "model_best.params")
+    assert rows_of(run_dir) == rows_of(reference)
+
+
+def test_resume_auto_starts_then_continues_the_named_run(tmp_path, data_dir, reference):
+    config = fault_config(tmp_path, data_dir)
+    stopped = run_faulty("step:13:SIGTERM", "-r", "auto", "-c", config, "--run-id", "job")
+    assert stopped.returncode == 143, stopped.stderr
+    assert "state: fresh state from seed" in stopped.stdout
+    resumed = run("train.py", "-r", "auto", "-c", config, "--run-id", "job")
+    assert resumed.returncode == 0, resumed.stderr
+    run_dir = tmp_path / "saved/tiny/job"
+    assert f"state: resumed from {run_dir / 'checkpoint-latest.params'}: epoch 1, step 15" in resumed.stdout
+    assert_same_state(run_dir / "checkpoint-latest.params", reference / "checkpoint-latest.params")
+    assert rows_of(run_dir) == rows_of(reference)
+    assert sorted(p.name for p in (tmp_path / "saved/tiny").iterdir()) == ["job"]
+
+
+def test_resume_auto_reuses_a_folder_whose_first_attempt_wrote_no_checkpoint(tmp_path, data_dir, reference):
+    config = fault_config(tmp_path, data_dir)
+    killed = run_faulty("step:3:SIGKILL", "-r", "auto", "-c", config, "--run-id", "job")
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "saved/tiny/job/checkpoint-latest.params").exists()
+    again = run("train.py", "-r", "auto", "-c", config, "--run-id", "job")
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in (tmp_path / "saved/tiny").iterdir()) == ["job"]
+    assert rows_of(tmp_path / "saved/tiny/job") == rows_of(reference)
+
+
+def test_resume_auto_needs_a_run_name(tmp_path, data_dir):
+    result = run("train.py", "-r", "auto", "-c", fault_config(tmp_path, data_dir))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: -r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it"]
