@@ -7,11 +7,13 @@ if __name__ == "__main__":  # before anything imports JAX; may re-execute once (
     platform.apply()
 
 import argparse
+import copy
 import json
 import logging
 import shutil
 import signal
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -45,12 +47,22 @@ def parse_args(argv=None):
     parser.add_argument("--bs", type=int, help="alias of --set data_loader.train.args.batch_size=BS")
     parser.add_argument("--epochs", type=int, help="alias of --set trainer.epochs=N")
     parser.add_argument("--run-id", help="run folder name (default: a timestamp)")
+    debug = parser.add_argument_group("debug modes")
+    debug.add_argument("--fast-dev-run", action="store_true",
+                       help="one step of train, validation and test, a checkpoint written and read back, in a "
+                            "throw-away run folder: a config smoke test in seconds")
+    debug.add_argument("--limit-batches", type=int, metavar="N", help="at most N batches per epoch of every split")
+    debug.add_argument("--overfit-batches", type=int, metavar="N",
+                       help="train on the same first N batches every epoch and validate on them (the loss must "
+                            "fall to near zero, or the model, loss or data has a bug)")
     return parser.parse_args(argv)
 
 
 def resolve_config(args) -> tuple[dict, Path | None]:
     """The validated config (file, then --set and aliases) and the run folder to continue, if resuming."""
     resume_dir = None
+    if args.fast_dev_run and args.resume:
+        raise ConfigError("--fast-dev-run checks a config on a fresh run; it does not take -r")
     if args.resume == "auto":
         return resolve_auto(args)
     if args.resume:
@@ -70,6 +82,11 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         overrides.append(f"trainer.epochs={args.epochs}")
     if args.run_id is not None:
         overrides.append(f"trainer.run_id={json.dumps(args.run_id)}")
+    for flag in ("limit_batches", "overfit_batches"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {getattr(args, flag)}")
+    if args.fast_dev_run:
+        overrides.append("trainer.epochs=1")
     config = load_config(config_path, overrides, source=Path(config_path).name)
     if args.exclude and not args.weights:
         raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
@@ -190,6 +207,9 @@ def run(args) -> int:
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
+    if args.fast_dev_run:  # a throw-away folder, no trackers: nothing of the check outlives it
+        config["trainer"]["save_dir"] = tempfile.mkdtemp(prefix="fast-dev-run-")
+        config["wandb"]["enabled"] = config["tensorboard"]["enabled"] = False
 
     safe_point()
     # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
@@ -198,6 +218,7 @@ def run(args) -> int:
         for split, spec in config["data_loader"].items():
             loaders[split] = build(spec, "data_loader", f"{source}: data_loader.{split}", seed=config["seed"])
             loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
+        limit_batches(args, loaders)
         optimizer, lr_fn = build_optimizer(config, steps_per_epoch=len(loaders["train"]), source=source)
     except ConfigError as error:
         fail(str(error))
@@ -272,7 +293,10 @@ def run(args) -> int:
     status = 1
     try:
         best = trainer.fit()
-        log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
+        if args.fast_dev_run:
+            fast_dev_checks(trainer, loaders, run_dir)
+        else:
+            log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
         status = 0
     except (TrainingDiverged, run_folder.RunFolderError, CheckpointError) as error:
         log.error(str(error))
@@ -285,7 +309,32 @@ def run(args) -> int:
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
     finally:
         finish(run_dir, trackers, status)
+        if args.fast_dev_run:
+            shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
     return status
+
+
+def limit_batches(args, loaders: dict) -> None:
+    """The debug modes' data: every split cut to N batches per epoch; --overfit-batches also trains on the same
+    batches in the same order every epoch and validates on exactly those."""
+    limit = 1 if args.fast_dev_run else args.limit_batches or args.overfit_batches
+    if args.overfit_batches:
+        loaders["train"].shuffle = False
+        loaders["validation"] = copy.copy(loaders["train"])
+    for loader in loaders.values():
+        loader.limit = limit
+
+
+def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
+    """--fast-dev-run's last steps: the test split evaluated and the checkpoint read back into the state's shapes."""
+    from training import checkpoint
+
+    if "test" in loaders:
+        results = trainer.evaluate(loaders["test"])
+        log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
+    checkpoint.restore(run_dir / "checkpoint-latest.params", trainer.state_template())
+    log.info(f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
+             f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)")
 
 
 def describe_batch(spec: dict) -> str:

@@ -94,16 +94,18 @@ class DataLoader:
         self.seed = seed
         self.transform = transform
         self.prefetch = prefetch
+        self.limit = None  # at most this many batches per epoch (train.py's --limit-batches and debug modes)
         self._spec = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        full = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return full if self.limit is None else min(full, self.limit)
 
     @property
     def num_examples(self) -> int:
         """Examples seen per epoch (the real ones, not the padding)."""
-        return len(self) * self.batch_size if self.drop_last else len(self.dataset)
+        return len(self) * self.batch_size if self.drop_last else min(len(self.dataset), len(self) * self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
         """The epoch's example order: a function of (seed, epoch) only, so a resumed run sees the same order."""

@@ -1,8 +1,9 @@
-"""Long runs: step checkpoints with rotation, resume from any of them, and `-r auto` for requeued jobs."""
+"""Long runs: step checkpoints with rotation, resume from any of them, `-r auto` for requeued jobs, debug modes."""
 from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,3 +93,28 @@ def test_resume_auto_needs_a_run_name(tmp_path, data_dir):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: -r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it"]
+
+
+def test_fast_dev_run_checks_everything_and_leaves_nothing(tmp_path, data_dir):
+    config = fault_config(tmp_path, data_dir)
+    result = run("train.py", "-c", config, "--fast-dev-run")
+    assert result.returncode == 0, result.stderr
+    assert "epoch 1/1" in result.stdout and "test (1 batch): loss" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith("fast dev run passed"))
+    folder = line.split("(in ", 1)[1].split(",", 1)[0]
+    assert not Path(folder).exists() and not (tmp_path / "saved").exists()
+    assert "first 1 training step(s) done" in result.stdout
+
+
+def test_limit_and_overfit_batches(tmp_path, data_dir):
+    config = fault_config(tmp_path, data_dir)
+    limited = run("train.py", "-c", config, "--limit-batches", "2", "--run-id", "lim")
+    assert limited.returncode == 0, limited.stderr
+    assert [row["step"] for row in rows_of(tmp_path / "saved/tiny/lim")] == [2, 4, 6]
+    overfit = run("train.py", "-c", config, "--overfit-batches", "1", "--epochs", "25", "--run-id", "of")
+    assert overfit.returncode == 0, overfit.stderr
+    rows = rows_of(tmp_path / "saved/tiny/of")
+    assert rows[-1]["step"] == 25 and rows[-1]["val/loss"] < 0.01, rows[-1]
+    bad = run("train.py", "-c", config, "--overfit-batches", "0")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --overfit-batches: expected a number of batches >= 1, got 0"]
