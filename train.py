@@ -135,8 +135,8 @@ def run_id_of(config: dict) -> str:
 
 def main(argv=None) -> int:
     """Exit status: 0 trained, 1 the run stopped on an error (divergence, a failed write), 2 bad input (config,
-    data, checkpoint, a run folder in use or not writable: nothing was written), 130/143 stopped by SIGINT/SIGTERM
-    (continue with -r; every finished epoch is in its checkpoint)."""
+    data, checkpoint, a run folder in use or not writable: nothing was written), 130/143/138 stopped by
+    SIGINT/SIGTERM/SIGUSR1 after saving the position (continue with -r)."""
     RECEIVED.clear()
     previous = {signum: signal.signal(signum, stop_at_safe_point) for signum in STOP_SIGNALS}
     try:
