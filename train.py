@@ -229,7 +229,7 @@ def run(args) -> int:
     import jax
 
     from training import run_folder
-    from training.checkpoint import CheckpointError, write_atomic
+    from training.checkpoint import CheckpointError, remove_stale_temps, write_atomic
     from training.trainer import Stopped, Trainer, TrainingDiverged
 
     # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
@@ -262,7 +262,8 @@ def run(args) -> int:
             run_folder.hold(run_dir)
             shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
                             ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-            repaired = []
+            # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
+            repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
         write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         preprocessing = loaders["train"].preprocessing
