@@ -23,13 +23,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.train_benchmark import FirstExamples, base_env, run_child  # noqa: E402
+from benchmarks.train_benchmark import FirstExamples, base_env, compiled_trainer, run_child  # noqa: E402
 
 CONFIG = REPO / "configs" / "shakespeare_char.json"
 VARIANTS = ["template", "fused", "flax", "nanogpt"]
@@ -71,17 +70,11 @@ def tokens_per_step(loader) -> int:
 def template_run(steps: int) -> dict:
     import jax
 
-    from training.trainer import Trainer, metric_results, peak_rss_mb
-    from utils import build, build_optimizer, monitor_of
+    from training.trainer import metric_results, peak_rss_mb
 
     config = bench_config()
     loader = train_loader(config, steps)
-    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
-                      loader, monitor=monitor_of(config))
-    trainer.init_state()
-    trainer.compile()
-    trainer.first_call_logged = True
+    trainer = compiled_trainer(config, loader)
     metric_results(trainer.metrics, trainer.train_epoch(0))  # warm-up: one epoch, as the fused bound does
     start = time.perf_counter()
     metric_results(trainer.metrics, trainer.train_epoch(1))  # waits for the last step

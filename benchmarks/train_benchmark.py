@@ -95,14 +95,28 @@ class FirstExamples:
         return self.dataset.get_batch(indices)
 
 
+def compiled_trainer(config: dict, loader):
+    """The template's Trainer for `config` on `loader`, state initialised and training step compiled."""
+    from training.trainer import Trainer
+    from utils import build, build_optimizer, monitor_of
+
+    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
+                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
+                      loader, monitor=monitor_of(config))
+    trainer.init_state()
+    trainer.compile()
+    trainer.first_call_logged = True
+    return trainer
+
+
 def template_run(model_name: str, variant: str, steps: int) -> dict:
     """The template with the ablations named in ``variant`` ("template", or names joined by "+")."""
     import jax
 
     from model.modules import conv, pooling
     from training import platform
-    from training.trainer import Trainer, metric_results
-    from utils import build, build_optimizer, monitor_of
+    from training.trainer import metric_results
+    from utils import build
 
     ablations = set(variant.split("+"))
     if "no-xla-opts" in ablations:
@@ -124,12 +138,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         spec["args"]["prefetch"] = 0
     loader = build(spec, "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
-    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
-                      loader, monitor=monitor_of(config))
-    trainer.init_state()
-    trainer.compile()
-    trainer.first_call_logged = True
+    trainer = compiled_trainer(config, loader)
     if ablations & SLOW:  # warm up with one call
         _, stack = next(iter(loader.chunks(0, trainer.steps_per_call, trainer.put_stack)))
         trainer.ts, _, logs = trainer.compiled_chunk(trainer.ts, trainer.empty_stats(), stack)

@@ -18,7 +18,7 @@ import re
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -227,13 +227,15 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     return arrays, header
 
 
-def restore(path: str | Path, template: dict, only: tuple[str, ...] | None = None,
+def restore(path: str | Path, template: dict | Callable[[dict], dict], only: tuple[str, ...] | None = None,
             exclude: tuple[str, ...] = (), allow_nonfinite: bool = False) -> tuple[dict, dict]:
     """Fills `template` (arrays or ShapeDtypeStructs) from the file; `only` restricts to top-level keys. Key paths
     under an `exclude` prefix (``params.head``) keep the template's values, which must then be arrays. A NaN or
     Inf in a restored array is refused unless `allow_nonfinite`: a diverged run's weights evaluate to nonsense
-    without any error."""
+    without any error. `template` may be a function of the file's header (what the file holds can depend on it)."""
     arrays, header = read(path)
+    if callable(template):
+        template = template(header)
     if only is not None:
         template = {k: template[k] for k in only}
         arrays = {n: a for n, a in arrays.items() if n.split(".", 1)[0] in only}

@@ -58,13 +58,19 @@ def split_assignment(text: str, flag: str, expected: str) -> tuple[str, str]:
     return key, raw.strip()
 
 
-def parse_grid(text: str) -> Param:
-    key, raw = split_assignment(text, "--grid", "KEY.PATH=[v1, v2, ...] (a JSON list)")
+def json_list(raw: str) -> list | None:
+    """A non-empty JSON list, or None."""
     try:
         values = json.loads(raw)
     except json.JSONDecodeError:
-        values = None
-    if not isinstance(values, list) or not values:
+        return None
+    return values if isinstance(values, list) and values else None
+
+
+def parse_grid(text: str) -> Param:
+    key, raw = split_assignment(text, "--grid", "KEY.PATH=[v1, v2, ...] (a JSON list)")
+    values = json_list(raw)
+    if values is None:
         raise SweepError(f"--grid {text}: expected KEY.PATH=[v1, v2, ...] (a non-empty JSON list), got {raw!r}")
     return Param(key, "grid", tuple(values))
 
@@ -74,11 +80,8 @@ def parse_sample(text: str) -> Param:
     kind, _, rest = raw.partition(":")
     where = f"--sample {text}"
     if kind == "choice":
-        try:
-            values = json.loads(rest)
-        except json.JSONDecodeError:
-            values = None
-        if not isinstance(values, list) or not values:
+        values = json_list(rest)
+        if values is None:
             raise SweepError(f"{where}: expected choice:[v1, v2, ...] (a non-empty JSON list)")
         return Param(key, kind, tuple(values))
     if kind not in ("uniform", "loguniform", "int"):

@@ -160,9 +160,12 @@ class Trainer:
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
-        template = self.state_template()
-        if checkpoint.read(path)[1].get("position"):  # saved mid-epoch: the epoch's statistics so far come too
-            template["epoch_totals"] = self.empty_stats(template)
+        def template(header: dict) -> dict:
+            state = self.state_template()
+            if header.get("position"):  # saved mid-epoch: the epoch's statistics so far come too
+                state["epoch_totals"] = self.empty_stats(state)
+            return state
+
         tree, header = checkpoint.restore(path, template)
         self.resumed_totals = tree.pop("epoch_totals", None)
         self.position = header.get("position", 0)
