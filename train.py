@@ -85,8 +85,6 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     for flag in ("limit_batches", "overfit_batches"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {getattr(args, flag)}")
-    if args.fast_dev_run:
-        overrides.append("trainer.epochs=1")
     config = load_config(config_path, overrides, source=Path(config_path).name)
     if args.exclude and not args.weights:
         raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
@@ -218,8 +216,8 @@ def run(args) -> int:
         for split, spec in config["data_loader"].items():
             loaders[split] = build(spec, "data_loader", f"{source}: data_loader.{split}", seed=config["seed"])
             loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
-        limit_batches(args, loaders)
         optimizer, lr_fn = build_optimizer(config, steps_per_epoch=len(loaders["train"]), source=source)
+        debug_mode(args, config, loaders)
     except ConfigError as error:
         fail(str(error))
     except ValueError as error:  # a dataset whose batches the loop cannot take
@@ -315,9 +313,12 @@ def run(args) -> int:
     return status
 
 
-def limit_batches(args, loaders: dict) -> None:
-    """The debug modes' data: every split cut to N batches per epoch; --overfit-batches also trains on the same
-    batches in the same order every epoch and validates on exactly those."""
+def debug_mode(args, config: dict, loaders: dict) -> None:
+    """The debug modes' data, applied after the optimizer is built so its schedule stays the config's: every split
+    cut to N batches per epoch (--fast-dev-run: 1, and one epoch); --overfit-batches also trains on the same batches
+    in the same order every epoch and validates on exactly those."""
+    if args.fast_dev_run:
+        config["trainer"]["epochs"] = 1
     limit = 1 if args.fast_dev_run else args.limit_batches or args.overfit_batches
     if args.overfit_batches:
         loaders["train"].shuffle = False
