@@ -17,6 +17,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
+from training import distributed
 from training.trackers import new_run_id, start_trackers, wandb_on
 from utils import (ConfigError, build, build_optimizer, config_hash, fail, load_config, monitor_of, read_json,
                    setup_logging)
@@ -55,6 +56,15 @@ def parse_args(argv=None):
     debug.add_argument("--overfit-batches", type=int, metavar="N",
                        help="train on the same first N batches every epoch and validate on them (the loss must "
                             "fall to near zero, or the model, loss or data has a bug)")
+    several = parser.add_argument_group("several processes (jax.distributed; SLURM's srun is detected by itself)")
+    several.add_argument("--coordinator", metavar="HOST:PORT",
+                         help="process 0's address, the same for every process (e.g. node001:29500), or auto: "
+                              "JAX's detection (Cloud TPU pod slices, GKE, Open MPI)")
+    several.add_argument("--num-processes", type=int, metavar="N", help="how many processes train together")
+    several.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
+    several.add_argument("--heartbeat-timeout", type=int, default=60, metavar="SECONDS",
+                         help="a process silent this long counts as dead and the others stop with an error "
+                              "(default: 60)")
     return parser.parse_args(argv)
 
 
@@ -194,6 +204,11 @@ def stop_at_next_step(trainer):
 
 def run(args) -> int:
     setup_logging(None)  # the console until the run folder exists
+    # 0. Several processes: jax.distributed starts before anything touches a device (one process: nothing to do).
+    try:
+        distributed.start(args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout)
+    except distributed.DistributedError as error:
+        fail(str(error))
     # 1. Config: read, override, validate, build. Nothing is loaded or compiled before this passes.
     try:
         config, resume_dir = resolve_config(args)
@@ -202,6 +217,11 @@ def run(args) -> int:
         loss_fn = build(config["loss"], "loss", f"{source}: loss")
         metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
         build_optimizer(config, steps_per_epoch=None, source=source)  # its hyperparameters' checks, before the data
+        augment = None
+        if config["data_loader"]["train"].get("augment"):
+            from data_loader.augment import from_config as augment_of
+
+            augment = augment_of(config, source)
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
@@ -216,7 +236,9 @@ def run(args) -> int:
         for split, spec in config["data_loader"].items():
             loaders[split] = build(spec, "data_loader", f"{source}: data_loader.{split}", seed=config["seed"])
             loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
-        optimizer, lr_fn = build_optimizer(config, steps_per_epoch=len(loaders["train"]), source=source)
+        # a step is trainer.accumulate_steps loader batches: schedules count steps
+        steps_per_epoch = -(-len(loaders["train"]) // config["trainer"]["accumulate_steps"])
+        optimizer, lr_fn = build_optimizer(config, steps_per_epoch=steps_per_epoch, source=source)
         debug_mode(args, config, loaders)
     except ConfigError as error:
         fail(str(error))
@@ -234,10 +256,10 @@ def run(args) -> int:
     # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
     monitor = monitor_of(config)
     try:
-        if resume_dir:
+        if resume_dir and distributed.is_main():
             run_folder.hold(resume_dir)
         trainer = Trainer(config, resume_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
-                          loaders.get("validation"), monitor=monitor, config_hash=config_hash(config))
+                          loaders.get("validation"), monitor=monitor, config_hash=config_hash(config), augment=augment)
         if args.resume:
             trainer.restore(Path(args.resume))
         else:
@@ -245,12 +267,14 @@ def run(args) -> int:
             if args.weights:
                 trainer.load_weights(Path(args.weights), exclude=tuple(args.exclude))
     except (CheckpointError, ValueError, run_folder.RunFolderError) as error:
-        fail(str(error))
+        stop_all(str(error))
 
     safe_point()
     # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
     try:
-        if resume_dir:
+        if not distributed.is_main():  # process 0 writes the folder; the others only learn where it is
+            run_dir, repaired = Path(distributed.share_text("run_dir")), []
+        elif resume_dir:
             run_dir = resume_dir
             repaired = run_folder.reconcile(run_dir, Path(args.resume), trainer.resumed_header,
                                             config["trainer"]["save_period"])
@@ -263,26 +287,32 @@ def run(args) -> int:
             # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
-        write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
-        preprocessing = loaders["train"].preprocessing
-        if preprocessing:
-            write_atomic(run_dir / "preprocessing.json", (json.dumps(preprocessing, indent=2) + "\n").encode())
-        setup_logging(run_dir)
-    except run_folder.RunFolderError as error:
-        fail(str(error))
+        if distributed.is_main():
+            write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+            preprocessing = loaders["train"].preprocessing
+            if preprocessing:
+                write_atomic(run_dir / "preprocessing.json", (json.dumps(preprocessing, indent=2) + "\n").encode())
+            setup_logging(run_dir)
+            distributed.share_text("run_dir", str(run_dir))
+        else:
+            log.setLevel(logging.WARNING)  # process 0 reports the run; the others only their own errors
+    except (run_folder.RunFolderError, distributed.DistributedError) as error:
+        stop_all(str(error))
     except OSError as error:
-        fail(f"cannot write in the run folder: {error.filename or ''}: {error.strerror or error}")
+        stop_all(f"cannot write in the run folder: {error.filename or ''}: {error.strerror or error}")
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
     from model.summary import summary
 
     log.info(f"run folder: {run_dir}")
     for line in repaired:
         log.info(f"resume: {line}")
-    log.info(f"devices: {', '.join(str(d) for d in jax.devices())}")
+    log.info(f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
+             f"{dict(trainer.mesh.shape)}")
     log.info(f"batch: {describe_batch(trainer.batch_spec)}")
     log.info(f"state: {trainer.origin}")
     log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.input_spec))
-    trainer.trackers = trackers = start_trackers(config, run_dir, monitor.name if monitor else None)
+    trackers = start_trackers(config, run_dir, monitor.name if monitor else None) if distributed.is_main() else []
+    trainer.trackers = trackers
 
     # 5. Train. A stop signal from here on saves the position first.
     for signum in STOP_SIGNALS:
@@ -307,10 +337,22 @@ def run(args) -> int:
             "no checkpoint was written, so there is nothing to continue from"
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
     finally:
-        finish(run_dir, trackers, status)
+        if distributed.is_main():
+            finish(run_dir, trackers, status)
         if args.fast_dev_run:
             shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
     return status
+
+
+def stop_all(message: str) -> None:
+    """fail() once the processes of a run started: process 0 first tells the others, which wait for its run
+    folder, that there will be none (one process: just fail)."""
+    if distributed.is_main():
+        try:
+            distributed.share_text("run_dir", "")
+        except Exception:  # noqa: BLE001 (the message below is what matters)
+            pass
+    fail(message)
 
 
 def debug_mode(args, config: dict, loaders: dict) -> None:
@@ -332,9 +374,11 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
     from training import checkpoint
 
     if "test" in loaders:
+        trainer.share_batches(loaders["test"])
         results = trainer.evaluate(loaders["test"])
         log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
-    checkpoint.restore(run_dir / "checkpoint-latest.params", trainer.state_template())
+    if distributed.is_main():  # the writer; the others may run on other machines
+        checkpoint.restore(run_dir / "checkpoint-latest.params", trainer.state_template())
     log.info(f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
              f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)")
 

@@ -32,9 +32,10 @@ COMPONENT_MODULES = {
     "schedule": "training.schedules",
     "transforms": ("training.optimizers", "TRANSFORMS"),
     "data_loader": "data_loader.data_loaders",
+    "augment": "data_loader.augment",
 }
-# Keys besides "name" and "args" that a kind of component may have.
-EXTRA_KEYS = {"optimizer": ("schedule", "transforms")}
+# Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
+EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment",)}
 
 TRAINER_DEFAULTS = {
     "epochs": 10,
@@ -48,13 +49,16 @@ TRAINER_DEFAULTS = {
     "divergence_factor": None,
     "checkpoint_every": None,
     "async_checkpoints": True,
+    "accumulate_steps": 1,
+    "precision": None,
 }
 WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
                   "mode": "offline", "id": None}
 TENSORBOARD_DEFAULTS = {"enabled": False}
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
-TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard"}
+TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard",
+             "mesh"}
 LOADER_SPLITS = ("train", "validation", "test")
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
 DATA_ARGUMENTS = {"loss": 2}
@@ -449,6 +453,12 @@ def validate(config: dict, source: str = "config.json") -> dict:
         if "batch_size" in args:
             check_number(spec["args"], "batch_size", f"{source}: data_loader.{split}.args.", int, 1,
                          maximum=MAX_BATCH)
+        if split != "train" and isinstance(spec, dict) and "augment" in spec:
+            raise ConfigError(f"{source}: data_loader.{split}.augment: augmentation belongs to the train split; "
+                              "evaluation applies the train list's deterministic ops (normalize) by itself")
+    from data_loader.augment import from_config as augment_of
+
+    augment_of(config, source)  # every op's name and arguments, before any data is read
 
     trainer = section(config, "trainer", source, {})
     for key in trainer:
@@ -475,6 +485,13 @@ def validate(config: dict, source: str = "config.json") -> dict:
             check_number(every, "minutes", f"{where}checkpoint_every.", float, 0.0, maximum=MAX_EPOCHS)
         if "keep" in every:
             check_number(every, "keep", f"{where}checkpoint_every.", int, 0, maximum=MAX_EPOCHS)
+    check_number(trainer, "accumulate_steps", where, int, 1, maximum=MAX_STEPS)
+    try:
+        from training.precision import policy_of
+
+        policy_of(trainer["precision"])
+    except ValueError as error:
+        raise ConfigError(f"{where}precision: {error}") from None
     if not isinstance(trainer["async_checkpoints"], bool):
         raise ConfigError(f"{where}async_checkpoints: expected true or false, got {show(trainer['async_checkpoints'])}")
     check_save_dir(trainer, config["name"], where)
@@ -500,6 +517,12 @@ def validate(config: dict, source: str = "config.json") -> dict:
     if wandb["mode"] not in ("online", "offline", "disabled"):
         raise ConfigError(f"{source}: wandb.mode: expected online, offline or disabled, got {show(wandb['mode'])}")
     check_tracker_settings(config, source)
+    try:  # the device mesh: {"data": D, "fsdp": F}; the device count is checked when the devices are known
+        from training.distributed import check_mesh_section
+
+        config["mesh"] = check_mesh_section(config.get("mesh", {}), f"{source}: mesh")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     return config
 
 

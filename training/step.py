@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from training.losses import weighted_mean
 from training.metrics import merge
 from training.optimizers import apply_updates, global_norm
+from training.precision import Policy, like
 
 
 def target_of(batch: dict):
@@ -41,35 +42,96 @@ def batch_stats(metrics: Sequence, outputs, batch, per_example_loss, weights) ->
             "metrics": {m.name: m.stats(outputs, target_of(batch), batch["mask"]) for m in metrics}}
 
 
-def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence) -> Callable:
-    """(train_state, batch) -> (train_state, stats, per-step log values)."""
+AUGMENT_STREAM = 0x61756700  # augmentation draws from the run's key folded with this, never from dropout's keys
+
+
+def output_spec(model, params, state, batch: dict, augment=None):
+    """The model's abstract output for `batch` (as evaluation would prepare it), computed without running it."""
+    def forward(params, state, batch):
+        if augment is not None:
+            batch = augment(batch, None, train=False, outputs=None)
+        return model(params, state, batch["input"], train=False)[0]
+
+    return jax.eval_shape(forward, params, state, batch)
+
+
+def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augment=None, accumulate: int = 1,
+                    policy: Policy = Policy()) -> Callable:
+    """(train_state, batch) -> (train_state, stats, per-step log values).
+
+    ``augment(batch, key, train=True, outputs=...)`` prepares the batch on the device before the forward pass,
+    keyed by (run seed, step). With ``accumulate`` = N the batch has a leading axis of N micro-batches: their
+    gradients are summed (weighted by their unmasked examples) and applied as one update, the model state (batch
+    norm statistics) passing from one micro-batch to the next. ``policy``: the mixed-precision policy.
+    """
+    def objective(params, state, batch, key, scale):
+        """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
+        outputs, new_state = model(policy.to_compute(params), state, policy.to_compute(batch["input"]), train=True,
+                                   key=key)
+        outputs = jax.tree.map(lambda a: a.astype(jnp.float32), outputs) if policy.casts else outputs
+        per_example, weights = example_losses(loss_fn, outputs, batch)
+        total = jnp.sum(jnp.where(weights > 0, per_example * weights, 0.0))
+        return total * scale, (outputs, like(new_state, state), per_example, weights)
+
+    def micro_step(params, state, batch, key, augment_key, scale):
+        """(new model state, gradients of the weighted loss sum, the micro-batch's statistics)."""
+        if augment is not None:
+            outputs = output_spec(model, params, state, batch, augment)
+            batch = augment(batch, augment_key, train=True, outputs=outputs)
+        (_, (outputs, new_state, per_example, weights)), grads = jax.value_and_grad(objective, has_aux=True)(
+            params, state, batch, key, scale)
+        return new_state, grads, batch_stats(metrics, outputs, batch, per_example, weights)
 
     def train_step(ts: dict, batch: dict):
         key = jax.random.fold_in(ts["rng"], ts["step"])
+        augment_key = jax.random.fold_in(jax.random.fold_in(ts["rng"], AUGMENT_STREAM), ts["step"])
+        scale = ts["loss_scale"]["scale"] if policy.scaled else jnp.float32(1.0)
+        params = ts["params"]
+        if accumulate == 1:
+            new_state, grads, stats = micro_step(params, ts["state"], batch, key, augment_key, scale)
+        else:
+            def body(carry, xs):
+                state, total = carry
+                micro, i = xs
+                state, grads, stats = micro_step(params, state, micro, jax.random.fold_in(key, i),
+                                                 jax.random.fold_in(augment_key, i), scale)
+                return (state, jax.tree.map(jnp.add, total, grads)), stats
 
-        def objective(params):
-            outputs, new_state = model(params, ts["state"], batch["input"], train=True, key=key)
-            per_example, weights = example_losses(loss_fn, outputs, batch)
-            return weighted_mean(per_example, weights), (outputs, new_state, per_example, weights)
-
-        (loss, (outputs, new_state, per_example, weights)), grads = jax.value_and_grad(objective, has_aux=True)(
-            ts["params"])
-        updates, opt_state = optimizer.update(grads, ts["opt_state"], ts["params"])
-        new_ts = {"params": apply_updates(ts["params"], updates), "state": new_state, "opt_state": opt_state,
-                  "step": ts["step"] + 1, "rng": ts["rng"]}
-        stats = batch_stats(metrics, outputs, batch, per_example, weights)
-        return new_ts, stats, {"loss": loss, "grad_norm": global_norm(grads)}
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (new_state, grads), stats = jax.lax.scan(body, (ts["state"], zeros), (batch, jnp.arange(accumulate)))
+            stats = jax.tree.map(lambda s: s.sum(axis=0), stats)
+        # the mean over every unmasked example of the update, whatever the micro-batches held
+        count = jnp.maximum(stats["count"], jnp.finfo(jnp.float32).tiny)
+        grads = jax.tree.map(lambda g: g / (count * scale), grads)
+        grad_norm = global_norm(grads)
+        updates, opt_state = optimizer.update(grads, ts["opt_state"], params)
+        new_ts = {**ts, "params": apply_updates(params, updates), "state": new_state, "opt_state": opt_state,
+                  "step": ts["step"] + 1}
+        logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm}
+        if policy.scaled:  # an overflowed step changes nothing but the scale
+            finite = jnp.isfinite(grad_norm)
+            new_ts = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_ts, {**ts, "step": ts["step"] + 1})
+            new_ts["loss_scale"] = policy.next_scale(ts["loss_scale"], finite)
+            logs["skipped"] = ~finite
+        return new_ts, stats, logs
 
     return train_step
 
 
-def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence) -> Callable:
-    """(train_state, epoch_stats, stack of K batches) -> (train_state, epoch_stats, per-step log values (K,))."""
-    train_step = make_train_step(model, loss_fn, optimizer, metrics)
+def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence, augment=None, accumulate: int = 1,
+                     policy: Policy = Policy()) -> Callable:
+    """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, per-step log values (K,)).
+
+    N = ``accumulate`` loader batches make one step. An inactive loader batch (completing the epoch's last stack)
+    adds nothing: with N = 1 its step leaves the state unchanged; with N > 1 its mask is zeroed, and a step with no
+    active batch at all leaves the state unchanged."""
+    train_step = make_train_step(model, loss_fn, optimizer, metrics, augment, accumulate, policy)
 
     def body(carry, batch):
         ts, totals = carry
-        active = batch["active"] > 0
+        if accumulate > 1:
+            batch["mask"] = batch["mask"] * batch["active"].reshape((accumulate,) + (1,) * (batch["mask"].ndim - 1))
+        active = jnp.max(batch.pop("active")) > 0
         new_ts, stats, logs = train_step(ts, batch)
         keep = lambda new, old: jnp.where(active, new, old)
         new_ts = jax.tree.map(keep, new_ts, ts)
@@ -77,25 +139,31 @@ def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence) -> 
         return (new_ts, totals), logs
 
     def train_chunk(ts, totals, stack):
+        if accumulate > 1:  # (K x N, ...) -> (K, N, ...): the loader's batches grouped into steps
+            stack = jax.tree.map(lambda a: a.reshape(-1, accumulate, *a.shape[1:]), stack)
         (ts, totals), logs = jax.lax.scan(body, (ts, totals), stack)
         return ts, totals, logs
 
     return train_chunk
 
 
-def make_eval_stats(model, loss_fn: Callable, metrics: Sequence) -> Callable:
-    """(params, model state, batch) -> the batch's statistics, the model in evaluation mode."""
+def make_eval_stats(model, loss_fn: Callable, metrics: Sequence, augment=None, policy: Policy = Policy()) -> Callable:
+    """(params, model state, batch) -> the batch's statistics, the model in evaluation mode (``augment`` applies
+    only its deterministic part, e.g. normalisation)."""
 
     def eval_stats(params, state, batch):
-        outputs, _ = model(params, state, batch["input"], train=False)
+        if augment is not None:
+            batch = augment(batch, None, train=False, outputs=output_spec(model, params, state, batch, augment))
+        outputs, _ = model(policy.to_compute(params), state, policy.to_compute(batch["input"]), train=False)
+        outputs = jax.tree.map(lambda a: a.astype(jnp.float32), outputs) if policy.casts else outputs
         return batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
 
     return eval_stats
 
 
-def make_eval_step(model, loss_fn: Callable, metrics: Sequence) -> Callable:
+def make_eval_step(model, loss_fn: Callable, metrics: Sequence, augment=None, policy: Policy = Policy()) -> Callable:
     """(params, model state, epoch_stats, batch) -> epoch_stats with the batch added."""
-    eval_stats = make_eval_stats(model, loss_fn, metrics)
+    eval_stats = make_eval_stats(model, loss_fn, metrics, augment, policy)
 
     def eval_step(params, state, totals, batch):
         return merge(totals, eval_stats(params, state, batch))
@@ -103,7 +171,7 @@ def make_eval_step(model, loss_fn: Callable, metrics: Sequence) -> Callable:
     return eval_step
 
 
-def empty_stats(model, loss_fn, metrics, params, state, batch_spec: dict) -> dict:
+def empty_stats(model, loss_fn, metrics, params, state, batch_spec: dict, augment=None) -> dict:
     """Zeros shaped like one batch's statistics (computed abstractly, no compile)."""
-    shapes = jax.eval_shape(make_eval_stats(model, loss_fn, metrics), params, state, batch_spec)
+    shapes = jax.eval_shape(make_eval_stats(model, loss_fn, metrics, augment), params, state, batch_spec)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

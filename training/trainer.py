@@ -2,8 +2,9 @@
 
 Everything the loop needs arrives built (`train.py` builds it from the config); the loop owns the run folder's
 `metrics.jsonl` and checkpoints. Every shape and dtype of a batch comes from the training loader's ``spec`` (one real
-batch, abstracted). Data is sharded along a `data` mesh axis over all local devices, parameters are replicated, so
-the same code runs on one CPU or several accelerators.
+batch, abstracted). Batches are split over every device of the config's mesh (``training/distributed.py``: the
+devices of all processes, as a data x fsdp grid); parameters and optimizer state are replicated, or split over
+"fsdp" when it is above 1, so the same code runs on one CPU, several accelerators or several machines.
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from training import checkpoint, platform, run_folder
+from training import checkpoint, distributed, platform, run_folder
 from training.metrics import values as metric_values
 from training.trackers import StepTrace
+from training.precision import policy_of
 from training.step import empty_stats, make_eval_step, make_train_chunk
 
 log = logging.getLogger("train")
@@ -93,7 +95,7 @@ def peak_rss_mb() -> float:
 class Trainer:
     def __init__(self, config: dict, run_dir: Path | None, model, loss_fn: Callable, metrics: Sequence, optimizer,
                  lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = (),
-                 monitor: Monitor | None = None, config_hash: str | None = None):
+                 monitor: Monitor | None = None, config_hash: str | None = None, augment=None):
         self.config = config
         self.config_hash = config_hash
         self.trainer_cfg = config["trainer"]
@@ -103,25 +105,38 @@ class Trainer:
         self.train_loader, self.valid_loader = train_loader, valid_loader
         self.trackers = list(trackers)
 
-        devices = jax.devices()
-        self.mesh = Mesh(np.array(devices), ("data",))
+        # the config's mesh over the devices of every process; batches split over all of them, parameters and
+        # optimizer state split over "fsdp" (replicated when it is 1)
+        self.mesh = distributed.make_mesh(config.get("mesh"))
         self.replicated = NamedSharding(self.mesh, P())
+        devices = self.mesh.size
         for loader, split in ((train_loader, "train"), (valid_loader, "validation")):
-            if loader is not None and loader.batch_size % len(devices):
+            if loader is not None and loader.batch_size % devices:
+                where = f" ({jax.process_count()} processes)" if jax.process_count() > 1 else ""
                 raise ValueError(f"data_loader.{split}.args.batch_size {loader.batch_size} must be a multiple of "
-                                 f"the {len(devices)} devices in use")
+                                 f"the {devices} devices in use{where}")
+        self.share_batches(train_loader, valid_loader)
         self.batch_spec = train_loader.spec
+        self.augment = augment
+        self.accumulate = self.trainer_cfg["accumulate_steps"]  # loader batches per optimizer step
+        self.steps_per_epoch = -(-len(train_loader) // self.accumulate)
+        self.policy = policy_of(self.trainer_cfg["precision"])
         self.steps_per_call = self.trainer_cfg["steps_per_call"]
         if self.steps_per_call == "auto":
-            self.steps_per_call = auto_steps_per_call(len(train_loader), nbytes(self.batch_spec),
+            self.steps_per_call = auto_steps_per_call(self.steps_per_epoch, self.accumulate * nbytes(self.batch_spec),
                                                       jax.default_backend())
         self.first_call_logged = False
         self.stats_template = None
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_eval, self.eval_batch_size = None, None
 
-        self.train_chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
-        self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics), donate_argnums=(2,))
+        self.ts_sharding = self.replicated if self.mesh.shape["fsdp"] == 1 else \
+            distributed.state_shardings(self.state_template(), self.mesh)
+        self.train_chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics, augment, self.accumulate,
+                                                    self.policy), donate_argnums=(0, 1),
+                                   out_shardings=(self.ts_sharding, self.replicated, self.replicated))
+        self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment, self.policy), donate_argnums=(2,),
+                                 out_shardings=self.replicated)
         self.epoch = 0  # epochs completed
         self.monitor = monitor
         self.best, self.best_epoch = None, None
@@ -139,10 +154,18 @@ class Trainer:
     def input_spec(self):
         return self.batch_spec["input"]
 
+    @property
+    def model_input_spec(self):
+        """The input as the model sees it: after the deterministic part of the augmentation (e.g. uint8 images
+        converted and normalised)."""
+        if self.augment is None:
+            return self.input_spec
+        return jax.eval_shape(lambda b: self.augment(b, None, train=False, outputs=None), self.batch_spec)["input"]
+
     def init_state(self) -> dict:
         """Fresh training state from the config's seed, built by one jitted call (no eager per-layer work)."""
         seed = self.config["seed"]
-        traced = jax.jit(self.fresh_state, out_shardings=self.replicated).trace(seed)
+        traced = jax.jit(self.fresh_state, out_shardings=self.ts_sharding).trace(seed)
         self.start_compile(traced.out_info)  # the training step compiles on another thread meanwhile
         self.ts = traced.lower().compile(platform.xla_options("init", jax.default_backend()) or None)(seed)
         self.origin = f"fresh state from seed {seed}"
@@ -154,9 +177,12 @@ class Trainer:
     def fresh_state(self, seed) -> dict:
         """The training state a run starts from: init and dropout keys both derive from `seed`."""
         init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
-        params, state = self.model.init(init_key, self.input_spec)
-        return {"params": params, "state": state, "opt_state": self.optimizer.init(params),
-                "step": jnp.zeros((), jnp.int32), "rng": rng}
+        params, state = self.model.init(init_key, self.model_input_spec)
+        fresh = {"params": params, "state": state, "opt_state": self.optimizer.init(params),
+                 "step": jnp.zeros((), jnp.int32), "rng": rng}
+        if self.policy.scaled:
+            fresh["loss_scale"] = self.policy.init_scale()
+        return fresh
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
@@ -169,9 +195,10 @@ class Trainer:
         tree, header = checkpoint.restore(path, template)
         self.resumed_totals = tree.pop("epoch_totals", None)
         self.position = header.get("position", 0)
-        self.start_compile(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self.replicated),
-                                        tree))
-        self.ts = jax.device_put(tree, self.replicated)
+        shardings = self.shardings_of(tree)
+        self.start_compile(jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                        tree, shardings))
+        self.ts = distributed.to_mesh(tree, shardings)  # every process read the file; each keeps its shards
         self.epoch = header["epoch"]
         self.best, self.best_epoch = header.get("best"), header.get("best_epoch")
         self.bad_epochs = header.get("bad_epochs", 0)
@@ -188,7 +215,7 @@ class Trainer:
         Key paths under an ``exclude`` prefix (e.g. ``params.head``, a new classifier) keep their fresh values."""
         template = {"params": self.ts["params"], "state": self.ts["state"]}
         tree, _ = checkpoint.restore(path, template, only=("params", "state"), exclude=exclude)
-        self.ts.update(jax.device_put(tree, self.replicated))
+        self.ts.update(distributed.to_mesh(tree, self.shardings_of(tree)))
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
@@ -200,24 +227,39 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------------------- loop
     def stack_sharding(self, stack: dict) -> dict:
-        """Stacks of K batches: split along the batch axis (the second); ``active`` (K,) is replicated."""
-        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(None, "data") if a.ndim > 1 else P()), stack)
+        """Stacks of K batches: split along the batch axis (the second) over every device of the mesh; ``active``
+        (K,) is replicated."""
+        axes = distributed.BATCH_AXES
+        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(None, axes) if a.ndim > 1 else P()), stack)
 
     def batch_sharding(self, batch: dict) -> dict:
-        return jax.tree.map(lambda a: NamedSharding(self.mesh, P("data")), batch)
+        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(distributed.BATCH_AXES)), batch)
 
     def put_stack(self, stack: dict) -> dict:
-        return jax.device_put(stack, self.stack_sharding(stack))
+        """This process's rows of a stack (its loader's share) placed as one global stack."""
+        return distributed.put_local(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
-        return jax.device_put(batch, self.batch_sharding(batch))
+        return distributed.put_local(batch, self.batch_sharding(batch))
+
+    def share_batches(self, *loaders) -> None:
+        """Each process reads only its rows of every batch (process by process, as the mesh orders devices)."""
+        for loader in loaders:
+            if loader is not None:
+                loader.share = (jax.process_index(), jax.process_count())
+
+    def shardings_of(self, state: dict) -> dict:
+        """Where each leaf of a training state (or a part of one, such as a checkpoint's) lives on the mesh:
+        params and optimizer state by the FSDP rule, the rest replicated."""
+        return distributed.state_shardings(state, self.mesh)
 
     def empty_stats(self, state=None):
         """Zeroed epoch statistics on the device; ``state``: the training state or its abstract value."""
         if self.stats_template is None:  # traced once: the model is not re-traced every epoch
             state = self.ts if state is None else state
             self.stats_template = jax.device_get(empty_stats(self.model, self.loss_fn, self.metrics,
-                                                             state["params"], state["state"], self.batch_spec))
+                                                             state["params"], state["state"], self.batch_spec,
+                                                             self.augment))
         return jax.device_put(self.stats_template, self.replicated)
 
     def start_compile(self, state_spec) -> None:
@@ -228,7 +270,7 @@ class Trainer:
         worker.shutdown(wait=False)  # the thread ends with this one task
 
     def compile_train_step(self, state_spec):
-        k = self.steps_per_call
+        k = self.steps_per_call * self.accumulate  # loader batches per call
         stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
         stack_spec = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
@@ -263,23 +305,24 @@ class Trainer:
         log.info(f"compiled the training step ({k} step(s) per call) in {self.compile_seconds:.1f}s{flops}")
 
     def train_epoch(self, epoch: int, start: int = 0, totals=None) -> dict:
-        """One epoch's training steps from step `start` of its order on (a resumed position, with the statistics
-        `totals` it had gathered); saves the position when checkpoint_every says so or a stop was asked for."""
+        """One epoch's training steps from loader batch `start` of its order on (a resumed position, with the
+        statistics `totals` it had gathered); saves the position when checkpoint_every says so or a stop was asked
+        for. Positions count loader batches; steps count optimizer updates (trainer.accumulate_steps batches)."""
         from tqdm import tqdm
 
-        loader, k = self.train_loader, self.steps_per_call
-        steps = len(loader)
+        loader, n = self.train_loader, self.accumulate
+        batches = len(loader)
         interactive = sys.stderr.isatty()
-        bar = tqdm(total=steps, initial=start, desc=f"epoch {epoch}", unit="step", leave=False,
+        bar = tqdm(total=self.steps_per_epoch, initial=start // n, desc=f"epoch {epoch}", unit="step", leave=False,
                    disable=not interactive)
         totals = self.empty_stats() if totals is None else jax.device_put(totals, self.replicated)
         pending = None  # the previous call's per-step logs, read while the next call runs
         first_step = int(self.ts["step"])
-        done = 0  # steps run by this call of train_epoch
-        self.skipped = start
+        done, steps_done = 0, 0  # loader batches and steps run by this call of train_epoch
+        self.skipped = start // n
         started = time.perf_counter()
         self.data_wait = 0.0
-        chunks = loader.chunks(epoch, k, self.put_stack, start)
+        chunks = loader.chunks(epoch, self.steps_per_call * n, self.put_stack, start)
         try:
             while True:
                 waited = time.perf_counter()
@@ -288,24 +331,27 @@ class Trainer:
                 if item is None:
                     break
                 real, stack = item
+                real_steps = -(-real // n)
                 if self.trace:
-                    self.trace.before(first_step + done + 1, first_step + done + real)
+                    self.trace.before(first_step + steps_done + 1, first_step + steps_done + real_steps)
                 self.ts, totals, logs = self.compiled_chunk(self.ts, totals, stack)
                 if not self.first_call_logged:
-                    self.log_first_call(logs, real)
+                    self.log_first_call(logs, real_steps)
                 if self.trace:
-                    self.trace.after(first_step + done + real, self.ts)
+                    self.trace.after(first_step + steps_done + real_steps, self.ts)
                 if pending is not None:
                     self.check_logs(epoch, *pending, bar)
-                pending = (logs, done, real, first_step, started)
+                pending = (logs, steps_done, real_steps, first_step, started)
                 done += real
-                if start + done < steps and (self.stop_signal is not None or self.save_due(first_step + done)):
+                steps_done += real_steps
+                if start + done < batches and (self.stop_signal is not None
+                                               or self.save_due(first_step + steps_done)):
                     self.check_logs(epoch, *pending, bar)  # a diverged state is never saved
                     pending = None
                     self.save_position(start + done, totals)
                     if self.stop_signal is not None:
-                        raise Stopped(self.stop_signal, f"saved at step {first_step + done} ({start + done} of "
-                                                        f"{steps} into epoch {epoch})")
+                        raise Stopped(self.stop_signal, f"saved at step {first_step + steps_done} ({start + done} of "
+                                                        f"{batches} into epoch {epoch})")
             if pending is not None:
                 self.check_logs(epoch, *pending, bar)
         finally:
@@ -326,13 +372,19 @@ class Trainer:
 
     def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
         losses = np.asarray(logs["loss"])[:real]
-        bad = np.flatnonzero(~np.isfinite(losses))
+        # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
+        skipped = np.asarray(logs["skipped"])[:real] if "skipped" in logs else np.zeros(real, bool)
+        if skipped.any():
+            log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
+        bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
         if bad.size:
             step = first_step + done + int(bad[0]) + 1
             raise TrainingDiverged(f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {step}; "
                                    f"training stopped; {self.kept()}")
         factor = self.trainer_cfg["divergence_factor"]
         for i, loss in enumerate(losses):
+            if skipped[i]:
+                continue
             if factor and 0 < self.min_loss and loss > factor * self.min_loss:
                 step = first_step + done + i + 1
                 raise TrainingDiverged(f"diverging: loss {loss:.4g} at epoch {epoch}, step {step} is above "
@@ -341,8 +393,8 @@ class Trainer:
             self.min_loss = min(self.min_loss, float(loss))
         every = self.trainer_cfg["log_every"]
         rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
-        examples_per_s = rate * self.train_loader.batch_size
-        eta = (len(self.train_loader) - self.skipped - done - real) / rate
+        examples_per_s = rate * self.train_loader.batch_size * self.accumulate
+        eta = (self.steps_per_epoch - self.skipped - done - real) / rate
         for i in range(real):
             step = first_step + done + i + 1
             if step % every == 0:
@@ -454,7 +506,8 @@ class Trainer:
         keep only the last `rotate` numbered step checkpoints. Returns the pause the loop paid, in seconds."""
         started = time.perf_counter()
         self.writer.wait()
-        host = jax.tree.map(np.array, jax.device_get(tree))  # copies: the device buffers go to the next step
+        # copies (the device buffers go to the next step), gathered from every device: all processes take part
+        host = distributed.to_host(tree)
         run_dir = self.run_dir
 
         def write():
@@ -477,13 +530,28 @@ class Trainer:
                     f"{names[0]} holds step {header['step']}"
                 raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
 
-        self.writer.submit(write)
+        if distributed.is_main():  # written once, by process 0; every process reads it on resume
+            self.writer.submit(write)
         self.last_save = (header["step"], time.monotonic())
         return time.perf_counter() - started
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: the loop saves and stops at the next step boundary."""
         self.stop_signal = signum
+
+    def position_save_due(self, step: int) -> bool:
+        """Whether to save the position now (a stop was asked for, or checkpoint_every says so), agreed by every
+        process: a signal or a clock seen by some processes only must not make them save (a collective) or stop
+        alone. A stop asked of any process becomes every process's."""
+        signum, due = distributed.max_over_processes(self.stop_signal or 0, int(self.save_due(step)))
+        self.stop_signal = self.stop_signal or signum or None
+        return bool(signum or due)
+
+    def agreed_stop(self) -> int | None:
+        """The stop signal any process received (every process then stops at the same boundary), or None."""
+        signum, = distributed.max_over_processes(self.stop_signal or 0)
+        self.stop_signal = self.stop_signal or signum or None
+        return self.stop_signal
 
     def save_due(self, step: int) -> bool:
         """trainer.checkpoint_every: {"steps": N} and/or {"minutes": M} since the last checkpoint."""
