@@ -56,6 +56,12 @@ def parse_args(argv=None):
     debug.add_argument("--overfit-batches", type=int, metavar="N",
                        help="train on the same first N batches every epoch and validate on them (the loss must "
                             "fall to near zero, or the model, loss or data has a bug)")
+    debug.add_argument("--detect-nans", action="store_true",
+                       help="stop at the first operation that makes a NaN, naming it and its line (jax_debug_nans; "
+                            "the step runs jitted but not ahead-of-time compiled, and is re-run op by op to find it)")
+    debug.add_argument("--no-jit", action="store_true",
+                       help="run every step op by op (jax.disable_jit): breakpoints and prints inside the model, "
+                            "loss and step see real values; slow")
     several = parser.add_argument_group("several processes (jax.distributed; SLURM's srun is detected by itself)")
     several.add_argument("--coordinator", metavar="HOST:PORT",
                          help="process 0's address, the same for every process (e.g. node001:29500), or auto: "
@@ -259,7 +265,8 @@ def run(args) -> int:
         if resume_dir and distributed.is_main():
             run_folder.hold(resume_dir)
         trainer = Trainer(config, resume_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
-                          loaders.get("validation"), monitor=monitor, config_hash=config_hash(config), augment=augment)
+                          loaders.get("validation"), monitor=monitor, config_hash=config_hash(config), augment=augment,
+                          execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot")
         if args.resume:
             trainer.restore(Path(args.resume))
         else:
@@ -321,7 +328,9 @@ def run(args) -> int:
         trainer.request_stop(RECEIVED[0])
     status = 1
     try:
-        best = trainer.fit()
+        jax.config.update("jax_debug_nans", args.detect_nans)
+        with jax.disable_jit(args.no_jit):
+            best = trainer.fit()
         if args.fast_dev_run:
             fast_dev_checks(trainer, loaders, run_dir)
         else:
@@ -329,6 +338,8 @@ def run(args) -> int:
         status = 0
     except (TrainingDiverged, run_folder.RunFolderError, CheckpointError) as error:
         log.error(str(error))
+    except FloatingPointError as error:  # --detect-nans found the operation
+        log.error(nan_report(error))
     except (Stopped, KeyboardInterrupt, Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
@@ -341,6 +352,7 @@ def run(args) -> int:
             finish(run_dir, trackers, status)
         if args.fast_dev_run:
             shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
+    distributed.finish()  # several processes: each waits here until all are done
     return status
 
 
@@ -381,6 +393,21 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
         checkpoint.restore(run_dir / "checkpoint-latest.params", trainer.state_template())
     log.info(f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
              f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)")
+
+
+def nan_report(error: FloatingPointError) -> str:
+    """--detect-nans' finding in one message: JAX's (the operation) and the deepest line of this project's code on
+    the way to it."""
+    import traceback
+
+    root = Path(__file__).resolve().parent
+    ours = [frame for frame in traceback.extract_tb(error.__traceback__)
+            if Path(frame.filename).resolve().is_relative_to(root) and ".venv" not in Path(frame.filename).parts
+            and "site-packages" not in frame.filename]
+    where = f" at {Path(ours[-1].filename).resolve().relative_to(root)}:{ours[-1].lineno} ({ours[-1].line})" \
+        if ours else ""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"--detect-nans: {first}{where}; training stopped"
 
 
 def describe_batch(spec: dict) -> str:

@@ -95,7 +95,8 @@ def peak_rss_mb() -> float:
 class Trainer:
     def __init__(self, config: dict, run_dir: Path | None, model, loss_fn: Callable, metrics: Sequence, optimizer,
                  lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = (),
-                 monitor: Monitor | None = None, config_hash: str | None = None, augment=None):
+                 monitor: Monitor | None = None, config_hash: str | None = None, augment=None,
+                 execution: str = "aot"):
         self.config = config
         self.config_hash = config_hash
         self.trainer_cfg = config["trainer"]
@@ -118,6 +119,9 @@ class Trainer:
         self.share_batches(train_loader, valid_loader)
         self.batch_spec = train_loader.spec
         self.augment = augment
+        # "aot": compiled ahead of time for the loader's shapes; "jit": compiled at the first call (what
+        # jax_debug_nans needs to re-run a step op by op); "eager": under jax.disable_jit, op by op (--no-jit)
+        self.execution = execution
         self.accumulate = self.trainer_cfg["accumulate_steps"]  # loader batches per optimizer step
         self.steps_per_epoch = -(-len(train_loader) // self.accumulate)
         self.policy = policy_of(self.trainer_cfg["precision"])
@@ -132,8 +136,8 @@ class Trainer:
 
         self.ts_sharding = self.replicated if self.mesh.shape["fsdp"] == 1 else \
             distributed.state_shardings(self.state_template(), self.mesh)
-        self.train_chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics, augment, self.accumulate,
-                                                    self.policy), donate_argnums=(0, 1),
+        self.chunk_fn = make_train_chunk(model, loss_fn, optimizer, metrics, augment, self.accumulate, self.policy)
+        self.train_chunk = jax.jit(self.chunk_fn, donate_argnums=(0, 1),
                                    out_shardings=(self.ts_sharding, self.replicated, self.replicated))
         self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment, self.policy), donate_argnums=(2,),
                                  out_shardings=self.replicated)
@@ -265,6 +269,8 @@ class Trainer:
     def start_compile(self, state_spec) -> None:
         """Starts compiling the training step from the state's abstract value on a worker thread: XLA compiles
         outside the GIL, so on a multi-core host this overlaps the initialisation. ``compile()`` waits for it."""
+        if self.execution != "aot":
+            return
         worker = ThreadPoolExecutor(1)
         self.compiling = worker.submit(self.compile_train_step, state_spec)
         worker.shutdown(wait=False)  # the thread ends with this one task
@@ -288,6 +294,11 @@ class Trainer:
         recompilation; the compile time and XLA's FLOP estimate are logged.
         """
         log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
+        if self.execution != "aot":  # the jitted function itself: compiled at its first call, or run op by op
+            chunk = self.train_chunk if self.execution == "eager" else self.nan_located_chunk()
+            self.compiled_chunk, self.compile_seconds, self.flops_per_example = chunk, 0.0, None
+            log.info(f"training step: {'jitted at the first call' if self.execution == 'jit' else 'op by op'}")
+            return
         if self.compiling is None:
             self.start_compile(self.ts)
         self.compiled_chunk, self.compile_seconds = self.compiling.result()
@@ -303,6 +314,21 @@ class Trainer:
             pass  # not every backend reports costs
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
         log.info(f"compiled the training step ({k} step(s) per call) in {self.compile_seconds:.1f}s{flops}")
+
+    def nan_located_chunk(self) -> Callable:
+        """--detect-nans: the jitted call without donation; when jax_debug_nans finds a NaN in its outputs, the call
+        runs again op by op from the same inputs (jax_debug_nans alone stops at the whole `scan`), so the error
+        names the first operation that made one, with its line."""
+        jitted = jax.jit(self.chunk_fn)
+
+        def chunk(ts, totals, stack):
+            try:
+                return jitted(ts, totals, stack)
+            except FloatingPointError:
+                with jax.disable_jit():
+                    return self.chunk_fn(ts, totals, stack)
+
+        return chunk
 
     def train_epoch(self, epoch: int, start: int = 0, totals=None) -> dict:
         """One epoch's training steps from loader batch `start` of its order on (a resumed position, with the
@@ -414,6 +440,9 @@ class Trainer:
             bar.update(real)
 
     def compile_eval(self, loader) -> None:
+        if self.execution != "aot":
+            self.compiled_eval, self.eval_batch_size = self.eval_step, loader.batch_size
+            return
         batch_spec = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
                                   loader.spec, self.batch_sharding(loader.spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
