@@ -3,9 +3,7 @@
     python sample.py -r saved/shakespeare_char/<run_id> --prompt "ROMEO:" --tokens 200 --temperature 0.8
 
 Uses the run folder's config.json, its best checkpoint (model_best.params, else checkpoint-latest.params) and the
-vocabulary in its preprocessing.json. The model sees the last `context` characters; they sit at the start of a fixed
-(1, context) buffer, padded on the right, and the next character is drawn from the logits at the last real position
-(the model is causal, so the padding cannot change them): one compilation for any prompt and length.
+vocabulary in its preprocessing.json; inference/generate.py draws the characters.
 """
 from __future__ import annotations
 
@@ -13,8 +11,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-import numpy as np
 
 from utils import ConfigError, build, fail, load_config
 
@@ -62,6 +58,7 @@ def main(argv=None) -> int:
 
     import jax
 
+    from inference.generate import Generator
     from training import checkpoint
 
     context = spec.shape[1]
@@ -72,27 +69,8 @@ def main(argv=None) -> int:
     except checkpoint.CheckpointError as error:
         fail(str(error))
 
-    @jax.jit
-    def next_logits(window, position):
-        logits, _ = model(tree["params"], tree["state"], window, train=False)
-        return logits[0, position]
-
-    rng = np.random.default_rng(args.seed)
-    ids = [vocabulary.index(c) for c in args.prompt]
-    for _ in range(args.tokens):
-        recent = ids[-context:]
-        window = np.zeros((1, context), spec.dtype)
-        window[0, :len(recent)] = recent
-        logits = np.asarray(next_logits(window, len(recent) - 1), np.float64)
-        if args.temperature == 0:
-            ids.append(int(logits.argmax()))
-            continue
-        logits = logits / args.temperature
-        if args.top_k is not None and args.top_k < len(logits):
-            logits[logits < np.sort(logits)[-args.top_k]] = -np.inf
-        p = np.exp(logits - logits.max())
-        ids.append(int(rng.choice(len(p), p=p / p.sum())))
-    print("".join(vocabulary[i] for i in ids))
+    generator = Generator(model, spec, vocabulary)
+    print(generator(tree["params"], tree["state"], args.prompt, args.tokens, args.temperature, args.top_k, args.seed))
     return 0
 
 

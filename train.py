@@ -222,6 +222,7 @@ def run(args) -> int:
         model = build(config["model"], "model", f"{source}: model")
         loss_fn = build(config["loss"], "loss", f"{source}: loss")
         metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
+        callbacks = [build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])]
         build_optimizer(config, steps_per_epoch=None, source=source)  # its hyperparameters' checks, before the data
         augment = None
         if config["data_loader"]["train"].get("augment"):
@@ -246,6 +247,11 @@ def run(args) -> int:
         steps_per_epoch = -(-len(loaders["train"]) // config["trainer"]["accumulate_steps"])
         optimizer, lr_fn = build_optimizer(config, steps_per_epoch=steps_per_epoch, source=source)
         debug_mode(args, config, loaders)
+        for i, callback in enumerate(callbacks):
+            try:
+                callback.check(loaders["train"])
+            except ValueError as error:
+                raise ConfigError(f"{source}: callbacks.{i}: {callback.name}: {error}") from None
     except ConfigError as error:
         fail(str(error))
     except ValueError as error:  # a dataset whose batches the loop cannot take
@@ -266,7 +272,8 @@ def run(args) -> int:
             run_folder.hold(resume_dir)
         trainer = Trainer(config, resume_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
                           loaders.get("validation"), monitor=monitor, config_hash=config_hash(config), augment=augment,
-                          execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot")
+                          execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
+                          callbacks=callbacks)
         if args.resume:
             trainer.restore(Path(args.resume))
         else:

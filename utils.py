@@ -33,6 +33,7 @@ COMPONENT_MODULES = {
     "transforms": ("training.optimizers", "TRANSFORMS"),
     "data_loader": "data_loader.data_loaders",
     "augment": "data_loader.augment",
+    "callbacks": "training.callbacks",
 }
 # Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
 EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment",)}
@@ -58,7 +59,7 @@ TENSORBOARD_DEFAULTS = {"enabled": False}
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
 TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard",
-             "mesh"}
+             "mesh", "callbacks"}
 LOADER_SPLITS = ("train", "validation", "test")
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
 DATA_ARGUMENTS = {"loss": 2}
@@ -420,6 +421,14 @@ def validate(config: dict, source: str = "config.json") -> dict:
     check_component(config["loss"], "loss", f"{source}: loss")
     metrics = section(config, "metrics", source, [])
     names = [build(spec, "metrics", f"{source}: metrics.{i}").name for i, spec in enumerate(metrics)]
+    callbacks = [build(spec, "callbacks", f"{source}: callbacks.{i}")
+                 for i, spec in enumerate(section(config, "callbacks", source, []))]
+    for i, callback in enumerate(callbacks):
+        if callback.name in [c.name for c in callbacks[:i]]:
+            raise ConfigError(f"{source}: callbacks.{i}: {callback.name} is listed twice")
+    if sum(callback.evaluated for callback in callbacks) > 1:
+        raise ConfigError(f"{source}: callbacks: only one callback may choose the parameters to evaluate "
+                          f"({', '.join(c.name for c in callbacks if c.evaluated)} do)")
     check_class_count(config, model_fn, model_args, source)
 
     if isinstance(config["optimizer"], str):
@@ -634,13 +643,14 @@ def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
         raise ConfigError(component_error(where, error, args)) from None
 
 
-def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json"):
+def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None):
     """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
     transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run.
 
     steps_per_epoch None: before the data is read, to check the hyperparameters. Lengths in epochs then count
     NOMINAL_STEPS_PER_EPOCH steps, so "all" stays longer than a warm-up of a fixed number of steps (whether it is
-    really longer is known, and checked, once the data is)."""
+    really longer is known, and checked, once the data is). `lr`: a function of the step that replaces the config's
+    learning rate and schedule (the lr_finder callback's range)."""
     from training import optimizers, schedules
 
     steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
@@ -652,12 +662,14 @@ def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str =
 
     spec = config["optimizer"]
     supplied = {}
-    if "schedule" in spec:
+    if lr is not None:
+        supplied["lr"] = lr
+    elif "schedule" in spec:
         supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
     transforms = [build(t, "transforms", f"{source}: optimizer.transforms.{i}")
                   for i, t in enumerate(spec.get("transforms", []))]
     for key, value in (spec.get("args") or {}).items():
-        if isinstance(value, dict):  # any schedulable hyperparameter may itself be a schedule component
+        if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
             supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")
     args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
     optimizer = build({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)

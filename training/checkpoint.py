@@ -147,6 +147,7 @@ FIELDS = {
     "min_loss": (lambda v: v is None or is_finite(v), "a finite number or null"),
     "treedef": (lambda v: type(v) is str, "a string"),
     "row": (lambda v: type(v) is dict, "an object"),
+    "eval_params": (lambda v: type(v) is str and v.startswith("callbacks."), "a key path under callbacks."),
 }
 REQUIRED = ("epoch", "step")
 
@@ -236,6 +237,13 @@ def restore(path: str | Path, template: dict | Callable[[dict], dict], only: tup
     arrays, header = read(path)
     if callable(template):
         template = template(header)
+    if only is not None and "params" in only and header.get("eval_params"):
+        # the run evaluated other parameters than it trained (an average of them, say): those are its weights
+        prefix = header["eval_params"] + "."
+        evaluated = {"params." + n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
+        if not evaluated:
+            raise CheckpointError(f"{path}: header names eval_params {header['eval_params']!r}, which holds no arrays")
+        arrays = {**{n: a for n, a in arrays.items() if not n.startswith("params.")}, **evaluated}
     if only is not None:
         template = {k: template[k] for k in only}
         arrays = {n: a for n, a in arrays.items() if n.split(".", 1)[0] in only}

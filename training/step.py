@@ -56,13 +56,15 @@ def output_spec(model, params, state, batch: dict, augment=None):
 
 
 def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augment=None, accumulate: int = 1,
-                    policy: Policy = Policy()) -> Callable:
+                    policy: Policy = Policy(), callbacks: Sequence = ()) -> Callable:
     """(train_state, batch) -> (train_state, stats, per-step log values).
 
     ``augment(batch, key, train=True, outputs=...)`` prepares the batch on the device before the forward pass,
     keyed by (run seed, step). With ``accumulate`` = N the batch has a leading axis of N micro-batches: their
     gradients are summed (weighted by their unmasked examples) and applied as one update, the model state (batch
     norm statistics) passing from one micro-batch to the next. ``policy``: the mixed-precision policy.
+    ``callbacks`` with an ``update`` advance their state in ``ts["callbacks"]`` after the update (an average of
+    the parameters, say).
     """
     def objective(params, state, batch, key, scale):
         """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
@@ -113,19 +115,22 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augm
             new_ts = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_ts, {**ts, "step": ts["step"] + 1})
             new_ts["loss_scale"] = policy.next_scale(ts["loss_scale"], finite)
             logs["skipped"] = ~finite
+        if callbacks:
+            new_ts["callbacks"] = {c.name: c.update(ts["callbacks"][c.name], new_ts["params"], new_ts["step"])
+                                   for c in callbacks}
         return new_ts, stats, logs
 
     return train_step
 
 
 def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence, augment=None, accumulate: int = 1,
-                     policy: Policy = Policy()) -> Callable:
+                     policy: Policy = Policy(), callbacks: Sequence = ()) -> Callable:
     """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, per-step log values (K,)).
 
     N = ``accumulate`` loader batches make one step. An inactive loader batch (completing the epoch's last stack)
     adds nothing: with N = 1 its step leaves the state unchanged; with N > 1 its mask is zeroed, and a step with no
     active batch at all leaves the state unchanged."""
-    train_step = make_train_step(model, loss_fn, optimizer, metrics, augment, accumulate, policy)
+    train_step = make_train_step(model, loss_fn, optimizer, metrics, augment, accumulate, policy, callbacks)
 
     def body(carry, batch):
         ts, totals = carry

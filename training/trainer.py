@@ -96,7 +96,7 @@ class Trainer:
     def __init__(self, config: dict, run_dir: Path | None, model, loss_fn: Callable, metrics: Sequence, optimizer,
                  lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = (),
                  monitor: Monitor | None = None, config_hash: str | None = None, augment=None,
-                 execution: str = "aot"):
+                 execution: str = "aot", callbacks: Sequence = ()):
         self.config = config
         self.config_hash = config_hash
         self.trainer_cfg = config["trainer"]
@@ -122,6 +122,10 @@ class Trainer:
         # "aot": compiled ahead of time for the loader's shapes; "jit": compiled at the first call (what
         # jax_debug_nans needs to re-run a step op by op); "eager": under jax.disable_jit, op by op (--no-jit)
         self.execution = execution
+        self.callbacks = list(callbacks)
+        self.in_step = [c for c in self.callbacks if c.update is not None]  # keep a state in the training state
+        self.evaluated = next((c for c in self.callbacks if c.evaluated), None)
+        self.stop_training = None  # a reason set by a callback: the run ends before its next epoch
         self.accumulate = self.trainer_cfg["accumulate_steps"]  # loader batches per optimizer step
         self.steps_per_epoch = -(-len(train_loader) // self.accumulate)
         self.policy = policy_of(self.trainer_cfg["precision"])
@@ -136,7 +140,7 @@ class Trainer:
 
         self.ts_sharding = self.replicated if self.mesh.shape["fsdp"] == 1 else \
             distributed.state_shardings(self.state_template(), self.mesh)
-        self.chunk_fn = make_train_chunk(model, loss_fn, optimizer, metrics, augment, self.accumulate, self.policy)
+        self.chunk_fn = self.chunk_with(optimizer)
         self.train_chunk = jax.jit(self.chunk_fn, donate_argnums=(0, 1),
                                    out_shardings=(self.ts_sharding, self.replicated, self.replicated))
         self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment, self.policy), donate_argnums=(2,),
@@ -186,7 +190,26 @@ class Trainer:
                  "step": jnp.zeros((), jnp.int32), "rng": rng}
         if self.policy.scaled:
             fresh["loss_scale"] = self.policy.init_scale()
+        if self.in_step:
+            fresh["callbacks"] = {c.name: c.init(params) for c in self.in_step}
         return fresh
+
+    def chunk_with(self, optimizer) -> Callable:
+        """The K-step training call with `optimizer` (the config's, or the lr_finder's range)."""
+        return make_train_chunk(self.model, self.loss_fn, optimizer, self.metrics, self.augment, self.accumulate,
+                                self.policy, self.in_step)
+
+    def build_optimizer(self, lr: Callable):
+        """The config's optimizer with the learning rate `lr` (a function of the step) instead of its own."""
+        from utils import build_optimizer
+
+        return build_optimizer(self.config, self.steps_per_epoch, lr=lr)[0]
+
+    def eval_params(self):
+        """The parameters evaluation uses: a callback's (e.g. an average of the parameters), else the trained."""
+        if self.evaluated is None:
+            return self.ts["params"]
+        return self.ts["callbacks"][self.evaluated.name]["params"]
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
@@ -227,7 +250,8 @@ class Trainer:
         return {"epoch": self.epoch, "step": int(self.ts["step"]), "best": self.best, "best_epoch": self.best_epoch,
                 "bad_epochs": self.bad_epochs, "monitor": self.trainer_cfg["monitor"],
                 "config_hash": self.config_hash, "data_seed": self.config["seed"],
-                "min_loss": self.min_loss if math.isfinite(self.min_loss) else None}
+                "min_loss": self.min_loss if math.isfinite(self.min_loss) else None,
+                **({"eval_params": f"callbacks.{self.evaluated.name}.params"} if self.evaluated else {})}
 
     # -------------------------------------------------------------------------------------------------- loop
     def stack_sharding(self, stack: dict) -> dict:
@@ -433,6 +457,8 @@ class Trainer:
                                f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}")
                 for tracker in self.trackers:
                     tracker.log_step(step, values)
+                for callback in self.callbacks:
+                    callback.on_step(self, step, values)
         if not bar.disable:  # tqdm shows the ETA itself
             lr = float(self.lr_fn(first_step + done + real - 1))
             bar.set_postfix({"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"},
@@ -454,7 +480,7 @@ class Trainer:
         if self.eval_batch_size != loader.batch_size:
             self.compile_eval(loader)
         totals = self.empty_stats()
-        params, state = self.ts["params"], self.ts["state"]
+        params, state = self.eval_params(), self.ts["state"]
         for batch in loader.batches(epoch):
             totals = self.compiled_eval(params, state, totals, self.put_batch(batch))
         return metric_results(self.metrics, totals)
@@ -466,7 +492,14 @@ class Trainer:
         self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
         self.compile()
         try:
+            for callback in self.callbacks:
+                callback.on_train_start(self)
+            if self.stop_training:
+                log.info(self.stop_training)
+                return self.best
             self.train_epochs(epochs, patience)
+            for callback in self.callbacks:
+                callback.on_train_end(self)
         finally:
             self.writer.wait()  # the last checkpoint is on disk before the run reports how it ended
         if self.trace:
@@ -489,6 +522,8 @@ class Trainer:
                         "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
                         "time/data_wait_s": self.data_wait, "time/peak_rss_mb": peak_rss_mb(),
                         "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
+            for callback in self.callbacks:
+                callback.on_epoch_end(self, epoch, row)
             self.epoch = epoch
             improved = self.update_best(row, epoch)
             log.info(f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
@@ -527,6 +562,8 @@ class Trainer:
             names.append(f"checkpoint-epoch_{epoch}.params")
         pause = self.save(self.ts, {**self.header(), "row": row}, names, row=row)
         log.debug(f"epoch {epoch} committed; the loop paused {1000 * pause:.0f} ms")
+        for callback in self.callbacks:
+            callback.on_checkpoint(self, names)
 
     def save(self, tree, header: dict, names: list[str], row: dict | None = None, rotate: int = 0) -> float:
         """Writes `tree` and `header` to the run folder's files `names`, in order, then the metrics `row`, once the
@@ -600,6 +637,8 @@ class Trainer:
         pause = self.save({**self.ts, "epoch_totals": totals}, header, names, rotate=keep)
         log.info(f"checkpoint at step {step} ({position} of {len(self.train_loader)} into epoch {self.epoch + 1}); "
                  f"the loop paused {1000 * pause:.0f} ms")
+        for callback in self.callbacks:
+            callback.on_checkpoint(self, names)
 
     def kept(self) -> str:
         """What a stopped run leaves to continue from, for its last message."""

@@ -1,0 +1,226 @@
+"""Callbacks: code run at the loop's named events, listed in the config's ``"callbacks"`` (``{"name", "args"}``).
+
+The trainer calls every callback's methods at five places, and nowhere else:
+
+    on_train_start(trainer)               after the step is compiled, before the first epoch
+    on_step(trainer, step, values)        after each logged step (trainer.log_every), values as logged
+    on_epoch_end(trainer, epoch, row)     after evaluation, before the checkpoint; may add entries to `row`
+    on_checkpoint(trainer, names)         after a checkpoint's files were handed to the writer
+    on_train_end(trainer)                 after the last epoch (or an early stop)
+
+A callback that must see every step (an average of the parameters, say) cannot wait for the host: it keeps a state
+in the training state instead, ``ts["callbacks"][name]``, made by ``init(params)`` and advanced inside the jitted
+step by ``update(state, params, step)``; it is checkpointed with everything else, so a resumed run continues it
+exactly. A callback with ``evaluated = True`` keeps parameters in ``state["params"]`` that evaluation, model_best,
+``test.py`` and the export use instead of the trained ones (the checkpoint's header names them: ``eval_params``).
+``check(train_loader)`` runs once the data is loaded, before anything is compiled: a callback that needs something
+of the data says there what is missing.
+
+Add one by writing a function here that returns a ``Callback`` and listing it in ``__all__``.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["ema", "lr_finder", "generate_text"]
+log = logging.getLogger("train")
+
+
+class Callback:
+    name = "callback"
+    init = None  # (params) -> the callback's state in the training state, for update()
+    update = None  # (state, params, step) -> state, inside the jitted step
+    evaluated = False  # True: state["params"] are evaluated and exported instead of the trained parameters
+
+    def check(self, train_loader) -> None: ...
+
+    def on_train_start(self, trainer) -> None: ...
+
+    def on_step(self, trainer, step: int, values: dict) -> None: ...
+
+    def on_epoch_end(self, trainer, epoch: int, row: dict) -> None: ...
+
+    def on_checkpoint(self, trainer, names: list[str]) -> None: ...
+
+    def on_train_end(self, trainer) -> None: ...
+
+
+class EMA(Callback):
+    """An exponential moving average of the parameters, updated after every step inside the jitted call; evaluation,
+    model_best, ``test.py`` and the export use the average. With ``warmup`` the decay is min(decay, (1 + t) / (10 + t))
+    at step t, so the early average is not dominated by the random initialisation (TensorFlow's num_updates rule)."""
+    name = "ema"
+    evaluated = True
+
+    def __init__(self, decay: float, warmup: bool):
+        self.decay, self.warmup = decay, warmup
+
+    def init(self, params):
+        return {"params": jax.tree.map(jnp.copy, params)}
+
+    def update(self, state, params, step):
+        decay = jnp.float32(self.decay)
+        if self.warmup:
+            t = step.astype(jnp.float32)
+            decay = jnp.minimum(decay, (1 + t) / (10 + t))
+        average = jax.tree.map(lambda a, p: (decay * a + (1 - decay) * p).astype(a.dtype), state["params"], params)
+        return {"params": average}
+
+
+def ema(decay: float = 0.999, warmup: bool = True) -> Callback:
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
+        raise ValueError(f"decay: expected a number in [0, 1), got {decay!r}")
+    if not isinstance(warmup, bool):
+        raise ValueError(f"warmup: expected true or false, got {warmup!r}")
+    return EMA(float(decay), warmup)
+
+
+class LRFinder(Callback):
+    """The learning-rate range test (Smith 2017, as fastai runs it): before training, `steps` steps whose learning
+    rate grows exponentially from `min_lr` to `max_lr`, from a copy of the initial state; stops early once the
+    smoothed loss exceeds 4x its minimum. Writes lr_finder.csv and lr_finder.png in the run folder and logs the
+    learning rate of the steepest fall of the smoothed loss. `stop`: end the run there (the default: choose a rate,
+    then train with it); otherwise training goes on from the untouched initial state."""
+    name = "lr_finder"
+
+    def __init__(self, min_lr: float, max_lr: float, steps: int, stop: bool):
+        self.min_lr, self.max_lr, self.steps, self.stop = min_lr, max_lr, steps, stop
+        self.suggestion = None
+
+    def lr(self, step):
+        return self.min_lr * (self.max_lr / self.min_lr) ** (step / max(self.steps - 1, 1))
+
+    def on_train_start(self, trainer) -> None:
+        if trainer.epoch > 0 or trainer.position:  # a resumed run has already chosen
+            return
+        optimizer = trainer.build_optimizer(self.lr)
+        chunk = jax.jit(trainer.chunk_with(optimizer))
+        ts = {**jax.tree.map(jnp.copy, trainer.ts), "step": jnp.zeros((), jnp.int32)}
+        ts["opt_state"] = optimizer.init(ts["params"])
+        totals = trainer.empty_stats()
+        k = trainer.steps_per_call * trainer.accumulate
+        rates, losses, smooth, best = [], [], 0.0, math.inf
+        epoch = 0
+        while len(losses) < self.steps:
+            for real, stack in trainer.train_loader.chunks(epoch, k, trainer.put_stack):
+                ts, totals, logs = chunk(ts, totals, stack)
+                for loss in np.asarray(logs["loss"])[:-(-real // trainer.accumulate)]:
+                    if len(losses) == self.steps:
+                        break
+                    rates.append(self.lr(len(losses)))
+                    losses.append(float(loss))
+                    smooth = 0.98 * smooth + 0.02 * float(loss)
+                    value = smooth / (1 - 0.98 ** len(losses))
+                    best = min(best, value)
+                    if not math.isfinite(value) or value > 4 * best:
+                        self.steps = len(losses)  # diverged: the range ends here
+                if len(losses) >= self.steps:
+                    break
+            epoch += 1
+        self.suggestion = self.report(trainer.run_dir, rates, losses)
+        if self.stop:
+            trainer.stop_training = f"lr_finder: stopped after the range test (callbacks.lr_finder.args.stop)"
+
+    def report(self, run_dir: Path, rates: list[float], losses: list[float]) -> float | None:
+        smoothed, value = [], 0.0
+        for i, loss in enumerate(losses, 1):
+            value = 0.98 * value + 0.02 * loss
+            smoothed.append(value / (1 - 0.98 ** i))
+        with open(run_dir / "lr_finder.csv", "w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["step", "lr", "loss", "smoothed_loss"])
+            writer.writerows([i, r, l, s] for i, (r, l, s) in enumerate(zip(rates, losses, smoothed)))
+        finite = [i for i, s in enumerate(smoothed) if math.isfinite(s)]
+        suggestion = None
+        if len(finite) >= 3:
+            logs = np.log10(np.asarray(rates)[finite])
+            slopes = np.gradient(np.asarray(smoothed)[finite], logs)
+            suggestion = float(10 ** logs[int(np.argmin(slopes))])
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            figure, axis = plt.subplots(figsize=(6, 4))
+            axis.plot(rates, smoothed)
+            axis.set(xscale="log", xlabel="learning rate", ylabel="smoothed training loss", title="lr finder")
+            if suggestion:
+                axis.axvline(suggestion, color="tab:red", linestyle="--", label=f"steepest fall: {suggestion:.2g}")
+                axis.legend()
+            figure.savefig(run_dir / "lr_finder.png", dpi=100, bbox_inches="tight")
+            plt.close(figure)
+        except Exception as error:  # the CSV holds the result; a figure is a convenience
+            log.warning(f"lr_finder.png not drawn: {type(error).__name__}: {error}")
+        said = f"steepest fall of the loss at lr {suggestion:.3g}" if suggestion else "no clear fall of the loss"
+        log.info(f"lr_finder: {len(losses)} steps from {rates[0]:.3g} to {rates[-1]:.3g}: {said} "
+                 f"({run_dir / 'lr_finder.csv'}, lr_finder.png)")
+        return suggestion
+
+
+def lr_finder(min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100, stop: bool = True) -> Callback:
+    for key, value in (("min_lr", min_lr), ("max_lr", max_lr)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"{key}: expected a number > 0, got {value!r}")
+    if max_lr <= min_lr:
+        raise ValueError(f"max_lr ({max_lr}) must be above min_lr ({min_lr})")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= 100_000:
+        raise ValueError(f"steps: expected an integer from 2 to 100,000, got {steps!r}")
+    if not isinstance(stop, bool):
+        raise ValueError(f"stop: expected true or false, got {stop!r}")
+    return LRFinder(float(min_lr), float(max_lr), steps, stop)
+
+
+class GenerateText(Callback):
+    """A language model's sample at the end of every `every` epochs, from `prompt`, logged (train.log and the
+    console) and written to samples.txt in the run folder. Needs the vocabulary in the data's preprocessing."""
+    name = "generate_text"
+
+    def __init__(self, prompt: str, tokens: int, temperature: float, every: int, seed: int):
+        self.prompt, self.tokens, self.temperature, self.every, self.seed = prompt, tokens, temperature, every, seed
+        self.generator = None
+
+    def check(self, train_loader) -> None:
+        vocabulary = train_loader.preprocessing.get("vocabulary")
+        if not vocabulary:
+            raise ValueError("needs a language model's data (a vocabulary in the training data's preprocessing)")
+        unknown = sorted(set(self.prompt) - set(vocabulary))
+        if unknown:
+            raise ValueError(f"prompt: characters not in the data's vocabulary: {''.join(unknown)!r}")
+
+    def on_train_start(self, trainer) -> None:
+        from inference.generate import Generator
+
+        vocabulary = trainer.train_loader.preprocessing["vocabulary"]
+        self.generator = Generator(trainer.model, trainer.input_spec, vocabulary)
+
+    def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
+        if epoch % self.every:
+            return
+        params, state = trainer.eval_params(), trainer.ts["state"]
+        text = self.generator(params, state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
+        log.info(f"generate_text after epoch {epoch}:\n{text}")
+        with open(trainer.run_dir / "samples.txt", "a", encoding="utf-8") as file:
+            file.write(f"--- epoch {epoch}, step {row['step']}\n{text}\n")
+
+
+def generate_text(prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, every: int = 1,
+                  seed: int = 0) -> Callback:
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt: expected a non-empty string, got {prompt!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 100_000:
+        raise ValueError(f"tokens: expected an integer from 1 to 100,000, got {tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < 100:
+        raise ValueError(f"temperature: expected a number from 0 to 100, got {temperature!r}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every: expected an integer >= 1, got {every!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+        raise ValueError(f"seed: expected an integer from 0 to 2**32 - 1, got {seed!r}")
+    return GenerateText(prompt, tokens, float(temperature), every, seed)
