@@ -1,0 +1,102 @@
+"""Mixed precision on this machine: training throughput and the loss/accuracy reached by each compute dtype of
+`trainer.precision`, on the reference CNN (`mnist_cnn`) and the MNIST data shipped in data/mnist.
+
+    python benchmarks/precision_benchmark.py                 # 2 rounds of float32, bfloat16, float16: one epoch each
+    python benchmarks/precision_benchmark.py --steps 100     # throughput only, on the first 100 batches
+
+Each run is a fresh process (the same model, seed, data order and Adam as the sample); the policies are interleaved
+round by round so that load changes on a shared machine hit them alike. Reported: images/s of the epoch after its
+first call (compilation excluded), its ratio to float32 in the same round, the epoch's training loss and the
+validation loss and accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+POLICIES = ("float32", "bfloat16", "float16")
+
+
+def one_run(compute: str, steps: int) -> dict:
+    from training.trainer import Trainer, metric_results
+    from utils import build, build_optimizer, load_config, monitor_of
+
+    overrides = ["model.name=mnist_cnn", "model.args={}", f'trainer.precision={{"compute": "{compute}"}}',
+                 "trainer.monitor=\"off\""]
+    config = load_config(REPO / "config.json", overrides)
+    loaders = {split: build(spec, "data_loader", seed=config["seed"]) for split, spec in config["data_loader"].items()}
+    if steps:
+        loaders["train"].limit = steps
+    train = loaders["train"]
+    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
+                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(train)),
+                      train, loaders["validation"], monitor=monitor_of(config))
+    trainer.init_state()
+    trainer.compile()
+    trainer.first_call_logged = True
+    import jax
+
+    # the first call runs outside the clock: the epoch is timed from its second call on
+    chunks = train.chunks(1, trainer.steps_per_call, trainer.put_stack)
+    totals = trainer.empty_stats()
+    real, stack = next(chunks)
+    trainer.ts, totals, _ = trainer.compiled_chunk(trainer.ts, totals, stack)
+    jax.block_until_ready(trainer.ts)
+    examples, start = 0, time.perf_counter()
+    for real, stack in chunks:
+        trainer.ts, totals, _ = trainer.compiled_chunk(trainer.ts, totals, stack)
+        examples += real * train.batch_size
+    train_results = metric_results(trainer.metrics, totals)  # waits for the last step
+    seconds = time.perf_counter() - start
+    valid = trainer.evaluate(loaders["validation"], 1)
+    return {"compute": compute, "images_per_s": examples / seconds, "train_loss": train_results["loss"],
+            "val_loss": valid["loss"], "val_accuracy": valid["accuracy"], "steps": len(train)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=0, help="batches per epoch (0: the whole training split)")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(one_run(args.child, args.steps)))
+        return 0
+    from benchmarks.machine import cpu_model, load_average
+
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores")
+    results: dict[str, list[dict]] = {p: [] for p in args.policies.split(",")}
+    for round_ in range(args.rounds):
+        for policy in results:
+            out = subprocess.run([sys.executable, __file__, "--child", policy, "--steps", str(args.steps)],
+                                 capture_output=True, text=True, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+            if out.returncode:
+                print(out.stderr[-2000:])
+                return 1
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            results[policy].append(row)
+            print(f"round {round_ + 1} {policy:9s} {row['images_per_s']:8.0f} images/s  train loss "
+                  f"{row['train_loss']:.4f}  val loss {row['val_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}"
+                  f"  (load average {load_average()})", flush=True)
+    base = statistics.median(r["images_per_s"] for r in results["float32"]) if "float32" in results else None
+    print("\n| compute | images/s (median) | vs float32 | train loss | val loss | val accuracy |\n|---|---|---|---|---|---|")
+    for policy, rows in results.items():
+        rate = statistics.median(r["images_per_s"] for r in rows)
+        ratio = f"{rate / base:.2f}x" if base else "-"
+        print(f"| {policy} | {rate:,.0f} | {ratio} | {rows[-1]['train_loss']:.4f} | {rows[-1]['val_loss']:.4f} | "
+              f"{rows[-1]['val_accuracy']:.4f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
