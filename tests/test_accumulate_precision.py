@@ -168,3 +168,34 @@ def test_bad_settings_are_config_errors(trainer, message):
               "optimizer": {"name": "sgd", "args": {"lr": 0.1}}, "data_loader": {"train": {"name": "mnist"}}, "trainer": trainer}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         validate(config)
+
+
+def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path):
+    """Dropout on, 2 micro-batches per update, 2 updates per call: a stop asked for at step 6 (epoch 2) saves at the
+    next call boundary; the resumed run ends bit-identical to one never stopped."""
+    import signal
+
+    from training.callbacks import Callback
+    from training.trainer import Stopped
+
+    class StopAt(Callback):
+        def on_step(self, trainer, step, values):
+            if step == 6:
+                trainer.request_stop(signal.SIGTERM)
+
+    dropout = lambda: build({"name": "mlp", "args": {"num_classes": 5, "hidden": [16], "dropout": 0.2}}, "model")
+    whole = make_trainer(tmp_path, "whole", 16, accumulate=2, model=dropout(), epochs=3)
+    whole.fit()
+    stopped = make_trainer(tmp_path, "stopped", 16, accumulate=2, model=dropout(), epochs=3)
+    stopped.callbacks = [StopAt()]
+    with pytest.raises(Stopped):
+        stopped.fit()
+    from training import checkpoint
+    header = checkpoint.read(stopped.run_dir / "checkpoint-latest.params")[1]
+    assert header["epoch"] == 1 and header["position"] in (4, 8) and header["step"] == 5 + header["position"] // 2
+    resumed = make_trainer(tmp_path, "resumed", 16, accumulate=2, model=dropout(), epochs=3)
+    resumed.restore(stopped.run_dir / "checkpoint-latest.params")
+    resumed.fit()
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(whole.ts), jax.tree.leaves(resumed.ts)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    assert [r["train/loss"] for r in rows(resumed)] == [r["train/loss"] for r in rows(whole)][1:]
