@@ -6,12 +6,15 @@ resolver before any loader is built, so a bad setting is reported before any fil
 """
 from __future__ import annotations
 
+from data_loader import arrays as arrays_module
+from data_loader import cifar, image_folder as image_folder_module
 from data_loader.loader import DataLoader
 from data_loader.text import CharDataset
 from data_loader.mnist import SOURCES, MnistDataset
 from data_loader.tabular import CsvDataset
 
-__all__ = ["mnist", "fashion_mnist", "kmnist", "mnist_segmentation", "csv", "char_text", "shakespeare_char"]
+__all__ = ["mnist", "fashion_mnist", "kmnist", "mnist_segmentation", "csv", "char_text", "shakespeare_char",
+           "image_folder", "arrays", "cifar10", "cifar100"]
 # The tiny Shakespeare text shipped in data/ (public domain), as published with char-rnn.
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
@@ -70,6 +73,45 @@ def shakespeare_char(split="train", context=64, batch_size=12, shuffle=False, dr
                      SHAKESPEARE_SHA256 if verify else None, prefetch, seed)
 
 
+def image_folder(root, split="all", size=None, channels=3, classes=None, validation_fraction=0.1, split_seed=0,
+                 on_error="fail", cache_dir=None, workers=None, dtype="uint8", batch_size=128, shuffle=False,
+                 drop_last=False, prefetch=2, seed=0):
+    """Images in class folders, root/<class>/<image> (see data_loader/image_folder.py): `input` uint8
+    (B, height, width, channels), `target` int32 class ids; decoded once into a memory-mapped cache in `cache_dir`
+    (default root/.cache). `split` "all" takes the whole folder (separate train/validation folders); "train" and
+    "validation" are a stable per-class partition by `validation_fraction`."""
+    data = image_folder_module.ImageFolderDataset(root, split, size, channels, classes, validation_fraction,
+                                                  split_seed, on_error, cache_dir, workers, dtype)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+def arrays(path, input, target, split="all", validation_fraction=0.1, test_fraction=0.0, split_seed=0,
+           mmap=True, classes=None, batch_size=128, shuffle=False, drop_last=False, prefetch=2, seed=0):
+    """Named arrays of an .npz file or a folder of .npy files (see data_loader/arrays.py): `input` one name, a
+    list of names or {input name: array name}; `target` a name, or null for none (the outputs are compared with
+    the input); memory-mapped, read a batch at a time."""
+    data = arrays_module.ArraysDataset(path, input, target, split, validation_fraction, test_fraction, split_seed,
+                                       mmap, classes)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+def cifar10(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/cifar10",
+            validation_size=5000, split_seed=0, download=False, verify=True, dtype="uint8", prefetch=2, seed=0):
+    """CIFAR-10 from its binary version (see data_loader/cifar.py): `input` uint8 (B, 32, 32, 3), `target` int32;
+    `download: true` fetches the archive (checksums verified) when a network exists."""
+    data = cifar.CifarDataset("cifar10", data_dir, split, validation_size, split_seed, download, verify, None, dtype)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+def cifar100(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/cifar100",
+             validation_size=5000, split_seed=0, download=False, verify=True, label="fine", dtype="uint8",
+             prefetch=2, seed=0):
+    """CIFAR-100 from its binary version: `label` "fine" (100 classes) or "coarse" (20)."""
+    data = cifar.CifarDataset("cifar100", data_dir, split, validation_size, split_seed, download, verify, label,
+                              dtype)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
 def _count(value, name: str, minimum: int, maximum: int = 2**31 - 1) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
             or not minimum <= value <= maximum:
@@ -106,3 +148,30 @@ def check_args(split="train", validation_size=5000, prefetch=2, split_seed=0, co
 
 for _loader in (mnist, fashion_mnist, kmnist, mnist_segmentation, csv, char_text, shakespeare_char):
     _loader.check_args = check_args
+
+
+def _check_image_folder(split="all", size=None, channels=3, classes=None, validation_fraction=0.1, split_seed=0,
+                        on_error="fail", workers=None, dtype="uint8", prefetch=2, **_) -> None:
+    image_folder_module.check_settings(split, size, channels, classes, validation_fraction, split_seed, on_error,
+                                       workers, dtype)
+    _count(prefetch, "prefetch", 0, 64)
+
+
+def _check_arrays(input=None, target=None, split="all", validation_fraction=0.1, test_fraction=0.0, classes=None,
+                  split_seed=0, prefetch=2, **_) -> None:
+    arrays_module.check_settings(input, target, split, validation_fraction, test_fraction, classes)
+    _count(split_seed, "split_seed", 0, 2**32 - 1)
+    _count(prefetch, "prefetch", 0, 64)
+
+
+def _check_cifar(dataset: str):
+    def check(split="train", validation_size=5000, split_seed=0, label=None, dtype="uint8", prefetch=2, **_) -> None:
+        cifar.check_settings(dataset, split, validation_size, split_seed, label, dtype)
+        _count(prefetch, "prefetch", 0, 64)
+    return check
+
+
+image_folder.check_args = _check_image_folder
+arrays.check_args = _check_arrays
+cifar10.check_args = _check_cifar("cifar10")
+cifar100.check_args = _check_cifar("cifar100")

@@ -24,6 +24,9 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 
 
+TRANSFORM_STREAM = 0x7472616E  # keeps the transform's random numbers apart from the shuffling's
+
+
 class Dataset(Protocol):
     def __len__(self) -> int: ...
 
@@ -81,8 +84,17 @@ def check_batch(batch: Any, batch_size: int) -> None:
 
 
 class DataLoader:
+    """Batches of `dataset` in an order that is a function of (seed, epoch).
+
+    `transform`, if given, is called on every host batch (padding mask included) in the prefetch thread as
+    ``transform(batch, epoch=epoch, index=b, rng=rng) -> batch``: `index` is the batch's position in the epoch and
+    `rng` a ``numpy.random.Generator`` seeded by (seed, epoch, index) alone, so a random host transform draws the
+    same numbers for the same batch in every run, and a run resumed mid-epoch continues exactly. It must keep the
+    batch's shapes and dtypes the same from batch to batch (the step compiles once, from the first batch).
+    """
+
     def __init__(self, dataset: Dataset, batch_size: int, shuffle: bool = False, drop_last: bool = False,
-                 seed: int = 0, transform: Callable[[dict], dict] | None = None, prefetch: int = 2):
+                 seed: int = 0, transform: Callable[..., dict] | None = None, prefetch: int = 2):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if drop_last and len(dataset) < batch_size:
@@ -96,6 +108,9 @@ class DataLoader:
         self.prefetch = prefetch
         self.limit = None  # at most this many batches per epoch (train.py's --limit-batches and debug modes)
         self._spec = None
+        # (index, count): this process reads rows [index * B / count, (index + 1) * B / count) of every global
+        # batch of B (set by the trainer when a run has several processes); spec still describes the global batch
+        self.share = (0, 1)
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -120,28 +135,32 @@ class DataLoader:
         if self._spec is None:
             import jax
 
-            self._spec = _map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), next(self.batches(0)))
+            self._spec = _map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), next(self.batches(0, whole=True)))
         return self._spec
 
     @property
     def preprocessing(self) -> dict:
         return dict(getattr(self.dataset, "preprocessing", None) or {})
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[dict]:
+    def batches(self, epoch: int = 0, start: int = 0, whole: bool = False) -> Iterator[dict]:
         """Host batches of the epoch from batch `start` on (a run resumed mid-epoch), each with a float32 `mask`:
-        the dataset's own (per element) times 0 on padding."""
+        the dataset's own (per element) times 0 on padding. This process's share of each (``share``) unless
+        `whole`."""
         order = self.order(epoch)
+        index, count = (0, 1) if whole else self.share
+        rows = slice(index * self.batch_size // count, (index + 1) * self.batch_size // count)
         for b in range(start, len(self)):
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             real = len(idx)
             if real < self.batch_size:
                 # repeated cyclically: a split smaller than one batch still fills it
                 idx = np.concatenate([idx, np.resize(order, self.batch_size - real)])
+            idx = idx[rows]
             batch = self.dataset.get_batch(idx)
             if b == start:
-                check_batch(batch, self.batch_size)
+                check_batch(batch, len(idx))
             batch = dict(batch)  # the mask is added to a copy, never to the dataset's own dict
-            padding = (np.arange(self.batch_size) < real).astype(np.float32)
+            padding = (np.arange(self.batch_size) < real).astype(np.float32)[rows]
             mask = batch.get("mask")
             if mask is None:
                 batch["mask"] = padding
@@ -149,7 +168,8 @@ class DataLoader:
                 mask = np.asarray(mask, np.float32)
                 batch["mask"] = mask * padding.reshape((-1,) + (1,) * (mask.ndim - 1))
             if self.transform is not None:
-                batch = self.transform(batch)
+                rng = np.random.default_rng([self.seed, epoch, b, TRANSFORM_STREAM])
+                batch = self.transform(batch, epoch=epoch, index=b, rng=rng)
             yield batch
 
     def chunks(self, epoch: int, steps_per_call: int, put: Callable = lambda b: b,

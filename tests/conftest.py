@@ -1,8 +1,21 @@
 """Shared fixtures: tiny MNIST-format data sets written as real IDX files, so tests never need the real data."""
 from __future__ import annotations
 
+import atexit
 import hashlib
+import os
+import shutil
+import tempfile
 from pathlib import Path
+
+# One persistent compilation cache for the whole session, its xdist workers and every train.py they start: the
+# suite compiles the same tiny steps in dozens of processes, and a cache hit skips XLA. A fresh folder per session
+# (the controller sets it before the workers start; they inherit it), so nothing carries over between sessions.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 import numpy as np
 import pytest

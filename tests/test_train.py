@@ -138,7 +138,7 @@ def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model": {"name": "mlpp"}}, "config.json: model.name: unknown model 'mlpp'; available: char_transformer, mlp, "),
+    ({"model": {"name": "mlpp"}}, "config.json: model.name: unknown model 'mlpp'; available: char_transformer, "),
     ({"model": {"name": "mlpp"}}, ". Did you mean 'mlp'?"),
     ({"model": {"name": "mlp", "args": {"hiden": [3]}}}, "config.json: model.args.hiden: unknown argument Did you mean 'hidden'?"),
     ({"optimizer": {"name": "adam", "args": {"lr": "fast"}}}, "optimizer.args.lr: expected float"),
