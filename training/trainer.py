@@ -394,8 +394,7 @@ class Trainer:
                 pending = (logs, steps_done, real_steps, first_step, started)
                 done += real
                 steps_done += real_steps
-                if start + done < batches and (self.stop_signal is not None
-                                               or self.save_due(first_step + steps_done)):
+                if start + done < batches and self.position_save_due(first_step + steps_done):
                     self.check_logs(epoch, *pending, bar)  # a diverged state is never saved
                     pending = None
                     self.save_position(start + done, totals)
@@ -532,7 +531,7 @@ class Trainer:
             self.commit(epoch, improved, row)
             for tracker in self.trackers:
                 tracker.log_epoch(epoch, row, self.best)
-            if self.stop_signal is not None and self.epoch < epochs:
+            if self.agreed_stop() is not None and self.epoch < epochs:
                 raise Stopped(self.stop_signal, f"saved at the end of epoch {epoch}")
             if patience and self.bad_epochs >= patience:
                 log.info(f"early stop: {self.monitor.name} has not improved for {patience} epochs "
