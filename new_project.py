@@ -43,6 +43,8 @@ SAMPLES = {
                                  ("tests/test_samples_regression_segmentation.py",)),
     "mnist_segmentation": Sample("configs/mnist_segmentation.json", ("mnist",),
                                  ("tests/test_samples_regression_segmentation.py",)),
+    # CIFAR-10 is downloaded on first use (download: true), never shipped
+    "cifar10_resnet": Sample("configs/cifar10_resnet.json", (), ("tests/test_samples_cifar.py",)),
 }
 
 # Never copied, wherever they are: repositories, environments, caches, tracker output.

@@ -44,6 +44,7 @@ def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from data_loader.augment import Prepared, from_config as augment_of
     from training.checkpoint import of_run
 
     checkpoint_path = of_run(args.resume)
@@ -72,11 +73,17 @@ def main(argv=None) -> int:
         metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
         loader = build(config["data_loader"][args.split], "data_loader", f"config.json: data_loader.{args.split}",
                        seed=config["seed"])
-        spec = loader.spec
+        # the train split's augmentation list: its deterministic part (normalize) applies in evaluation too
+        augment = augment_of(config)
+        raw_spec = loader.spec  # what the loader yields; `spec` below is what the model sees
     except ConfigError as error:
         fail(str(error))
     except (OSError, ValueError) as error:  # the data set's own complaint, which does not say which split
         fail(f"config.json: data_loader.{args.split}: {error}")
+    try:
+        spec = raw_spec if augment is None else augment.spec(raw_spec)
+    except ValueError as error:  # an op that cannot take this data (names its place in the list)
+        fail(str(error))
 
     import jax
 
@@ -105,8 +112,8 @@ def main(argv=None) -> int:
         fail(str(error))
     params, state = tree["params"], tree["state"]
 
-    eval_step = jax.jit(make_eval_step(model, loss_fn, metrics), donate_argnums=(2,))
-    totals = empty_stats(model, loss_fn, metrics, params, state, spec)
+    eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment), donate_argnums=(2,))
+    totals = empty_stats(model, loss_fn, metrics, params, state, raw_spec, augment)
     for batch in loader.batches():
         totals = eval_step(params, state, totals, batch)
     results = metric_results(metrics, totals)
@@ -125,7 +132,8 @@ def main(argv=None) -> int:
         elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
             print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
         elif task == "regression":
-            report_predictions(model, params, state, loader, preprocessing, out, suffix)
+            report_predictions(model, params, state, loader if augment is None else Prepared(loader, augment),
+                               preprocessing, out, suffix)
     except OSError as error:  # a read-only or full disk: the results above stand, the files do not
         fail(f"cannot write {error.filename or out} ({error.strerror or error}); the results above are complete, "
              "--out DIR writes the files elsewhere", 1)

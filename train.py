@@ -304,6 +304,8 @@ def run(args) -> int:
         if distributed.is_main():
             write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
             preprocessing = loaders["train"].preprocessing
+            if augment is not None:  # its normalisation, folded into what predict.py computes
+                preprocessing = augment.preprocessing(preprocessing, loaders["train"].spec)
             if preprocessing:
                 write_atomic(run_dir / "preprocessing.json", (json.dumps(preprocessing, indent=2) + "\n").encode())
             setup_logging(run_dir)
@@ -324,7 +326,7 @@ def run(args) -> int:
              f"{dict(trainer.mesh.shape)}")
     log.info(f"batch: {describe_batch(trainer.batch_spec)}")
     log.info(f"state: {trainer.origin}")
-    log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.input_spec))
+    log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.model_input_spec))
     trackers = start_trackers(config, run_dir, monitor.name if monitor else None) if distributed.is_main() else []
     trainer.trackers = trackers
 

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packages must be importable
     sys.path.insert(0, str(REPO))
 
+from data_loader.augment import Prepared, from_config as augment_of  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
@@ -92,6 +93,9 @@ def split_loader(config: dict, splits=("validation", "test")):
     try:
         loader = build(config["data_loader"][split], "data_loader", f"config.json: data_loader.{split}",
                        seed=config["seed"])
+        augment = augment_of(config)
+        if augment is not None:  # the model takes what evaluation makes of the data (e.g. uint8 -> normalised)
+            loader = Prepared(loader, augment)
         loader.spec  # noqa: B018 (reads the first batch: a data set that cannot be read fails here, clearly)
         return loader, split, None
     except ConfigError as error:

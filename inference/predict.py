@@ -130,24 +130,39 @@ def run_batched(model, x, batch_size: int = 256) -> np.ndarray:
     return np.concatenate(outputs)
 
 
+RESAMPLING = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}  # Pillow's numbers
+
+
 def load_image(path: str | Path, shape: tuple, preprocessing: dict, invert: bool = False) -> np.ndarray:
-    """An image file as one (H, W, C) float32 sample of the model's input shape, normalised as in training (a mean
-    and std per channel, or one for all)."""
+    """An image file of any size and mode as one (H, W, C) float32 sample of the model's input shape, prepared as
+    the training data was: converted to gray ("L") or RGB (a palette through RGBA, an alpha channel dropped), resized
+    with the data's filter (`resize` in preprocessing.json, Pillow's bilinear by default) when its size differs,
+    then (pixel * pixel_scale - mean) / std, with a mean and std per channel or one for all."""
     from PIL import Image
 
     height, width, channels = shape
-    with Image.open(path) as image:
-        image = image.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
-        pixels = np.asarray(image, np.float32).reshape(height, width, channels)
+    resample = preprocessing.get("resize", "bilinear")
+    if resample not in RESAMPLING:
+        raise ValueError(f"preprocessing.json: resize {resample!r}: expected one of {', '.join(RESAMPLING)}")
+    try:
+        with Image.open(path) as image:
+            if image.mode in ("P", "PA"):  # a palette (with transparency) expands through RGBA, as the loaders do
+                image = image.convert("RGBA")
+            image = image.convert("L" if channels == 1 else "RGB")
+            if image.size != (width, height):
+                image = image.resize((width, height), RESAMPLING[resample])
+            pixels = np.asarray(image, np.float32).reshape(height, width, channels)
+    except OSError as error:  # not an image, or a damaged one: named, not a traceback
+        raise ValueError(f"{path}: cannot read it as an image ({str(error).splitlines()[0] or type(error).__name__})")
     if invert:  # dark strokes on a light background, the reverse of MNIST
         pixels = 255.0 - pixels
-    return normalised(pixels * preprocessing.get("pixel_scale", 1.0), preprocessing)
+    return normalised(pixels * np.asarray(preprocessing.get("pixel_scale", 1.0), np.float32), preprocessing)
 
 
 def normalised(x: np.ndarray, preprocessing: dict) -> np.ndarray:
     mean = np.asarray(preprocessing.get("mean", 0.0), np.float32)
     std = np.asarray(preprocessing.get("std", 1.0), np.float32)
-    return (x - mean) / std
+    return ((x - mean) / std).astype(np.float32)
 
 
 def load_rows(path: Path, preprocessing: dict) -> np.ndarray:

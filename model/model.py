@@ -17,7 +17,8 @@ from model.modules.residual import Residual
 from model.modules.sequential import Sequential
 from model.modules.transformer import TransformerLM
 
-__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter", "char_transformer"]
+__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter", "char_transformer",
+           "cifar_resnet"]
 
 
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
@@ -151,3 +152,38 @@ def char_transformer(vocab_size: int, context: int, dim: int = 128, depth: int =
     (B, T, vocab_size), T <= context; learned positions, causal pre-norm blocks, the head tied to the token
     embedding unless ``tie_weights`` is false."""
     return TransformerLM(vocab_size, context, dim, depth, num_heads, mlp_ratio, dropout, tie_weights, use_bias)
+
+
+def resnet_block(width: int, stride: int = 1, project: bool = False) -> Module:
+    """A ResNet basic block: relu(bn(conv3x3(relu(bn(conv3x3(x))))) + shortcut(x)); the shortcut is the identity,
+    or a strided 1x1 convolution with batch norm where the width or resolution changes (``project``)."""
+    body = Sequential({"conv1": Conv2d(width, 3, stride=stride, use_bias=False), "bn1": BatchNorm(),
+                       "relu": Activation("relu"), "conv2": Conv2d(width, 3, use_bias=False), "bn2": BatchNorm()})
+    shortcut = Sequential({"conv": Conv2d(width, 1, stride=stride, use_bias=False), "bn": BatchNorm()}) \
+        if project else None
+    return Sequential({"residual": Residual(body, shortcut), "relu": Activation("relu")})
+
+
+def cifar_resnet(num_classes: int = 10, depth: int = 20, widths: tuple = (16, 32, 64)) -> Module:
+    """The CIFAR ResNet of He et al. (2016): a 3x3 stem, then per entry of ``widths`` a stage of (depth - 2) / 6
+    basic blocks, each stage after the first halving the resolution; global average pooling and a linear
+    classifier. depth 20, 32, 44, 56, 110 give ResNet-20 ... -110 (ResNet-20: 0.27 M parameters). Shortcuts that
+    change shape are 1x1 convolutions with batch norm (the paper's option B)."""
+    check_size(num_classes, "num_classes")
+    check_sizes(widths, "widths", nonempty=True)
+    check_size(depth, "depth", minimum=8)
+    if (depth - 2) % 6:
+        raise ValueError(f"depth: must be 6 n + 2 (20, 32, 44, 56, 110, ...), got {depth}")
+    blocks = (depth - 2) // 6
+    layers = {"stem": Sequential({"conv": Conv2d(widths[0], 3, use_bias=False), "bn": BatchNorm(),
+                                  "relu": Activation("relu")})}
+    previous = widths[0]
+    for i, width in enumerate(widths):
+        stride = 1 if i == 0 else 2
+        layers[f"stage{i}"] = Sequential([resnet_block(width, stride if b == 0 else 1,
+                                                       project=b == 0 and (stride != 1 or width != previous))
+                                          for b in range(blocks)])
+        previous = width
+    layers["pool"] = GlobalAvgPool()
+    layers["head"] = Linear(num_classes)
+    return Sequential(layers)

@@ -86,6 +86,8 @@ CASES = {
     # BatchNorm, Dropout, attention and exact GELU in one model.
     "mnist_attention": (samples.mnist_attention(dim=8, num_heads=2), (28, 28, 1), "normal"),
     "mnist_segmenter": (samples.mnist_segmenter(channels=(4, 8)), (28, 28, 1), "normal"),
+    # batch norm everywhere and a Residual with a projection shortcut (a strided 1x1 convolution)
+    "cifar_resnet": (samples.cifar_resnet(depth=8, widths=(4, 8)), (8, 8, 3), "normal"),
     "causal_attention": (MultiHeadAttention(2, use_bias=False, causal=True), (6, 8), "normal"),
     "transformer_block": (TransformerBlock(2, mlp_ratio=2, dropout=0.1), (6, 8), "normal"),
     # int32 token ids in, logits per position out; the position slice and the tied head in every route.

@@ -26,7 +26,8 @@ def files_of(folder: Path) -> set[str]:
 
 @pytest.mark.parametrize("args, message", [
     (["--samples", "mnist,shakespear_char"],
-     "unknown sample 'shakespear_char'; available: mnist, shakespeare_char, tabular_regression, mnist_segmentation. "
+     "unknown sample 'shakespear_char'; available: mnist, shakespeare_char, tabular_regression, mnist_segmentation, "
+     "cifar10_resnet. "
      "Did you mean 'shakespeare_char'?"),
     (["--samples", ","], "--samples: name at least one of"),
     (["--samples", "mnist,mnist"], "a sample is named twice"),
