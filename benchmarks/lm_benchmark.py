@@ -14,7 +14,10 @@ Variants (each in a fresh process, interleaved round by round; medians over roun
   nanogpt   nanoGPT's `GPT` and `configure_optimizers` (from --nanogpt DIR, a checkout of nanoGPT; needs torch),
             eager PyTorch on the CPU with all cores, its train.py's step (forward, backward, clip 1.0, AdamW)
 Each process compiles and warms up (template/fused: one timed-length run; flax/nanogpt: ten steps), then times
---steps steps of the config's batch. The machine's CPU model, core count and load are printed with the table.
+--steps steps of the config's batch. Each round starts with a process that measures the machine's matmul peak
+(4096 x 4096 float32, best of 5, JAX/NumPy/PyTorch); the CPU model, core count and load average are printed with
+every result, and each throughput also as a fraction of the JAX matmul peak (tokens/s x XLA's FLOP count per
+training token).
 """
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.train_benchmark import FirstExamples, base_env, compiled_trainer, run_child  # noqa: E402
+from benchmarks.machine import cpu_model, describe, fraction_of_peak, load_average, matmul_peak  # noqa: E402
+from benchmarks.train_benchmark import (FirstExamples, base_env, compiled_trainer, peak_line, run_child,  # noqa: E402
+                                        scan_flops)
 
 CONFIG = REPO / "configs" / "shakespeare_char.json"
 VARIANTS = ["template", "fused", "flax", "nanogpt"]
@@ -83,7 +88,8 @@ def template_run(steps: int) -> dict:
     return {"tokens_per_s": len(loader) * tokens_per_step(loader) / seconds, "seconds": seconds,
             "steps_per_call": trainer.steps_per_call, "compile_s": trainer.compile_seconds,
             "data_wait_s": trainer.data_wait, "peak_rss_mb": peak_rss_mb(),
-            "params": sum(x.size for x in jax.tree.leaves(trainer.ts["params"]))}
+            "params": sum(x.size for x in jax.tree.leaves(trainer.ts["params"])),
+            "flop_per_token": (trainer.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader)}
 
 
 def fused_run(steps: int) -> dict:
@@ -124,7 +130,7 @@ def fused_run(steps: int) -> dict:
     metric_results(metrics, totals)
     seconds = time.perf_counter() - start
     return {"tokens_per_s": len(batches) * tokens_per_step(loader) / seconds, "seconds": seconds,
-            "compile_s": compile_s}
+            "compile_s": compile_s, "flop_per_token": scan_flops(compiled) / tokens_per_step(loader)}
 
 
 def flax_model(args: dict):
@@ -236,7 +242,7 @@ def child_env(variant: str) -> dict:
     from training import platform
 
     env = base_env()
-    if variant in ("template", "fused"):
+    if variant in ("template", "fused"):  # the peak and the peers run as their users would
         env.update(platform.process_defaults(env))
     else:
         env[platform.SWITCH] = "0"
@@ -250,22 +256,10 @@ def measure(variant: str, args) -> dict:
     return run_child(command, child_env(variant), variant)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform as host
-
-    return host.processor() or host.machine()
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
-        runs = {"template": template_run, "fused": fused_run, "flax": flax_run}
+        runs = {"template": template_run, "fused": fused_run, "flax": flax_run, "peak": lambda steps: matmul_peak()}
         result = nanogpt_run(args.steps, args.nanogpt) if args.child == "nanogpt" else runs[args.child](args.steps)
         print(json.dumps(result), flush=True)
         return 0
@@ -273,31 +267,43 @@ def main(argv=None) -> int:
     if "nanogpt" in variants and not args.nanogpt:
         print("nanogpt: skipped (give --nanogpt DIR, a checkout of nanoGPT, and install torch)")
         variants.remove("nanogpt")
-    results = {v: [] for v in variants}
+    print(f"{describe()}; load average (1/5/15 min) {load_average()}", flush=True)
+    results, peaks = {v: [] for v in variants}, []
     load = [os.getloadavg()]
     for round_ in range(args.rounds):
+        peaks.append(measure("peak", args))
+        shown = ", ".join(f"{k} {v:.0f}" for k, v in peaks[-1].items())
+        print(f"round {round_ + 1}/{args.rounds}  matmul peak GFLOP/s: {shown}  (load {load_average()})", flush=True)
         for variant in variants:
             result = measure(variant, args)
             results[variant].append(result)
-            print(f"round {round_ + 1}/{args.rounds}  {variant:9s} {result['tokens_per_s']:,.0f} tokens/s", flush=True)
+            print(f"round {round_ + 1}/{args.rounds}  {variant:9s} {result['tokens_per_s']:,.0f} tokens/s  "
+                  f"(load {load_average()})", flush=True)
         load.append(os.getloadavg())
     import jax
 
     median = {v: statistics.median(r["tokens_per_s"] for r in runs) for v, runs in results.items()}
     print(f"\n{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; "
           f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
-          f"{args.steps} steps per timed run, medians of {args.rounds} runs\n")
-    print("| variant | tokens/s (median) | ms per step | template / variant | variant / fused | params |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          f"{args.steps} steps per timed run, medians of {args.rounds} runs")
+    print(peak_line(peaks) + "\n")
+    peak = max(p["jax"] for p in peaks)
+    counted = [r["flop_per_token"] for runs in results.values() for r in runs if r.get("flop_per_token")]
+    print("| variant | tokens/s (median) | ms per step | template / variant | variant / fused | of matmul peak | "
+          "params |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     config = bench_config()
     tokens = config["data_loader"]["train"]["args"]["batch_size"] * config["model"]["args"]["context"]
     for variant, rate in median.items():
         ratio = f"{median['template'] / rate:.2f}" if "template" in median else "-"
         bound = f"{rate / median['fused']:.2f}" if "fused" in median else "-"
+        share = f"{100 * fraction_of_peak(rate, counted[0], peak):.0f}%" if counted else "-"
         params = results[variant][0].get("params", "-")
-        print(f"| {variant} | {rate:,.0f} | {1000 * tokens / rate:.1f} | {ratio} | {bound} | {params:,} |"
-              if isinstance(params, int) else
-              f"| {variant} | {rate:,.0f} | {1000 * tokens / rate:.1f} | {ratio} | {bound} | - |")
+        params = f"{params:,}" if isinstance(params, int) else "-"
+        print(f"| {variant} | {rate:,.0f} | {1000 * tokens / rate:.1f} | {ratio} | {bound} | {share} | {params} |")
+    if counted:
+        print(f"\n~{counted[0] / 1e6:.2f} MFLOP per training token (XLA's count; 'of matmul peak' = tokens/s x that / "
+              f"the JAX matmul peak)")
     if "template" in results:
         runs = results["template"]
         print(f"\ntemplate: K = {runs[0]['steps_per_call']} steps per call, compile "
@@ -305,7 +311,7 @@ def main(argv=None) -> int:
               f"{100 * statistics.median(r['data_wait_s'] / r['seconds'] for r in runs):.1f}%, peak RSS "
               f"{statistics.median(r['peak_rss_mb'] for r in runs):.0f} MB")
     if args.out:
-        Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "load": load, "args": vars(args),
+        Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "load": load, "args": vars(args), "peaks": peaks,
                                               "results": results}, indent=1))
     return 0
 

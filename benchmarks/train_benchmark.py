@@ -1,6 +1,7 @@
-"""Training throughput on this machine: the template's training path against the fused bound and a conventional
-Flax + Optax loop, for the reference CNN (`mnist_cnn`) and the MNIST sample (`mnist_convnext`), with each
-optimisation switched off in turn.
+"""Training throughput on this machine: the template's training path against the fused bound, a conventional
+Flax + Optax loop and PyTorch eager, for the reference CNN (`mnist_cnn`) and the MNIST sample (`mnist_convnext`), with
+each optimisation switched off in turn. The CPU (by name), its cores, the load average and the machine's matmul peak
+(measured in the same run) are printed with the results, and every throughput also as a fraction of that peak.
 
     python benchmarks/train_benchmark.py                        # both models, 3 rounds, 100 steps per epoch
     python benchmarks/train_benchmark.py --steps 0 --rounds 5   # whole MNIST epochs (430 steps of 128)
@@ -11,25 +12,34 @@ Variants (each measured in a fresh process, since platform defaults are per proc
                 thread, metric statistics accumulated, no checkpoints; platform defaults as `train.py` sets them
   fused         the bound: the same epoch in one jitted `lax.scan` call over batches already on the device
   flax          conventional: flax.linen model + optax, one jitted step per batch, Python loop, XLA defaults
+  torch         the peer a user would pick instead: the same network in PyTorch eager (NCHW, all cores), AdamW
+                with the same schedule and clipping, one step per batch; skipped with a note when torch is not
+                installed (it is never a requirement of the template)
   K=1           template with one step per call
   no-hugetlb    template without GLIBC_TUNABLES=glibc.malloc.hugetlb=1
   no-xla-opts   template without the per-executable XLA:CPU options
   autodiff-conv template with plain autodiff for the non-depthwise convolutions (no custom VJP)
   window-pool   template with max pooling as lax.reduce_window (mnist_cnn)
+  conv-first-layer  template with the one-input-channel convolution trained as an XLA convolution (mnist_cnn),
+                not as shifted-slice products and a matrix product over taps
   lax-depthwise template with depthwise convolutions as grouped lax convolutions (mnist_convnext)
   no-prefetch   template with batches prepared in the loop (DataLoader prefetch=0)
   A+B           template with both ablations, e.g. K=1+no-hugetlb (a per-step loop without the malloc default)
   startup       `python train.py`: seconds from the command to its first call's steps done, and the compile time
 
-Each process compiles, warms up with one epoch (the flax loop: ten steps), then times one epoch of --steps batches
-(the first --steps * 128 training examples; 0: all; the two 10-30x slower ablations: 30 steps after one call).
-Variants are interleaved round by round so that load changes on a shared machine hit them alike; the table reports
-per-variant medians over rounds and ratios of medians. MNIST is read from
+Each process compiles, warms up with one epoch (the flax and torch loops: ten steps), then times one epoch of --steps
+batches (the first --steps * 128 training examples; 0: all; the two 10-30x slower ablations: 30 steps after one
+call). Each round starts with a fresh process that times a 4096 x 4096 float32 matrix product (best of 5) in JAX,
+NumPy and PyTorch (when installed): the matmul peak. Variants are interleaved round by round so that load changes on
+a shared machine hit them alike; the table reports per-variant medians over rounds, ratios of medians, and the
+median rate times XLA's FLOP count per training example over the best JAX matmul peak of the rounds (load only
+lowers a peak). MNIST is read from
 ../shared/data/mnist when present, else data/mnist.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform as host
@@ -45,14 +55,15 @@ sys.path.insert(0, str(REPO))
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 MODELS = ("mnist_cnn", "mnist_convnext")
 VARIANTS = {
-    "mnist_cnn": ["template", "fused", "flax", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
-                  "autodiff-conv", "window-pool", "no-prefetch", "startup"],
-    "mnist_convnext": ["template", "fused", "flax", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
+    "mnist_cnn": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
+                  "autodiff-conv", "window-pool", "conv-first-layer", "no-prefetch", "startup"],
+    "mnist_convnext": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
                        "autodiff-conv", "lax-depthwise", "no-prefetch", "startup"],
 }
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
 SLOW_STEPS = 30
+PEERS = ("flax", "torch", "peak")  # run as their users would: no platform defaults
 
 
 def parse_args(argv=None):
@@ -128,6 +139,8 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
             return jax.lax.reduce_window(x, -jax.numpy.inf, jax.lax.max, (1, *self.kernel_size, 1),
                                          (1, *self.stride, 1), "VALID")
         pooling.MaxPool2d.forward = window_max
+    if "conv-first-layer" in ablations:
+        conv._is_single_channel = lambda *args: False
     if "lax-depthwise" in ablations:
         conv._is_plain_depthwise = lambda *args: False
     config = bench_config(model_name)
@@ -193,7 +206,17 @@ def fused_run(model_name: str, steps: int) -> dict:
     ts, acc, logs = compiled(ts, jax.device_put(zeros), epoch)
     metric_results(metrics, acc)
     seconds = time.perf_counter() - start
-    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "compile_s": compile_s}
+    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "compile_s": compile_s,
+            "mflop_per_example": scan_flops(compiled) / BATCH / 1e6}
+
+
+def scan_flops(compiled) -> float:
+    """XLA's FLOP count of a compiled `lax.scan` over steps: the body once, i.e. one step (0 if not reported)."""
+    try:
+        cost = compiled.cost_analysis()
+        return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+    except (KeyError, TypeError, IndexError, NotImplementedError):
+        return 0.0
 
 
 def flax_model(model_name: str):
@@ -265,6 +288,104 @@ def flax_run(model_name: str, steps: int) -> dict:
     return {"images_per_s": loader.num_examples / seconds, "seconds": seconds}
 
 
+def torch_model(model_name: str):
+    """The same networks in PyTorch (NCHW, as PyTorch users write them): same layers, widths and paddings."""
+    from torch import nn
+
+    if model_name == "mnist_cnn":
+        return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    class ChannelNorm(nn.LayerNorm):
+        """LayerNorm over the channels of an NCHW tensor."""
+
+        def forward(self, x):
+            return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+    class Block(nn.Module):
+        """ConvNeXt block as in its reference code: depthwise conv, then the MLP channels-last."""
+
+        def __init__(self, dim):
+            super().__init__()
+            self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+            self.norm = nn.LayerNorm(dim, eps=1e-6)
+            self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            y = self.norm(self.dwconv(x).permute(0, 2, 3, 1))
+            return x + self.fc2(nn.functional.gelu(self.fc1(y))).permute(0, 3, 1, 2)
+
+    class ConvNeXt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(1, 32, 4, 2, padding=1), ChannelNorm(32, eps=1e-6),
+                                          Block(32), Block(32), ChannelNorm(32, eps=1e-6), nn.Conv2d(32, 64, 2, 2),
+                                          Block(64), Block(64))
+            self.norm, self.head = nn.LayerNorm(64, eps=1e-6), nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.head(self.norm(self.features(x).mean((2, 3))))
+
+    return ConvNeXt()
+
+
+def torch_run(model_name: str, steps: int) -> dict:
+    """PyTorch eager on all cores: the same network, AdamW with the config's schedule and clipping, batch 128."""
+    import math
+
+    import torch
+
+    from utils import build
+
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count())
+    config = bench_config(model_name)
+    loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
+    loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
+    net = torch_model(model_name)
+    sched = config["optimizer"]["schedule"]["args"]
+
+    def lr(step):  # warmup_cosine_decay as optax and the template define it
+        if step < sched["warmup_steps"]:
+            return sched["init_value"] + (sched["peak_value"] - sched["init_value"]) * step / sched["warmup_steps"]
+        t = min(step - sched["warmup_steps"], sched["decay_steps"] - sched["warmup_steps"])
+        return sched["peak_value"] * 0.5 * (1 + math.cos(math.pi * t / (sched["decay_steps"] - sched["warmup_steps"])))
+
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1.0, weight_decay=0.05)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr)
+
+    def step(batch):
+        x = torch.from_numpy(batch["input"]).permute(0, 3, 1, 2).contiguous()
+        y = torch.from_numpy(batch["target"]).long()
+        logits = net(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        return torch.stack([loss.detach(), (logits.detach().argmax(1) == y).float().mean()])
+
+    for _, batch in zip(range(10), loader.batches(0)):  # warm up
+        step(batch)
+    start = time.perf_counter()
+    total = torch.zeros(2)
+    for batch in loader.batches(1):
+        total += step(batch)
+    total.tolist()
+    seconds = time.perf_counter() - start
+    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "params": sum(p.numel() for p in net.parameters())}
+
+
+def peak_run() -> dict:
+    """The machine's matmul peak in GFLOP/s (JAX, NumPy, PyTorch when installed), in a process of its own."""
+    from benchmarks.machine import matmul_peak
+
+    return matmul_peak()
+
+
 def startup_run(model_name: str) -> dict:
     """`python train.py` on the model for one epoch, stopped once its first call is done."""
     import re
@@ -299,6 +420,10 @@ def child(model_name: str, variant: str, steps: int) -> dict:
         return fused_run(model_name, steps)
     if variant == "flax":
         return flax_run(model_name, steps)
+    if variant == "torch":
+        return torch_run(model_name, steps)
+    if variant == "peak":
+        return peak_run()
     if variant == "startup":
         return startup_run(model_name)
     return template_run(model_name, variant, steps)
@@ -317,9 +442,9 @@ def child_env(variant: str) -> dict:
     from training import platform
 
     env = base_env()
-    if variant not in ("flax", "startup") and "no-hugetlb" not in variant.split("+"):  # train.py sets its own
+    if variant not in PEERS + ("startup",) and "no-hugetlb" not in variant.split("+"):  # train.py sets its own
         env.update(platform.process_defaults(env))
-    if variant == "flax":
+    if variant in PEERS:
         env[platform.SWITCH] = "0"
     return env
 
@@ -342,8 +467,10 @@ def machine() -> dict:
     import jax
     import jaxlib
 
+    from benchmarks.machine import cpu_model
+
     return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "python": host.python_version(),
-            "device": str(jax.devices()[0]), "cpu": host.processor() or host.machine(), "cores": os.cpu_count(),
+            "device": str(jax.devices()[0]), "cpu": cpu_model(), "cores": os.cpu_count(),
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
@@ -351,25 +478,49 @@ def median(results: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in results)
 
 
-def report(model_name: str, results: dict[str, list[dict]]) -> str:
+def peak_line(peaks: list[dict]) -> str:
+    """The matmul peaks measured during the rounds: median (range) per library."""
+    parts = []
+    for library in ("jax", "numpy", "torch"):
+        rates = [p[library] for p in peaks if library in p]
+        if rates:
+            parts.append(f"{library} {max(rates):.0f} ({min(rates):.0f}-{max(rates):.0f})")
+    return (f"matmul peak, 4096 x 4096 float32, best of 5 per round, best (range) of {len(peaks)} rounds, GFLOP/s: "
+            + ", ".join(parts) + "; 'of matmul peak' divides by the best JAX figure")
+
+
+def report(model_name: str, results: dict[str, list[dict]], peak: float | None = None) -> str:
+    """The model's table; ``peak``: the JAX matmul peak in GFLOP/s (adds each variant's fraction of it)."""
+    from benchmarks.machine import fraction_of_peak
+
     template = median(results["template"], "images_per_s") if "template" in results else None
     fused = median(results["fused"], "images_per_s") if "fused" in results else None
-    lines = [f"### {model_name}", "", "| variant | images/s (median) | runs | template / variant | variant / fused |",
-             "| --- | --- | --- | --- | --- |"]
+    counted = [r["mflop_per_example"] for runs in results.values() for r in runs if r.get("mflop_per_example")]
+    mflop = counted[0] if counted else None  # XLA's count for the network, the same for every variant
+    lines = [f"### {model_name}", "", "| variant | images/s (median) | range | runs | template / variant | "
+             "variant / fused | of matmul peak |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for variant, runs in results.items():
         if variant == "startup":
             continue
         rate = median(runs, "images_per_s")
         ratio = f"{template / rate:.2f}" if template else "-"
         bound = f"{rate / fused:.2f}" if fused else "-"
-        lines.append(f"| {variant} | {rate:,.0f} | {len(runs)} | {ratio} | {bound} |")
+        share = f"{100 * fraction_of_peak(rate, mflop * 1e6, peak):.0f}%" if mflop and peak else "-"
+        rates = [r["images_per_s"] for r in runs]
+        lines.append(f"| {variant} | {rate:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {len(runs)} | {ratio} | "
+                     f"{bound} | {share} |")
     if "template" in results:
         runs = results["template"]
         wait = statistics.median(r["data_wait_s"] / r["seconds"] for r in runs)
         lines += ["", f"template: K = {runs[0]['steps_per_call']} steps per call, data wait {100 * wait:.1f}% of "
                       f"the epoch, compile {median(runs, 'compile_s'):.1f} s, peak RSS "
-                      f"{median(runs, 'peak_rss_mb'):.0f} MB, ~{runs[0]['mflop_per_example']:.1f} MFLOP per "
-                      f"training example (XLA's count)"]
+                      f"{median(runs, 'peak_rss_mb'):.0f} MB"]
+    if mflop:
+        lines.append(f"~{mflop:.1f} MFLOP per training example (XLA's count; 'of matmul peak' = images/s x that / "
+                     f"the JAX matmul peak)")
+    if "torch" in results:
+        lines.append(f"torch: PyTorch {results['torch'][0]['torch']} eager, {results['torch'][0]['threads']} "
+                     f"threads, {results['torch'][0]['params']:,} parameters")
     if "startup" in results:
         runs = results["startup"]
         first, compile_s = median(runs, "first_call_s"), median(runs, "compile_s")
@@ -379,33 +530,58 @@ def report(model_name: str, results: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def available(variants: list[str]) -> tuple[list[str], list[str]]:
+    """The variants this machine can run, and a note for each one left out (torch when it is not installed)."""
+    if "torch" in variants and importlib.util.find_spec("torch") is None:
+        return ([v for v in variants if v != "torch"],
+                ["torch: skipped, PyTorch is not installed (it is optional: `pip install torch` to compare)"])
+    return variants, []
+
+
 def main(argv=None) -> int:
+    from benchmarks.machine import describe, load_average
+
     args = parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child, args.steps)), flush=True)
         return 0
     models = args.models.split(",")
-    chosen = {m: args.variants.split(",") if args.variants else VARIANTS[m] for m in models}
+    chosen, notes = {}, []
+    for m in models:
+        chosen[m], skipped = available(args.variants.split(",") if args.variants else VARIANTS[m])
+        notes += [note for note in skipped if note not in notes]
+    for note in notes:
+        print(note, flush=True)
+    print(f"{describe()}; load average (1/5/15 min) {load_average()}", flush=True)
     results = {m: {v: [] for v in chosen[m]} for m in models}
-    load = [os.getloadavg()]
+    peaks, load = [], [os.getloadavg()]
     for round_ in range(args.rounds):
+        peaks.append(measure("-", "peak", 0))
+        shown = ", ".join(f"{k} {v:.0f}" for k, v in peaks[-1].items())
+        print(f"round {round_ + 1}/{args.rounds}  matmul peak GFLOP/s: {shown}  (load {load_average()})", flush=True)
         for model_name in models:
             for variant in chosen[model_name]:
                 result = measure(model_name, variant, args.steps)
+                result["load"] = os.getloadavg()[0]
                 results[model_name][variant].append(result)
                 shown = (f"{result['images_per_s']:,.0f} images/s" if "images_per_s" in result
                          else f"first call {result['first_call_s']:.1f} s, compile {result['compile_s']:.1f} s")
-                print(f"round {round_ + 1}/{args.rounds}  {model_name:15s} {variant:14s} {shown}", flush=True)
+                print(f"round {round_ + 1}/{args.rounds}  {model_name:15s} {variant:14s} {shown}  "
+                      f"(load {load_average()})", flush=True)
         load.append(os.getloadavg())
     info = machine()
-    print(f"\njax {info['jax']} (jaxlib {info['jaxlib']}), Python {info['python']}, {info['device']}, "
-          f"{info['cores']} cores ({info['cpu']}), {info['date']}; XLA_FLAGS={info['xla_flags'] or '(none)'}; "
+    peak = max(p["jax"] for p in peaks) if peaks else None
+    print(f"\n{info['cpu']}, {info['cores']} cores; jax {info['jax']} (jaxlib {info['jaxlib']}), Python "
+          f"{info['python']}, {info['device']}, {info['date']}; XLA_FLAGS={info['xla_flags'] or '(none)'}; "
           f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
-          f"{args.steps or 'all'} steps of {BATCH} per timed epoch, medians of {args.rounds} runs\n")
+          f"{args.steps or 'all'} steps of {BATCH} per timed epoch, medians of {args.rounds} runs")
+    if peaks:
+        print(peak_line(peaks))
+    print()
     for model_name in models:
-        print(report(model_name, results[model_name]) + "\n")
+        print(report(model_name, results[model_name], peak) + "\n")
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": info, "load": load, "args": vars(args),
+        Path(args.out).write_text(json.dumps({"machine": info, "load": load, "args": vars(args), "peaks": peaks,
                                               "results": results}, indent=1))
     return 0
 

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -167,3 +168,97 @@ def test_apply_re_executes_once_with_the_tunable(switch, expected):
     assert [i[1] for i in images] == expected
     assert len({i[2] for i in images}) == 1  # the same process, re-executed in place
     assert len([line for line in out.splitlines() if line.startswith("started")]) == 1
+
+
+# ------------------------------------------------------------------ the single-channel convolution's training path
+@pytest.mark.parametrize("padding, hw", [("SAME", (6, 7)), ("VALID", (5, 6)), (((2, 0), (1, 3)), (4, 5))])
+def test_single_channel_conv_training_path_equals_autodiff_float64(padding, hw):
+    """One input channel, stride 1: the training forward (shifted-slice products) and the weight gradient (one
+    matrix product over taps) give the plain convolution's values and autodiff's gradients."""
+    from jax import lax
+
+    from model.modules import conv
+
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        x, w = rng.normal(size=(3, *hw, 1)), rng.normal(size=(3, 2, 1, 4))
+        pads = conv.explicit_padding(padding, hw, (3, 2), (1, 1))
+        assert conv._is_single_channel(x, (1, 1), pads, (1, 1), (1, 1), 1)
+        reference = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), pads, dimension_numbers=conv._DIMS)
+        cotangent = rng.normal(size=reference(x, w).shape)
+        ours_y, ours_vjp = jax.vjp(lambda x, w: conv.conv2d(x, w, padding=padding, custom_grad=True), x, w)
+        ref_y, ref_vjp = jax.vjp(reference, x, w)
+        np.testing.assert_allclose(ours_y, ref_y, rtol=1e-12, atol=1e-12)
+        for ours, ref in zip(ours_vjp(cotangent), ref_vjp(cotangent)):
+            assert ours.dtype == np.float64
+            np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_single_channel_conv_inside_scan_float32_and_check_grads():
+    from jax import lax
+    from jax.test_util import check_grads
+
+    from model.modules import conv
+
+    rng = np.random.default_rng(1)
+    x, w = rng.normal(size=(4, 8, 8, 1)).astype(np.float32), rng.normal(size=(3, 3, 1, 5)).astype(np.float32)
+    cotangent = rng.normal(size=(4, 8, 8, 5)).astype(np.float32)
+
+    def grads_in_scan(fn):
+        body = lambda carry, _: (carry, jax.grad(lambda x, w: jnp.vdot(fn(x, w), cotangent), (0, 1))(x, w))
+        return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
+
+    ours = grads_in_scan(lambda x, w: conv.conv2d(x, w, custom_grad=True))
+    ref = grads_in_scan(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=conv._DIMS))
+    for a, b in zip(ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+    with jax.enable_x64(True):
+        check_grads(lambda x, w: conv.conv2d(x, w, padding=1, custom_grad=True),
+                    (x[:2, :5, :5].astype(np.float64), w.astype(np.float64)), order=1, modes=("rev",))
+    # Inference (and so every export) keeps the plain convolution.
+    assert "conv_general_dilated" in str(jax.make_jaxpr(lambda x: conv.conv2d(x, w, custom_grad=True))(x))
+
+
+# ----------------------------------------------------------------------------------------- benchmark helpers
+def test_cpu_model_names_the_processor_and_its_vector_extensions():
+    from benchmarks.machine import cpu_model
+
+    cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+               "model name\t: Intel(R) Xeon(R) Platinum 8480C\nflags\t\t: fpu avx2 avx512f amx_tile\n\n"
+               "processor\t: 1\nmodel name\t: other\n")
+    assert cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8480C (family 6 model 143, avx2+avx512f+amx_tile)"
+    assert cpu_model("model name\t: AMD EPYC\nflags\t: sse2\n") == "AMD EPYC (no avx2)"
+    assert cpu_model() and cpu_model() != "x86_64" or sys.platform != "linux"
+
+
+def test_fraction_of_peak_and_matmul_peak():
+    from benchmarks.machine import fraction_of_peak, matmul_peak
+
+    assert fraction_of_peak(4000, 25e6, 200) == pytest.approx(0.5)
+    rates = matmul_peak(size=64, reps=1)
+    assert {"jax", "numpy"} <= set(rates) and all(r > 0 for r in rates.values())
+
+
+def test_torch_variant_is_skipped_with_a_note_without_torch(monkeypatch):
+    import importlib.util
+
+    from benchmarks import train_benchmark
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    variants, notes = train_benchmark.available(["template", "torch", "flax"])
+    assert variants == ["template", "flax"] and len(notes) == 1 and "PyTorch is not installed" in notes[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert train_benchmark.available(["template", "torch"]) == (["template", "torch"], [])
+    assert "torch" not in (REPO / "requirements.txt").read_text()
+
+
+def test_report_gives_every_variant_its_fraction_of_the_peak():
+    from benchmarks import train_benchmark
+
+    runs = {"template": [{"images_per_s": 2000.0, "seconds": 1.0, "data_wait_s": 0.0, "compile_s": 1.0,
+                          "steps_per_call": 10, "peak_rss_mb": 1.0, "mflop_per_example": 25.0}],
+            "torch": [{"images_per_s": 1000.0, "torch": "2", "threads": 2, "params": 3}]}
+    table = train_benchmark.report("mnist_cnn", runs, peak=100.0)
+    assert "| template | 2,000 | 2,000-2,000 | 1 | 1.00 | - | 50% |" in table
+    assert "| torch | 1,000 | 1,000-1,000 | 1 | 2.00 | - | 25% |" in table

@@ -197,7 +197,9 @@ def test_a_signal_at_start_up_writes_nothing(tmp_path, data_dir, signame, status
 def test_external_sigterm_never_aborts(tmp_path, data_dir):
     """SIGTERM from outside at moments spread over start-up (imports, data, compile) and training: always status
     143 (or -15 when it lands before Python has run train.py's first lines), never a crash or a traceback."""
-    config = make_config(tmp_path, data_dir, trainer__epochs=50, trainer__steps_per_call=1)
+    # more epochs than any machine runs in the 5 s of the last delay (with the step in the compilation cache, 50
+    # tiny epochs once ended before it)
+    config = make_config(tmp_path, data_dir, trainer__epochs=5000, trainer__steps_per_call=1)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     for delay in (0.5, 0.8, 1.1, 1.5, 2.0, 3.0, 5.0):
         process = subprocess.Popen([sys.executable, "train.py", "-c", str(config)], cwd=ROOT, env=env,
