@@ -356,3 +356,34 @@ def test_a_dead_process_ends_the_others_in_bounded_time(tmp_path, data_dir, vict
         assert "another task died" in err or "no longer answers" in err, err[-2000:]
         assert took < 4 + 10, took
     checkpoint.read(latest)  # what is on disk stays readable
+
+
+@pytest.mark.slow
+def test_language_model_two_processes_equal_one_device(tmp_path):
+    """The language-model sample's shape of problem (int32 token windows in, a class per position out, per-element
+    targets, a causal transformer with dropout) on 2 processes x 2 devices ends as on 1 device (1e-5)."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog; " * 40)
+    loader = {"name": "char_text", "args": {"path": str(text), "context": 16, "stride": 16}}
+    config = {
+        "name": "lm", "seed": 3,
+        "model": {"name": "char_transformer", "args": {"vocab_size": len(set(text.read_text())), "context": 16,
+                                                       "dim": 16, "depth": 1, "num_heads": 2, "dropout": 0.1}},
+        "loss": {"name": "cross_entropy"}, "metrics": [{"name": "perplexity"}],
+        "optimizer": {"name": "sgd", "args": {"lr": 0.3, "momentum": 0.9}},
+        "data_loader": {
+            "train": {**loader, "args": {**loader["args"], "split": "train", "batch_size": 8, "shuffle": True}},
+            "validation": {**loader, "args": {**loader["args"], "split": "validation", "batch_size": 4}},
+        },
+        "trainer": {"epochs": 2, "save_dir": str(tmp_path / "saved"), "steps_per_call": 4, "monitor": "min val/loss"},
+    }
+    path = write_config(tmp_path, config, {})
+    one = run("train.py", "-c", path, "--run-id", "one", env=devices_env(1))
+    assert one.returncode == 0, one.stderr
+    for status, out, err in finish(start_processes(2, 2, "-c", path, "--run-id", "two")):
+        assert status == 0, err
+    saved = tmp_path / "saved/lm"
+    rows = lambda name: np.array([[r["train/loss"], r["val/loss"], r["val/perplexity"]] for r in map(
+        json.loads, (saved / name / "metrics.jsonl").read_text().splitlines())])
+    np.testing.assert_allclose(rows("two"), rows("one"), rtol=0, atol=1e-5)
+    assert_close_states(saved / "two" / "checkpoint-latest.params", saved / "one" / "checkpoint-latest.params")
