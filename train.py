@@ -224,11 +224,9 @@ def run(args) -> int:
         metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
         callbacks = [build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])]
         build_optimizer(config, steps_per_epoch=None, source=source)  # its hyperparameters' checks, before the data
-        augment = None
-        if config["data_loader"]["train"].get("augment"):
-            from data_loader.augment import from_config as augment_of
+        from data_loader.augment import from_config as augment_of
 
-            augment = augment_of(config, source)
+        augment = augment_of(config, source)  # None without a train "augment" list
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -22,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+from benchmarks.machine import cpu_model  # noqa: E402
 
 from data_loader.augment import from_config  # noqa: E402
 from model.model import cifar_resnet  # noqa: E402
@@ -35,16 +36,6 @@ LISTS = {"crop + flip + normalize": [{"name": "random_crop", "args": {"padding":
                                      NORMALIZE],
          "normalize only": [NORMALIZE]}
 K = 10
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
@@ -102,7 +93,7 @@ def main() -> None:
         print(f"round {round_ + 1}: " + ", ".join(f"{n} {1000 * v[-1]:.1f} ms/step" for n, v in per_step.items()))
 
     with_list, without = (statistics.median(per_step[n]) for n in LISTS)
-    print(f"\n{cpu_name()}, {os.cpu_count()} cores, jax {jax.__version__}, ResNet-{args.depth}, batch {args.batch}, "
+    print(f"\n{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, ResNet-{args.depth}, batch {args.batch}, "
           f"K = {K}, {args.steps} steps x {args.rounds} rounds, medians; load average {os.getloadavg()[0]:.1f}")
     print("| list | ms per step | steps/s |\n| --- | --- | --- |")
     for name in LISTS:

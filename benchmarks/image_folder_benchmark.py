@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform as host
 import shutil
 import statistics
 import sys
@@ -32,6 +31,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.machine import cpu_model, load_average  # noqa: E402
+
 SHARED = REPO.parent / "shared" / "data" / "fashion_mnist"
 BATCH = 128
 
@@ -45,20 +46,6 @@ def parse_args(argv=None):
     parser.add_argument("--workers", default="0,2", help="worker process counts to time the first decode with")
     parser.add_argument("--json", help="also write the results here")
     return parser.parse_args(argv)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return host.processor() or host.machine()
-
-
-def load_average() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 # --------------------------------------------------------------------------------------------------- the folder

@@ -3,7 +3,6 @@ memory-mapped rather than read (a file far larger than what the test lets the lo
 errors a wrong name or file gives."""
 from __future__ import annotations
 
-import json
 import resource
 import zipfile
 
@@ -13,7 +12,7 @@ import pytest
 from data_loader.arrays import ArraysDataset, open_arrays
 from data_loader.data_loaders import arrays
 from data_loader.tabular import split_rows
-from tests.test_data_faults import one_error_line
+from tests.test_data_faults import train_error
 
 
 @pytest.fixture
@@ -135,18 +134,11 @@ def test_errors_name_the_file_and_what_exists(tmp_path, data):
     ({"input": "images", "target": "labls"}, "data.npz: no array 'labls'"),
 ])
 def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch, data, args, message):
-    import train
-
-    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)
     np.savez(tmp_path / "data.npz", **data)
     config = {"name": "arrays", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [8], "num_classes": 7}},
               "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
               "optimizer": {"name": "adam", "args": {"lr": 0.01}},
               "data_loader": {"train": {"name": "arrays", "args": {"path": str(tmp_path / "data.npz"), **args}}},
               "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(["-c", str(tmp_path / "config.json")])
-    assert exit_info.value.code == 2
-    line = one_error_line(capsys)
+    line = train_error(tmp_path, capsys, monkeypatch, config)
     assert message in line, line

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import tarfile
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 
 from data_loader import cifar
 from data_loader.data_loaders import cifar10, cifar100
-from tests.test_data_faults import one_error_line
+from tests.test_data_faults import train_error
 
 
 def records(images: np.ndarray, *labels: np.ndarray) -> bytes:
@@ -153,9 +152,6 @@ def test_published_checksums_are_well_formed():
     ("cifar10", {"data_dir": "NOWHERE"}, "data_batch_1.bin not found"),
 ])
 def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch, name, args, message):
-    import train
-
-    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)
     config = {"name": "cifar", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [8]}},
               "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
               "optimizer": {"name": "adam", "args": {"lr": 0.01}},
@@ -163,9 +159,5 @@ def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch,
               "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"}}
     if args.get("data_dir") == "NOWHERE":
         config["data_loader"]["train"]["args"]["data_dir"] = str(tmp_path / "nowhere")
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(["-c", str(tmp_path / "config.json")])
-    assert exit_info.value.code == 2
-    line = one_error_line(capsys)
+    line = train_error(tmp_path, capsys, monkeypatch, config)
     assert message in line, line

@@ -138,6 +138,19 @@ def one_error_line(capsys) -> str:
     return lines[0]
 
 
+def train_error(tmp_path, capsys, monkeypatch, config: dict) -> str:
+    """`config` written to tmp_path/config.json and given to train.py in-process: it must exit 2 with one error
+    line, which is returned."""
+    import train
+
+    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)  # dictConfig would close pytest's handlers
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["-c", str(tmp_path / "config.json")])
+    assert exit_info.value.code == 2
+    return one_error_line(capsys)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "directory"])
 def test_train_and_test_py_report_a_damaged_file_in_one_line(tmp_path, capsys, monkeypatch, damage):
     import train

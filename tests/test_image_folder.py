@@ -15,7 +15,7 @@ from PIL import Image
 from data_loader import image_folder as image_folder_module
 from data_loader.data_loaders import image_folder
 from data_loader.image_folder import ImageFolderDataset, split_rows
-from tests.test_data_faults import one_error_line
+from tests.test_data_faults import train_error
 from tests.test_train import ROOT, run
 
 
@@ -237,9 +237,6 @@ def test_folder_errors(tmp_path):
     ({"root": "CORRUPT"}, "c1/bad.png: cannot decode it as an image"),
 ])
 def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch, args, message):
-    import train
-
-    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)
     root = tmp_path / "data"
     write_folder(root)
     loader_args = {"root": str(root), "size": [8, 8], **args}
@@ -254,11 +251,7 @@ def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch,
               "optimizer": {"name": "adam", "args": {"lr": 0.01}},
               "data_loader": {"train": {"name": "image_folder", "args": loader_args}},
               "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(["-c", str(tmp_path / "config.json")])
-    assert exit_info.value.code == 2
-    line = one_error_line(capsys)
+    line = train_error(tmp_path, capsys, monkeypatch, config)
     assert message in line, line
     assert not (tmp_path / "saved").exists() and not (root / ".cache").exists()
 

@@ -106,42 +106,38 @@ class LRFinder(Callback):
         ts["opt_state"] = optimizer.init(ts["params"])
         totals = trainer.empty_stats()
         k = trainer.steps_per_call * trainer.accumulate
-        rates, losses, smooth, best = [], [], 0.0, math.inf
-        epoch = 0
-        while len(losses) < self.steps:
+        # curve: the losses smoothed as fastai does (an exponential average of 0.98, debiased)
+        losses, curve, average, best, diverged, epoch = [], [], 0.0, math.inf, False, 0
+        while len(losses) < self.steps and not diverged:
             for real, stack in trainer.train_loader.chunks(epoch, k, trainer.put_stack):
                 ts, totals, logs = chunk(ts, totals, stack)
                 for loss in np.asarray(logs["loss"])[:-(-real // trainer.accumulate)]:
-                    if len(losses) == self.steps:
-                        break
-                    rates.append(self.lr(len(losses)))
                     losses.append(float(loss))
-                    smooth = 0.98 * smooth + 0.02 * float(loss)
-                    value = smooth / (1 - 0.98 ** len(losses))
-                    best = min(best, value)
-                    if not math.isfinite(value) or value > 4 * best:
-                        self.steps = len(losses)  # diverged: the range ends here
-                if len(losses) >= self.steps:
+                    average = 0.98 * average + 0.02 * float(loss)
+                    curve.append(average / (1 - 0.98 ** len(losses)))
+                    best = min(best, curve[-1])
+                    diverged = not math.isfinite(curve[-1]) or curve[-1] > 4 * best
+                    if diverged or len(losses) == self.steps:  # the range ends here
+                        break
+                if diverged or len(losses) == self.steps:
                     break
             epoch += 1
-        self.suggestion = self.report(trainer.run_dir, rates, losses)
+        rates = [self.lr(i) for i in range(len(losses))]
+        self.suggestion = self.report(trainer.run_dir, rates, losses, curve)
         if self.stop:
-            trainer.stop_training = f"lr_finder: stopped after the range test (callbacks.lr_finder.args.stop)"
+            trainer.stop_training = "lr_finder: stopped after the range test (callbacks.lr_finder.args.stop)"
 
-    def report(self, run_dir: Path, rates: list[float], losses: list[float]) -> float | None:
-        smoothed, value = [], 0.0
-        for i, loss in enumerate(losses, 1):
-            value = 0.98 * value + 0.02 * loss
-            smoothed.append(value / (1 - 0.98 ** i))
+    def report(self, run_dir: Path, rates: list[float], losses: list[float], smoothed_losses: list[float]
+               ) -> float | None:
         with open(run_dir / "lr_finder.csv", "w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(["step", "lr", "loss", "smoothed_loss"])
-            writer.writerows([i, r, l, s] for i, (r, l, s) in enumerate(zip(rates, losses, smoothed)))
-        finite = [i for i, s in enumerate(smoothed) if math.isfinite(s)]
+            writer.writerows([i, r, l, s] for i, (r, l, s) in enumerate(zip(rates, losses, smoothed_losses)))
+        finite = [i for i, s in enumerate(smoothed_losses) if math.isfinite(s)]
         suggestion = None
         if len(finite) >= 3:
             logs = np.log10(np.asarray(rates)[finite])
-            slopes = np.gradient(np.asarray(smoothed)[finite], logs)
+            slopes = np.gradient(np.asarray(smoothed_losses)[finite], logs)
             suggestion = float(10 ** logs[int(np.argmin(slopes))])
         try:
             import matplotlib
@@ -150,7 +146,7 @@ class LRFinder(Callback):
             import matplotlib.pyplot as plt
 
             figure, axis = plt.subplots(figsize=(6, 4))
-            axis.plot(rates, smoothed)
+            axis.plot(rates, smoothed_losses)
             axis.set(xscale="log", xlabel="learning rate", ylabel="smoothed training loss", title="lr finder")
             if suggestion:
                 axis.axvline(suggestion, color="tab:red", linestyle="--", label=f"steepest fall: {suggestion:.2g}")

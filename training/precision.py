@@ -40,6 +40,13 @@ class Policy(NamedTuple):
         dtype = jnp.dtype(self.compute)
         return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
 
+    def apply(self, model, params, state, inputs, **kwargs):
+        """The model run in the compute dtype: (outputs in float32, the new model state in the state's dtypes)."""
+        if not self.casts:
+            return model(params, state, inputs, **kwargs)
+        outputs, new_state = model(self.to_compute(params), state, self.to_compute(inputs), **kwargs)
+        return jax.tree.map(lambda a: a.astype(jnp.float32), outputs), like(new_state, state)
+
     def init_scale(self) -> dict:
         return {"scale": jnp.asarray(self.loss_scale, jnp.float32), "good_steps": jnp.zeros((), jnp.int32)}
 

@@ -16,10 +16,9 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from training.losses import weighted_mean
 from training.metrics import merge
 from training.optimizers import apply_updates, global_norm
-from training.precision import Policy, like
+from training.precision import Policy
 
 
 def target_of(batch: dict):
@@ -68,12 +67,10 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augm
     """
     def objective(params, state, batch, key, scale):
         """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
-        outputs, new_state = model(policy.to_compute(params), state, policy.to_compute(batch["input"]), train=True,
-                                   key=key)
-        outputs = jax.tree.map(lambda a: a.astype(jnp.float32), outputs) if policy.casts else outputs
+        outputs, new_state = policy.apply(model, params, state, batch["input"], train=True, key=key)
         per_example, weights = example_losses(loss_fn, outputs, batch)
         total = jnp.sum(jnp.where(weights > 0, per_example * weights, 0.0))
-        return total * scale, (outputs, like(new_state, state), per_example, weights)
+        return total * scale, (outputs, new_state, per_example, weights)
 
     def micro_step(params, state, batch, key, augment_key, scale):
         """(new model state, gradients of the weighted loss sum, the micro-batch's statistics)."""
@@ -159,8 +156,7 @@ def make_eval_stats(model, loss_fn: Callable, metrics: Sequence, augment=None, p
     def eval_stats(params, state, batch):
         if augment is not None:
             batch = augment(batch, None, train=False, outputs=output_spec(model, params, state, batch, augment))
-        outputs, _ = model(policy.to_compute(params), state, policy.to_compute(batch["input"]), train=False)
-        outputs = jax.tree.map(lambda a: a.astype(jnp.float32), outputs) if policy.casts else outputs
+        outputs, _ = policy.apply(model, params, state, batch["input"], train=False)
         return batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
 
     return eval_stats
