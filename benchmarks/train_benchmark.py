@@ -1,6 +1,6 @@
 """Training throughput on this machine: the template's training path against the fused bound, a conventional
-Flax + Optax loop and PyTorch eager, for the reference CNN (`mnist_cnn`) and the MNIST sample (`mnist_convnext`), with
-each optimisation switched off in turn. The CPU (by name), its cores, the load average and the machine's matmul peak
+Flax + Optax loop and PyTorch eager, for the reference CNN (`mnist_cnn`), the MNIST sample (`mnist_convnext`) and the
+CIFAR sample's ResNet-20 (`cifar_resnet`), with each optimisation switched off in turn. The CPU (by name), its cores, the load average and the machine's matmul peak
 (measured in the same run) are printed with the results, and every throughput also as a fraction of that peak.
 
     python benchmarks/train_benchmark.py                        # both models, 3 rounds, 100 steps per epoch
@@ -23,7 +23,10 @@ Variants (each measured in a fresh process, since platform defaults are per proc
   conv-first-layer  template with the one-input-channel convolution trained as an XLA convolution (mnist_cnn),
                 not as shifted-slice products and a matrix product over taps
   lax-depthwise template with depthwise convolutions as grouped lax convolutions (mnist_convnext)
+  conv-weight-grad  template with the weight gradients of ungrouped convolutions as XLA convolutions, not as one
+                matrix product per kernel tap
   no-prefetch   template with batches prepared in the loop (DataLoader prefetch=0)
+  no-augment    template without the CIFAR sample's random crop and flip (normalisation only) (cifar_resnet)
   A+B           template with both ablations, e.g. K=1+no-hugetlb (a per-step loop without the malloc default)
   startup       `python train.py`: seconds from the command to its first call's steps done, and the compile time
 
@@ -35,6 +38,13 @@ a shared machine hit them alike; the table reports per-variant medians over roun
 median rate times XLA's FLOP count per training example over the best JAX matmul peak of the rounds (load only
 lowers a peak). MNIST is read from
 ../shared/data/mnist when present, else data/mnist.
+
+cifar_resnet is the sample configs/cifar10_resnet.json (ResNet-20 with batch norm, SGD with Nesterov momentum, weight
+decay, cosine schedule; on the device: random crop, horizontal flip, normalisation of uint8 images) trained on random
+uint8 images of CIFAR's shape (32 x 32 x 3, 10 classes) from an .npz file through the `arrays` loader: an offline
+machine has no CIFAR-10, and a step's time does not depend on the pixels. `fused`, `flax` and `torch` train on the
+same images normalised (`fused` on the device, the peers on the host, outside their timed steps' devices), without
+the random crop and flip, whose cost the `no-augment` variant shows.
 """
 from __future__ import annotations
 
@@ -53,12 +63,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
-MODELS = ("mnist_cnn", "mnist_convnext")
+MODELS = ("mnist_cnn", "mnist_convnext", "cifar_resnet")
 VARIANTS = {
     "mnist_cnn": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
-                  "autodiff-conv", "window-pool", "conv-first-layer", "no-prefetch", "startup"],
+                  "autodiff-conv", "window-pool", "conv-first-layer", "conv-weight-grad", "no-prefetch", "startup"],
     "mnist_convnext": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
-                       "autodiff-conv", "lax-depthwise", "no-prefetch", "startup"],
+                       "autodiff-conv", "lax-depthwise", "conv-weight-grad", "no-prefetch", "startup"],
+    "cifar_resnet": ["template", "fused", "flax", "torch", "no-augment", "K=1", "no-hugetlb", "no-xla-opts",
+                     "conv-weight-grad"],
 }
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
@@ -82,14 +94,57 @@ def data_dir() -> str:
     return str(SHARED_MNIST if (SHARED_MNIST / "train-images-idx3-ubyte.gz").is_file() else REPO / "data" / "mnist")
 
 
-def bench_config(model: str) -> dict:
+CIFAR_SAMPLE = REPO / "configs" / "cifar10_resnet.json"
+CIFAR_EXAMPLES = 50_000  # CIFAR-10's training set: a whole epoch
+
+
+def cifar_like(steps: int) -> Path:
+    """Random uint8 images of CIFAR-10's shape and random labels, enough for `steps` batches, in an .npz file made
+    once per size (atomically: rounds run in fresh processes)."""
+    import numpy as np
+
+    rows = steps * BATCH if steps else CIFAR_EXAMPLES
+    path = Path(tempfile.gettempdir()) / f"train-benchmark-cifar-like-{rows}.npz"
+    if not path.is_file():
+        rng = np.random.default_rng(0)
+        part = path.with_name(f"{path.stem}-{os.getpid()}.part.npz")
+        np.savez(part, images=rng.integers(0, 256, (rows, 32, 32, 3), np.uint8),
+                 labels=rng.integers(0, 10, rows).astype(np.int32))
+        os.replace(part, path)
+    return path
+
+
+def bench_config(model: str, steps: int = 0, augment: bool = True) -> dict:
+    """The model's training config with its train loader only; cifar_resnet: the CIFAR sample on random images
+    (``augment`` false: its normalisation only)."""
     from utils import load_config
 
-    config = load_config(REPO / "config.json", [f"model.name={model}", "model.args={}"])
-    config["data_loader"] = {"train": {"name": "mnist", "args": {"split": "train", "batch_size": BATCH,
-                                                                 "shuffle": True, "data_dir": data_dir()}}}
+    if model == "cifar_resnet":
+        config = load_config(CIFAR_SAMPLE, [])
+        ops = config["data_loader"]["train"]["augment"]
+        config["data_loader"] = {"train": {
+            "name": "arrays", "args": {"path": str(cifar_like(steps)), "input": "images", "target": "labels",
+                                       "batch_size": BATCH, "shuffle": True},
+            "augment": ops if augment else [op for op in ops if op["name"] == "normalize"]}}
+    else:
+        config = load_config(REPO / "config.json", [f"model.name={model}", "model.args={}"])
+        config["data_loader"] = {"train": {"name": "mnist", "args": {"split": "train", "batch_size": BATCH,
+                                                                     "shuffle": True, "data_dir": data_dir()}}}
     config["trainer"]["monitor"] = "off"
     return config
+
+
+def host_normalize(config: dict):
+    """The batch input as the template's `normalize` op makes it, computed in numpy (for the peers); the identity
+    when the config has no such op."""
+    import numpy as np
+
+    ops = {op["name"]: op.get("args", {}) for op in config["data_loader"]["train"].get("augment", [])}
+    if "normalize" not in ops:
+        return lambda x: x
+    mean = np.asarray(ops["normalize"]["mean"], np.float32)
+    std = np.asarray(ops["normalize"]["std"], np.float32)
+    return lambda x: (x.astype(np.float32) / np.float32(np.iinfo(x.dtype).max) - mean) / std
 
 
 class FirstExamples:
@@ -108,12 +163,13 @@ class FirstExamples:
 
 def compiled_trainer(config: dict, loader):
     """The template's Trainer for `config` on `loader`, state initialised and training step compiled."""
+    from data_loader.augment import from_config as augment_of
     from training.trainer import Trainer
     from utils import build, build_optimizer, monitor_of
 
     trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
                       [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
-                      loader, monitor=monitor_of(config))
+                      loader, monitor=monitor_of(config), augment=augment_of(config))
     trainer.init_state()
     trainer.compile()
     trainer.first_call_logged = True
@@ -143,7 +199,9 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         conv._is_single_channel = lambda *args: False
     if "lax-depthwise" in ablations:
         conv._is_plain_depthwise = lambda *args: False
-    config = bench_config(model_name)
+    if "conv-weight-grad" in ablations:
+        conv._is_tap_weight_grad = lambda *args: False
+    config = bench_config(model_name, steps, augment="no-augment" not in ablations)
     if "K=1" in ablations:
         config["trainer"]["steps_per_call"] = 1
     spec = config["data_loader"]["train"]
@@ -172,12 +230,14 @@ def fused_run(model_name: str, steps: int) -> dict:
     import jax
     import numpy as np
 
+    from data_loader.augment import from_config as augment_of
     from training import platform
     from training.step import empty_stats, make_train_chunk
     from training.trainer import metric_results
     from utils import build, build_optimizer
 
-    config = bench_config(model_name)
+    config = bench_config(model_name, steps, augment=False)
+    augment = augment_of(config)
     loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
     batches = list(loader.batches(1))
@@ -187,16 +247,18 @@ def fused_run(model_name: str, steps: int) -> dict:
     model, loss_fn = build(config["model"], "model"), build(config["loss"], "loss")
     metrics, (optimizer, _) = [build(m, "metrics") for m in config["metrics"]], build_optimizer(config, len(loader))
 
+    one = {k: v[0] for k, v in epoch.items() if k != "active"}
+    seen = augment.spec(jax.eval_shape(lambda b: b, one)) if augment else one  # the batch as the model sees it
+
     def init(seed):
-        params, state = model.init(jax.random.PRNGKey(seed), jax.ShapeDtypeStruct(batches[0]["input"].shape,
-                                                                                   np.float32))
+        params, state = model.init(jax.random.PRNGKey(seed), jax.ShapeDtypeStruct(seen["input"].shape,
+                                                                                   seen["input"].dtype))
         return {"params": params, "state": state, "opt_state": optimizer.init(params),
                 "step": jax.numpy.zeros((), jax.numpy.int32), "rng": jax.random.PRNGKey(1)}
 
     ts = jax.jit(init)(config["seed"])
-    one = {k: v[0] for k, v in epoch.items() if k != "active"}
-    zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], one))
-    chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
+    zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], seen))
+    chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics, augment), donate_argnums=(0, 1))
     start = time.perf_counter()
     compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
     compile_s = time.perf_counter() - start
@@ -220,13 +282,16 @@ def scan_flops(compiled) -> float:
 
 
 def flax_model(model_name: str):
-    """The same networks in flax.linen (Flax's own conv, max pool, LayerNorm, Dense)."""
+    """The same networks in flax.linen (Flax's own conv, max pool, LayerNorm, BatchNorm, Dense); ``train``
+    switches batch norm to the batch's statistics."""
+    import functools
+
     import flax.linen as nn
     import jax
 
     class CNN(nn.Module):
         @nn.compact
-        def __call__(self, x):
+        def __call__(self, x, train=True):
             for c in (32, 64):
                 x = nn.max_pool(nn.relu(nn.Conv(c, (3, 3))(x)), (2, 2), (2, 2))
             x = nn.relu(nn.Dense(128)(x.reshape(x.shape[0], -1)))
@@ -234,7 +299,7 @@ def flax_model(model_name: str):
 
     class ConvNeXt(nn.Module):
         @nn.compact
-        def __call__(self, x):
+        def __call__(self, x, train=True):
             x = nn.LayerNorm(1e-6)(nn.Conv(32, (4, 4), 2)(x))
             for i, dim in enumerate((32, 64)):
                 if i:
@@ -245,43 +310,121 @@ def flax_model(model_name: str):
                     x = x + nn.Dense(dim)(jax.nn.gelu(y, approximate=False))
             return nn.Dense(10)(nn.LayerNorm(1e-6)(x.mean((1, 2))))
 
-    return CNN() if model_name == "mnist_cnn" else ConvNeXt()
+    class ResNet20(nn.Module):
+        """He et al.'s CIFAR ResNet-20 as the template's cifar_resnet builds it (1x1 projection shortcuts)."""
+
+        @nn.compact
+        def __call__(self, x, train=True):
+            norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5)
+            x = nn.relu(norm()(nn.Conv(16, (3, 3), use_bias=False)(x)))
+            for i, width in enumerate((16, 32, 64)):
+                for b in range(3):
+                    stride = 2 if i and not b else 1
+                    y = nn.relu(norm()(nn.Conv(width, (3, 3), stride, use_bias=False)(x)))
+                    y = norm()(nn.Conv(width, (3, 3), use_bias=False)(y))
+                    if stride > 1:
+                        x = norm()(nn.Conv(width, (1, 1), stride, use_bias=False)(x))
+                    x = nn.relu(x + y)
+            return nn.Dense(10)(x.mean((1, 2)))
+
+    return {"mnist_cnn": CNN, "mnist_convnext": ConvNeXt, "cifar_resnet": ResNet20}[model_name]()
+
+
+def schedule_args(config: dict, steps_per_epoch: int) -> tuple[str, dict]:
+    """The config's schedule: its name and arguments, "all" decay steps counted."""
+    spec = config["optimizer"]["schedule"]
+    args = dict(spec["args"])
+    if args.get("decay_steps") == "all":
+        args["decay_steps"] = config["trainer"]["epochs"] * steps_per_epoch
+    return spec["name"], args
+
+
+def optax_schedule(config: dict, steps_per_epoch: int):
+    """The config's schedule as a Flax user writes it: optax's own."""
+    import optax
+
+    name, args = schedule_args(config, steps_per_epoch)
+    if name == "cosine_decay":
+        return optax.cosine_decay_schedule(args["init_value"], args["decay_steps"])
+    return optax.warmup_cosine_decay_schedule(args["init_value"], args["peak_value"], args["warmup_steps"],
+                                              args["decay_steps"])
+
+
+def peer_schedule(config: dict, steps_per_epoch: int):
+    """The config's schedule as a Python function of the step (optax's and the template's definitions)."""
+    import math
+
+    name, args = schedule_args(config, steps_per_epoch)
+    if name == "cosine_decay":
+        return lambda step: args["init_value"] * 0.5 * (1 + math.cos(math.pi * min(step, args["decay_steps"])
+                                                                     / args["decay_steps"]))
+    warmup, decay = args["warmup_steps"], args["decay_steps"]
+
+    def warmup_cosine(step):
+        if step < warmup:
+            return args["init_value"] + (args["peak_value"] - args["init_value"]) * step / warmup
+        t = min(step - warmup, decay - warmup)
+        return args["peak_value"] * 0.5 * (1 + math.cos(math.pi * t / (decay - warmup)))
+
+    return warmup_cosine
+
+
+def peer_is_sgd(config: dict) -> bool:
+    """The CIFAR sample's optimizer (SGD, Nesterov momentum 0.9, weight decay added to the gradient) rather than the MNIST
+    configs' AdamW with clipping."""
+    return config["optimizer"]["name"] == "sgd"
+
+
+def weight_decay(config: dict) -> float:
+    transforms = {t["name"]: t.get("args", {}) for t in config["optimizer"].get("transforms", [])}
+    return transforms.get("add_decayed_weights", {}).get("weight_decay", 0.0)
 
 
 def flax_run(model_name: str, steps: int) -> dict:
+    import functools
+
     import jax
     import jax.numpy as jnp
     import optax
 
     from utils import build
 
-    config = bench_config(model_name)
+    config = bench_config(model_name, steps)
     loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
+    normalize = host_normalize(config)
     net = flax_model(model_name)
-    sched = config["optimizer"]["schedule"]["args"]
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.warmup_cosine_decay_schedule(
-        sched["init_value"], sched["peak_value"], sched["warmup_steps"], sched["decay_steps"]), weight_decay=0.05))
-    params = jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros((BATCH, 28, 28, 1)))
+    schedule = optax_schedule(config, len(loader))
+    if peer_is_sgd(config):
+        tx = optax.chain(optax.add_decayed_weights(weight_decay(config)),
+                         optax.sgd(schedule, momentum=0.9, nesterov=True))
+    else:
+        tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.05))
+    first = normalize(next(iter(loader.batches(0)))["input"])
+    variables = jax.jit(functools.partial(net.init, train=False))(jax.random.PRNGKey(0), jnp.zeros_like(first))
+    params, stats = variables["params"], variables.get("batch_stats", {})
     opt_state = tx.init(params)
 
     @jax.jit
-    def train_step(params, opt_state, x, y):
+    def train_step(params, stats, opt_state, x, y):
         def loss_fn(params):
-            logits = net.apply(params, x)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
+            logits, updated = net.apply({"params": params, "batch_stats": stats}, x, mutable=["batch_stats"])
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            return loss, (logits, updated.get("batch_stats", {}))
 
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (loss, (logits, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, jnp.mean(logits.argmax(-1) == y)
+        return optax.apply_updates(params, updates), stats, opt_state, loss, jnp.mean(logits.argmax(-1) == y)
 
     for _, batch in zip(range(10), loader.batches(0)):  # compile and warm up
-        params, opt_state, loss, accuracy = train_step(params, opt_state, batch["input"], batch["target"])
+        params, stats, opt_state, loss, accuracy = train_step(params, stats, opt_state, normalize(batch["input"]),
+                                                              batch["target"])
     jax.block_until_ready(loss)
     start = time.perf_counter()
     total = jnp.zeros(2)
     for batch in loader.batches(1):
-        params, opt_state, loss, accuracy = train_step(params, opt_state, batch["input"], batch["target"])
+        params, stats, opt_state, loss, accuracy = train_step(params, stats, opt_state, normalize(batch["input"]),
+                                                              batch["target"])
         total = total + jnp.stack([loss, accuracy])
     jax.block_until_ready(total)
     seconds = time.perf_counter() - start
@@ -327,42 +470,59 @@ def torch_model(model_name: str):
         def forward(self, x):
             return self.head(self.norm(self.features(x).mean((2, 3))))
 
+    class BasicBlock(nn.Module):
+        def __init__(self, previous, width, stride):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(previous, width, 3, stride, padding=1, bias=False),
+                                      nn.BatchNorm2d(width), nn.ReLU(),
+                                      nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width))
+            self.shortcut = nn.Identity() if stride == 1 and previous == width else nn.Sequential(
+                nn.Conv2d(previous, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+
+        def forward(self, x):
+            return nn.functional.relu(self.body(x) + self.shortcut(x))
+
+    if model_name == "cifar_resnet":  # ResNet-20 with 1x1 projection shortcuts, as the template builds it
+        blocks, previous = [nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()], 16
+        for i, width in enumerate((16, 32, 64)):
+            for b in range(3):
+                blocks.append(BasicBlock(previous, width, 2 if i and not b else 1))
+                previous = width
+        return nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
     return ConvNeXt()
 
 
 def torch_run(model_name: str, steps: int) -> dict:
-    """PyTorch eager on all cores: the same network, AdamW with the config's schedule and clipping, batch 128."""
-    import math
-
+    """PyTorch eager on all cores: the same network and optimizer (AdamW with the config's schedule and clipping;
+    for the CIFAR sample SGD with Nesterov momentum and weight decay), batch 128."""
     import torch
 
     from utils import build
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
-    config = bench_config(model_name)
+    config = bench_config(model_name, steps)
     loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
-    net = torch_model(model_name)
-    sched = config["optimizer"]["schedule"]["args"]
-
-    def lr(step):  # warmup_cosine_decay as optax and the template define it
-        if step < sched["warmup_steps"]:
-            return sched["init_value"] + (sched["peak_value"] - sched["init_value"]) * step / sched["warmup_steps"]
-        t = min(step - sched["warmup_steps"], sched["decay_steps"] - sched["warmup_steps"])
-        return sched["peak_value"] * 0.5 * (1 + math.cos(math.pi * t / (sched["decay_steps"] - sched["warmup_steps"])))
-
-    optimizer = torch.optim.AdamW(net.parameters(), lr=1.0, weight_decay=0.05)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr)
+    normalize = host_normalize(config)
+    net = torch_model(model_name).train()
+    sgd = peer_is_sgd(config)
+    if sgd:
+        optimizer = torch.optim.SGD(net.parameters(), lr=1.0, momentum=0.9, nesterov=True,
+                                    weight_decay=weight_decay(config))
+    else:
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1.0, weight_decay=0.05)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, peer_schedule(config, len(loader)))
 
     def step(batch):
-        x = torch.from_numpy(batch["input"]).permute(0, 3, 1, 2).contiguous()
+        x = torch.from_numpy(normalize(batch["input"])).permute(0, 3, 1, 2).contiguous()
         y = torch.from_numpy(batch["target"]).long()
         logits = net(x)
         loss = torch.nn.functional.cross_entropy(logits, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        if not sgd:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         return torch.stack([loss.detach(), (logits.detach().argmax(1) == y).float().mean()])

@@ -24,6 +24,9 @@ CONFIGS = {
     "depthwise": (3, 1, "SAME", 1, 4, 4, 4, True, (6, 5)),
     "depthwise_x2": (3, 2, "SAME", 1, 4, 4, 8, True, (7, 6)),
     "k1_valid_no_bias": (1, 1, "VALID", 1, 1, 3, 5, False, (4, 5)),
+    "k1_s2_projection": (1, 2, "SAME", 1, 1, 4, 6, False, (7, 6)),
+    # Over 32 output channels: the weight gradient as a convolution, not one matrix product per tap.
+    "k3_s2_wide": (3, 2, "SAME", 1, 1, 3, 40, True, (6, 7)),
     "k3_s3_dil2_groups2_same": (3, 3, "SAME", 2, 2, 4, 4, False, (9, 8)),
 }
 
@@ -294,3 +297,16 @@ def test_depthwise_layers_take_the_shifted_slice_path():
         assert "conv_general_dilated" in str(jax.make_jaxpr(lambda p, x: layer(p, {}, x)[0])(params, x)), layer
     w = jax.ShapeDtypeStruct((7, 7, 1, 4), jnp.float32)
     assert "conv_general_dilated" in primitives(lambda x, w: conv2d(x, w, groups=4, custom_grad=False), x, w)
+
+
+def test_weight_gradient_path_by_width():
+    # The weight gradient's own jaxpr: one convolution (the input gradient) when it is kh * kw matrix products,
+    # two when it is a convolution too (over 32 output channels, groups, dilation).
+    def convolutions_in_grad(cout, **kw):
+        x = jnp.ones((2, 8, 8, 3), jnp.float32)
+        w = jnp.ones((3, 3, 3 // kw.get("groups", 1), cout), jnp.float32)
+        jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: conv2d(x, w, custom_grad=True, **kw).sum(), (0, 1)))(x, w)
+        return str(jaxpr).count("conv_general_dilated")
+
+    assert convolutions_in_grad(32) == convolutions_in_grad(32, stride=2) == 2  # forward + input gradient
+    assert convolutions_in_grad(33) == convolutions_in_grad(8, dilation=2) == convolutions_in_grad(6, groups=3) == 3
