@@ -262,3 +262,31 @@ def test_report_gives_every_variant_its_fraction_of_the_peak():
     table = train_benchmark.report("mnist_cnn", runs, peak=100.0)
     assert "| template | 2,000 | 2,000-2,000 | 1 | 1.00 | - | 50% |" in table
     assert "| torch | 1,000 | 1,000-1,000 | 1 | 2.00 | - | 25% |" in table
+
+
+def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch):
+    # The peers normalise on the host and follow the sample's schedule: both must equal the template's own.
+    import numpy as np
+
+    from benchmarks import train_benchmark
+    from data_loader.augment import from_config
+    from utils import build_optimizer
+
+    monkeypatch.setattr(train_benchmark.tempfile, "gettempdir", lambda: str(tmp_path))
+    config = train_benchmark.bench_config("cifar_resnet", steps=2, augment=False)
+    data = np.load(config["data_loader"]["train"]["args"]["path"])
+    assert data["images"].shape == (256, 32, 32, 3) and data["images"].dtype == np.uint8
+    x = data["images"][:8]
+    ours = from_config(config)({"input": x, "target": data["labels"][:8]}, train=False)["input"]
+    np.testing.assert_allclose(train_benchmark.host_normalize(config)(x), ours, rtol=1e-5, atol=1e-5)
+
+    for config in (config, train_benchmark.bench_config("mnist_cnn")):  # cosine; warm-up + cosine
+        _, schedule = build_optimizer(config, steps_per_epoch=391)
+        peer, flax_peer = train_benchmark.peer_schedule(config, 391), train_benchmark.optax_schedule(config, 391)
+        for step in (0, 1, 100, 500, 391 * config["trainer"]["epochs"] - 1, 391 * config["trainer"]["epochs"] + 5):
+            assert peer(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7), (config["name"], step)
+            assert float(flax_peer(step)) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7)
+    cifar = train_benchmark.bench_config("cifar_resnet", steps=2)
+    assert train_benchmark.peer_is_sgd(cifar) and train_benchmark.weight_decay(cifar) == 0.0005
+    assert [op["name"] for op in cifar["data_loader"]["train"]["augment"]] == ["random_crop", "flip_horizontal",
+                                                                              "normalize"]
