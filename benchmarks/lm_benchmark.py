@@ -11,6 +11,8 @@ Variants (each in a fresh process, interleaved round by round; medians over roun
             metric statistics accumulated, platform defaults as `train.py` sets them
   fused     the bound: the same steps in one jitted `lax.scan` call over batches already on the device
   flax      conventional: the same network in flax.linen + optax.adamw, one jitted step per batch, Python loop
+  autodiff-norm  template with layer norm differentiated through its two-pass variance, not by the written-out
+            derivative of `model/modules/normalization.py`
   nanogpt   nanoGPT's `GPT` and `configure_optimizers` (from --nanogpt DIR, a checkout of nanoGPT; needs torch),
             eager PyTorch on the CPU with all cores, its train.py's step (forward, backward, clip 1.0, AdamW)
 Each process compiles and warms up (template/fused: one timed-length run; flax/nanogpt: ten steps), then times
@@ -72,6 +74,20 @@ def tokens_per_step(loader) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- variants
+def autodiff_norm_run(steps: int) -> dict:
+    """The template with layer norm differentiated through its two-pass variance (not the written-out derivative)."""
+    import jax
+
+    from model.modules import normalization
+
+    def autodiff_normalize(x, axes, eps):
+        mean, var = normalization._mean_var(x, axes)
+        return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
+
+    normalization.normalize = autodiff_normalize
+    return template_run(steps)
+
+
 def template_run(steps: int) -> dict:
     import jax
 
@@ -242,7 +258,7 @@ def child_env(variant: str) -> dict:
     from training import platform
 
     env = base_env()
-    if variant in ("template", "fused"):  # the peak and the peers run as their users would
+    if variant in ("template", "fused", "autodiff-norm"):  # the peak and the peers run as their users would
         env.update(platform.process_defaults(env))
     else:
         env[platform.SWITCH] = "0"
@@ -259,7 +275,8 @@ def measure(variant: str, args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
-        runs = {"template": template_run, "fused": fused_run, "flax": flax_run, "peak": lambda steps: matmul_peak()}
+        runs = {"template": template_run, "fused": fused_run, "flax": flax_run, "peak": lambda steps: matmul_peak(),
+                "autodiff-norm": autodiff_norm_run}
         result = nanogpt_run(args.steps, args.nanogpt) if args.child == "nanogpt" else runs[args.child](args.steps)
         print(json.dumps(result), flush=True)
         return 0

@@ -26,6 +26,8 @@ Variants (each measured in a fresh process, since platform defaults are per proc
   lax-depthwise template with depthwise convolutions as grouped lax convolutions (mnist_convnext)
   conv-weight-grad  template with the weight gradients of ungrouped convolutions as XLA convolutions, not as one
                 matrix product per kernel tap
+  autodiff-norm template with batch/layer/group norm differentiated through the two-pass variance, not by the
+                written-out derivative (mnist_convnext, cifar_resnet)
   no-prefetch   template with batches prepared in the loop (DataLoader prefetch=0)
   no-augment    template without the CIFAR sample's random crop and flip (normalisation only) (cifar_resnet)
   A+B           template with both ablations, e.g. K=1+no-hugetlb (a per-step loop without the malloc default)
@@ -69,9 +71,10 @@ VARIANTS = {
     "mnist_cnn": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
                   "autodiff-conv", "window-pool", "conv-first-layer", "conv-weight-grad", "no-prefetch", "startup"],
     "mnist_convnext": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
-                       "autodiff-conv", "lax-depthwise", "conv-weight-grad", "no-prefetch", "startup"],
+                       "autodiff-conv", "lax-depthwise", "conv-weight-grad", "autodiff-norm", "no-prefetch",
+                       "startup"],
     "cifar_resnet": ["template", "fused", "flax", "torch", "no-augment", "K=1", "no-hugetlb", "no-xla-opts",
-                     "conv-weight-grad"],
+                     "conv-weight-grad", "autodiff-norm"],
 }
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
@@ -181,7 +184,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     """The template with the ablations named in ``variant`` ("template", or names joined by "+")."""
     import jax
 
-    from model.modules import conv, pooling
+    from model.modules import conv, normalization, pooling
     from training import platform
     from training.trainer import metric_results
     from utils import build
@@ -202,6 +205,11 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         conv._is_plain_depthwise = lambda *args: False
     if "conv-weight-grad" in ablations:
         conv._is_tap_weight_grad = lambda *args: False
+    if "autodiff-norm" in ablations:
+        def autodiff_normalize(x, axes, eps):
+            mean, var = normalization._mean_var(x, axes)
+            return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
+        normalization.normalize = autodiff_normalize
     config = bench_config(model_name, steps, augment="no-augment" not in ablations)
     if "K=1" in ablations:
         config["trainer"]["steps_per_call"] = 1

@@ -176,3 +176,31 @@ def test_init_is_deterministic_and_keeps_dtype(name):
     jax.tree.map(np.testing.assert_array_equal, a, b)
     y, _ = layer(*a, jnp.asarray(x, jnp.bfloat16), train=True)
     assert y.dtype == jnp.bfloat16 and y.shape == x.shape
+
+
+def test_normalize_derivative_equals_autodiff_of_the_two_pass_formula_float64():
+    # The written-out JVP (and the VJP JAX transposes from it) against plain autodiff, for every output,
+    # over the axes batch, layer and group norm use.
+    from model.modules.normalization import _mean_var, normalize
+
+    def plain(x, axes, eps):
+        mean, var = _mean_var(x, axes)
+        return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
+
+    with jax.enable_x64():
+        rng = np.random.default_rng(3)
+        x = jnp.asarray(rng.standard_normal((4, 5, 3, 6)) * 3 + 2)
+        cot = [jnp.asarray(rng.standard_normal(s)) for s in ((4, 5, 3, 6), (1, 1, 1, 6), (1, 1, 1, 6))]
+        tangent = jnp.asarray(rng.standard_normal(x.shape))
+        for axes in ((0, 1, 2), (3,), (1, 2)):
+            cots = [c if c.shape == x.shape else jnp.asarray(rng.standard_normal(
+                tuple(1 if a in axes else d for a, d in enumerate(x.shape)))) for c in cot]
+            for f in (normalize, plain):
+                assert all(np.isfinite(np.asarray(v)).all() for v in f(x, axes, 1e-5))
+            ours = jax.vjp(lambda x: normalize(x, axes, 1e-5), x)[1](tuple(cots))[0]
+            ref = jax.vjp(lambda x: plain(x, axes, 1e-5), x)[1](tuple(cots))[0]
+            np.testing.assert_allclose(ours, ref, rtol=1e-10, atol=1e-12)
+            ours_t = jax.jvp(lambda x: normalize(x, axes, 1e-5), (x,), (tangent,))[1]
+            ref_t = jax.jvp(lambda x: plain(x, axes, 1e-5), (x,), (tangent,))[1]
+            for a, b in zip(ours_t, ref_t):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -6,6 +6,8 @@ the unbiased variance in its running statistics.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -21,6 +23,27 @@ def _mean_var(x, axes):
     # Two-pass variance: no cancellation for inputs with a large mean (E[x^2] - E[x]^2 can go negative).
     var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
     return mean, var
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def normalize(x, axes: tuple, eps: float):
+    """((x - mean) / sqrt(var + eps), mean, var) over ``axes`` (kept as size-1 axes).
+
+    Its derivative is written out: dy = (dx - mean(dx) - y * mean(dx * y)) / sqrt(var + eps), which transposes to
+    a backward pass of two reductions and one elementwise loop. Differentiating the two-pass variance instead gave
+    XLA:CPU more passes over the activations: batch norm's forward and backward 1.3-1.6x slower measured alone.
+    A JVP rule (not a VJP) keeps forward-mode differentiation."""
+    mean, var = _mean_var(x, axes)
+    return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
+
+
+@normalize.defjvp
+def _normalize_jvp(axes, eps, primals, tangents):
+    (x,), (dx,) = primals, tangents
+    y, mean, var = normalize(x, axes, eps)
+    rstd = jax.lax.rsqrt(var + eps)
+    dmean, dxy = jnp.mean(dx, axes, keepdims=True), jnp.mean(dx * y, axes, keepdims=True)
+    return (y, mean, var), (rstd * (dx - dmean - y * dxy), dmean, 2 * dxy / rstd)
 
 
 def _scale_bias_params(features, dtype, use_scale=True, use_bias=True):
@@ -52,9 +75,8 @@ class LayerNorm(Module):
         return _scale_bias_params(x.shape[-1], x.dtype, self.use_scale, self.use_bias)
 
     def forward(self, params, x):
-        xf = x.astype(_stats_dtype(x.dtype))
-        mean, var = _mean_var(xf, -1)
-        return _affine(params, (xf - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
+        y, _, _ = normalize(x.astype(_stats_dtype(x.dtype)), (x.ndim - 1,), self.eps)
+        return _affine(params, y).astype(x.dtype)
 
 
 class RMSNorm(Module):
@@ -90,9 +112,8 @@ class GroupNorm(Module):
         grouped = xf.reshape(*x.shape[:-1], self.num_groups, x.shape[-1] // self.num_groups)
         # Every axis but the batch (first) and the group index.
         axes = tuple(range(1, grouped.ndim - 2)) + (grouped.ndim - 1,)
-        mean, var = _mean_var(grouped, axes)
-        y = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape)
-        return _affine(params, y).astype(x.dtype)
+        y, _, _ = normalize(grouped, axes, self.eps)
+        return _affine(params, y.reshape(x.shape)).astype(x.dtype)
 
 
 class BatchNorm(Module):
@@ -117,11 +138,10 @@ class BatchNorm(Module):
     def __call__(self, params, state, x, *, train=False, key=None):
         xf = x.astype(_stats_dtype(x.dtype))
         if train:
-            mean, var = _mean_var(xf, tuple(range(x.ndim - 1)))
+            y, mean, var = normalize(xf, tuple(range(x.ndim - 1)), self.eps)
             mean, var = mean.reshape(-1), var.reshape(-1)
             m = self.momentum
             state = {"mean": m * state["mean"] + (1 - m) * mean, "var": m * state["var"] + (1 - m) * var}
         else:
-            mean, var = state["mean"], state["var"]
-        y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+            y = (xf - state["mean"]) * jax.lax.rsqrt(state["var"] + self.eps)
         return _affine(params, y).astype(x.dtype), state
