@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.machine import cpu_model, describe, fraction_of_peak, load_average, matmul_peak  # noqa: E402
 from benchmarks.train_benchmark import (FirstExamples, base_env, compiled_trainer, peak_line, run_child,  # noqa: E402
-                                        scan_flops)
+                                        scan_flops, use_autodiff_norm)
 
 CONFIG = REPO / "configs" / "shakespeare_char.json"
 VARIANTS = ["template", "fused", "flax", "nanogpt"]
@@ -76,15 +76,7 @@ def tokens_per_step(loader) -> int:
 # ------------------------------------------------------------------------------------------------- variants
 def autodiff_norm_run(steps: int) -> dict:
     """The template with layer norm differentiated through its two-pass variance (not the written-out derivative)."""
-    import jax
-
-    from model.modules import normalization
-
-    def autodiff_normalize(x, axes, eps):
-        mean, var = normalization._mean_var(x, axes)
-        return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
-
-    normalization.normalize = autodiff_normalize
+    use_autodiff_norm()
     return template_run(steps)
 
 

@@ -180,11 +180,25 @@ def compiled_trainer(config: dict, loader):
     return trainer
 
 
+def use_autodiff_norm():
+    """Ablation `autodiff-norm`: the normalisation layers differentiated through the two-pass variance, not by
+    their written-out derivative."""
+    import jax
+
+    from model.modules import normalization
+
+    def autodiff_normalize(x, axes, eps):
+        mean, var = normalization._mean_var(x, axes)
+        return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
+
+    normalization.normalize = autodiff_normalize
+
+
 def template_run(model_name: str, variant: str, steps: int) -> dict:
     """The template with the ablations named in ``variant`` ("template", or names joined by "+")."""
     import jax
 
-    from model.modules import conv, normalization, pooling
+    from model.modules import conv, pooling
     from training import platform
     from training.trainer import metric_results
     from utils import build
@@ -206,10 +220,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     if "conv-weight-grad" in ablations:
         conv._is_tap_weight_grad = lambda *args: False
     if "autodiff-norm" in ablations:
-        def autodiff_normalize(x, axes, eps):
-            mean, var = normalization._mean_var(x, axes)
-            return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
-        normalization.normalize = autodiff_normalize
+        use_autodiff_norm()
     config = bench_config(model_name, steps, augment="no-augment" not in ablations)
     if "K=1" in ablations:
         config["trainer"]["steps_per_call"] = 1
@@ -257,7 +268,7 @@ def fused_run(model_name: str, steps: int) -> dict:
     metrics, (optimizer, _) = [build(m, "metrics") for m in config["metrics"]], build_optimizer(config, len(loader))
 
     one = {k: v[0] for k, v in epoch.items() if k != "active"}
-    seen = augment.spec(jax.eval_shape(lambda b: b, one)) if augment else one  # the batch as the model sees it
+    seen = augment.spec(one) if augment else one  # the batch as the model sees it
 
     def init(seed):
         params, state = model.init(jax.random.PRNGKey(seed), jax.ShapeDtypeStruct(seen["input"].shape,
