@@ -26,8 +26,6 @@ Variants (each measured in a fresh process, since platform defaults are per proc
   lax-depthwise template with depthwise convolutions as grouped lax convolutions (mnist_convnext)
   conv-weight-grad  template with the weight gradients of ungrouped convolutions as XLA convolutions, not as one
                 matrix product per kernel tap
-  unchunked-taps  template with the per-tap weight-gradient products over the whole batch at once, not
-                accumulated over chunks of 8 examples (cifar_resnet)
   autodiff-norm template with batch/layer/group norm differentiated through the two-pass variance, not by the
                 written-out derivative (mnist_convnext, cifar_resnet)
   no-prefetch   template with batches prepared in the loop (DataLoader prefetch=0)
@@ -76,7 +74,7 @@ VARIANTS = {
                        "autodiff-conv", "lax-depthwise", "conv-weight-grad", "autodiff-norm", "no-prefetch",
                        "startup"],
     "cifar_resnet": ["template", "fused", "flax", "torch", "no-augment", "K=1", "no-hugetlb", "no-xla-opts",
-                     "conv-weight-grad", "unchunked-taps", "autodiff-norm"],
+                     "conv-weight-grad", "autodiff-norm"],
 }
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
@@ -221,8 +219,6 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         conv._is_plain_depthwise = lambda *args: False
     if "conv-weight-grad" in ablations:
         conv._is_tap_weight_grad = lambda *args: False
-    if "unchunked-taps" in ablations:
-        conv._TAP_CHUNK = 1
     if "autodiff-norm" in ablations:
         use_autodiff_norm()
     config = bench_config(model_name, steps, augment="no-augment" not in ablations)

@@ -10,10 +10,8 @@ full speed. The finding is XLA:CPU's; on other backends (not measured) the plain
 shifted-slice products and its weight gradient as one matrix product over taps: XLA:CPU's convolution and the
 transpose it needs for the weight gradient cost more there than the ~3x wider layer after it (the reference CNN's
 step: 1.1-1.2x faster). Inference and exports keep the convolution. The weight gradient of an ungrouped convolution
-with at most 32 output channels is kh * kw matrix products, one per kernel tap,
-accumulated over chunks of a few examples so that each chunk is read from cache, rather than a convolution of the
-input with the output gradient (the CIFAR ResNet-20's step: 1.15-1.35x faster, then 1.05-1.3x more chunked; a
-32 -> 64 layer measured slower).
+with at most 32 output channels is kh * kw matrix products, one per kernel tap, rather than a convolution of the
+input with the output gradient (the CIFAR ResNet-20's step: 1.15-1.35x faster; wider layers measured slower).
 
 Depthwise convolutions (one filter per channel, stride 1) take a third path on the CPU, ``depthwise_conv``: XLA:CPU
 has no fast grouped convolution (a 7x7 depthwise layer of the ConvNeXt sample took 60 ms forward, 150 ms with its
@@ -112,47 +110,12 @@ def _taps(x, kernel, pads, strides=(1, 1)):
 
 
 def _is_tap_weight_grad(w, strides, pads, lhs_dilation, rhs_dilation, groups) -> bool:
-    """Ungrouped, undilated, non-negative padding, at most 32 output channels: the weight gradient is matrix
-    products per kernel tap (``_tap_weight_grad``). Measured in whole training steps on XLA:CPU (2-core AMD Zen 3):
-    the CIFAR ResNet-20 1.15-1.35x faster this way; a 32 -> 64 channel layer (mnist_cnn's second) 1.1-1.25x slower,
-    chunked or not; the ResNet's 64 -> 64 layers chunked no faster on two cores. ``python
-    benchmarks/train_benchmark.py --variants template,conv-weight-grad`` re-measures."""
+    """Ungrouped, undilated, non-negative padding, at most 32 output channels: the weight gradient is one matrix
+    product per kernel tap. Measured in whole training steps on XLA:CPU (2-core AMD Zen 3): the CIFAR ResNet-20
+    1.15-1.35x faster this way; a 32 -> 64 channel layer (mnist_cnn's second) 1.25x slower, the ConvNeXt sample
+    unchanged. ``python benchmarks/train_benchmark.py --variants template,conv-weight-grad`` re-measures."""
     return (groups == 1 and w.shape[-1] <= 32 and lhs_dilation == rhs_dilation == (1, 1)
             and min(min(p) for p in pads) >= 0)
-
-
-# Examples per step of the weight-gradient loop: a 32x32x16 chunk's padded input is ~0.6 MB. Measured on the CIFAR
-# ResNet-20 step (2-core AMD Zen 3): 8 and 16 alike, 4 slower than the unchunked products.
-_TAP_CHUNK = 8
-
-
-def _tap_weight_grad(x, g, kernel, pads, strides):
-    """dw[i, j] = sum over output positions of tap(i, j)^T @ g, one matrix product per kernel tap, accumulated over
-    chunks of ``_TAP_CHUNK`` examples in a loop.
-
-    One chunk's input and output gradient stay in cache while its kh * kw products read them; over the whole batch
-    at once each product streams both from memory again, and the step's weight gradients cost more than its
-    forward convolutions (the CIFAR ResNet-20 step 1.2x faster chunked on one core, 1.05-1.2x on two). A batch
-    of at most ``_TAP_CHUNK`` examples, or with no divisor in 4.._TAP_CHUNK, takes the products in one go.
-    """
-    n, cin, cout = x.shape[0], x.shape[-1], g.shape[-1]
-    chunk = max(d for d in range(1, min(n, _TAP_CHUNK) + 1) if n % d == 0)
-
-    def products(x_padded, g):
-        rows = g.reshape(-1, cout)
-        return jnp.stack([lax.dot_general(t.reshape(-1, cin), rows, (((0,), (0,)), ((), ())))
-                          for t in _taps(x_padded, kernel, ((0, 0), (0, 0)), strides)])
-
-    xp = jnp.pad(x, ((0, 0), *pads, (0, 0)))
-    if chunk == n or chunk < 4:
-        dw = products(xp, g)
-    else:
-        def accumulate(total, chunk_pair):
-            return total + products(*chunk_pair), None
-
-        chunks = (xp.reshape(n // chunk, chunk, *xp.shape[1:]), g.reshape(n // chunk, chunk, *g.shape[1:]))
-        dw, _ = lax.scan(accumulate, jnp.zeros((kernel[0] * kernel[1], cin, cout), g.dtype), chunks)
-    return dw.reshape(*kernel, cin, cout)
 
 
 def _conv_fwd(x, w, strides, pads, lhs_dilation, rhs_dilation, groups):
@@ -195,9 +158,12 @@ def _conv_bwd(strides, pads, lhs_dilation, rhs_dilation, groups, residuals, g):
         dw = lax.dot_general(taps, g.reshape(-1, cout), (((1,), (0,)), ((), ())))
         return dx.astype(x.dtype), dw.reshape(kh, kw, 1, cout).astype(w.dtype)
     if _is_tap_weight_grad(w, strides, pads, lhs_dilation, rhs_dilation, groups):
-        # kh * kw matrix products where XLA:CPU runs the equivalent convolution (C_in "images" correlated with a
-        # kernel as large as g) slowly for these channel counts.
-        return dx.astype(x.dtype), _tap_weight_grad(x, g, (kh, kw), pads, strides).astype(w.dtype)
+        # dw[i, j] = tap(i, j)^T @ g over all N*H*W output positions: kh * kw matrix products, where XLA:CPU runs
+        # the equivalent convolution (C_in "images" correlated with a kernel as large as g) slowly for few channels.
+        rows = g.reshape(-1, cout)
+        dw = jnp.stack([lax.dot_general(t.reshape(-1, cin), rows, (((0,), (0,)), ((), ())))
+                        for t in _taps(x, (kh, kw), pads, strides)])
+        return dx.astype(x.dtype), dw.reshape(kh, kw, cin, cout).astype(w.dtype)
     # dw: input channels become the batch and the batch the contracted feature axis.
     if groups > 1 and cg == og == 1:
         # Plain depthwise: a batch-grouped convolution, ~6x faster here on XLA:CPU than the form below. Elsewhere
