@@ -256,8 +256,19 @@ def available(kind: str) -> dict[str, Callable]:
     return {name: getattr(module, name) for name in names if callable(getattr(module, name, None))}
 
 
+class _Annotation(str):
+    """An annotation kept as text (postponed evaluation): shown as written, not as a quoted string."""
+
+    def __repr__(self):
+        return str(self)
+
+
 def signature_text(name: str, fn: Callable) -> str:
-    return f"{name}{inspect.signature(fn)}"
+    """``adamw(lr: Hyper, b1: float = 0.9, ...)``: the arguments a config may give, without the return type."""
+    signature = inspect.signature(fn)
+    params = [p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
+              for p in signature.parameters.values()]
+    return f"{name}{signature.replace(parameters=params, return_annotation=inspect.Signature.empty)}"
 
 
 def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] = ()) -> tuple[Callable, dict]:
@@ -296,7 +307,7 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
         if key in supplied:
             raise ConfigError(f"{where}.args.{key}: set by the trainer, not the config")
         if key not in params and not takes_kwargs:
-            raise ConfigError(f"{where}.args.{key}: unknown argument{closest(key, params)} "
+            raise ConfigError(f"{where}.args.{key}: unknown argument.{closest(key, params)} "
                               f"Accepted: {signature_text(name, fn)}")
         if key in params:
             # only an optimizer's `Hyper` arguments may be schedules: build_optimizer builds no others

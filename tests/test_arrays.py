@@ -130,7 +130,7 @@ def test_errors_name_the_file_and_what_exists(tmp_path, data):
     ({"input": ["images", "images"], "target": "labels"}, "args.input: expected an array name, a list of names"),
     ({"input": "images", "target": "labels", "validation_fraction": 0.6, "test_fraction": 0.5},
      "leave no rows for training"),
-    ({"input": "images", "target": "labels", "mmaap": False}, "args.mmaap: unknown argument Did you mean 'mmap'?"),
+    ({"input": "images", "target": "labels", "mmaap": False}, "args.mmaap: unknown argument. Did you mean 'mmap'?"),
     ({"input": "images", "target": "labls"}, "data.npz: no array 'labls'"),
 ])
 def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch, data, args, message):

@@ -398,7 +398,7 @@ def test_mixup_refuses_targets_it_cannot_mix():
     ([{"name": "flip_horizntal"}], "augment.0.name: unknown augment 'flip_horizntal'; available: brightness, "
                                    "contrast, cutmix, flip_horizontal, flip_vertical, mixup, normalize, random_crop, "
                                    "random_erasing, random_resized_crop, saturation. Did you mean 'flip_horizontal'?"),
-    ([{"name": "random_crop", "args": {"pading": 4}}], "augment.0.args.pading: unknown argument Did you mean "
+    ([{"name": "random_crop", "args": {"pading": 4}}], "augment.0.args.pading: unknown argument. Did you mean "
                                                        "'padding'? Accepted: random_crop(padding"),
     ([{"name": "random_crop", "args": {"padding": -1}}], "augment.0.args.padding: must be an integer >= 0"),
     ([{"name": "random_crop", "args": {"padding_mode": "wrap"}}], "padding_mode: expected one of constant, reflect"),

@@ -153,7 +153,7 @@ def test_generate_text_writes_a_sample_each_epoch(tmp_path):
 @pytest.mark.parametrize("callbacks, message", [
     ([{"name": "emma"}], "callbacks.0.name: unknown callbacks 'emma'; available: ema, generate_text, lr_finder. Did you mean 'ema'"),
     ([{"name": "ema", "args": {"decay": 1.0}}], r"decay: expected a number in \[0, 1\)"),
-    ([{"name": "ema", "args": {"rate": 0.9}}], r"callbacks.0.args.rate: unknown argument Accepted: ema\(decay"),
+    ([{"name": "ema", "args": {"rate": 0.9}}], r"callbacks.0.args.rate: unknown argument\. Accepted: ema\(decay"),
     ([{"name": "ema"}, {"name": "ema"}], "callbacks.1: ema is listed twice"),
     ([{"name": "lr_finder", "args": {"min_lr": 1.0, "max_lr": 0.1}}], "must be above min_lr"),
     ({"name": "ema"}, "callbacks: expected a list"),

@@ -147,7 +147,7 @@ def test_published_checksums_are_well_formed():
 @pytest.mark.parametrize("name, args, message", [
     ("cifar10", {"split": "all"}, "args.split: expected \"train\", \"validation\" or \"test\""),
     ("cifar100", {"label": "medium"}, "args.label: cifar100 has 'coarse' or 'fine' labels, got 'medium'"),
-    ("cifar10", {"validation_sise": 10}, "args.validation_sise: unknown argument Did you mean 'validation_size'?"),
+    ("cifar10", {"validation_sise": 10}, "args.validation_sise: unknown argument. Did you mean 'validation_size'?"),
     ("cifar10", {"dtype": "int8"}, "args.dtype: expected \"uint8\""),
     ("cifar10", {"data_dir": "NOWHERE"}, "data_batch_1.bin not found"),
 ])

@@ -227,7 +227,7 @@ def test_folder_errors(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ({"sizes": [8, 8]}, "data_loader.train.args.sizes: unknown argument Did you mean 'size'?"),
+    ({"sizes": [8, 8]}, "data_loader.train.args.sizes: unknown argument. Did you mean 'size'?"),
     ({"size": [8, 0]}, "data_loader.train.args.size: expected [height, width]"),
     ({"channels": 4}, "data_loader.train.args.channels: expected 1 (gray) or 3 (RGB), got 4"),
     ({"split": "val"}, "data_loader.train.args.split: expected one of 'all', 'train', 'validation', got 'val'"),

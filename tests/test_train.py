@@ -140,7 +140,10 @@ def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
 @pytest.mark.parametrize("change, message", [
     ({"model": {"name": "mlpp"}}, "config.json: model.name: unknown model 'mlpp'; available: char_transformer, "),
     ({"model": {"name": "mlpp"}}, ". Did you mean 'mlp'?"),
-    ({"model": {"name": "mlp", "args": {"hiden": [3]}}}, "config.json: model.args.hiden: unknown argument Did you mean 'hidden'?"),
+    ({"model": {"name": "mlp", "args": {"hiden": [3]}}}, "config.json: model.args.hiden: unknown argument. Did you mean 'hidden'?"),
+    ({"optimizer": {"name": "adam", "args": {"lrr": 0.1}}},  # the signature as written, no quotes, no return type
+     "optimizer.args.lrr: unknown argument. Did you mean 'lr'? Accepted: adam(lr: Hyper, b1: float = 0.9, b2: float "
+     "= 0.999, eps: float = 1e-08)"),
     ({"optimizer": {"name": "adam", "args": {"lr": "fast"}}}, "optimizer.args.lr: expected float"),
     ({"optimizer": {"name": "adam", "args": {"lr": -1.0}}}, "optimizer.args.lr: must be >= 0.0"),
     ({"optimizer": {"name": "adam", "schedule": {"name": "cosine_decay", "args": {"init_value": 0.1}}}},
