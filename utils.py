@@ -52,7 +52,6 @@ TRAINER_DEFAULTS = {
     "async_checkpoints": True,
     "accumulate_steps": 1,
     "precision": None,
-    "cpu_matmuls": "xla",
 }
 WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
                   "mode": "offline", "id": None}
@@ -513,11 +512,6 @@ def validate(config: dict, source: str = "config.json") -> dict:
         policy_of(trainer["precision"])
     except ValueError as error:
         raise ConfigError(f"{where}precision: {error}") from None
-    from training.platform import CPU_MATMULS
-
-    if trainer["cpu_matmuls"] not in CPU_MATMULS:
-        raise ConfigError(f"{where}cpu_matmuls: expected {' or '.join(map(json.dumps, CPU_MATMULS))}, got "
-                          f"{show(trainer['cpu_matmuls'])}.{closest(trainer['cpu_matmuls'], CPU_MATMULS)}")
     if not isinstance(trainer["async_checkpoints"], bool):
         raise ConfigError(f"{where}async_checkpoints: expected true or false, got {show(trainer['async_checkpoints'])}")
     check_save_dir(trainer, config["name"], where)

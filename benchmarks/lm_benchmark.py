@@ -13,7 +13,6 @@ Variants (each in a fresh process, interleaved round by round; medians over roun
   flax      conventional: the same network in flax.linen + optax.adamw, one jitted step per batch, Python loop
   autodiff-norm  template with layer norm differentiated through its two-pass variance, not by the written-out
             derivative of `model/modules/normalization.py`
-  other-matmuls  template with the other trainer.cpu_matmuls choice ("xla" / "ynnpack") than the sample's
   nanogpt   nanoGPT's `GPT` and `configure_optimizers` (from --nanogpt DIR, a checkout of nanoGPT; needs torch),
             eager PyTorch on the CPU with all cores, its train.py's step (forward, backward, clip 1.0, AdamW)
 Each process compiles and warms up (template/fused: one timed-length run; flax/nanogpt: ten steps), then times
@@ -81,20 +80,12 @@ def autodiff_norm_run(steps: int) -> dict:
     return template_run(steps)
 
 
-def other_matmuls_run(steps: int) -> dict:
-    """The template with the other trainer.cpu_matmuls choice than the sample's."""
-    return template_run(steps, other_matmuls=True)
-
-
-def template_run(steps: int, other_matmuls: bool = False) -> dict:
+def template_run(steps: int) -> dict:
     import jax
 
-    from benchmarks.train_benchmark import other_matmuls as other
     from training.trainer import metric_results, peak_rss_mb
 
     config = bench_config()
-    if other_matmuls:
-        config["trainer"]["cpu_matmuls"] = other(config["trainer"]["cpu_matmuls"])
     loader = train_loader(config, steps)
     trainer = compiled_trainer(config, loader)
     metric_results(trainer.metrics, trainer.train_epoch(0))  # warm-up: one epoch, as the fused bound does
@@ -138,8 +129,7 @@ def fused_run(steps: int) -> dict:
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], loader.spec))
     chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
     start = time.perf_counter()
-    options = platform.xla_options("train", jax.default_backend(), matmuls=config["trainer"]["cpu_matmuls"])
-    compiled = chunk.lower(ts, zeros, epoch).compile(options or None)
+    compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
     compile_s = time.perf_counter() - start
     ts, totals, logs = compiled(ts, jax.device_put(zeros), epoch)  # warm-up: the whole run once
     jax.block_until_ready(logs)
@@ -260,7 +250,7 @@ def child_env(variant: str) -> dict:
     from training import platform
 
     env = base_env()
-    if variant in ("template", "fused", "autodiff-norm", "other-matmuls"):  # the peak and the peers run as their users would
+    if variant in ("template", "fused", "autodiff-norm"):  # the peak and the peers run as their users would
         env.update(platform.process_defaults(env))
     else:
         env[platform.SWITCH] = "0"
@@ -278,7 +268,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
         runs = {"template": template_run, "fused": fused_run, "flax": flax_run, "peak": lambda steps: matmul_peak(),
-                "autodiff-norm": autodiff_norm_run, "other-matmuls": other_matmuls_run}
+                "autodiff-norm": autodiff_norm_run}
         result = nanogpt_run(args.steps, args.nanogpt) if args.child == "nanogpt" else runs[args.child](args.steps)
         print(json.dumps(result), flush=True)
         return 0

@@ -19,7 +19,6 @@ Variants (each measured in a fresh process, since platform defaults are per proc
   K=1           template with one step per call
   no-hugetlb    template without GLIBC_TUNABLES=glibc.malloc.hugetlb=1
   no-xla-opts   template without the per-executable XLA:CPU options
-  other-matmuls template with the other trainer.cpu_matmuls choice ("xla" / "ynnpack") than the config's
   autodiff-conv template with plain autodiff for the non-depthwise convolutions (no custom VJP)
   window-pool   template with max pooling as lax.reduce_window (mnist_cnn)
   conv-first-layer  template with the one-input-channel convolution trained as an XLA convolution (mnist_cnn),
@@ -70,7 +69,6 @@ SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 MODELS = ("mnist_cnn", "mnist_convnext", "cifar_resnet")
 VARIANTS = {
     "mnist_cnn": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
-                  "other-matmuls",
                   "autodiff-conv", "window-pool", "conv-first-layer", "conv-weight-grad", "no-prefetch", "startup"],
     "mnist_convnext": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
                        "autodiff-conv", "lax-depthwise", "conv-weight-grad", "autodiff-norm", "no-prefetch",
@@ -134,8 +132,6 @@ def bench_config(model: str, steps: int = 0, augment: bool = True) -> dict:
             "augment": ops if augment else [op for op in ops if op["name"] == "normalize"]}}
     else:
         config = load_config(REPO / "config.json", [f"model.name={model}", "model.args={}"])
-        if model == "mnist_cnn":  # its products measured faster through YNNPACK, the ConvNeXt's slower (README)
-            config["trainer"]["cpu_matmuls"] = "ynnpack"
         config["data_loader"] = {"train": {"name": "mnist", "args": {"split": "train", "batch_size": BATCH,
                                                                      "shuffle": True, "data_dir": data_dir()}}}
     config["trainer"]["monitor"] = "off"
@@ -222,8 +218,6 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     config = bench_config(model_name, steps, augment="no-augment" not in ablations)
     if "K=1" in ablations:
         config["trainer"]["steps_per_call"] = 1
-    if "other-matmuls" in ablations:
-        config["trainer"]["cpu_matmuls"] = other_matmuls(config["trainer"]["cpu_matmuls"])
     spec = config["data_loader"]["train"]
     if "no-prefetch" in ablations:
         spec["args"]["prefetch"] = 0
@@ -244,13 +238,6 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "data_wait_s": trainer.data_wait,
             "compile_s": trainer.compile_seconds, "steps_per_call": trainer.steps_per_call,
             "peak_rss_mb": peak_rss_mb(), "mflop_per_example": (trainer.flops_per_example or 0) / 1e6}
-
-
-def other_matmuls(choice: str) -> str:
-    """Ablation `other-matmuls`: the training step's matrix products by the other trainer.cpu_matmuls choice."""
-    from training.platform import CPU_MATMULS
-
-    return next(c for c in CPU_MATMULS if c != choice)
 
 
 def fused_run(model_name: str, steps: int) -> dict:
@@ -287,8 +274,7 @@ def fused_run(model_name: str, steps: int) -> dict:
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], seen))
     chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics, augment), donate_argnums=(0, 1))
     start = time.perf_counter()
-    options = platform.xla_options("train", jax.default_backend(), matmuls=config["trainer"]["cpu_matmuls"])
-    compiled = chunk.lower(ts, zeros, epoch).compile(options or None)
+    compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
     compile_s = time.perf_counter() - start
     ts, acc, logs = compiled(ts, jax.device_put(zeros), epoch)  # warm-up: one whole epoch
     jax.block_until_ready(logs)

@@ -42,7 +42,7 @@ class StepLosses:
         pass
 
 
-def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2, cpu_matmuls="xla"):
+def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
     """7 full batches of 16 and one of 5: a padded last batch, and with K = 3 a last call with 2 of 3 steps."""
     config = validate({
         "name": "perf", "seed": 1, "model": model, "loss": {"name": "cross_entropy"},
@@ -52,8 +52,7 @@ def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2, c
                                                                            "warmup_steps": 3, "decay_steps": 16}},
                       "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}]},
         "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
-        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path),
-                    "cpu_matmuls": cpu_matmuls},
+        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path)},
     })
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, 28, 28, 1)).astype(np.float32)
@@ -83,22 +82,6 @@ def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
     for ra, rb in zip(*rows):
         assert abs(ra["train/loss"] - rb["train/loss"]) < 1e-6 and ra["val/accuracy"] == rb["val/accuracy"]
         assert ra["time/peak_rss_mb"] > 0
-
-
-@pytest.mark.parametrize("model", TINY_MODELS)
-def test_ynnpack_matmuls_train_as_xla_does(tmp_path, model):
-    """trainer.cpu_matmuls only changes which kernels compute the products: the same losses to float32 rounding."""
-    xla = make_trainer(tmp_path, TINY_MODELS[model], 3, "xla", epochs=1)
-    ynn = make_trainer(tmp_path, TINY_MODELS[model], 3, "ynn", epochs=1, cpu_matmuls="ynnpack")
-    xla.fit()
-    ynn.fit()
-    a, b = xla.trackers[0].losses, ynn.trackers[0].losses
-    assert sorted(a) == sorted(b) == list(range(1, 9))
-    np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-4)
-    if jax.default_backend() == "cpu" and platform.jaxlib_series() in platform.XLA_CPU_OPTIONS:
-        # the option reached the training executable: a YNNPACK call for a product appears in it
-        assert "__ynn_fusion" in ynn.compiled_chunk.as_text()
-        assert xla.compiled_chunk.as_text().count("__ynn_fusion") < ynn.compiled_chunk.as_text().count("__ynn_fusion")
 
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
@@ -159,17 +142,9 @@ def test_xla_options_only_for_the_measured_cpu_setup():
     assert platform.xla_options("train", "cpu", {}, series="0.11") == {}  # unmeasured jaxlib: XLA may reject them
     assert platform.xla_options("train", "cpu", {"XLA_FLAGS": "--xla_dump_to=/tmp"}, series="0.10") == {}
     assert platform.xla_options("train", "cpu", {platform.SWITCH: "0"}, series="0.10") == {}
-    ynn = platform.xla_options("train", "cpu", {}, series="0.10", matmuls="ynnpack")
-    assert ynn == {"xla_cpu_experimental_ynn_fusion_type":
-                   "LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
-    assert platform.xla_options("eval", "cpu", {}, series="0.10", matmuls="ynnpack") == platform.xla_options(
-        "eval", "cpu", {}, series="0.10")  # the choice is the training step's only
-    assert platform.xla_options("train", "gpu", {}, series="0.10", matmuls="ynnpack") == {}
-    with pytest.raises(ValueError, match="cpu_matmuls: expected one of xla, ynnpack, got 'mkl'"):
-        platform.xla_options("train", "cpu", {}, series="0.10", matmuls="mkl")
     # The options are accepted by the installed XLA (a rejected option is an error at compile time).
-    for kind, matmuls in (("train", "xla"), ("train", "ynnpack"), ("eval", "xla"), ("init", "xla")):
-        options = platform.xla_options(kind, jax.default_backend(), matmuls=matmuls)
+    for kind in ("train", "eval", "init"):
+        options = platform.xla_options(kind, jax.default_backend())
         jax.jit(lambda x: x.sum(0) * 2).lower(np.ones((4, 3), np.float32)).compile(options or None)
 
 

@@ -150,8 +150,6 @@ def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
      "optimizer.schedule.args: missing argument 'decay_steps'"),
     ({"trainer__monitor": "max val/acc"}, "trainer.monitor: 'val/acc' is not logged. Did you mean 'val/accuracy'?"),
     ({"trainer__epochs": 0}, "trainer.epochs: must be >= 1"),
-    ({"trainer__cpu_matmuls": "ynnpak"},
-     'trainer.cpu_matmuls: expected "xla" or "ynnpack", got "ynnpak". Did you mean \'ynnpack\'?'),
     ({"trainer__epoch": 3}, "trainer.epoch: unknown setting. Did you mean 'epochs'?"),
     ({"data_loader__train__args__batch_size": 0}, "data_loader.train.args.batch_size: must be >= 1"),
     ({"metrics": [{"name": "acuracy"}]}, "metrics.0.name: unknown metrics 'acuracy'"),

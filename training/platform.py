@@ -9,9 +9,8 @@ On Linux with JAX's CPU backend:
 - XLA:CPU options per executable (``xla_options``), jaxlib 0.10: the training step keeps XLA's YNNPACK fusions for
   reductions only (its default also fuses matrix products and elementwise code and materialises broadcasts and
   slices around them; with none, the column sums of bias gradients are ~20x slower). The evaluation step, where no
-  such sums arise, runs without them (the ConvNeXt sample's forward pass was 3.5x faster). A config may send the
-  training step's matrix products through YNNPACK too (``trainer.cpu_matmuls: "ynnpack"``, see CPU_MATMULS).
-  The initialisation, which runs once, is compiled without optimisation (1.0 s instead of 2.5 s for the sample).
+  such sums arise, runs without them (the ConvNeXt sample's forward pass was 3.5x faster). The initialisation,
+  which runs once, is compiled without optimisation (1.0 s instead of 2.5 s for the sample).
 
 Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names another platform first, or a GPU/TPU
 plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` themselves, or with
@@ -31,16 +30,9 @@ HUGETLB = "glibc.malloc.hugetlb=1"
 _REEXECUTED = "_TRAIN_PLATFORM_REEXECUTED"
 _STARTED = "_TRAIN_STARTED_AT"
 ACCELERATOR_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
-# trainer.cpu_matmuls: who computes the training step's matrix products on the CPU. "xla" (XLA's own kernels) is
-# the default; "ynnpack" measured faster for networks of dense layers (the language-model sample) and the reference
-# CNN, slower for the ConvNeXt and ResNet samples (README, Performance).
-CPU_MATMULS = ("xla", "ynnpack")
 # XLA rejects options it does not know, so they apply to the jaxlib series they were measured with only.
 XLA_CPU_OPTIONS = {
     "0.10": {"train": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"},
-             # trainer.cpu_matmuls "ynnpack": each matrix product of the training step a YNNPACK call as well
-             "train:ynnpack": {"xla_cpu_experimental_ynn_fusion_type":
-                               "LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
              "eval": {"xla_cpu_experimental_ynn_fusion_type": ""},
              "init": {"xla_backend_optimization_level": 0}},  # runs once: compiles in 1.0 s instead of 2.5 s
 }
@@ -93,24 +85,18 @@ def jaxlib_series() -> str | None:
         return None
 
 
-def xla_options(kind: str, backend: str, environ=os.environ, series: str | None = None,
-                matmuls: str = "xla") -> dict[str, str]:
-    """Compiler options for the ``"train"``, ``"eval"`` or ``"init"`` executable on ``backend``; ``matmuls`` is
-    the config's ``trainer.cpu_matmuls`` (one of CPU_MATMULS), which only the training step follows."""
-    if matmuls not in CPU_MATMULS:
-        raise ValueError(f"cpu_matmuls: expected one of {', '.join(CPU_MATMULS)}, got {matmuls!r}")
+def xla_options(kind: str, backend: str, environ=os.environ, series: str | None = None) -> dict[str, str]:
+    """Compiler options for the ``"train"``, ``"eval"`` or ``"init"`` executable on ``backend``."""
     if not enabled(environ) or backend != "cpu" or environ.get("XLA_FLAGS"):
         return {}
-    if kind == "train" and matmuls != "xla":
-        kind = f"train:{matmuls}"
     return dict(XLA_CPU_OPTIONS.get(series or jaxlib_series() or "", {}).get(kind, {}))
 
 
-def describe(backend: str, environ=os.environ, matmuls: str = "xla") -> str:
+def describe(backend: str, environ=os.environ) -> str:
     """What is in effect, for the run's log."""
     if not enabled(environ):
         return f"off ({SWITCH}=0)"
     parts = [f"GLIBC_TUNABLES={environ['GLIBC_TUNABLES']}"] if environ.get("GLIBC_TUNABLES") else []
     for kind in ("train", "eval"):
-        parts += [f"{kind}: {k}={v!r}" for k, v in xla_options(kind, backend, environ, matmuls=matmuls).items()]
+        parts += [f"{kind}: {k}={v!r}" for k, v in xla_options(kind, backend, environ).items()]
     return "; ".join(parts) or "none"

@@ -307,7 +307,7 @@ class Trainer:
                                   stack_spec, self.stack_sharding(stack_spec))
         start = time.perf_counter()
         compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
-            platform.xla_options("train", jax.default_backend(), matmuls=self.trainer_cfg["cpu_matmuls"]) or None)
+            platform.xla_options("train", jax.default_backend()) or None)
         return compiled, time.perf_counter() - start
 
     def compile(self) -> None:
@@ -317,8 +317,7 @@ class Trainer:
         The loop calls these compiled executables, so a batch of another shape is an error, never a silent
         recompilation; the compile time and XLA's FLOP estimate are logged.
         """
-        described = platform.describe(jax.default_backend(), matmuls=self.trainer_cfg["cpu_matmuls"])
-        log.info(f"platform defaults: {described}")
+        log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
         if self.execution != "aot":  # the jitted function itself: compiled at its first call, or run op by op
             chunk = self.train_chunk if self.execution == "eager" else self.nan_located_chunk()
             self.compiled_chunk, self.compile_seconds, self.flops_per_example = chunk, 0.0, None
