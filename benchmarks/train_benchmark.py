@@ -192,7 +192,9 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     """The template with the ablations named in ``variant`` ("template", or names joined by "+")."""
     import jax
 
-    from model.modules import conv, pooling
+    from model.kernels import conv as cpu_conv
+    from model.kernels import depthwise as cpu_depthwise
+    from model.modules import pooling
     from training import platform
     from training.trainer import metric_results
     from utils import build
@@ -201,18 +203,18 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     if "no-xla-opts" in ablations:
         platform.XLA_CPU_OPTIONS = {}
     if "autodiff-conv" in ablations:
-        conv._conv_fast_grad = conv._canonical_conv  # the plain lax convolution and its autodiff gradient
+        cpu_conv.conv = cpu_conv.canonical_conv  # the plain lax convolution and its autodiff gradient
     if "window-pool" in ablations:
         def window_max(self, params, x):
             return jax.lax.reduce_window(x, -jax.numpy.inf, jax.lax.max, (1, *self.kernel_size, 1),
                                          (1, *self.stride, 1), "VALID")
         pooling.MaxPool2d.forward = window_max
     if "conv-first-layer" in ablations:
-        conv._is_single_channel = lambda *args: False
+        cpu_conv.is_single_channel = lambda *args: False
     if "lax-depthwise" in ablations:
-        conv._is_plain_depthwise = lambda *args: False
+        cpu_depthwise.is_plain_depthwise = lambda *args: False
     if "conv-weight-grad" in ablations:
-        conv._is_tap_weight_grad = lambda *args: False
+        cpu_conv.is_tap_weight_grad = lambda *args: False
     if "autodiff-norm" in ablations:
         use_autodiff_norm()
     config = bench_config(model_name, steps, augment="no-augment" not in ablations)

@@ -102,7 +102,7 @@ def test_custom_vjp_equals_autodiff_float64(name):
             return lambda x, w: jnp.vdot(conv(x, w), cotangent)
 
         ours = jax.jit(jax.grad(loss(
-            lambda x, w: conv2d(x, w, stride, padding, dilation, groups, custom_grad=True)), (0, 1)))(x, w)
+            lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True)), (0, 1)))(x, w)
         autodiff = jax.jit(jax.grad(loss(
             lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups)), (0, 1)))(x, w)
     assert ours[0].dtype == jnp.float64
@@ -126,7 +126,7 @@ def test_custom_vjp_float32_inside_scan():
         out = jax.eval_shape(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w)
         cotangent = np.random.default_rng(4).normal(size=out.shape).astype(np.float32)
         ours = jax.jit(lambda x, w, c: grads(
-            lambda x, w: conv2d(x, w, stride, padding, dilation, groups, custom_grad=True), x, w, c))(x, w, cotangent)
+            lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True), x, w, c))(x, w, cotangent)
         ref = jax.jit(lambda x, w, c: grads(
             lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w, c))(x, w, cotangent)
         for a, b in zip(ours, ref):
@@ -143,11 +143,11 @@ def test_conv2d_check_grads(name):
         params = _random_params(shapes, seed=9)
         # custom_vjp has no forward mode, so the layer is checked in reverse mode only.
         check_grads(jax.jit(lambda p, x: layer(p, state, x)[0]), (params, x), order=1, modes=("rev",))
-        custom = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, custom_grad=True))
+        custom = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, cpu_kernels=True))
         with pytest.raises(TypeError):
             jax.jvp(custom, (x,), (x,))
         # The plain path (used off the CPU) supports both modes.
-        plain = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, custom_grad=False))
+        plain = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, cpu_kernels=False))
         check_grads(plain, (x,), order=1, modes=("fwd", "rev"))
 
 
@@ -215,7 +215,7 @@ def test_conv_transpose_gradients(cfg):
         w = rng.normal(size=(*_as_pair(kernel), 3, 2))
         ref = lambda x, w: lax.conv_transpose(x, w, _as_pair(stride), padding, dimension_numbers=DIMS)
         cotangent = rng.normal(size=ref(x, w).shape)
-        ours = jax.jit(jax.grad(lambda x, w: jnp.vdot(conv_transpose2d(x, w, stride, padding, custom_grad=True),
+        ours = jax.jit(jax.grad(lambda x, w: jnp.vdot(conv_transpose2d(x, w, stride, padding, cpu_kernels=True),
                                                       cotangent), (0, 1)))(x, w)
         autodiff = jax.jit(jax.grad(lambda x, w: jnp.vdot(ref(x, w), cotangent), (0, 1)))(x, w)
         layer = ConvTranspose2d(2, kernel, stride, padding, use_bias)
@@ -254,7 +254,7 @@ def test_depthwise_path_matches_lax_float64(name):
     kernel, padding = DEPTHWISE[name][:2]
     with jax.enable_x64(True):
         x, w = _depthwise_inputs(name, np.float64, seed=12)
-        ours = lambda x, w: conv2d(x, w, 1, padding, 1, 3, custom_grad=True)
+        ours = lambda x, w: conv2d(x, w, 1, padding, 1, 3, cpu_kernels=True)
         ref = lambda x, w: _reference(x, w, kernel, 1, padding, 1, 3)
         cotangent = np.random.default_rng(13).normal(size=jax.eval_shape(ref, x, w).shape)
         value_and_grads = lambda conv: jax.jit(jax.value_and_grad(lambda x, w: jnp.vdot(conv(x, w), cotangent),
@@ -276,7 +276,7 @@ def test_depthwise_path_float32_inside_scan():
             return carry, jax.grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))(x, w)
         return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
 
-    ours = grads(lambda x, w: conv2d(x, w, groups=3, custom_grad=True))
+    ours = grads(lambda x, w: conv2d(x, w, groups=3, cpu_kernels=True))
     ref = grads(lambda x, w: _reference(x, w, 3, 1, "SAME", 1, 3))
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
@@ -291,12 +291,12 @@ def test_depthwise_layers_take_the_shifted_slice_path():
     params, _ = jax.eval_shape(depthwise.init, jax.random.key(0), x)
     assert "conv_general_dilated" not in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
     assert "custom_vjp_call" in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
-    # Off the fast path: channel multipliers, strides, dilation, custom_grad=False.
+    # Off the fast path: channel multipliers, strides, dilation, cpu_kernels=False.
     for layer in (Conv2d(8, 3, groups=4), Conv2d(4, 3, stride=2, groups=4), Conv2d(4, 3, dilation=2, groups=4)):
         params, _ = jax.eval_shape(layer.init, jax.random.key(0), x)
         assert "conv_general_dilated" in str(jax.make_jaxpr(lambda p, x: layer(p, {}, x)[0])(params, x)), layer
     w = jax.ShapeDtypeStruct((7, 7, 1, 4), jnp.float32)
-    assert "conv_general_dilated" in primitives(lambda x, w: conv2d(x, w, groups=4, custom_grad=False), x, w)
+    assert "conv_general_dilated" in primitives(lambda x, w: conv2d(x, w, groups=4, cpu_kernels=False), x, w)
 
 
 def test_weight_gradient_path_by_width():
@@ -305,8 +305,26 @@ def test_weight_gradient_path_by_width():
     def convolutions_in_grad(cout, **kw):
         x = jnp.ones((2, 8, 8, 3), jnp.float32)
         w = jnp.ones((3, 3, 3 // kw.get("groups", 1), cout), jnp.float32)
-        jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: conv2d(x, w, custom_grad=True, **kw).sum(), (0, 1)))(x, w)
+        jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: conv2d(x, w, cpu_kernels=True, **kw).sum(), (0, 1)))(x, w)
         return str(jaxpr).count("conv_general_dilated")
 
     assert convolutions_in_grad(32) == convolutions_in_grad(32, stride=2) == 2  # forward + input gradient
     assert convolutions_in_grad(33) == convolutions_in_grad(8, dilation=2) == convolutions_in_grad(6, groups=3) == 3
+
+
+def test_cpu_kernels_switch(monkeypatch):
+    """One switch picks the XLA:CPU formulations: on by default for the CPU backend, off when set so, and a
+    layer call's own ``cpu_kernels`` wins over it."""
+    from model import kernels
+
+    x, w = jnp.ones((2, 8, 8, 3), jnp.float32), jnp.ones((3, 3, 3, 4), jnp.float32)
+
+    def uses_kernels(**kw):
+        return "custom_vjp_call" in str(jax.make_jaxpr(lambda x, w: conv2d(x, w, **kw))(x, w))
+
+    monkeypatch.setattr(kernels, "CPU_KERNELS", None)
+    assert uses_kernels() == (jax.default_backend() == "cpu")
+    monkeypatch.setattr(kernels, "CPU_KERNELS", False)
+    assert not uses_kernels() and uses_kernels(cpu_kernels=True)
+    monkeypatch.setattr(kernels, "CPU_KERNELS", True)
+    assert uses_kernels() and not uses_kernels(cpu_kernels=False)

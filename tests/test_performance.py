@@ -177,16 +177,17 @@ def test_single_channel_conv_training_path_equals_autodiff_float64(padding, hw):
     matrix product over taps) give the plain convolution's values and autodiff's gradients."""
     from jax import lax
 
+    from model.kernels import conv as cpu_conv
     from model.modules import conv
 
     with jax.enable_x64(True):
         rng = np.random.default_rng(0)
         x, w = rng.normal(size=(3, *hw, 1)), rng.normal(size=(3, 2, 1, 4))
         pads = conv.explicit_padding(padding, hw, (3, 2), (1, 1))
-        assert conv._is_single_channel(x, (1, 1), pads, (1, 1), (1, 1), 1)
-        reference = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), pads, dimension_numbers=conv._DIMS)
+        assert cpu_conv.is_single_channel(x, (1, 1), pads, (1, 1), (1, 1), 1)
+        reference = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), pads, dimension_numbers=conv.DIMS)
         cotangent = rng.normal(size=reference(x, w).shape)
-        ours_y, ours_vjp = jax.vjp(lambda x, w: conv.conv2d(x, w, padding=padding, custom_grad=True), x, w)
+        ours_y, ours_vjp = jax.vjp(lambda x, w: conv.conv2d(x, w, padding=padding, cpu_kernels=True), x, w)
         ref_y, ref_vjp = jax.vjp(reference, x, w)
         np.testing.assert_allclose(ours_y, ref_y, rtol=1e-12, atol=1e-12)
         for ours, ref in zip(ours_vjp(cotangent), ref_vjp(cotangent)):
@@ -208,15 +209,15 @@ def test_single_channel_conv_inside_scan_float32_and_check_grads():
         body = lambda carry, _: (carry, jax.grad(lambda x, w: jnp.vdot(fn(x, w), cotangent), (0, 1))(x, w))
         return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
 
-    ours = grads_in_scan(lambda x, w: conv.conv2d(x, w, custom_grad=True))
-    ref = grads_in_scan(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=conv._DIMS))
+    ours = grads_in_scan(lambda x, w: conv.conv2d(x, w, cpu_kernels=True))
+    ref = grads_in_scan(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=conv.DIMS))
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
     with jax.enable_x64(True):
-        check_grads(lambda x, w: conv.conv2d(x, w, padding=1, custom_grad=True),
+        check_grads(lambda x, w: conv.conv2d(x, w, padding=1, cpu_kernels=True),
                     (x[:2, :5, :5].astype(np.float64), w.astype(np.float64)), order=1, modes=("rev",))
     # Inference (and so every export) keeps the plain convolution.
-    assert "conv_general_dilated" in str(jax.make_jaxpr(lambda x: conv.conv2d(x, w, custom_grad=True))(x))
+    assert "conv_general_dilated" in str(jax.make_jaxpr(lambda x: conv.conv2d(x, w, cpu_kernels=True))(x))
 
 
 # ----------------------------------------------------------------------------------------- benchmark helpers
