@@ -3,7 +3,7 @@
     python sample.py -r saved/shakespeare_char/<run_id> --prompt "ROMEO:" --tokens 200 --temperature 0.8
 
 Uses the run folder's config.json, its best checkpoint (model_best.params, else checkpoint-latest.params) and the
-vocabulary in its preprocessing.json; inference/generate.py draws the characters.
+vocabulary in its preprocessing.json; model/generate.py draws the characters.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from inference.generate import Generator
+    from model.generate import Generator
     from training import checkpoint
 
     context = spec.shape[1]

@@ -192,7 +192,7 @@ class GenerateText(Callback):
             raise ValueError(f"prompt: characters not in the data's vocabulary: {''.join(unknown)!r}")
 
     def on_train_start(self, trainer) -> None:
-        from inference.generate import Generator
+        from model.generate import Generator
 
         vocabulary = trainer.train_loader.preprocessing["vocabulary"]
         self.generator = Generator(trainer.model, trainer.input_spec, vocabulary)
