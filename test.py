@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from utils import ConfigError, build, fail, load_config
+from utils import ConfigError, build, build_augment, fail, load_config
 
 
 def parse_args(argv=None):
@@ -44,7 +44,7 @@ def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from data_loader.augment import Prepared, from_config as augment_of
+    from data_loader.augment import Prepared
     from training.checkpoint import of_run
 
     checkpoint_path = of_run(args.resume)
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         loader = build(config["data_loader"][args.split], "data_loader", f"config.json: data_loader.{args.split}",
                        seed=config["seed"])
         # the train split's augmentation list: its deterministic part (normalize) applies in evaluation too
-        augment = augment_of(config)
+        augment = build_augment(config)
         raw_spec = loader.spec  # what the loader yields; `spec` below is what the model sees
     except ConfigError as error:
         fail(str(error))

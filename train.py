@@ -19,8 +19,8 @@ from pathlib import Path
 
 from training import distributed
 from training.trackers import new_run_id, start_trackers, wandb_on
-from utils import (ConfigError, build, build_optimizer, config_hash, fail, load_config, monitor_of, read_json,
-                   setup_logging)
+from utils import (ConfigError, build, build_augment, build_optimizer, config_hash, fail, load_config, monitor_of,
+                   read_json, setup_logging)
 
 log = logging.getLogger("train")
 
@@ -224,9 +224,7 @@ def run(args) -> int:
         metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
         callbacks = [build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])]
         build_optimizer(config, steps_per_epoch=None, source=source)  # its hyperparameters' checks, before the data
-        from data_loader.augment import from_config as augment_of
-
-        augment = augment_of(config, source)  # None without a train "augment" list
+        augment = build_augment(config, source)  # None without a train "augment" list
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))

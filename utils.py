@@ -476,9 +476,8 @@ def validate(config: dict, source: str = "config.json") -> dict:
         if split != "train" and isinstance(spec, dict) and "augment" in spec:
             raise ConfigError(f"{source}: data_loader.{split}.augment: augmentation belongs to the train split; "
                               "evaluation applies the train list's deterministic ops (normalize) by itself")
-    from data_loader.augment import from_config as augment_of
 
-    augment_of(config, source)  # every op's name and arguments, before any data is read
+    build_augment(config, source)  # every op's name and arguments, before any data is read
 
     trainer = section(config, "trainer", source, {})
     for key in trainer:
@@ -692,6 +691,27 @@ def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str =
 def _default(fn: Callable, name: str, otherwise: Any) -> Any:
     parameter = inspect.signature(fn).parameters.get(name)
     return otherwise if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def build_augment(config: dict, source: str = "config.json"):
+    """The train loader's ``augment`` list built and checked (op names, arguments, ranges) without reading data;
+    None when there is none. Raises ConfigError naming the place: ``config.json: data_loader.train.augment.1...``."""
+    from data_loader.augment import Augment  # JAX: config errors are reported before it loads
+
+    spec = config.get("data_loader", {}).get("train")
+    ops = spec.get("augment") if isinstance(spec, dict) else None
+    if ops is None:
+        return None
+    where = f"{source}: data_loader.train.augment"
+    if not isinstance(ops, list):
+        raise ConfigError(f"{where}: expected a list of {{\"name\": ..., \"args\": {{...}}}} ops, got {show(ops)}")
+    built = [build(op, "augment", f"{where}.{i}") for i, op in enumerate(ops)]
+    if not built:
+        return None
+    try:
+        return Augment(built, where)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def monitor_of(config: dict):

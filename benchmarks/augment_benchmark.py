@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.machine import cpu_model  # noqa: E402
 
-from data_loader.augment import from_config  # noqa: E402
+from utils import build_augment  # noqa: E402
 from model.model import cifar_resnet  # noqa: E402
 from training.losses import cross_entropy  # noqa: E402
 from training.metrics import accuracy  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> None:
 
     calls, states = {}, {}
     for name, ops in LISTS.items():
-        augment = from_config({"data_loader": {"train": {"augment": ops}}})
+        augment = build_augment({"data_loader": {"train": {"augment": ops}}})
         spec = augment.spec(batch_spec)["input"]
         params, state = jax.jit(lambda: model.init(jax.random.PRNGKey(0), spec))()
         ts = {"params": params, "state": state, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32),

@@ -152,9 +152,9 @@ def loading_rate(loader, epoch: int) -> float:
 # -------------------------------------------------------------------------------------------------------- training
 def device_normalize():
     """The augmentation list that turns uint8 images into normalised float32 on the device (in the jitted step)."""
-    from data_loader.augment import from_config
+    from utils import build_augment
 
-    return from_config({"data_loader": {"train": {"augment": [
+    return build_augment({"data_loader": {"train": {"augment": [
         {"name": "normalize", "args": {"mean": 0.2860, "std": 0.3530}}]}}})
 
 

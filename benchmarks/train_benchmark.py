@@ -167,7 +167,7 @@ class FirstExamples:
 
 def compiled_trainer(config: dict, loader):
     """The template's Trainer for `config` on `loader`, state initialised and training step compiled."""
-    from data_loader.augment import from_config as augment_of
+    from utils import build_augment as augment_of
     from training.trainer import Trainer
     from utils import build, build_optimizer, monitor_of
 
@@ -246,7 +246,7 @@ def fused_run(model_name: str, steps: int) -> dict:
     import jax
     import numpy as np
 
-    from data_loader.augment import from_config as augment_of
+    from utils import build_augment as augment_of
     from training import platform
     from training.step import empty_stats, make_train_chunk
     from training.trainer import metric_results

@@ -628,24 +628,3 @@ class Prepared:
     def batches(self, epoch: int = 0, start: int = 0):
         for batch in self.loader.batches(epoch, start):
             yield jax.device_get(self._prepare(batch))
-
-
-def from_config(config: dict, source: str = "config.json") -> Augment | None:
-    """The train loader's ``augment`` list built and checked (op names, arguments, ranges) without reading data;
-    None when there is none. Raises ConfigError naming the place: ``config.json: data_loader.train.augment.1...``."""
-    from utils import ConfigError, build, show
-
-    spec = config.get("data_loader", {}).get("train")
-    ops = spec.get("augment") if isinstance(spec, dict) else None
-    if ops is None:
-        return None
-    where = f"{source}: data_loader.train.augment"
-    if not isinstance(ops, list):
-        raise ConfigError(f"{where}: expected a list of {{\"name\": ..., \"args\": {{...}}}} ops, got {show(ops)}")
-    built = [build(op, "augment", f"{where}.{i}") for i, op in enumerate(ops)]
-    if not built:
-        return None
-    try:
-        return Augment(built, where)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None

@@ -34,11 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packages must be importable
     sys.path.insert(0, str(REPO))
 
-from data_loader.augment import Prepared, from_config as augment_of  # noqa: E402
+from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
-from utils import ConfigError, build, fail, load_config  # noqa: E402
+from utils import ConfigError, build, build_augment, fail, load_config  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -93,7 +93,7 @@ def split_loader(config: dict, splits=("validation", "test")):
     try:
         loader = build(config["data_loader"][split], "data_loader", f"config.json: data_loader.{split}",
                        seed=config["seed"])
-        augment = augment_of(config)
+        augment = build_augment(config)
         if augment is not None:  # the model takes what evaluation makes of the data (e.g. uint8 -> normalised)
             loader = Prepared(loader, augment)
         loader.spec  # noqa: B018 (reads the first batch: a data set that cannot be read fails here, clearly)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from data_loader import augment as aug
-from data_loader.augment import Augment, Pixels, from_config
+from data_loader.augment import Augment, Pixels
+from utils import build_augment
 from utils import ConfigError
 
 B, H, W, C = 6, 9, 7, 3  # H != W catches a swapped axis
@@ -294,7 +295,7 @@ def config_with(ops, split="train"):
 
 
 def test_whole_list_is_deterministic_per_key_and_per_example():
-    augment = from_config(config_with(PIPELINE[:8]))
+    augment = build_augment(config_with(PIPELINE[:8]))
     batch = batch_of(images())
     run = jax.jit(lambda b, k: augment(b, k, train=True, outputs=None))
     key = jax.random.PRNGKey(42)
@@ -309,7 +310,7 @@ def test_whole_list_is_deterministic_per_key_and_per_example():
 
 
 def test_evaluation_is_identity_but_for_conversion_and_normalisation():
-    augment = from_config(config_with(PIPELINE))
+    augment = build_augment(config_with(PIPELINE))
     batch = batch_of(images())
     evaluated = augment(batch, None, train=False, outputs=OUTPUTS)
     trained = jax.jit(lambda b, k: augment(b, k, train=True, outputs=OUTPUTS))(batch, jax.random.PRNGKey(0))
@@ -335,9 +336,9 @@ def test_runs_sharded_over_devices():
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tests.test_augment import PIPELINE, config_with
-from data_loader.augment import from_config
+from utils import build_augment
 assert len(jax.devices()) == 4
-augment = from_config(config_with([PIPELINE[i] for i in (0, 1, 6, 7, 8)]))  # a gather, a flip, masks, the partner
+augment = build_augment(config_with([PIPELINE[i] for i in (0, 1, 6, 7, 8)]))  # a gather, a flip, masks, the partner
 rng = np.random.default_rng(1)
 batch = {"input": rng.integers(0, 256, (8, 9, 7, 3)).astype(np.uint8),
          "target": rng.integers(0, 5, 8).astype(np.int32), "mask": np.ones(8, np.float32)}
@@ -363,7 +364,7 @@ def test_soft_targets_with_the_loss_and_metrics():
     its largest class (numpy reference)."""
     from training import losses, metrics
 
-    augment = from_config(config_with([{"name": "mixup", "args": {"alpha": 0.4}}]))
+    augment = build_augment(config_with([{"name": "mixup", "args": {"alpha": 0.4}}]))
     batch = batch_of(images(np.float32))
     logits = jnp.asarray(rng.standard_normal((B, CLASSES)), jnp.float32)
 
@@ -416,7 +417,7 @@ def test_mixup_refuses_targets_it_cannot_mix():
 ])
 def test_config_errors_name_their_place(ops, message):
     with pytest.raises(ConfigError) as error:
-        from_config(config_with(ops), "cfg.json")
+        build_augment(config_with(ops), "cfg.json")
     assert str(error.value).startswith("cfg.json: data_loader.train.augment") and message in str(error.value)
 
 
@@ -430,7 +431,7 @@ def test_validation_refuses_augment_outside_the_train_split_and_checks_ops():
         validate(config_with([{"name": "flip"}]))
     resolved = validate(config_with(PIPELINE))
     assert resolved["data_loader"]["train"]["augment"] == PIPELINE
-    assert from_config(config_with([])) is None and from_config(config_with(None)) is None
+    assert build_augment(config_with([])) is None and build_augment(config_with(None)) is None
 
 
 def test_a_bad_op_stops_train_py_before_the_data(tmp_path):
@@ -447,7 +448,7 @@ def test_a_bad_op_stops_train_py_before_the_data(tmp_path):
 
 
 def test_a_channel_mismatch_is_one_line_at_its_place():
-    augment = from_config(config_with([{"name": "normalize", "args": {"mean": [0.5, 0.5, 0.5]}}]), "cfg.json")
+    augment = build_augment(config_with([{"name": "normalize", "args": {"mean": [0.5, 0.5, 0.5]}}]), "cfg.json")
     gray = jax.ShapeDtypeStruct((B, H, W, 1), jnp.uint8)
     with pytest.raises(ValueError, match=r"^cfg\.json: data_loader\.train\.augment\.0\.args\.mean: 3 values, but the "
                                          r"input has 1 channel"):
@@ -460,7 +461,7 @@ def test_preprocessing_folds_normalisation_into_what_predict_py_computes():
 
     x = images()
     spec = {"input": jax.ShapeDtypeStruct(x.shape, x.dtype)}
-    augment = from_config(config_with([{"name": "flip_horizontal"},
+    augment = build_augment(config_with([{"name": "flip_horizontal"},
                                        {"name": "normalize", "args": {"mean": [0.4, 0.5, 0.6],
                                                                       "std": [0.2, 0.25, 0.3]}}]))
     model_input = np.asarray(augment(batch_of(x), None, train=False)["input"])
@@ -477,5 +478,5 @@ def test_preprocessing_folds_normalisation_into_what_predict_py_computes():
                                    np.asarray(prepared), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(model_input, normalised(x / 255.0, {"mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]}),
                                rtol=1e-5, atol=1e-5)
-    assert from_config(config_with([{"name": "flip_horizontal"}])).preprocessing({"classes": ["a"]}, spec) == \
+    assert build_augment(config_with([{"name": "flip_horizontal"}])).preprocessing({"classes": ["a"]}, spec) == \
         {"classes": ["a"]}

@@ -270,7 +270,7 @@ def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch)
     import numpy as np
 
     from benchmarks import train_benchmark
-    from data_loader.augment import from_config
+    from utils import build_augment
     from utils import build_optimizer
 
     monkeypatch.setattr(train_benchmark.tempfile, "gettempdir", lambda: str(tmp_path))
@@ -278,7 +278,7 @@ def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch)
     data = np.load(config["data_loader"]["train"]["args"]["path"])
     assert data["images"].shape == (256, 32, 32, 3) and data["images"].dtype == np.uint8
     x = data["images"][:8]
-    ours = from_config(config)({"input": x, "target": data["labels"][:8]}, train=False)["input"]
+    ours = build_augment(config)({"input": x, "target": data["labels"][:8]}, train=False)["input"]
     np.testing.assert_allclose(train_benchmark.host_normalize(config)(x), ours, rtol=1e-5, atol=1e-5)
 
     for config in (config, train_benchmark.bench_config("mnist_cnn")):  # cosine; warm-up + cosine

@@ -189,7 +189,7 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
     # predict.py on a PNG of another size and with an alpha channel: resized and normalised as training did
     from PIL import Image
 
-    from data_loader.augment import from_config
+    from utils import build_augment
     from inference.predict import load_image
     from utils import load_config
 
@@ -200,7 +200,7 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
     got = load_image(png, (32, 32, 3), shipped)
     with Image.open(png) as image:  # what the image-folder loader stores for this file
         pixels = np.asarray(image.convert("RGB").resize((32, 32), Image.BILINEAR), np.uint8)
-    augment = from_config(load_config(config))
+    augment = build_augment(load_config(config))
     want = augment({"input": pixels[None]}, None, train=False)["input"][0]
     np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-5)
     predicted = run(out / "cifar" / "predict.py", out / "cifar" / "cifar.onnx", png)
