@@ -1,15 +1,16 @@
 """JAX for the machine's accelerator, checked without one: a fake `nvidia-smi` on PATH stands for an NVIDIA driver.
-The Makefile's dry run (`make -n`) shows what it would install."""
+The Makefile's dry run (`make -n`) shows what it would install; train.py warns when JAX ignores the accelerator."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_train import ROOT
+from tests.test_train import ROOT, data_dir, make_config, run  # noqa: F401
 from training import platform
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
@@ -88,3 +89,24 @@ def test_every_accelerator_has_its_requirements_at_the_cpu_pins():
     for name in ("cuda12", "cuda13", "tpu"):
         lines = (ROOT / f"requirements-{name}.txt").read_text().splitlines()
         assert "-r requirements.txt" in lines and f"jax[{name}]" in lines  # the version: requirements.txt's pin
+
+
+@pytest.mark.slow
+@no_accelerator
+def test_train_warns_when_jax_ignores_a_visible_gpu(tmp_path, data_dir, fake_gpu_path):
+    config = make_config(tmp_path, data_dir)
+    result = run("train.py", "-c", config, "--fast-dev-run", env={"PATH": fake_gpu_path, "JAX_PLATFORMS": ""})
+    assert result.returncode == 0, result.stderr  # the CPU run goes on
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: this machine shows an NVIDIA GPU but JAX runs on the CPU only; install JAX for "
+                        f"it: {sys.executable} -m pip install -r requirements-cuda12.txt"]
+    assert "devices: cpu:0;" in result.stdout and "fast dev run passed" in result.stdout
+    plain = run("train.py", "-c", config, "--fast-dev-run", env={"JAX_PLATFORMS": ""})
+    assert plain.returncode == 0, plain.stderr
+    assert "warning:" not in plain.stdout and "devices: cpu:0;" in plain.stdout
+
+
+def test_no_warning_when_jax_uses_the_accelerator_or_the_cpu_was_chosen(fake_gpu_path):
+    assert platform.unused_accelerator({"cpu"}, {"PATH": fake_gpu_path}) is not None
+    assert platform.unused_accelerator({"gpu", "cpu"}, {"PATH": fake_gpu_path}) is None
+    assert platform.unused_accelerator({"cpu"}, {"PATH": fake_gpu_path, "JAX_PLATFORMS": "cpu"}) is None

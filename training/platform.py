@@ -17,7 +17,7 @@ plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` them
 ``TRAIN_PLATFORM_DEFAULTS=0``. Standard library only: ``apply()`` runs before anything imports JAX.
 
 ``machine_accelerator()`` names the JAX build the machine calls for (``python3 -m training.platform`` prints it: the
-Makefile installs ``requirements-<it>.txt``).
+Makefile installs ``requirements-<it>.txt``); ``unused_accelerator()`` is train.py's warning when JAX ignores it.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ SWITCH = "TRAIN_PLATFORM_DEFAULTS"  # "0" turns every default off
 HUGETLB = "glibc.malloc.hugetlb=1"
 _REEXECUTED = "_TRAIN_PLATFORM_REEXECUTED"
 _STARTED = "_TRAIN_STARTED_AT"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACCELERATOR_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 # XLA rejects options it does not know, so they apply to the jaxlib series they were measured with only.
 XLA_CPU_OPTIONS = {
@@ -71,6 +72,18 @@ def machine_accelerator(environ=os.environ) -> str:
     if glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"):
         return "tpu"
     return "cpu"
+
+
+def unused_accelerator(platforms: set[str], environ=os.environ) -> str | None:
+    """A warning naming the install that fixes it when the machine shows an accelerator but JAX, given no
+    JAX_PLATFORMS, found only CPU devices (``platforms``): its plugin is missing, so the run is on the CPU."""
+    wanted = machine_accelerator(environ)
+    if wanted == "cpu" or platforms != {"cpu"} or environ.get("JAX_PLATFORMS", "").strip():
+        return None
+    shown = "a TPU" if wanted == "tpu" else "an NVIDIA GPU"
+    requirements = os.path.relpath(os.path.join(REPO, f"requirements-{wanted}.txt"))
+    return (f"warning: this machine shows {shown} but JAX runs on the CPU only; install JAX for it: "
+            f"{sys.executable} -m pip install -r {requirements}")
 
 
 def process_defaults(environ=os.environ, platform: str = sys.platform, cpu: bool | None = None) -> dict[str, str]:
