@@ -1,22 +1,47 @@
 # make train   -> creates .venv, installs requirements, trains the MNIST sample
 # make test    -> creates .venv with the test references, runs the unit tests and the end-to-end sample runs
 # make test-fast -> the same without the tests marked slow
+# JAX comes for the machine's accelerator (training/platform.py, machine_accelerator): requirements-cuda12.txt where
+# an NVIDIA GPU is visible, requirements-tpu.txt on a Cloud TPU VM, else requirements.txt (CPU).
+# When that guess is wrong: make train ACCEL=cpu|cuda12|cuda13|tpu
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+ACCELERATORS := cpu cuda12 cuda13 tpu
+ifndef ACCEL
+ACCEL := $(shell $(PYTHON) -m training.platform)
+endif
+ifneq ($(filter-out 1,$(words $(ACCEL)))$(filter-out $(ACCELERATORS),$(ACCEL)),)
+$(error ACCEL=$(ACCEL): choose one of $(ACCELERATORS))
+endif
+REQUIREMENTS := $(if $(filter cpu,$(ACCEL)),requirements.txt,requirements-$(ACCEL).txt)
+SAY_ACCEL = @echo "JAX for $(ACCEL) ($(if $(filter file,$(origin ACCEL)),detected,ACCEL=$(ACCEL) given); \
+override with ACCEL=cpu|cuda12|cuda13|tpu): $(REQUIREMENTS)"
+# The venv records the accelerator it was built for (none recorded: cpu, like venvs made before the choice); another
+# choice rebuilds it from scratch, so no plugin of the previous one stays installed.
+BUILT_FOR := $(or $(shell cat $(VENV)/accelerator 2>/dev/null),cpu)
 
 .PHONY: train test test-fast bench clean
 
 $(BIN)/python:
+	$(if $(filter-out $(BUILT_FOR),$(ACCEL)),rm -rf $(VENV))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(if $(filter-out cpu,$(ACCEL)),echo $(ACCEL) > $(VENV)/accelerator)
 
-$(VENV)/.installed: requirements.txt | $(BIN)/python
-	$(BIN)/pip install --quiet -r requirements.txt
+ifneq ($(ACCEL),$(BUILT_FOR))
+.PHONY: $(BIN)/python
+$(VENV)/.installed $(VENV)/.installed-dev: $(BIN)/python
+endif
+
+$(VENV)/.installed: requirements.txt $(REQUIREMENTS) | $(BIN)/python
+	$(SAY_ACCEL)
+	$(BIN)/pip install --quiet -r $(REQUIREMENTS)
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt requirements.txt | $(BIN)/python
-	$(BIN)/pip install --quiet -r requirements-dev.txt
+$(VENV)/.installed-dev: requirements-dev.txt requirements.txt $(REQUIREMENTS) | $(BIN)/python
+	$(SAY_ACCEL)
+	$(BIN)/pip install --quiet -r requirements-dev.txt$(if $(filter-out cpu,$(ACCEL)), -r $(REQUIREMENTS))
 	touch $(VENV)/.installed $@
 
 train: $(VENV)/.installed

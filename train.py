@@ -17,7 +17,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from training import distributed
+from training import distributed, platform
 from training.trackers import new_run_id, start_trackers, wandb_on
 from utils import (ConfigError, build, build_augment, build_optimizer, config_hash, fail, load_config, monitor_of,
                    read_json, setup_logging)
@@ -320,6 +320,9 @@ def run(args) -> int:
         log.info(f"resume: {line}")
     log.info(f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
              f"{dict(trainer.mesh.shape)}")
+    ignored = platform.unused_accelerator({d.platform for d in jax.devices()})
+    if ignored:
+        log.warning(ignored)
     log.info(f"batch: {describe_batch(trainer.batch_spec)}")
     log.info(f"state: {trainer.origin}")
     log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.model_input_spec))

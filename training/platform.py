@@ -15,13 +15,18 @@ On Linux with JAX's CPU backend:
 Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names another platform first, or a GPU/TPU
 plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` themselves, or with
 ``TRAIN_PLATFORM_DEFAULTS=0``. Standard library only: ``apply()`` runs before anything imports JAX.
+
+``machine_accelerator()`` names the JAX build the machine calls for (``python3 -m training.platform`` prints it: the
+Makefile installs ``requirements-<it>.txt``); ``unused_accelerator()`` is train.py's warning when JAX ignores it.
 """
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import importlib.util
 import os
 import pkgutil
+import shutil
 import sys
 import time
 
@@ -29,6 +34,7 @@ SWITCH = "TRAIN_PLATFORM_DEFAULTS"  # "0" turns every default off
 HUGETLB = "glibc.malloc.hugetlb=1"
 _REEXECUTED = "_TRAIN_PLATFORM_REEXECUTED"
 _STARTED = "_TRAIN_STARTED_AT"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACCELERATOR_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 # XLA rejects options it does not know, so they apply to the jaxlib series they were measured with only.
 XLA_CPU_OPTIONS = {
@@ -54,6 +60,30 @@ def cpu_backend_expected(environ=os.environ) -> bool:
         return False
     plugins = importlib.util.find_spec("jax_plugins")  # where PJRT plugins (CUDA, ROCm, ...) register themselves
     return plugins is None or not any(pkgutil.iter_modules(plugins.submodule_search_locations or []))
+
+
+def machine_accelerator(environ=os.environ) -> str:
+    """The JAX build this machine calls for, from what the operating system shows (JAX is not asked): "cuda12"
+    where an NVIDIA driver is visible (``nvidia-smi`` on PATH or /dev/nvidia0), "tpu" on a Cloud TPU VM (its chips
+    are /dev/accel0, ... up to TPU v4 and /dev/vfio/0, ... from v5e on), else "cpu". CUDA 13 (driver 580 or newer)
+    only when asked for: ``make train ACCEL=cuda13``."""
+    if shutil.which("nvidia-smi", path=environ.get("PATH")) or os.path.exists("/dev/nvidia0"):
+        return "cuda12"
+    if glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"):
+        return "tpu"
+    return "cpu"
+
+
+def unused_accelerator(platforms: set[str], environ=os.environ) -> str | None:
+    """A warning naming the install that fixes it when the machine shows an accelerator but JAX, given no
+    JAX_PLATFORMS, found only CPU devices (``platforms``): its plugin is missing, so the run is on the CPU."""
+    wanted = machine_accelerator(environ)
+    if wanted == "cpu" or platforms != {"cpu"} or environ.get("JAX_PLATFORMS", "").strip():
+        return None
+    shown = "a TPU" if wanted == "tpu" else "an NVIDIA GPU"
+    requirements = os.path.relpath(os.path.join(REPO, f"requirements-{wanted}.txt"))
+    return (f"warning: this machine shows {shown} but JAX runs on the CPU only; install JAX for it: "
+            f"{sys.executable} -m pip install -r {requirements}")
 
 
 def process_defaults(environ=os.environ, platform: str = sys.platform, cpu: bool | None = None) -> dict[str, str]:
@@ -100,3 +130,7 @@ def describe(backend: str, environ=os.environ) -> str:
     for kind in ("train", "eval"):
         parts += [f"{kind}: {k}={v!r}" for k, v in xla_options(kind, backend, environ).items()]
     return "; ".join(parts) or "none"
+
+
+if __name__ == "__main__":  # the Makefile's choice of requirements file
+    print(machine_accelerator())
