@@ -6,7 +6,7 @@ The new folder gets the library (`model/`, `training/`, `data_loader/`), the pip
 `sample.py`, `sweep.py`, `utils.py`), the export (`inference/`), the tests of all of them, and of the samples only the
 chosen ones: their configs, data and end-to-end tests. The first sample's config becomes `config.json`, the one
 `make train` trains. Benchmarks, run folders, exports, virtual environments, caches and notes stay behind; the README
-keeps what the new project needs. With git installed the folder starts as a repository with one commit.
+and docs/ are copied, fitted to the samples kept. With git installed the folder starts as a repository with one commit.
 
 Standard library only: it runs before anything is installed.
 """
@@ -205,106 +205,65 @@ def data_readme(text: str, left_out: set[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------- README
-def sections(readme: str) -> dict[str, str]:
-    """The template README's level-2 sections by heading."""
-    found, heading = {}, None
-    for line in readme.splitlines():
-        if line.startswith("## "):
-            heading = line[3:].strip()
-            found[heading] = ""
-        elif heading is not None:
-            found[heading] += line + "\n"
-    return {k: v.strip("\n") for k, v in found.items()}
+# Docs about the template itself, not about a project made from it.
+TEMPLATE_ONLY_DOCS = ("docs/new_project.md",)
+LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+TABLE_KEY = re.compile(r"\|\s*`([^`]+)`\s*\|")
 
 
-def section(found: dict[str, str], prefix: str, notes: list[str]) -> str | None:
-    heading = next((h for h in found if h.startswith(prefix)), None)
-    if heading is None:
-        notes.append(f"the template's README.md has no '## {prefix}...' section; the new README leaves it out")
-        return None
-    return f"## {heading}\n\n{found[heading]}"
-
-
-def table_rows(text: str) -> list[list[str]]:
-    return [[cell.strip() for cell in line.strip().strip("|").split(" | ")]
-            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
-
-
-def listed(words: list[str]) -> str:
-    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
-
-
-def readme(template: Path, target: Path, name: str, samples: list[str], notes: list[str]) -> str:
-    path = template / "README.md"
-    found = sections(path.read_text()) if path.is_file() else {}
+def readme(text: str, target: Path, name: str, samples: list[str]) -> str:
+    """The template's README for the project: its title, and without the table rows of samples left out or of paths
+    the project does not have; a kept sample's row names the config where the project has it."""
     places = config_places(samples)
-    first = samples[0]
-    config_name = re.search(r'"name":\s*"([^"]+)"', (target / "config.json").read_text())
-    run = f"saved/{config_name.group(1) if config_name else '<name>'}/<run_id>"
-    out = [f"# {name}\n",
-           "A JAX training project: layers, losses, metrics, optimizers and schedules written as plain functions over "
-           "pytrees (each tested against an independent reference), a JSON-driven training loop with checkpoints "
-           "that resume exactly, exports to TFLite and ONNX checked numerically, and the "
-           f"{listed([f'`{s}`' for s in samples])} sample{'s' if len(samples) > 1 else ''}.\n",
-           "## Set up\n",
-           "```bash\n"
-           f"make train   # creates .venv, installs requirements.txt, trains the {first} sample "
-           "(python train.py -c config.json)\n"
-           "make test    # installs requirements-dev.txt (test-only references), runs the tests\n"
-           "```\n",
-           "`make test-fast` leaves out the end-to-end runs (marked `slow`). Without `make`: `python3 -m venv .venv && "
-           ".venv/bin/pip install -r requirements-dev.txt`, then `.venv/bin/python train.py -c config.json` and "
-           "`.venv/bin/python -m pytest -q -n 2 tests`.\n",
-           f"A run goes to `{run}/`. Evaluate it with `python test.py -r {run}`, export it with "
-           f"`python inference/convert_tflite.py -r {run} --name my_model`, search hyperparameters with "
-           "`python sweep.py -c config.json --grid KEY.PATH=[...] --sample KEY.PATH=loguniform:LOW:HIGH --trials N`.\n"]
-
-    rows = {}
-    samples_section = found.get("Samples", "")
-    for row in table_rows(samples_section):
-        for sample in samples:
-            if len(row) >= 3 and f"-c {SAMPLES[sample].config}`" in row[2]:
-                rows[sample] = row
-    out.append("## Samples\n")
-    out.append("| sample | task | data | command |\n| --- | --- | --- | --- |")
-    for sample in samples:
-        task, data = rows.get(sample, ["", ""])[:2]
-        out.append(f"| {sample} | {task} | {data} | `python train.py -c {places[sample]}` |")
-    out.append("")
-
-    folders = section(found, "Folders", notes)
-    if folders is not None:
-        generated = {
-            "config.json": f"the {first} sample's configuration (`make train` trains it); every component is "
-                           '`{"name": ..., "args": {...}}`',
-            "configs/": ("the other samples: " + ", ".join(f"`{Path(p).name}`" for p in list(places.values())[1:])
-                         if len(samples) > 1 else "more configurations: `python train.py -c configs/<name>.json`"),
-            "data/": "the samples' data, shipped so they train offline: "
-                     + ", ".join(f"`{f}/`" for f in sorted({f for s in samples for f in SAMPLES[s].data}))
-                     + " (checksums in `data/README.md`)",
-        }
-        lines = []
-        for line in folders.splitlines():
-            cells = table_rows(line)
-            if not cells or line.startswith("| path"):
-                lines.append(line)
+    lines = text.splitlines()
+    if lines and lines[0].startswith("# "):
+        lines[0] = f"# {name}"
+    kept = []
+    for line in lines:
+        key = TABLE_KEY.match(line)
+        if key is not None:
+            key = key.group(1)
+            if key in SAMPLES:
+                if key not in samples:
+                    continue
+                line = line.replace(f"-c {SAMPLES[key].config}`", f"-c {places[key]}`")
+            elif re.fullmatch(r"[\w.-]+(/[\w.-]*)*", key) and ("/" in key or "." in key) \
+                    and not (target / key).exists():
                 continue
-            path = re.match(r"`([^`]+)`", cells[0][0])
-            if path is None or not (target / path.group(1)).exists():
-                continue
-            if path.group(1) in generated:
-                line = f"| `{path.group(1)}` | {generated[path.group(1)]} |"
-            lines.append(line)
-        out.append("\n".join(lines) + "\n")
-    for prefix in ("Adding a", "Your own task"):
-        text = section(found, prefix, notes)
-        if text is not None:
-            out.append(text + "\n")
-    text = "\n".join(out)
-    anchors = {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
-    # a link into a section the new README does not have keeps its words
-    return re.sub(r"\[([^\]]+)\]\(#([^)]+)\)", lambda m: m.group(0) if m.group(2) in anchors else m.group(1), text)
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def without_dead_links(text: str, folder: Path) -> str:
+    """`text` (Markdown in `folder`) with each link to a file that does not exist as plain text; an image, or a list
+    item that starts with such a link, is dropped whole."""
+    def dead(href: str) -> bool:
+        path = href.split("#")[0]
+        return bool(path) and "://" not in href and not href.startswith("mailto:") and not (folder / path).exists()
+
+    out, dropping = [], False
+    for line in text.splitlines():
+        if dropping and line.startswith("  ") and line.strip():
+            continue  # the rest of a dropped list item
+        dropping = False
+        links = [m for m in LINK.finditer(line) if dead(m.group(3))]
+        if links and (any(m.group(1) for m in links) or re.match(r"\s*[-*] $", line[:links[0].start()])):
+            dropping = True
+            continue
+        out.append(LINK.sub(lambda m: m.group(2) if not m.group(1) and dead(m.group(3)) else m.group(0), line))
+    return "\n".join(out) + "\n"
+
+
+def write_docs(template: Path, target: Path, name: str, samples: list[str]) -> None:
+    """README.md and docs/ as the template has them, fitted to the project (see `readme`); links that would point
+    at files left behind become plain text."""
+    for doc in TEMPLATE_ONLY_DOCS:
+        (target / doc).unlink(missing_ok=True)
+    source = template / "README.md"
+    text = source.read_text() if source.is_file() else f"# {name}\n"
+    (target / "README.md").write_text(readme(text, target, name, samples))
+    for path in [target / "README.md", *sorted((target / "docs").glob("*.md"))]:
+        path.write_text(without_dead_links(path.read_text(), path.parent))
 
 
 # ------------------------------------------------------------------------------------------------------------ git
@@ -362,7 +321,7 @@ def create(target: Path, name: str, samples: list[str], template: Path = TEMPLAT
     try:
         copy_library(template, building)
         add_samples(template, building, samples, name)
-        (building / "README.md").write_text(readme(template, building, name, samples, notes))
+        write_docs(template, building, name, samples)
         notes += dangling_references(building)
         if target.exists():
             target.rmdir()

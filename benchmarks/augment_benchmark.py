@@ -1,4 +1,4 @@
-"""The augmentation's share of the training step on the CIFAR-10 sample's shapes (README, "Augmentation").
+"""The augmentation's share of the training step on the CIFAR-10 sample's shapes (benchmarks/README.md).
 
     python benchmarks/augment_benchmark.py [--steps 60] [--rounds 3] [--batch 128] [--depth 20]
 

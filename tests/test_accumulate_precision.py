@@ -55,7 +55,7 @@ def rows(trainer):
 @pytest.mark.parametrize("n, optimizer", [(160, {"name": "adamw", "args": {"lr": 0.01, "weight_decay": 0.1}}),
                                           (248, None)], ids=["adamw-160", "sgd-248"])
 def test_accumulated_steps_equal_one_larger_batch(tmp_path, n, optimizer):
-    """4 micro-batches of 32 = one batch of 128, with the rule stated in the README: the update is the mean over
+    """4 micro-batches of 32 = one batch of 128, with the rule stated in docs/runs.md: the update is the mean over
     every unmasked example the micro-batches hold. 160 = 5 batches of 32: the epoch's second step has one real
     micro-batch and three inactive ones (the large batch: 32 real examples and 96 padded); 248: a padded last
     micro-batch (24 of 32 real; the large batch: 120 of 128)."""
@@ -92,7 +92,7 @@ def test_accumulated_gradient_equals_the_large_batch_gradient(tmp_path):
 
 
 def test_batch_norm_statistics_pass_from_micro_batch_to_micro_batch(tmp_path):
-    """README's rule: batch norm normalises each micro-batch with its own statistics, and its running averages are
+    """docs/runs.md's rule: batch norm normalises each micro-batch with its own statistics, and its running averages are
     updated once per micro-batch, in order (so with batch norm, accumulation is not one larger batch)."""
     model = Sequential({"flat": Flatten(), "lin": Linear(8), "bn": BatchNorm(), "act": Activation("relu"),
                         "out": Linear(5)})

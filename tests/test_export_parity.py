@@ -98,7 +98,7 @@ CASES = {
 ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
 DYNAMIC_ROUTES = {"tflite_dynamic", "onnx", "onnx_via_tflite_dynamic", "jax"}
 
-# (case, route) pairs documented as unsupported (README, "Export"), each with its reason and the layer fix that
+# (case, route) pairs documented as unsupported (docs/export.md), each with its reason and the layer fix that
 # removes it. strict=True: once a fix lands, the XPASS fails and the entry must go.
 UNSUPPORTED: dict[tuple[str, str], str] = {}
 

@@ -1,9 +1,10 @@
-"""new_project.py: what a new project holds and leaves out, its README, its one commit, and that its own tests and
-first sample run from inside it."""
+"""new_project.py: what a new project holds and leaves out, its README and docs, its one commit, and that its own
+tests and first sample run from inside it."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,14 +82,25 @@ def test_a_project_of_two_samples(tmp_path, capsys):
     assert "make_idx_dataset" not in shared  # only the left-out test used it
     assert '(ROOT / "config.json")' in shared
 
+    # README.md and docs/ as the template has them, fitted to the samples kept; no link leads to a file left behind
     readme = (target / "README.md").read_text()
     assert readme.startswith("# my_project\n")
-    for part in ("## Set up", "make train", "make test", "## Folders", "| `configs/` | the other samples: "
-                 "`shakespeare_char.json` |", "## Adding a layer", "## Your own task",
-                 "`python train.py -c configs/shakespeare_char.json`", "saved/tabular_regression/<run_id>"):
+    template_readme = (ROOT / "README.md").read_text()
+    assert readme.count("\n") < template_readme.count("\n")
+    for part in ("make train", "make test", "## Adding a component", "## Your own task", "## Folders",
+                 "| `tabular_regression` |", "`python train.py -c config.json` |",  # the first sample is config.json
+                 "`python train.py -c configs/shakespeare_char.json` |", "[docs/config.md](docs/config.md"):
         assert part in readme, part
-    for gone in ("benchmarks", "Performance", "nanoGPT", "mnist_segmentation.json"):
+    for gone in ("| `mnist` |", "mnist_segmentation", "cifar10_resnet", "new_project", "benchmarks"):
         assert gone not in readme, gone
+    assert {f for f in files if f.startswith("docs/") and f.endswith(".md")} == {
+        f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - {"docs/new_project.md"}
+    for doc in [target / "README.md", *(target / "docs").glob("*.md")]:
+        for href in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            path = href.split("#")[0]
+            assert "://" in href or not path or (doc.parent / path).exists(), (doc.name, href)
+    runs = (target / "docs" / "runs.md").read_text()
+    assert "](figures/mnist_curves.png)" in runs and "benchmarks/README.md" not in runs
 
     if subprocess.run(["git", "--version"], capture_output=True).returncode == 0:
         log = subprocess.run(["git", "log", "--oneline"], cwd=target, capture_output=True, text=True).stdout
@@ -114,7 +126,7 @@ def test_runs_notes_caches_and_exports_stay_behind_and_git_is_optional(tmp_path,
     assert files_of(tmp_path / "p") == {"train.py", "config.json", "configs/README.md", "data/mnist/train.gz",
                                         "README.md", "model/model.py", "inference/exporter.py", "tests/test_x.py"}
     assert not (tmp_path / "p" / ".git").exists() and any("git is not installed" in n for n in notes)
-    assert any("no '## Folders" in n for n in notes)  # a README without the sections still makes a project
+    assert (tmp_path / "p" / "README.md").read_text() == "# p\n"  # any README makes a project: its title is renamed
 
 
 @pytest.mark.slow
@@ -126,7 +138,7 @@ def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                             "tests/test_samples_language_model.py", "tests/test_samples_regression_segmentation.py",
-                            "tests/test_sweep.py"],
+                            "tests/test_sweep.py", "tests/test_docs.py"],
                            cwd=target, env=env, capture_output=True, text=True, timeout=600)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "error" not in tests.stdout.splitlines()[-1]

@@ -25,7 +25,7 @@ class Linear(Module):
         return params
 
     def forward(self, params, x):
-        # Rank > 2 inputs go through a 2-D matmul: tf2onnx mis-reshapes rank-3 dense layers (EXPORT_NOTES).
+        # Rank > 2 inputs go through a 2-D matmul: tf2onnx mis-reshapes rank-3 dense layers (docs/export.md).
         lead = x.shape[:-1]
         y = x.reshape(-1, x.shape[-1]) @ params["weight"]
         if self.use_bias:

@@ -105,7 +105,7 @@ class TransformerLM(Module):
         if length > self.context:
             raise ValueError(f"sequences of {length} tokens exceed the model's context of {self.context}")
         keys = jax.random.split(key, self.depth + 1) if key is not None else [None] * (self.depth + 1)
-        # a static slice, not positions[:T]: TFLite rejects the gather that indexing becomes (EXPORT_NOTES)
+        # a static slice, not positions[:T]: TFLite rejects the gather that indexing becomes (docs/export.md)
         positions = jax.lax.slice_in_dim(params["positions"]["embedding"], 0, length)
         x = self.tokens.forward(params["tokens"], ids) + positions
         x = dropout(x, self.dropout if train else 0.0, keys[0])

@@ -1,0 +1,74 @@
+"""The docs say what the code does: every name they list is registered and every registered name is listed, the README
+stays short, and every relative link leads to a file that exists."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import utils
+
+ROOT = Path(__file__).resolve().parent.parent
+README_MAX_LINES = 300
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def documents() -> list[Path]:
+    found = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return found + [p for p in (ROOT / "benchmarks" / "README.md",) if p.is_file()]
+
+
+def names_table() -> dict[str, list[str]]:
+    """docs/config.md's "Names available" table: {kind: the backticked names of its names column}."""
+    text = (ROOT / "docs" / "config.md").read_text()
+    section = text.split("## Names available", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")]
+            for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    header, *body = rows
+    names = header.index("names")
+    return {row[0]: re.findall(r"`([^`]+)`", row[names]) for row in body}
+
+
+def test_the_names_listed_are_the_registered_ones():
+    listed = names_table()
+    assert set(listed) == set(utils.COMPONENT_MODULES), "a kind of component is missing from docs/config.md"
+    for kind, names in listed.items():
+        assert len(names) == len(set(names)), f"{kind}: a name is listed twice"
+        registered = set(utils.available(kind))
+        assert set(names) == registered, (
+            f"docs/config.md, {kind}: listed but not registered {sorted(set(names) - registered)}, "
+            f"registered but not listed {sorted(registered - set(names))}")
+
+
+def test_the_readme_is_short():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+@pytest.mark.parametrize("document", documents(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_lead_to_files_that_exist(document):
+    dead = []
+    for href in LINK.findall(document.read_text()):
+        path = href.split("#")[0]
+        if path and "://" not in href and not href.startswith("mailto:") and not (document.parent / path).exists():
+            dead.append(href)
+    assert not dead, f"{document.relative_to(ROOT)}: links to missing files: {dead}"
+
+
+def test_anchors_within_the_docs_exist():
+    """A link to `file.md#section` (or `#section`) names a heading of that file, as GitHub spells the anchor."""
+    def anchors(path: Path) -> set[str]:
+        headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+    dead = []
+    for document in documents():
+        text = re.sub(r"```.*?```", "", document.read_text(), flags=re.S)  # a "#" in code is not a heading
+        for href in LINK.findall(text):
+            path, _, anchor = href.partition("#")
+            target = (document.parent / path) if path else document
+            if anchor and "://" not in href and target.suffix == ".md" and target.is_file() \
+                    and anchor not in anchors(target):
+                dead.append(f"{document.relative_to(ROOT)}: {href}")
+    assert not dead, dead
