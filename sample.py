@@ -11,11 +11,11 @@ import argparse
 import json
 import sys
 
-from utils import ConfigError, build, fail, load_config
+from utils import ArgumentParser, ConfigError, build, fail, load_config
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-r", "--run", required=True, help="run folder (or a checkpoint file inside one)")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
     parser.add_argument("--tokens", type=int, default=200, help="characters to generate (default 200)")

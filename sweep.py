@@ -10,7 +10,6 @@ ledger.jsonl, logs/, results.csv, the plots and best/config.json (train.py -c on
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -24,14 +23,14 @@ from typing import NamedTuple
 from training.sweeps import (FINISHED, Ledger, OptunaSampler, RandomSampler, SweepError, Trial, best_of,
                              check_key, check_space, curve_of, overrides, parse_grid, parse_prune, parse_sample,
                              plot, probes, ranked, read_rows, table, trials_of, write_csv)
-from utils import ConfigError, fail, load_config, read_json
+from utils import ArgumentParser, ConfigError, fail, load_config, read_json
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-c", "--config", required=True, help="the config every trial starts from")
     parser.add_argument("--set", dest="fixed", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="a value every trial takes (JSON), e.g. --set trainer.epochs=1")

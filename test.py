@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from utils import ConfigError, build, build_augment, fail, load_config
+from utils import ArgumentParser, ConfigError, build, build_augment, fail, load_config
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-r", "--resume", required=True, help="checkpoint file or run folder")
     parser.add_argument("-c", "--config", help="config file (default: the run folder's config.json)")
     parser.add_argument("--split", default="test", choices=("test", "validation"))
@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else checkpoint_path.parent
     try:
         if not checkpoint_path.is_file():
-            raise ConfigError(f"{checkpoint_path}: no such checkpoint file")
+            what = "not a regular file" if checkpoint_path.exists() else "no such checkpoint file"
+            raise ConfigError(f"{checkpoint_path}: {what}")
         if not args.config and not config_path.exists():
             raise ConfigError(f"{config_path}: no such file; give the run's config with -c CONFIG")
         config = load_config(config_path, args.overrides, source=config_path.name)

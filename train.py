@@ -6,10 +6,10 @@ if __name__ == "__main__":  # before anything imports JAX; may re-execute once (
 
     platform.apply()
 
-import argparse
 import copy
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from training import distributed, platform
 from training.trackers import new_run_id, start_trackers, wandb_on
-from utils import (ConfigError, build, build_augment, build_optimizer, config_hash, fail, load_config, monitor_of,
-                   read_json, setup_logging)
+from utils import (ArgumentParser, ConfigError, build, build_augment, build_optimizer, config_hash, fail, load_config,
+                   monitor_of, read_json, setup_logging)
 
 log = logging.getLogger("train")
 
@@ -35,7 +35,7 @@ class Interrupted(BaseException):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("-c", "--config", help="config file (default: the resumed run's config.json)")
     parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/checkpoint-latest.params), "
                         "or auto: the run named by --run-id if it has a checkpoint, else a new run of that name")
@@ -83,9 +83,10 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         return resolve_auto(args)
     if args.resume:
         resume = Path(args.resume)
-        if not resume.is_file():
-            raise ConfigError(f"-r {resume}: no such checkpoint file")
+        check_file("-r", resume)
         resume_dir = resume.parent
+    if args.weights:
+        check_file("--weights", Path(args.weights))
     config_path = args.config or (resume_dir / "config.json" if resume_dir else None)
     if config_path is None:
         raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
@@ -110,6 +111,13 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     return config, resume_dir
 
 
+def check_file(flag: str, path: Path) -> None:
+    """A checkpoint given on the command line: a pipe or a device would block or never end (checkpoint.read refuses
+    them too; this says so before the data is read)."""
+    if not path.is_file():
+        raise ConfigError(f"{flag} {path}: {'not a regular file' if path.exists() else 'no such checkpoint file'}")
+
+
 def resolve_auto(args) -> tuple[dict, Path | None]:
     """``-r auto``: one command for a job that may be requeued. The run named by --run-id (or trainer.run_id)
     continues from its checkpoint-latest.params when it has one, and starts under exactly that name otherwise."""
@@ -122,10 +130,22 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
     run_dir = Path(config["trainer"]["save_dir"]) / config["name"] / config["trainer"]["run_id"]
     latest = run_dir / "checkpoint-latest.params"
     args.exact_run_dir = True
+    check_not_linked(config, config["trainer"]["run_id"])
     if latest.is_file():
         args.resume = str(latest)
         return config, run_dir
     return config, None
+
+
+def check_not_linked(config: dict, run_id: str | None = None) -> None:
+    """The config name's folder under save_dir, and a run folder named in advance (-r auto), must be real folders:
+    through a symbolic link a run would be written (or resumed) somewhere else."""
+    parent = Path(config["trainer"]["save_dir"]) / config["name"]
+    for folder in (parent, parent / run_id) if run_id else (parent,):
+        if folder.is_symlink():
+            raise ConfigError(f"{folder}: a symbolic link (to {os.readlink(folder)}), not a folder; runs are written "
+                              f"only into real folders under {parent.parent}: remove the link or choose another "
+                              f"{'--run-id' if folder != parent else 'name'}")
 
 
 def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
@@ -149,7 +169,8 @@ def run_id_of(config: dict) -> str:
 
 def main(argv=None) -> int:
     """Exit status: 0 trained, 1 the run stopped on an error (divergence, a failed write), 2 bad input (config,
-    data, checkpoint, a run folder in use or not writable: nothing was written), 130/143/138 stopped by
+    data, checkpoint, a run folder in use or not writable, a new run diverging before its first checkpoint: nothing
+    was written, or it was removed again), 130/143/138 stopped by
     SIGINT/SIGTERM/SIGUSR1 after saving the position (continue with -r)."""
     RECEIVED.clear()
     previous = {signum: signal.signal(signum, stop_at_safe_point) for signum in STOP_SIGNALS}
@@ -218,6 +239,8 @@ def run(args) -> int:
     # 1. Config: read, override, validate, build. Nothing is loaded or compiled before this passes.
     try:
         config, resume_dir = resolve_config(args)
+        if not resume_dir and not args.fast_dev_run:
+            check_not_linked(config)
         source = Path(args.config).name if args.config else "config.json"
         model = build(config["model"], "model", f"{source}: model")
         loss_fn = build(config["loss"], "loss", f"{source}: loss")
@@ -240,7 +263,11 @@ def run(args) -> int:
             loaders[split] = build(spec, "data_loader", f"{source}: data_loader.{split}", seed=config["seed"])
             loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
         # a step is trainer.accumulate_steps loader batches: schedules count steps
-        steps_per_epoch = -(-len(loaders["train"]) // config["trainer"]["accumulate_steps"])
+        accumulate, batches = config["trainer"]["accumulate_steps"], len(loaders["train"])
+        if accumulate > batches:  # each step stacks that many batches, padding what the epoch lacks
+            raise ConfigError(f"{source}: trainer.accumulate_steps: {accumulate:,} batches per step, but an epoch of "
+                              f"the train split has {batches}; at most {batches}")
+        steps_per_epoch = -(-batches // accumulate)
         optimizer, lr_fn = build_optimizer(config, steps_per_epoch=steps_per_epoch, source=source)
         debug_mode(args, config, loaders)
         for i, callback in enumerate(callbacks):
@@ -264,14 +291,15 @@ def run(args) -> int:
     # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
     monitor = monitor_of(config)
     try:
-        if resume_dir and distributed.is_main():
-            run_folder.hold(resume_dir)
+        lock = run_folder.hold(resume_dir, mark=False) if resume_dir and distributed.is_main() else None
         trainer = Trainer(config, resume_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
                           loaders.get("validation"), monitor=monitor, config_hash=config_hash(config), augment=augment,
                           execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
                           callbacks=callbacks)
+        trainer.check_memory()
         if args.resume:
             trainer.restore(Path(args.resume))
+            check_position(trainer, Path(args.resume), config["trainer"]["epochs"])
         else:
             trainer.init_state()
             if args.weights:
@@ -281,16 +309,24 @@ def run(args) -> int:
 
     safe_point()
     # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
+    existed = None  # a run folder this process made: the deepest part of its path that existed before (remove_new)
     try:
         if not distributed.is_main():  # process 0 writes the folder; the others only learn where it is
             run_dir, repaired = Path(distributed.share_text("run_dir")), []
         elif resume_dir:
             run_dir = resume_dir
+            if lock is None:  # a folder without a lock file: made now that its checkpoint loaded
+                run_folder.hold(run_dir)
+            else:
+                run_folder.mark_holder(lock)
             repaired = run_folder.reconcile(run_dir, Path(args.resume), trainer.resumed_header,
                                             config["trainer"]["save_period"])
         else:
-            run_dir = run_folder.create(Path(config["trainer"]["save_dir"]) / config["name"], run_id_of(config),
-                                        exact=getattr(args, "exact_run_dir", False))
+            parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], run_id_of(config)
+            existed = run_folder.first_existing(parent / run_id)  # what a failed start leaves as it was
+            run_dir = run_folder.create(parent, run_id, exact=getattr(args, "exact_run_dir", False))
+            if existed == run_dir:  # -r auto reusing the folder of an attempt that ended before its first checkpoint
+                existed = None
             run_folder.hold(run_dir)
             shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
                             ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
@@ -310,8 +346,10 @@ def run(args) -> int:
             log.setLevel(logging.WARNING)  # process 0 reports the run; the others only their own errors
     except (run_folder.RunFolderError, distributed.DistributedError) as error:
         stop_all(str(error))
-    except OSError as error:
-        stop_all(f"cannot write in the run folder: {error.filename or ''}: {error.strerror or error}")
+    except OSError as error:  # a full or read-only disk: a new run's folder goes again, nothing half-made stays
+        removed = "; the run folder was removed again" if existed is not None and run_folder.remove_new(
+            run_dir, existed) else ""
+        stop_all(f"cannot write in the run folder: {run_folder.os_error_text(error)}{removed}")
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
     from model.summary import summary
 
@@ -334,7 +372,7 @@ def run(args) -> int:
         signal.signal(signum, stop_at_next_step(trainer))
     if RECEIVED:  # while the run folder was being written
         trainer.request_stop(RECEIVED[0])
-    status = 1
+    status, discarded = 1, None
     try:
         jax.config.update("jax_debug_nans", args.detect_nans)
         with jax.disable_jit(args.no_jit):
@@ -344,7 +382,14 @@ def run(args) -> int:
         else:
             log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
         status = 0
-    except (TrainingDiverged, run_folder.RunFolderError, CheckpointError) as error:
+    except TrainingDiverged as error:
+        if existed is not None and not (run_dir / "checkpoint-latest.params").exists():  # kept nothing: undone
+            status = 2
+            discarded = (f"{error}; the run folder {run_dir} was removed, as it held nothing to continue from (is the "
+                         f"learning rate, {float(trainer.lr_fn(0)):g} at the first step, too high?)")
+        else:
+            log.error(str(error))
+    except (run_folder.RunFolderError, CheckpointError) as error:
         log.error(str(error))
     except FloatingPointError as error:  # --detect-nans found the operation
         log.error(nan_report(error))
@@ -358,10 +403,26 @@ def run(args) -> int:
     finally:
         if distributed.is_main():
             finish(run_dir, trackers, status)
+            if discarded:
+                run_folder.remove_new(run_dir, existed)
         if args.fast_dev_run:
             shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
     distributed.finish()  # several processes: each waits here until all are done
+    if discarded:
+        fail(discarded)
     return status
+
+
+def check_position(trainer, path: Path, epochs: int) -> None:
+    """A checkpoint past the configured end (a later epoch, or inside one) would train and write epochs the config
+    never asked for; one at the end itself has nothing left to train and ends at once."""
+    from training.checkpoint import CheckpointError
+
+    if trainer.epoch + bool(trainer.position) > epochs:
+        where = f"{trainer.position} step(s) into epoch {trainer.epoch + 1}" if trainer.position else \
+            f"the end of epoch {trainer.epoch}"
+        raise CheckpointError(f"{path}: saved at {where}, past trainer.epochs {epochs}: nothing to train; continue "
+                              f"it with --epochs N, N > {trainer.epoch}")
 
 
 def stop_all(message: str) -> None:

@@ -7,6 +7,7 @@ every problem is reported as one line that names its place in the file: `config.
 """
 from __future__ import annotations
 
+import argparse
 import codecs
 import copy
 import difflib
@@ -383,10 +384,12 @@ def check_number(section: dict, key: str, where: str, kind=int, minimum=None, al
 def check_folder_name(value: Any, where: str) -> None:
     """A run title or id names one folder under save_dir: one plain path component, so that no config can put a
     run anywhere else or name a folder the file system refuses."""
+    # a leading '-' reads as an option to every shell tool given the path; blanks around it are invisible in a listing
     if (not isinstance(value, str) or not value or value in (".", "..") or len(value) > MAX_NAME
-            or "/" in value or "\\" in value or not value.isprintable()):
+            or "/" in value or "\\" in value or not value.isprintable() or value != value.strip()
+            or value.startswith("-")):
         raise ConfigError(f"{where}: expected a folder name (1 to {MAX_NAME} printable characters, no '/' or '\\', "
-                          f"not '.' or '..'), got {show(value)}")
+                          f"not '.' or '..', not starting with '-', no space at either end), got {show(value)}")
 
 
 def check_save_dir(trainer: dict, name: str, where: str) -> None:
@@ -749,6 +752,21 @@ def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config
     logging.config.dictConfig(spec)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse as the project's commands use it: no prefix matching (``--epoch 3`` is not ``--epochs 3``), and a bad
+    flag or flag value is one `error:` line (exit status 2) like every other bad input, not a usage block."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        unknown = message.partition("unrecognized arguments: ")[2].split()
+        hint = closest(unknown[0].split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]) \
+            if unknown else ""
+        fail(f"{message}.{hint} See {self.prog} --help")
+
+
 def fail(message: str, status: int = 2) -> None:
     # one line whatever the message quotes: a newline or escape code from a file name or a value is shown escaped
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
@@ -759,9 +777,7 @@ def fail(message: str, status: int = 2) -> None:
 # --------------------------------------------------------------------------------------------------- command line
 def main(argv=None) -> int:
     """python utils.py plot saved/<name>/<run_id> [-o curves.png]"""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="utils.py", description="Tools for run folders.")
+    parser = ArgumentParser(prog="utils.py", description="Tools for run folders.")
     commands = parser.add_subparsers(dest="command", required=True)
     plot = commands.add_parser("plot", help="draw a run folder's metrics.jsonl as curves.png")
     plot.add_argument("run_dir", help="a run folder, e.g. saved/<name>/<run_id>")

@@ -38,11 +38,11 @@ from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
-from utils import ConfigError, build, build_augment, fail, load_config  # noqa: E402
+from utils import ArgumentParser, ConfigError, build, build_augment, fail, load_config  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-r", "--run", help="run folder saved/<name>/<run_id> (config, best checkpoint, input spec)")
     parser.add_argument("-c", "--config", help="config file (default: the checkpoint's run folder's config.json)")
     parser.add_argument("-w", "--weights", help="checkpoint file, e.g. saved/<name>/<run_id>/model_best.params")

@@ -95,7 +95,13 @@ EXTRA = ["", "model", "model.args", "loss", "loss.args", "metrics.0", "metrics.1
          "optimizer.schedule", "optimizer.schedule.args", "optimizer.transforms.0.args", "data_loader",
          "data_loader.train", "data_loader.train.args", "trainer", "wandb", "tensorboard"]
 FOLDER_NAMES = ["..", ".", "../../escape", "/abs/path", "a/b", "a\\b", "a\x00b", "x" * 300, "", "a\nb", "tab\there",
-                "\x1b[31mred"]
+                "\x1b[31mred", " ", "-x", "--help", " lead", "trail "]
+# Flags argparse used to let through (prefix matching) or answer with a usage block: (label, args, word in the line).
+FLAGS = [("--epoch 3", ["--epoch", "3"], "--epochs"), ("--run x", ["--run", "x"], "--run-id"),
+         ("--weight w", ["--weight", "w"], "--weights"), ("--epochs abc", ["--epochs", "abc"], "--epochs"),
+         ("--epochs 1e3", ["--epochs", "1e3"], "--epochs"), ("--bs 1.5", ["--bs", "1.5"], "--bs"),
+         ("--lr abc", ["--lr", "abc"], "--lr"), ("--limit-batches x", ["--limit-batches", "x"], "--limit-batches"),
+         ("--set without a value", ["--set"], "--set"), ("--no-such-flag", ["--no-such-flag"], "--no-such-flag")]
 
 
 def base_config(data_dir: Path, save_dir: Path) -> dict:
@@ -235,7 +241,7 @@ def generate() -> list[Case]:
         cases.append(Case("folder names", f"run_id={value!r}", put("trainer.run_id", value), section="run_id"))
         cases.append(Case("folder names", f"name={value!r}", put("name", value), section="name"))
         if "\x00" not in value:  # a NUL cannot be passed in a command line
-            cases.append(Case("folder names", f"--run-id {value!r}", args=["--run-id", value], section="run_id"))
+            cases.append(Case("folder names", f"--run-id {value!r}", args=[f"--run-id={value}"], section="run_id"))
     cases.append(Case("folder names", "run_id=5", put("trainer.run_id", 5), section="run_id"))
     cases.append(Case("folder names", "run_id=[]", put("trainer.run_id", []), section="run_id"))
     for label, save_dir in (("save_dir under a file", lambda folder: str(folder / SOURCE / "saved")),
@@ -284,6 +290,13 @@ def generate() -> list[Case]:
                         ("--lr inf", ["--lr", "inf"]), ("--lr -1", ["--lr", "-1"]), ("--epochs 10**7", ["--epochs",
                                                                                            "10000000"])):
         cases.append(Case("overrides", label, args=args))
+
+    for label, args, word in FLAGS:
+        cases.append(Case("flags", label, args=args, section=word))
+    # a step stacks accumulate_steps batches: more than an epoch has would allocate them all
+    for value in (4, 1000, 10**9, 2**31 - 1):
+        cases.append(Case("sizes", f"accumulate_steps={value}", put("trainer.accumulate_steps", value),
+                          section="accumulate_steps"))
 
     for i in range(40):
         picks = rng.sample(invalid, rng.randint(2, 4))
@@ -464,7 +477,7 @@ def test_counts_per_class():
 
 # A few as real processes: the exit status and stderr of the interpreter itself, platform set-up included.
 PROCESS_CASES = ["utf-16", "optimizer.args.b1=NaN", "--run-id '../../escape'", "seed [x100000",
-                 "twice in optimizer.args"]
+                 "twice in optimizer.args", "--epoch 3", "--epochs abc", "--run-id ' '", "accumulate_steps=1000"]
 
 
 @pytest.mark.parametrize("label", PROCESS_CASES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from tests.conftest import make_idx_dataset
 from tests.test_train import ROOT, make_config, run
-from training import checkpoint, run_folder
+from training import checkpoint, memory, run_folder
 
 # Runs train.main with one fault injected where FAULT says: "replace:<file name>:<nth>:<before|after>" (around the
 # atomic rename of that file), "row:<epoch>" (before the epoch's metrics row), "step:<n>:<signal>" (after the
@@ -212,22 +213,39 @@ def test_external_sigterm_never_aborts(tmp_path, data_dir):
         assert "stopped by SIGTERM" in err + out or process.returncode < 0, (delay, out[-2000:])
 
 
+def refused(result) -> str:
+    """The one `error:` line of a command that exited 2."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def diverged_before_a_checkpoint(result, run_dir: Path) -> str:
+    """A new run that diverged before its first checkpoint: status 2, one line saying so, and nothing left of its
+    run folder (nor of save_dir, which it made)."""
+    line = refused(result)
+    assert f"the run folder {run_dir} was removed, as it held nothing to continue from" in line
+    assert not run_dir.parents[1].exists()
+    return line
+
+
 @pytest.mark.slow
-def test_divergence_exits_1_without_aborting(tmp_path, data_dir):
-    """Non-finite losses stop the run with status 1 every time (prefetched work in flight is drained first)."""
+def test_divergence_before_a_checkpoint_removes_the_run_folder_without_aborting(tmp_path, data_dir):
+    """Non-finite losses from the first steps stop the run the same way every time (prefetched work in flight is
+    drained first)."""
     config = make_config(tmp_path, data_dir, trainer__epochs=3)
     for i in range(4):
         result = run("train.py", "-c", config, "--lr", "1e30", "--run-id", f"d{i}")
-        assert result.returncode == 1, result.stderr[-2000:]
-        assert "non-finite loss" in result.stdout
-        assert "no checkpoint was written yet" in result.stdout
+        line = diverged_before_a_checkpoint(result, tmp_path / f"saved/tiny/d{i}")
+        assert "non-finite loss" in line and "is the learning rate, 1e+30 at the first step, too high?" in line
 
 
 def test_divergence_guard_stops_a_loss_that_explodes(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir, trainer__epochs=3, trainer__divergence_factor=20.0)
     result = run("train.py", "-c", config, "--lr", "1e4", "--run-id", "g")
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert "diverging: loss" in result.stdout and "trainer.divergence_factor 20 x the lowest step loss" in result.stdout
+    line = diverged_before_a_checkpoint(result, tmp_path / "saved/tiny/g")
+    assert "diverging: loss" in line and "trainer.divergence_factor 20 x the lowest step loss" in line
 
 
 def test_a_held_run_folder_refuses_a_second_process(tmp_path, data_dir):
@@ -322,7 +340,7 @@ def test_a_failed_resume_or_fine_tune_changes_nothing(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
     assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
     run_dir = tmp_path / "saved/tiny/r"
-    files = lambda: {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}  # noqa: E731
+    files = lambda: {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}  # noqa: E731
     before = files()
     (tmp_path / "other").mkdir()
     other = make_config(tmp_path / "other", data_dir, model__args__hidden=[16])
@@ -344,3 +362,108 @@ def test_a_read_only_run_folder_refuses_a_resume_cleanly(tmp_path, data_dir, sma
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {run_dir}: cannot write in the run folder (Read-only file system); nothing was changed"]
+
+
+# ------------------------------------------------------------------------------------- edges a hostile user tries
+def tree_of(folder: Path) -> dict:
+    """Every path under `folder` with its inode, size and time of change (a rewrite changes them; nothing is read)."""
+    return {p: (p.lstat().st_ino, p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("linked", ["run folder", "name folder"])
+def test_a_symlinked_run_folder_is_refused(tmp_path, data_dir, linked):
+    """saved/<name>/<run> (or saved/<name>) a link to a folder elsewhere: -r auto would write the run there."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "saved/tiny/evil" if linked == "run folder" else tmp_path / "saved/tiny"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(elsewhere)
+    before = tree_of(tmp_path)
+    line = refused(run("train.py", "-r", "auto", "-c", config, "--run-id", "evil"))
+    assert line.startswith(f"error: {link}: a symbolic link (to {elsewhere}), not a folder"), line
+    if linked == "name folder":  # a new run without -r auto too
+        refused(run("train.py", "-c", config))
+    assert tree_of(tmp_path) == before
+
+
+@pytest.fixture
+def special_files(tmp_path):
+    """A FIFO, a link to /dev/zero, a 40 GB sparse file, and one whose safetensors header describes its 40 GB."""
+    files = {"fifo": tmp_path / "fifo.params", "zero": tmp_path / "zero.params", "sparse": tmp_path / "sparse.params",
+             "described": tmp_path / "described.params"}
+    os.mkfifo(files["fifo"])
+    files["zero"].symlink_to("/dev/zero")
+    with open(files["sparse"], "wb") as f:
+        f.truncate(40 * 2**30)
+    header = json.dumps({"a": {"dtype": "F32", "shape": [10 * 2**30], "data_offsets": [0, 40 * 2**30]}}).encode()
+    with open(files["described"], "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + 40 * 2**30)
+    return files
+
+
+@pytest.mark.parametrize("command", ["--weights", "-r", "test.py -r"])
+@pytest.mark.parametrize("kind, message", [
+    ("fifo", "not a regular file"), ("zero", "not a regular file"),
+    ("sparse", "not a readable checkpoint (truncated or corrupt?): 42,949,672,960 bytes, without a header"),
+    ("described", "40.0 GiB, more than the"),
+])
+def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir, special_files, command, kind,
+                                                             message):
+    """Each within seconds, before anything is read into memory: a FIFO used to block (past SIGTERM), /dev/zero and
+    a sparse file to be read until memory ran out."""
+    path = special_files[kind]
+    if kind == "described" and not memory.host_available()[0] < path.stat().st_size:
+        pytest.skip("a machine with more than 40 GB of memory free would read the file")
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    before = tree_of(tmp_path)
+    if command == "test.py -r":
+        result = run("test.py", "-r", path, "-c", config, timeout=60)
+    else:
+        result = run("train.py", "-c", config, command, path, timeout=60)
+    assert message in refused(result) and str(path) in result.stderr
+    assert tree_of(tmp_path) == before
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model__args__hidden": [1000000, 1000000]}, (r"this run needs 14.6 TiB before any activation \(parameters "
+                                                   r"3.6 TiB, their gradients 3.6 TiB, optimizer state 7.3 TiB, .*\), "
+                                                   r"more than the .* of .*: make the model smaller")),
+    ({"trainer__accumulate_steps": 10**9}, ("config.json: trainer.accumulate_steps: 1,000,000,000 batches per step, "
+                                            "but an epoch of the train split has 9; at most 9")),
+])
+def test_a_run_that_cannot_fit_is_refused_before_anything_is_allocated(tmp_path, data_dir, change, message):
+    """10**12 parameters used to compile and then stall at the memory limit; 10**9 accumulated batches to be
+    OOM-killed at 14 GB. Both are known from shapes alone."""
+    result = run("train.py", "-c", make_config(tmp_path, data_dir, **change), timeout=60)
+    assert re.search(message, refused(result)), result.stderr
+    assert not (tmp_path / "saved").exists()
+
+
+def test_a_checkpoint_past_the_configured_end_is_refused(tmp_path, data_dir):
+    """A checkpoint whose consistent header claims epoch 99 of a 2-epoch run: nothing trained, nothing written (its
+    .lock included)."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
+    latest = tmp_path / "saved/tiny/r/checkpoint-latest.params"
+    arrays, header = checkpoint.read(latest)
+    checkpoint.save(latest, arrays, {**{k: v for k, v in header.items() if k not in ("arrays", "format_version",
+                                                                                      "treedef")}, "epoch": 99})
+    before = tree_of(tmp_path)
+    line = refused(run("train.py", "-r", latest, "--epochs", "2"))
+    assert line == (f"error: {latest}: saved at the end of epoch 99, past trainer.epochs 2: nothing to train; "
+                    f"continue it with --epochs N, N > 99")
+    assert tree_of(tmp_path) == before
+
+
+def test_a_full_disk_at_start_leaves_no_run_folder(tmp_path, data_dir, small_disk):
+    """64 KB free: copying model/ into the run folder fails; one short line, and what was made is removed."""
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    (small_disk / "filler").write_bytes(b"\0" * (free - 64 * 1024))
+    config = make_config(tmp_path, data_dir, trainer__save_dir=str(small_disk / "saved"))
+    line = refused(run("train.py", "-c", config, "--run-id", "full"))
+    assert line.startswith(f"error: cannot write in the run folder: {small_disk / 'saved/tiny/full'}/")
+    assert "No space left on device" in line and line.endswith("; the run folder was removed again"), line
+    assert len(line) < 300, line
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]

@@ -194,7 +194,8 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(tmp_path, da
 @pytest.mark.slow
 def test_failed_trials_are_recorded_and_the_best_config_reproduces_its_trial(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir)
-    # lr 1e30 diverges (exit 1); b1 2 passes the config's checks but not the optimizer's (exit 2)
+    # lr 1e30 diverges before its first checkpoint (exit 2, its folder removed); b1 2 passes the config's checks
+    # but not the optimizer's (exit 2)
     args = ["-c", config, "--grid", "optimizer.args.lr=[1e30,0.003]", "--grid", "optimizer.args.b1=[0.9,2.0]",
             "--trials", 3]
     result = run("sweep.py", *args)
@@ -202,7 +203,7 @@ def test_failed_trials_are_recorded_and_the_best_config_reproduces_its_trial(tmp
     folder = sweep_folder(tmp_path)
     ends = {r["trial"]: r for r in ledger_of(folder) if r["event"] == "end"}
     assert [ends[i]["status"] for i in range(3)] == ["failed", "failed", "done"]
-    assert ends[0]["exit"] == 1 and "non-finite loss" in ends[0]["error"]
+    assert ends[0]["exit"] == 2 and "non-finite loss" in ends[0]["error"]
     assert ends[1]["exit"] == 2 and ends[1]["error"].startswith("error: ") and "optimizer.args.b1" in ends[1]["error"]
     assert "failed:" in result.stdout  # the table lists each failed trial's error
     with open(folder / "results.csv") as f:

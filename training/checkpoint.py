@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import zlib
 from pathlib import Path
@@ -24,6 +25,7 @@ import jax
 import numpy as np
 
 from model.modules.module import key_path_str
+from training.memory import host_available, show_bytes
 
 FORMAT_VERSION = 2  # 2: checksums of the header and of every array (dtype, shape, bytes); 1 had none
 CORRUPT = "the file is corrupt; use another checkpoint of the run or a copy"
@@ -178,6 +180,44 @@ def verify_arrays(path: Path, entries: Any, arrays: dict, layout: dict, data: me
             raise CheckpointError(f"{path}: array {name} fails its checksum ({CORRUPT})")
 
 
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, once it is known to be a regular file whose size is the one its safetensors header
+    describes: a pipe would block for ever, a device or a sparse file would be read until memory runs out."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, to be refused below
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint file") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read the checkpoint: {error.strerror or error}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        what = "Is a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a pipe, socket or device)"
+        raise CheckpointError(f"{path}: cannot read the checkpoint: {what}")
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little")
+        described = None
+        if len(head) == 8 and length <= info.st_size - 8:
+            try:
+                layout = json.loads(f.read(length))
+                described = 8 + length + max((entry["data_offsets"][1] for name, entry in layout.items()
+                                              if name != "__metadata__"), default=0)
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+                pass
+        if described != info.st_size:
+            expected = f"its header describes {described:,}" if isinstance(described, int) else \
+                "without a header that describes them"
+            raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {info.st_size:,} "
+                                  f"bytes, {expected}")
+        available = host_available()
+        if available and info.st_size > available[0]:
+            raise CheckpointError(f"{path}: {show_bytes(info.st_size)}, more than the {show_bytes(available[0])} of "
+                                  f"{available[1]}: it cannot be read here")
+        f.seek(0)
+        return f.read()
+
+
 def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     """The raw arrays by name and the header, after every checksum the file has is verified and every header
     field is checked; anything wrong is a CheckpointError naming the file and what was wrong."""
@@ -185,12 +225,7 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     from safetensors.numpy import load as from_bytes
 
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such checkpoint file") from None
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot read the checkpoint: {error.strerror or error}") from None
+    data = read_bytes(path)
     try:
         arrays = from_bytes(data)
         start = 8 + int.from_bytes(data[:8], "little")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 from training import checkpoint
@@ -29,6 +31,8 @@ def create(parent: Path, run_id: str, exact: bool = False) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
         if exact:
             (parent / run_id).mkdir(exist_ok=True)
+            if (parent / run_id).is_symlink():  # train.py refuses one before; this guards every other caller
+                raise RunFolderError(f"{parent / run_id}: a symbolic link, not a run folder; nothing was written")
             return parent / run_id
         for suffix in itertools.count():
             path = parent / (run_id if suffix == 0 else f"{run_id}_{suffix}")
@@ -41,15 +45,48 @@ def create(parent: Path, run_id: str, exact: bool = False) -> Path:
         raise RunFolderError(f"cannot create a run folder in {parent}: {error.strerror or error}") from None
 
 
-def hold(run_dir: Path) -> int:
+def first_existing(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def remove_new(run_dir: Path, existed: Path) -> bool:
+    """Undoes a new run's start: its folder, and the empty folders made above it (`existed`: ``first_existing`` of
+    its path before it was made). Returns whether the run folder is gone."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for folder in run_dir.parents:
+        if existed not in folder.parents:
+            break
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+    return not run_dir.exists()
+
+
+def os_error_text(error: OSError) -> str:
+    """An OSError in one line: copytree's shutil.Error carries a list of (source, destination, reason), whose repr
+    would fill a screen."""
+    if isinstance(error, shutil.Error) and error.args and isinstance(error.args[0], list) and error.args[0]:
+        _, destination, reason = error.args[0][0]
+        more = f" (and {len(error.args[0]) - 1} more files)" if len(error.args[0]) > 1 else ""
+        reason = re.match(r"(?:\[Errno \d+\] )?([^:]*)", str(reason)).group(1)  # "[Errno 28] No space ...: 'path'"
+        return f"{destination}: {reason}{more}"
+    return f"{error.filename or ''}: {error.strerror or error}"
+
+
+def hold(run_dir: Path, mark: bool = True) -> int | None:
     """Locks the run folder for this process (released when it exits, however it exits); a second process that
-    tries to train in it gets an error naming the holder."""
+    tries to train in it gets an error naming the holder. ``mark`` False (a resume, before its checkpoint loaded):
+    nothing written yet, so that a failed one changes nothing: the lock file is not made (None where it is missing;
+    hold it again once the checkpoint loaded) and this process's id is written by ``mark_holder``."""
     import fcntl
 
     path = run_dir / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if mark else 0), 0o644)
     except OSError as error:
+        if isinstance(error, FileNotFoundError) and not mark:
+            return None
         raise RunFolderError(f"{run_dir}: cannot write in the run folder ({error.strerror or error}); "
                              f"nothing was changed") from None
     try:
@@ -59,9 +96,14 @@ def hold(run_dir: Path) -> int:
         os.close(fd)
         raise RunFolderError(f"{run_dir}: in use by process {holder} (another train.py is training in it); "
                              f"wait for it to end or stop it") from None
+    if mark:
+        mark_holder(fd)
+    return fd
+
+
+def mark_holder(fd: int) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 class Writer:

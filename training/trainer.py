@@ -179,6 +179,28 @@ class Trainer:
         self.origin = f"fresh state from seed {seed}"
         return self.ts
 
+    def check_memory(self) -> None:
+        """Refuses, before anything is allocated, a run whose state and stacked batches alone exceed the memory of
+        the devices (a ValueError naming the numbers): it would otherwise stall or be killed mid-compile."""
+        from training import memory
+
+        template = self.state_template()
+        shardings = self.ts_sharding if isinstance(self.ts_sharding, dict) else dict.fromkeys(template,
+                                                                                              self.ts_sharding)
+        held = {key: memory.shard_bytes(value, shardings[key]) for key, value in template.items()}
+        batches = self.steps_per_call * self.accumulate  # one call's stack, split over every device
+        parts = {"parameters": held["params"], "their gradients": held["params"],
+                 "optimizer state": held["opt_state"],
+                 "other state": sum(held.values()) - held["params"] - held["opt_state"],
+                 f"{batches} stacked batch(es)": -(-batches * nbytes(self.batch_spec) // self.mesh.size)}
+        local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+        reason = memory.refusal(parts, local)
+        if reason:
+            largest = max(parts, key=parts.get)
+            hint = ("lower trainer.accumulate_steps, trainer.steps_per_call or the batch size" if "batch" in largest
+                    else "make the model smaller (model.args) or split it over more devices (mesh.fsdp)")
+            raise ValueError(f"this run {reason}: {hint}; nothing was written")
+
     def state_template(self) -> dict:
         return jax.eval_shape(lambda: self.fresh_state(0))
 
