@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from model.registry import register
 
 __all__ = ["random_crop", "random_resized_crop", "flip_horizontal", "flip_vertical", "brightness", "contrast",
            "saturation", "random_erasing", "mixup", "cutmix", "normalize"]
@@ -212,6 +213,7 @@ class RandomCrop(Op):
         return _with_input(batch, crop(padded, params["top"], params["left"]))
 
 
+@register("augment")
 def random_crop(padding: int = 4, padding_mode: str = "constant", value: float = 0.0) -> Op:
     """Pads each side by ``padding`` pixels (``padding_mode`` constant (``value``), reflect or edge) and crops a
     window of the original size at a random offset: a random shift of up to ``padding`` pixels each way."""
@@ -258,6 +260,7 @@ class RandomResizedCrop(Op):
         return _with_input(batch, _float(batch["input"]))
 
 
+@register("augment")
 def random_resized_crop(scale: tuple = (0.08, 1.0), ratio: tuple = (3 / 4, 4 / 3)) -> Op:
     """A random box of ``scale`` (fraction of the area) and aspect ratio ``ratio`` (width / height, drawn
     log-uniformly), clipped to the image, resampled bilinearly to the image's size. Float32 out."""
@@ -281,11 +284,13 @@ class Flip(Op):
         return _with_input(batch, jnp.where(flip, lax.rev(x, (self.axis,)), x))
 
 
+@register("augment")
 def flip_horizontal(p: float = 0.5) -> Op:
     """Mirrors each image left-right with probability ``p``."""
     return Flip(p, 2, "flip_horizontal")
 
 
+@register("augment")
 def flip_vertical(p: float = 0.5) -> Op:
     """Mirrors each image top-bottom with probability ``p``."""
     return Flip(p, 1, "flip_vertical")
@@ -337,17 +342,20 @@ class ColorJitter(Op):
         return _with_input(batch, _float(batch["input"]))
 
 
+@register("augment")
 def brightness(strength: float = 0.4) -> Op:
     """Multiplies each image by a random factor in [max(0, 1 - strength), 1 + strength]. Float32 out."""
     return ColorJitter(strength, "brightness")
 
 
+@register("augment")
 def contrast(strength: float = 0.4) -> Op:
     """Moves each image towards (factor < 1) or away from its mean gray by a random factor in
     [max(0, 1 - strength), 1 + strength]. Float32 out."""
     return ColorJitter(strength, "contrast")
 
 
+@register("augment")
 def saturation(strength: float = 0.4) -> Op:
     """Moves each RGB pixel towards (factor < 1) or away from its gray by a random factor in
     [max(0, 1 - strength), 1 + strength]; factor 0 is a gray image. Float32 out."""
@@ -395,6 +403,7 @@ class RandomErasing(Op):
         return _with_input(batch, jnp.where(box[..., None], jnp.asarray(self.value, x.dtype), x))
 
 
+@register("augment")
 def random_erasing(p: float = 0.5, scale: tuple = (0.02, 0.33), ratio: tuple = (0.3, 3.3),
                    value: float = 0.0) -> Op:
     """Cutout: with probability ``p`` fills a random box of ``scale`` (fraction of the area) and aspect ``ratio``
@@ -476,6 +485,7 @@ class Mix(Op):
         return _with_input(batch, _float(batch["input"])) if self.name == "mixup" else batch
 
 
+@register("augment")
 def mixup(alpha: float = 0.2, p: float = 1.0) -> Op:
     """With probability ``p``, each example becomes lam x + (1 - lam) x' with its partner x' (example B - 1 - i),
     lam ~ Beta(alpha, alpha) per example, and its target the same mix of the two one-hot (or soft) targets. Works
@@ -483,6 +493,7 @@ def mixup(alpha: float = 0.2, p: float = 1.0) -> Op:
     return Mix(alpha, p, "mixup")
 
 
+@register("augment")
 def cutmix(alpha: float = 1.0, p: float = 1.0) -> Op:
     """With probability ``p``, pastes a box of the partner image (example B - 1 - i) into each image: lam ~
     Beta(alpha, alpha), a box of (1 - lam) of the area centred at a random pixel and clipped to the image; the
@@ -523,6 +534,7 @@ class Normalize(Op):
         return _with_input(batch, y)
 
 
+@register("augment")
 def normalize(mean: Any = None, std: Any = None, scale: float | None = None) -> Op:
     """(x * scale - mean) / std in float32, ``mean`` and ``std`` one number or one per channel (default 0 and 1);
     ``scale`` defaults to 1/255 for uint8 images (1 / the integer dtype's maximum) and 1 for float ones. Applied in

@@ -28,6 +28,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from model.registry import register
 
 __all__ = ["ema", "lr_finder", "generate_text"]
 log = logging.getLogger("train")
@@ -74,6 +75,7 @@ class EMA(Callback):
         return {"params": average}
 
 
+@register("callbacks")
 def ema(decay: float = 0.999, warmup: bool = True) -> Callback:
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
         raise ValueError(f"decay: expected a number in [0, 1), got {decay!r}")
@@ -161,6 +163,7 @@ class LRFinder(Callback):
         return suggestion
 
 
+@register("callbacks")
 def lr_finder(min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100, stop: bool = True) -> Callback:
     for key, value in (("min_lr", min_lr), ("max_lr", max_lr)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -207,6 +210,7 @@ class GenerateText(Callback):
             file.write(f"--- epoch {epoch}, step {row['step']}\n{text}\n")
 
 
+@register("callbacks")
 def generate_text(prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, every: int = 1,
                   seed: int = 0) -> Callback:
     if not isinstance(prompt, str) or not prompt:

@@ -19,6 +19,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from model.registry import register
 
 # What a config can name as "loss"; weighted_mean is the training step's helper, not a loss.
 __all__ = ["cross_entropy", "binary_cross_entropy", "mse", "l1", "huber", "kl_divergence", "kl_divergence_with_logits"]
@@ -55,6 +56,17 @@ def weighted_mean(per_example: jax.Array, weights: jax.Array | None = None) -> j
     return total / jnp.maximum(weights.sum(), jnp.finfo(per_example.dtype).tiny)
 
 
+def _check_cross_entropy(label_smoothing: float = 0.0) -> None:
+    if not 0 <= label_smoothing < 1:  # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
+        raise ValueError(f"label_smoothing: must be in [0, 1), got {label_smoothing!r}")
+
+
+def _check_huber(delta: float = 1.0) -> None:
+    if not 0 < delta < math.inf:
+        raise ValueError(f"delta: must be > 0, got {delta!r}")
+
+
+@register("loss", task="classification", check=_check_cross_entropy)
 def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0,
                   mask: jax.Array | None = None) -> jax.Array:
     """Softmax cross-entropy over the last axis of ``logits`` (B, ..., C).
@@ -80,6 +92,7 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: floa
     return _mean_over_examples(loss, mask)
 
 
+@register("loss", task="multilabel")
 def binary_cross_entropy(logits: jax.Array, labels: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Sigmoid cross-entropy of ``logits`` against labels in [0, 1] of the same shape (multi-label allowed)."""
     _check_same_shape(logits, labels)
@@ -88,18 +101,21 @@ def binary_cross_entropy(logits: jax.Array, labels: jax.Array, *, mask: jax.Arra
     return _mean_over_examples(jax.nn.softplus(logits) - logits * labels, mask)
 
 
+@register("loss", task="regression")
 def mse(outputs: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Mean squared error over the non-batch axes."""
     _check_same_shape(outputs, targets)
     return _mean_over_examples(jnp.square(outputs - targets), mask)
 
 
+@register("loss", task="regression")
 def l1(outputs: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Mean absolute error over the non-batch axes."""
     _check_same_shape(outputs, targets)
     return _mean_over_examples(jnp.abs(outputs - targets), mask)
 
 
+@register("loss", task="regression", check=_check_huber)
 def huber(outputs: jax.Array, targets: jax.Array, *, delta: float = 1.0, mask: jax.Array | None = None) -> jax.Array:
     """Huber loss: ``0.5 e^2`` for ``|e| <= delta``, ``delta * (|e| - 0.5 delta)`` beyond; mean over non-batch axes."""
     _check_same_shape(outputs, targets)
@@ -108,6 +124,7 @@ def huber(outputs: jax.Array, targets: jax.Array, *, delta: float = 1.0, mask: j
     return _mean_over_examples(0.5 * jnp.square(quadratic) + delta * (error - quadratic), mask)
 
 
+@register("loss")
 def kl_divergence(log_predictions: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """``KL(targets || predictions)`` over the last axis.
 
@@ -123,20 +140,7 @@ def kl_divergence(log_predictions: jax.Array, targets: jax.Array, *, mask: jax.A
     return _mean_over_examples(loss, mask)
 
 
+@register("loss")
 def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """``kl_divergence(log_softmax(logits), targets)``: KL from target probabilities to the model's softmax."""
     return kl_divergence(jax.nn.log_softmax(logits, axis=-1), targets, mask=mask)
-
-
-def _check_cross_entropy(label_smoothing: float = 0.0) -> None:
-    if not 0 <= label_smoothing < 1:  # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
-        raise ValueError(f"label_smoothing: must be in [0, 1), got {label_smoothing!r}")
-
-
-def _check_huber(delta: float = 1.0) -> None:
-    if not 0 < delta < math.inf:
-        raise ValueError(f"delta: must be > 0, got {delta!r}")
-
-
-cross_entropy.check_args = _check_cross_entropy
-huber.check_args = _check_huber

@@ -32,6 +32,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from model.registry import register
 
 # What a config can name under "metrics"; merge and values are the training loop's helpers, compute a single
 # batch's value.
@@ -159,6 +160,7 @@ def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str,
     return Metric(name if average == "macro" else per_class_name or f"{name}_per_class", stats_fn, result)
 
 
+@register("metrics")
 def accuracy() -> Metric:
     """Fraction of examples (or positions) whose argmax matches the target class."""
     def stats(outputs, targets, mask=None):
@@ -169,6 +171,7 @@ def accuracy() -> Metric:
     return Metric("accuracy", stats, lambda s: _divide(s["correct"], s["count"]))
 
 
+@register("metrics")
 def top_k_accuracy(k: int = 5) -> Metric:
     """Fraction whose target class is among the k highest logits; ties with the target's logit count in its favour.
     ``k`` is an integer from 1 to the class count."""
@@ -189,21 +192,25 @@ def top_k_accuracy(k: int = 5) -> Metric:
     return Metric(f"top_{k}_accuracy", stats, lambda s: _divide(s["correct"], s["count"]))
 
 
+@register("metrics")
 def precision(average: str = "macro") -> Metric:
     """tp / predicted per class; ``average`` "macro" (mean over classes) or "none" (vector of shape (C,))."""
     return _averaged("precision", lambda s: _divide(s["true_positives"], s["predicted"]), average)
 
 
+@register("metrics")
 def recall(average: str = "macro") -> Metric:
     """tp / actual per class; ``average`` "macro" or "none"."""
     return _averaged("recall", lambda s: _divide(s["true_positives"], s["actual"]), average)
 
 
+@register("metrics")
 def f1(average: str = "macro") -> Metric:
     """Per-class F1 = 2 tp / (predicted + actual); macro F1 is the mean of these, as in sklearn."""
     return _averaged("f1", lambda s: _divide(2 * s["true_positives"], s["predicted"] + s["actual"]), average)
 
 
+@register("metrics")
 def confusion_matrix() -> Metric:
     """Counts of shape (C, C): row = true class, column = predicted class."""
     def stats(outputs, targets, mask=None):
@@ -216,6 +223,7 @@ def confusion_matrix() -> Metric:
     return Metric("confusion_matrix", stats, lambda s: s["matrix"])
 
 
+@register("metrics")
 def perplexity() -> Metric:
     """exp of the mean cross-entropy per position (every real token of every example, not a mean of per-example
     perplexities). Logits (B, ..., V); targets are token ids (B, ...) or probabilities / one-hot (B, ..., V), in
@@ -237,6 +245,7 @@ def perplexity() -> Metric:
     return Metric("perplexity", stats, lambda s: jnp.exp(_divide(s["nll_sum"], s["count"])))
 
 
+@register("metrics")
 def binary_accuracy(threshold: float = 0.5) -> Metric:
     """Fraction of elements whose prediction (probability > ``threshold``) equals the 0/1 target, over every element
     of logits and targets of the same shape: per attribute for (B, L), per pixel for masks (B, H, W, 1), i.e. the
@@ -258,6 +267,7 @@ def _multilabel(name: str, per_label: Callable[[Stats], jax.Array], average: str
                      _thresholded_name(f"{name}_per_label", threshold))
 
 
+@register("metrics")
 def multilabel_precision(average: str = "macro", threshold: float = 0.5) -> Metric:
     """tp / predicted per label (last axis); ``average`` "macro" (mean over labels present in the targets or the
     predictions) or "none" (vector (L,))."""
@@ -265,11 +275,13 @@ def multilabel_precision(average: str = "macro", threshold: float = 0.5) -> Metr
                        threshold)
 
 
+@register("metrics")
 def multilabel_recall(average: str = "macro", threshold: float = 0.5) -> Metric:
     """tp / actual per label (last axis); ``average`` "macro" or "none"."""
     return _multilabel("multilabel_recall", lambda s: _divide(s["true_positives"], s["actual"]), average, threshold)
 
 
+@register("metrics")
 def multilabel_f1(average: str = "macro", threshold: float = 0.5) -> Metric:
     """Per-label F1 = 2 tp / (predicted + actual), the labels being the last axis and every other axis pooled (for
     one mask channel (B, H, W, 1) this is the Dice score of the foreground); ``average`` "macro" (mean over labels
@@ -278,6 +290,7 @@ def multilabel_f1(average: str = "macro", threshold: float = 0.5) -> Metric:
                        average, threshold)
 
 
+@register("metrics")
 def mean_iou(average: str = "macro", threshold: float = 0.5) -> Metric:
     """Intersection over union per class, tp / (predicted + actual - tp), averaged over the classes present in the
     targets or the predictions (sklearn's ``jaccard_score(average="macro")``); "none" gives the vector (C,).
@@ -309,11 +322,13 @@ def _regression_stats(error_fn: Callable[[jax.Array], jax.Array], key: str):
     return stats
 
 
+@register("metrics")
 def mae() -> Metric:
     """Mean absolute error over every element of every real example."""
     return Metric("mae", _regression_stats(jnp.abs, "abs_error"), lambda s: _divide(s["abs_error"], s["count"]))
 
 
+@register("metrics")
 def rmse() -> Metric:
     """Root of the mean squared error over every element of every real example (not a mean of batch RMSEs)."""
     return Metric("rmse", _regression_stats(jnp.square, "squared_error"),

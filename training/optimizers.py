@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from model.modules.module import key_path_str
 from training.schedules import check_range
+from model.registry import register
 
 # What a config can name: "optimizer.name" takes OPTIMIZERS, "optimizer.transforms" TRANSFORMS. The building blocks
 # (trace, scale_by_adam, chain, ...) are for writing optimizers here, not for naming in a config: alone they would
@@ -210,6 +211,7 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Optimizer:
     return Optimizer(init, update)
 
 
+@register("transforms")
 def add_decayed_weights(weight_decay: Hyper, mask: Any = "default") -> Optimizer:
     """Adds ``weight_decay * params`` to the leaves the mask selects (decoupled weight decay when it is followed by
     ``scale_by_learning_rate``, as in AdamW). ``mask`` is one of:
@@ -239,6 +241,7 @@ def add_decayed_weights(weight_decay: Hyper, mask: Any = "default") -> Optimizer
     return Optimizer(_count_init, update)
 
 
+@register("transforms")
 def clip_by_global_norm(max_norm: float) -> Optimizer:
     """Rescales the whole tree to global L2 norm ``max_norm`` when its norm exceeds that."""
     check_range(max_norm, "max_norm", open_low=True)
@@ -251,6 +254,7 @@ def clip_by_global_norm(max_norm: float) -> Optimizer:
     return Optimizer(_empty_init, update)
 
 
+@register("transforms")
 def clip_by_value(max_delta: float) -> Optimizer:
     """Clips every element to ``[-max_delta, max_delta]``."""
     check_range(max_delta, "max_delta", open_low=True)
@@ -263,21 +267,25 @@ def clip_by_value(max_delta: float) -> Optimizer:
 
 # The optimizers a config names; each is a chain of the blocks above, in optax's order.
 
+@register("optimizer")
 def sgd(lr: Hyper, momentum: Hyper = 0.0, nesterov: bool = False) -> Optimizer:
     """Stochastic gradient descent, with (Nesterov) momentum when ``momentum`` is non-zero."""
     return chain(*_present(momentum, lambda: trace(momentum, nesterov)), scale_by_learning_rate(lr))
 
 
+@register("optimizer")
 def adam(lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Optimizer:
     return chain(scale_by_adam(b1, b2, eps), scale_by_learning_rate(lr))
 
 
+@register("optimizer")
 def adamw(lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: Hyper = 1e-4,
           mask: Any = "default") -> Optimizer:
     """Adam with decoupled weight decay; the decay is multiplied by the learning rate (optax and PyTorch)."""
     return chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr))
 
 
+@register("optimizer")
 def rmsprop(lr: Hyper, decay: float = 0.9, eps: float = 1e-8, momentum: Hyper = 0.0,
             centered: bool = False) -> Optimizer:
     """RMSProp as optax writes it: eps inside the square root, momentum applied after the learning rate."""
@@ -285,10 +293,12 @@ def rmsprop(lr: Hyper, decay: float = 0.9, eps: float = 1e-8, momentum: Hyper = 
     return chain(scale, scale_by_learning_rate(lr), *_present(momentum, lambda: trace(momentum)))
 
 
+@register("optimizer")
 def adagrad(lr: Hyper, initial_accumulator_value: float = 0.1, eps: float = 1e-7) -> Optimizer:
     return chain(scale_by_rss(initial_accumulator_value, eps), scale_by_learning_rate(lr))
 
 
+@register("optimizer")
 def lion(lr: Hyper, b1: float = 0.9, b2: float = 0.99, weight_decay: Hyper = 0.0, mask: Any = "default") -> Optimizer:
     """Lion (Chen et al., 2023); its updates are signs, so it wants a learning rate 3-10x smaller than Adam's."""
     return chain(scale_by_lion(b1, b2), add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr))

@@ -13,6 +13,7 @@ import math
 from typing import Any, Callable
 
 import jax.numpy as jnp
+from model.registry import register
 
 # What a config can name as a schedule.
 __all__ = ["constant", "piecewise_constant", "step_decay", "exponential_decay", "cosine_decay", "linear",
@@ -44,6 +45,7 @@ def check_range(value: Any, name: str, low: float = 0.0, high: float = math.inf,
         raise ValueError(f"{name}: must be {expected}, got {value!r}")
 
 
+@register("schedule")
 def constant(value: float) -> Schedule:
     """Always ``value``."""
     check_range(value, "value")
@@ -54,6 +56,7 @@ def constant(value: float) -> Schedule:
     return schedule
 
 
+@register("schedule")
 def piecewise_constant(init_value: float, boundaries_and_scales: dict | None = None) -> Schedule:
     """``init_value`` multiplied by every ``scale`` whose boundary the step has reached (``step >= boundary``).
 
@@ -75,6 +78,7 @@ def piecewise_constant(init_value: float, boundaries_and_scales: dict | None = N
     return schedule
 
 
+@register("schedule")
 def step_decay(init_value: float, step_size: int, gamma: float = 0.1) -> Schedule:
     """``init_value * gamma ** (step // step_size)``: multiply by ``gamma`` every ``step_size`` steps."""
     check_range(init_value, "init_value")
@@ -84,6 +88,7 @@ def step_decay(init_value: float, step_size: int, gamma: float = 0.1) -> Schedul
     return exponential_decay(init_value, step_size, gamma, staircase=True)
 
 
+@register("schedule")
 def exponential_decay(init_value: float, transition_steps: int, decay_rate: float, transition_begin: int = 0,
                       staircase: bool = False, end_value: float | None = None) -> Schedule:
     """``init_value * decay_rate ** ((step - transition_begin) / transition_steps)``, constant before
@@ -113,6 +118,7 @@ def exponential_decay(init_value: float, transition_steps: int, decay_rate: floa
     return schedule
 
 
+@register("schedule")
 def cosine_decay(init_value: float, decay_steps: int, alpha: float = 0.0) -> Schedule:
     """Half a cosine from ``init_value`` down to ``alpha * init_value`` over ``decay_steps``, then flat."""
     check_range(init_value, "init_value")
@@ -128,6 +134,7 @@ def cosine_decay(init_value: float, decay_steps: int, alpha: float = 0.0) -> Sch
     return schedule
 
 
+@register("schedule")
 def linear(init_value: float, end_value: float, transition_steps: int, transition_begin: int = 0) -> Schedule:
     """From ``init_value`` at ``transition_begin`` to ``end_value`` ``transition_steps`` later; flat outside.
 
@@ -146,6 +153,7 @@ def linear(init_value: float, end_value: float, transition_steps: int, transitio
     return schedule
 
 
+@register("schedule")
 def warmup_cosine_decay(init_value: float, peak_value: float, warmup_steps: int, decay_steps: int,
                         end_value: float = 0.0) -> Schedule:
     """Linear warm-up from ``init_value`` to ``peak_value`` over ``warmup_steps``, then cosine decay to
@@ -163,6 +171,7 @@ def warmup_cosine_decay(init_value: float, peak_value: float, warmup_steps: int,
     return schedule
 
 
+@register("schedule")
 def one_cycle(transition_steps: int, peak_value: float, pct_start: float = 0.3, div_factor: float = 25.0,
               final_div_factor: float = 1e4) -> Schedule:
     """The one-cycle policy with cosine annealing (optax ``cosine_onecycle_schedule``): from
