@@ -34,3 +34,13 @@ def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None)
         per_example = len(target.shape) == (1 if ids else 2)
         return "classification" if per_example else "sequence"
     return task
+
+
+def class_count(preprocessing: dict, targets: np.ndarray) -> tuple[int, str]:
+    """How many outputs a classifier or language model needs, and what says so: the data's class names or
+    vocabulary, else the largest id in `targets` (one batch of them) plus one."""
+    if preprocessing.get("vocabulary"):
+        return len(preprocessing["vocabulary"]), "tokens in its vocabulary"
+    if preprocessing.get("classes"):
+        return len(preprocessing["classes"]), "classes"
+    return int(targets.max()) + 1, f"classes (a label {int(targets.max())} in its first batch)"
