@@ -1,5 +1,6 @@
 """Evaluate a checkpoint:  python test.py -r saved/<name>/<run>  (its model_best.params, or checkpoint-latest.params
-when the run monitors nothing) or -r a checkpoint file, [-c config.json] [--split test|validation] [--out DIR].
+when the run monitors nothing) or -r a checkpoint file, [-c config.json] [--split test|validation] [--out DIR];
+the split is the config's test split, or its validation split when it has none.
 
 Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
@@ -26,7 +27,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-r", "--resume", required=True, help="checkpoint file or run folder")
     parser.add_argument("-c", "--config", help="config file (default: the run folder's config.json)")
-    parser.add_argument("--split", default="test", choices=("test", "validation"))
+    parser.add_argument("--split", choices=("test", "validation"),
+                        help="the split to evaluate (default: test, or validation when the config has no test split)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--out", help="folder for the figures and tables (default: the checkpoint's)")
     return parser.parse_args(argv)
@@ -61,6 +63,9 @@ def main(argv=None) -> int:
     except (OSError, UnicodeDecodeError) as error:  # permission denied, a folder, not text
         fail(f"{config_path}: cannot read it ({getattr(error, 'strerror', None) or error})")
     try:
+        if args.split is None:  # a run without a test split (a language model's) is judged on its validation split
+            args.split = "test" if "test" in config["data_loader"] or "validation" not in config["data_loader"] \
+                else "validation"
         if args.split not in config["data_loader"]:
             raise ConfigError(f"data_loader.{args.split}: not in the config; "
                               f"splits: {', '.join(config['data_loader'])}")

@@ -295,3 +295,19 @@ def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_di
     assert not (run_dir / "model_best.params").exists()
     tested = run("test.py", "-r", run_dir)
     assert tested.returncode == 0 and "checkpoint-latest.params" in tested.stdout, tested.stderr
+
+
+def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split(tmp_path, data_dir):
+    """A language model's config has train and validation splits only: `test.py -r RUN` evaluates the validation
+    split and says so (an explicit --split test is still refused, naming the splits there are)."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=1, model={"name": "mlp", "args": {"hidden": [8]}})
+    content = json.loads(config.read_text())
+    del content["data_loader"]["test"]
+    config.write_text(json.dumps(content))
+    assert run("train.py", "-c", config, "--run-id", "no_test").returncode == 0
+    run_dir = tmp_path / "saved/tiny/no_test"
+    tested = run("test.py", "-r", run_dir)
+    assert tested.returncode == 0, tested.stderr
+    assert "validation split, 60 examples" in tested.stdout and (run_dir / "per_class_validation.csv").is_file()
+    assert refused(run("test.py", "-r", run_dir, "--split", "test")) == \
+        "error: data_loader.test: not in the config; splits: train, validation"
