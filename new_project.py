@@ -51,7 +51,7 @@ SAMPLES = {
 SKIP_ANYWHERE = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
                  ".ipynb_checkpoints", "wandb", ".DS_Store"}
 # The template's own measurements and tooling, outputs of runs, and what this script writes itself.
-SKIP_TOP = {"benchmarks", "saved", "configs", "data", "config.json", "README.md", "new_project.py"}
+SKIP_TOP = {"benchmarks", "saved", "exports", "configs", "data", "config.json", "README.md", "new_project.py"}
 SKIP_FILES = {"tests/test_new_project.py", *(test for sample in SAMPLES.values() for test in sample.tests)}
 TEXT_SUFFIXES = {".py", ".md", ".json", ".txt", ".ini", ".cfg", ".toml", ".yaml", ".yml", ""}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
