@@ -311,3 +311,19 @@ def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split
     assert "validation split, 60 examples" in tested.stdout and (run_dir / "per_class_validation.csv").is_file()
     assert refused(run("test.py", "-r", run_dir, "--split", "test")) == \
         "error: data_loader.test: not in the config; splits: train, validation"
+
+
+def test_readme_names_every_component_and_quotes_errors_as_train_py_prints_them(tmp_path, data_dir):
+    """README's "Names available" lists what a config may name, and its example error is what train.py prints."""
+    import re
+
+    from utils import available
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("Names available:")
+    named = set(re.findall(r"`(\w+)`", readme[start:readme.index("\n\n", start)]))
+    for kind in ("model", "loss", "metrics", "optimizer", "transforms", "schedule", "data_loader"):
+        assert not set(available(kind)) - named, f"README's Names available lacks {kind}: " \
+                                                 f"{sorted(set(available(kind)) - named)}"
+    line = refused(run("train.py", "-c", make_config(tmp_path, data_dir, model={"name": "mnist_convnxt"})))
+    assert f"\n{line}\n" in readme, line
