@@ -405,7 +405,7 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
     if task not in ("classification", "sequence") or target is None \
             or not np.issubdtype(np.dtype(target.dtype), np.integer) or not hasattr(outputs, "shape"):
         return
-    classes, origin = class_count(loader.preprocessing, next(loader.batches(whole=True))["target"])
+    classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
     width = outputs.shape[-1]
     if width < classes:
         parameters = inspect.signature(available("model")[config["model"]["name"]]).parameters
