@@ -3,11 +3,11 @@
     python inference/convert_tflite.py -r saved/<name>/<run_id> --name jax_mnist
     python inference/convert_tflite.py -c config.json -w saved/.../model_best.params --input 1 28 28 1 --name jax_mnist
 
-Writes exports/<name>/ (ignored by git): <name>.tflite, <name>.onnx, <name>.jax (`jax.export`, StableHLO), config.json, a copy of
-model/, predict.py with preprocessing.json (the data's preprocessing, class names or vocabulary, the inputs and the
-task), and report.json (report.md: the table printed at the end, with what was not checked and which axes are
-fixed). The inputs' names, dtypes and shapes come from the
-data (one array is "input"; a dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
+Writes exports/<name>/ (ignored by git): <name>.tflite, <name>.onnx, <name>.jax (`jax.export`, StableHLO),
+config.json, a copy of model/, predict.py with preprocessing.json (the data's preprocessing, class names or
+vocabulary, the inputs and the task), and report.json (report.md: the table printed at the end, with what was not
+checked and which axes are fixed). The inputs' names, dtypes and shapes come from the data (one array is "input"; a
+dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
 onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size and, where
 the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see inference/exporter.py).
 Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into place

@@ -24,7 +24,8 @@ def arrays_config(folder: Path, loss: str, metrics: list, target: np.ndarray) ->
              "batch_size": 16}
     config = {"name": "reports", "seed": 0, "model": {"name": "mlp", "args": {"num_classes": 5, "hidden": [16]}},
               "loss": {"name": loss}, "metrics": metrics, "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-              "data_loader": {s: {"name": "arrays", "args": {**split, "split": s}} for s in ("train", "validation", "test")},
+              "data_loader": {s: {"name": "arrays", "args": {**split, "split": s}}
+                              for s in ("train", "validation", "test")},
               "trainer": {"epochs": 3, "save_dir": str(folder / "saved"), "monitor": "min val/loss"}}
     (folder / "config.json").write_text(json.dumps(config))
     return folder / "config.json"
@@ -43,7 +44,7 @@ def test_per_class_table_and_vector_metrics_keep_long_class_names_aligned(tmp_pa
     tested = run("test.py", "-r", run_dir)
     assert tested.returncode == 0, tested.stderr
     lines = tested.stdout.splitlines()
-    table = lines[lines.index(next(l for l in lines if l.startswith("per class:"))) + 1:][:1 + len(LABELS)]
+    table = lines[lines.index(next(line for line in lines if line.startswith("per class:"))) + 1:][:1 + len(LABELS)]
     assert [row.split()[0] for row in table[1:]] == [name.split()[0] for name in LABELS]
     # every column starts where its header does, whatever the length of the names
     column = table[0].index("precision")

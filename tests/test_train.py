@@ -247,10 +247,9 @@ def test_a_model_with_fewer_outputs_than_the_data_has_classes_is_refused_before_
         "tokens in its vocabulary; set it to 40")
     labels = np.arange(48) % 4
     np.savez(tmp_path / "xy.npz", x=np.random.default_rng(0).standard_normal((48, 5)).astype(np.float32), y=labels)
+    arrays = {"path": str(tmp_path / "xy.npz"), "input": "x", "target": "y", "batch_size": 16}
     config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [8], "num_classes": 3}},
-                         data_loader={"train": {"name": "arrays", "args": {"path": str(tmp_path / "xy.npz"), "input": "x",
-                                                                           "target": "y", "batch_size": 16}}},
-                         trainer__monitor="off")
+                         data_loader={"train": {"name": "arrays", "args": arrays}}, trainer__monitor="off")
     assert refused(run("train.py", "-c", config)).endswith(
         "the model gives 3 outputs per example, but the data has 4 classes (a label 3 in its first batch); set it to 4")
     assert not (tmp_path / "saved").exists()
