@@ -51,7 +51,7 @@ SAMPLES = {
 SKIP_ANYWHERE = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
                  ".ipynb_checkpoints", "wandb", ".DS_Store"}
 # The template's own measurements and tooling, outputs of runs, and what this script writes itself.
-SKIP_TOP = {"benchmarks", "saved", "configs", "data", "config.json", "README.md", "new_project.py"}
+SKIP_TOP = {"benchmarks", "saved", "exports", "configs", "data", "config.json", "README.md", "new_project.py"}
 SKIP_FILES = {"tests/test_new_project.py", *(test for sample in SAMPLES.values() for test in sample.tests)}
 TEXT_SUFFIXES = {".py", ".md", ".json", ".txt", ".ini", ".cfg", ".toml", ".yaml", ".yml", ""}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -75,14 +75,26 @@ def skipped(relative: Path, is_dir: bool) -> bool:
     return relative.as_posix() in SKIP_FILES or (is_dir and parts[0] == "inference" and len(parts) == 2)
 
 
+def left_out_packages(template: Path) -> set[str]:
+    """The template's Python packages a project leaves out (benchmarks/): its tests must not import them."""
+    return {name for name in SKIP_TOP if (template / name).is_dir() and any((template / name).glob("*.py"))}
+
+
 def copy_library(template: Path, target: Path) -> None:
+    packages = left_out_packages(template)
     for folder, dirs, files in os.walk(template):
         here = Path(folder).relative_to(template)
         dirs[:] = sorted(d for d in dirs if not skipped(here / d, True))
         (target / here).mkdir(exist_ok=True)
         for name in sorted(files):
-            if not skipped(here / name, False):
-                shutil.copy2(Path(folder) / name, target / here / name, follow_symlinks=False)
+            if skipped(here / name, False):
+                continue
+            if here.parts[:1] == ("tests",) and name.endswith(".py"):  # without the tests of what stays behind
+                source = drop_tests((Path(folder) / name).read_text(), [], packages)
+                if source is not None:
+                    (target / here / name).write_text(source)
+                continue
+            shutil.copy2(Path(folder) / name, target / here / name, follow_symlinks=False)
 
 
 def config_places(samples: list[str]) -> dict[str, str]:
@@ -98,18 +110,33 @@ def moved_references(text: str, old: str, new: str) -> str:
     return text.replace(f"`{old}`", f"`{new}`").replace(old_parts, new_parts)
 
 
-def drop_tests(source: str, fragments: list[str]) -> str:
-    """`source` without its top-level functions whose names hold one of `fragments`, and without the imports only
-    they used."""
-    if not fragments:
+def imported(node: ast.AST) -> set[str]:
+    """The top-level packages imported anywhere inside `node`."""
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Import):
+            names |= {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+            names.add(n.module.split(".")[0])
+    return names
+
+
+def drop_tests(source: str, fragments: list[str], packages: set[str] = frozenset()) -> str | None:
+    """`source` without its top-level functions whose names hold one of `fragments` or that import one of
+    `packages`, and without the imports only they used; None when the module itself imports one of `packages`."""
+    if not fragments and not packages:
         return source
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     cut = set()
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and any(f in node.name for f in fragments):
+        if isinstance(node, ast.FunctionDef) and (any(f in node.name for f in fragments) or imported(node) & packages):
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             cut.update(range(first - 1, node.end_lineno))
+        elif not isinstance(node, (ast.FunctionDef, ast.ClassDef)) and imported(node) & packages:
+            return None
+    if not cut:
+        return source
     kept = [line for i, line in enumerate(lines) if i not in cut]
     source = re.sub(r"\n{4,}", "\n\n\n", "".join(kept)).rstrip("\n") + "\n"
     tree = ast.parse(source)
@@ -158,8 +185,10 @@ def add_samples(template: Path, target: Path, samples: list[str], name: str) -> 
         owners = [s for s, sample in SAMPLES.items() if test in sample.tests]
         if not (template / test).is_file() or not set(owners) & set(samples):
             continue
-        source = drop_tests((template / test).read_text(), [s for s in owners if s not in samples])
-        (target / test).write_text(source)
+        source = drop_tests((template / test).read_text(), [s for s in owners if s not in samples],
+                            left_out_packages(template))
+        if source is not None:
+            (target / test).write_text(source)
 
     for sample, place in places.items():
         old = SAMPLES[sample].config

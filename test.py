@@ -1,5 +1,6 @@
 """Evaluate a checkpoint:  python test.py -r saved/<name>/<run>  (its model_best.params, or checkpoint-latest.params
-when the run monitors nothing) or -r a checkpoint file, [-c config.json] [--split test|validation] [--out DIR].
+when the run monitors nothing) or -r a checkpoint file, [-c config.json] [--split test|validation] [--out DIR];
+the split is the config's test split, or its validation split when it has none.
 
 Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
@@ -26,7 +27,8 @@ def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-r", "--resume", required=True, help="checkpoint file or run folder")
     parser.add_argument("-c", "--config", help="config file (default: the run folder's config.json)")
-    parser.add_argument("--split", default="test", choices=("test", "validation"))
+    parser.add_argument("--split", choices=("test", "validation"),
+                        help="the split to evaluate (default: test, or validation when the config has no test split)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--out", help="folder for the figures and tables (default: the checkpoint's)")
     return parser.parse_args(argv)
@@ -62,6 +64,9 @@ def main(argv=None) -> int:
     except (OSError, UnicodeDecodeError) as error:  # permission denied, a folder, not text
         fail(f"{config_path}: cannot read it ({getattr(error, 'strerror', None) or error})")
     try:
+        if args.split is None:  # a run without a test split (a language model's) is judged on its validation split
+            args.split = "test" if "test" in config["data_loader"] or "validation" not in config["data_loader"] \
+                else "validation"
         if args.split not in config["data_loader"]:
             raise ConfigError(f"data_loader.{args.split}: not in the config; "
                               f"splits: {', '.join(config['data_loader'])}")
@@ -125,6 +130,9 @@ def main(argv=None) -> int:
         if isinstance(value, float):
             label = "token accuracy" if task == "sequence" and name == "accuracy" else name
             print(f"  {label:<20} {value:.4f}")
+        elif name != "confusion_matrix" and np.ndim(value) == 1:  # per class or label (an average of "none")
+            print(f"  {name}:")
+            print_per_class(value, preprocessing.get("classes"))
     suffix = "" if args.split == "test" else f"_{args.split}"
     try:
         if task == "classification":
@@ -141,24 +149,37 @@ def main(argv=None) -> int:
     return 0
 
 
+def class_names(classes, count: int) -> list[str]:
+    """The data's class names, unless the model's classes are not the data's (a head of another size)."""
+    return [str(c) for c in classes] if classes and len(classes) == count else [str(c) for c in range(count)]
+
+
+def print_per_class(values, classes) -> None:
+    names = class_names(classes, len(values))
+    width = max(map(len, names))
+    for name, value in zip(names, values):
+        print(f"    {name:<{width}}  {value:.4f}")
+
+
 def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     """The confusion matrix and the per-class table, printed and written."""
     from training.plots import save_confusion_matrix
 
-    # the data's class names, unless the model's classes are not the data's (a head of another size)
-    names = [str(c) for c in classes] if classes and len(classes) == len(matrix) else \
-        [str(c) for c in range(len(matrix))]
+    names = class_names(classes, len(matrix))
+    # columns as wide as the counts (names cut to fit), rows and the table as wide as the longest name
     width = max(len(str(matrix.max())), 3)
+    row_width = max(map(len, names))
     print("confusion matrix (rows: true class, columns: predicted):")
-    print("      " + " ".join(f"{c[:width]:>{width}}" for c in names))
+    print(f"  {'':<{row_width}} " + " ".join(f"{c[:width]:>{width}}" for c in names))
     for name, row in zip(names, matrix):
-        print(f"  {name[:3]:>3} " + " ".join(f"{v:>{width}}" for v in row))
+        print(f"  {name:<{row_width}} " + " ".join(f"{v:>{width}}" for v in row))
     table = per_class(matrix)
     lines = ["class,precision,recall,f1,support"]
-    print("per class:\n  class  precision  recall      f1  support")
+    name_width = max(row_width, len("class"))
+    print(f"per class:\n  {'class':<{name_width}}  precision  recall      f1  support")
     for c, name in enumerate(names):
         p, r, f, n = (table[k][c] for k in ("precision", "recall", "f1", "support"))
-        print(f"  {name:>5}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
+        print(f"  {name:<{name_width}}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
         lines.append(f"{json.dumps(name) if ',' in name else name},{p:.6f},{r:.6f},{f:.6f},{n}")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n")

@@ -262,6 +262,7 @@ def run(args) -> int:
         for split, spec in config["data_loader"].items():
             loaders[split] = build(spec, "data_loader", f"{source}: data_loader.{split}", seed=config["seed"])
             loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
+        check_model_fits_data(config, model, loaders["train"], augment, source)
         # a step is trainer.accumulate_steps loader batches: schedules count steps
         accumulate, batches = config["trainer"]["accumulate_steps"], len(loaders["train"])
         if accumulate > batches:  # each step stacks that many batches, padding what the epoch lacks
@@ -434,6 +435,47 @@ def stop_all(message: str) -> None:
         except Exception:  # noqa: BLE001 (the message below is what matters)
             pass
     fail(message)
+
+
+def check_model_fits_data(config: dict, model, loader, augment, source: str) -> None:
+    """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
+    language model with fewer outputs than the data has classes (its loss would be NaN from the first step on), is
+    refused naming what to change."""
+    import inspect
+
+    import jax
+    import numpy as np
+
+    from training.tasks import class_count, task_of
+    from utils import CLASS_COUNT_ARGUMENTS, available
+
+    try:
+        spec = loader.spec if augment is None else augment.spec(loader.spec)
+    except ValueError as error:  # an op that cannot take this data (names its place in the list)
+        raise ConfigError(str(error)) from None
+    try:
+        outputs = jax.eval_shape(lambda x: model(*model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
+    except (TypeError, ValueError) as error:  # shape and dtype errors from inside a layer: the first line says what
+        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+        pixels = any(np.dtype(leaf.dtype).kind == "u" for leaf in jax.tree.leaves(spec["input"]))
+        hint = ("; integer pixels become float32 with {\"name\": \"normalize\"} in data_loader.train.augment (or "
+                "the loader's \"dtype\": \"float32\" where it has one)") if pixels else ""
+        raise ConfigError(f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} "
+                          f"({reason}){hint}") from None
+    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+    target = loader.spec.get("target")
+    if task not in ("classification", "sequence") or target is None \
+            or not np.issubdtype(np.dtype(target.dtype), np.integer) or not hasattr(outputs, "shape"):
+        return
+    classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
+    width = outputs.shape[-1]
+    if width < classes:
+        parameters = inspect.signature(available("model")[config["model"]["name"]]).parameters
+        name = next((n for n in CLASS_COUNT_ARGUMENTS if n in parameters), None)
+        where = f"model.args.{name}" if name else "model"
+        per = "position" if task == "sequence" else "example"
+        raise ConfigError(f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
+                          f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs"))
 
 
 def debug_mode(args, config: dict, loaders: dict) -> None:

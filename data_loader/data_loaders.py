@@ -73,15 +73,15 @@ def shakespeare_char(split="train", context=64, batch_size=12, shuffle=False, dr
                      SHAKESPEARE_SHA256 if verify else None, prefetch, seed)
 
 
-def image_folder(root, split="all", size=None, channels=3, classes=None, validation_fraction=0.1, split_seed=0,
-                 on_error="fail", cache_dir=None, workers=None, dtype="uint8", batch_size=128, shuffle=False,
-                 drop_last=False, prefetch=2, seed=0):
+def image_folder(root, split="all", size=None, channels=3, classes=None, validation_fraction=0.1, test_fraction=0.0,
+                 split_seed=0, on_error="fail", cache_dir=None, workers=None, dtype="uint8", batch_size=128,
+                 shuffle=False, drop_last=False, prefetch=2, seed=0):
     """Images in class folders, root/<class>/<image> (see data_loader/image_folder.py): `input` uint8
     (B, height, width, channels), `target` int32 class ids; decoded once into a memory-mapped cache in `cache_dir`
-    (default root/.cache). `split` "all" takes the whole folder (separate train/validation folders); "train" and
-    "validation" are a stable per-class partition by `validation_fraction`."""
+    (default root/.cache). `split` "all" takes the whole folder (separate train/validation folders); "train",
+    "validation" and "test" are a stable per-class partition by `validation_fraction` and `test_fraction`."""
     data = image_folder_module.ImageFolderDataset(root, split, size, channels, classes, validation_fraction,
-                                                  split_seed, on_error, cache_dir, workers, dtype)
+                                                  split_seed, on_error, cache_dir, workers, dtype, test_fraction)
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 
 
@@ -151,9 +151,9 @@ for _loader in (mnist, fashion_mnist, kmnist, mnist_segmentation, csv, char_text
 
 
 def _check_image_folder(split="all", size=None, channels=3, classes=None, validation_fraction=0.1, split_seed=0,
-                        on_error="fail", workers=None, dtype="uint8", prefetch=2, **_) -> None:
+                        on_error="fail", workers=None, dtype="uint8", prefetch=2, test_fraction=0.0, **_) -> None:
     image_folder_module.check_settings(split, size, channels, classes, validation_fraction, split_seed, on_error,
-                                       workers, dtype)
+                                       workers, dtype, test_fraction)
     _count(prefetch, "prefetch", 0, 64)
 
 

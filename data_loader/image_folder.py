@@ -13,8 +13,9 @@ settings (size, channels, filter). A changed, added or removed file gives anothe
 removed. Writes are atomic (a temporary file, fsync, rename), and the cache is memory-mapped afterwards: epochs
 read it at in-memory speed from the page cache, and a folder larger than memory still trains.
 
-Splits are per class and stable: within each class, files are ranked by a hash of (split_seed, path), and the first
-round(n * validation_fraction) of each class are the validation split. Adding a file moves at most one other file
+Splits are per class and stable: within each class, files are ranked by a hash of (split_seed, path), the first
+round(n * validation_fraction) of each class are the validation split and the next round(n * test_fraction) the test
+split (none by default). Adding a file moves at most one other file
 between splits, and the split never depends on which files could be decoded. Unreadable or corrupt files stop the
 build with their path (`on_error` "fail"), or are left out with a warning that counts and names them ("skip").
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-SPLITS = ("all", "train", "validation")
+SPLITS = ("all", "train", "validation", "test")
 ON_ERROR = ("fail", "skip")
 DTYPES = ("uint8", "float32")
 CACHE_VERSION = 1
@@ -74,20 +75,21 @@ def scan(root: str | Path, classes: list[str] | None = None) -> tuple[list[str],
 
 
 def split_rows(root: Path, files: list[Path], labels: np.ndarray, split: str, validation_fraction: float,
-               split_seed: int) -> np.ndarray:
-    """Indices into `files` of the split: per class, the files ranked first by hash(split_seed, path) are held out."""
+               split_seed: int, test_fraction: float = 0.0) -> np.ndarray:
+    """Indices into `files` of the split: per class, the files ranked first by hash(split_seed, path) are held out
+    for validation, the next ones for test."""
     if split == "all":
         return np.arange(len(files))
     rank = np.asarray([int.from_bytes(hashlib.sha256(f"{split_seed}:".encode() + os.fsencode(
         p.relative_to(root).as_posix())).digest()[:8], "little") for p in files], np.uint64)
-    held = []
+    part = np.full(len(files), "train", dtype=object)
     for label in np.unique(labels):
         members = np.flatnonzero(labels == label)
-        count = round(len(members) * validation_fraction)
-        held.append(members[np.argsort(rank[members], kind="stable")[:count]])
-    validation = np.zeros(len(files), bool)
-    validation[np.concatenate(held)] = True
-    return np.flatnonzero(validation if split == "validation" else ~validation)
+        ranked = members[np.argsort(rank[members], kind="stable")]
+        validation = round(len(members) * validation_fraction)
+        part[ranked[:validation]] = "validation"
+        part[ranked[validation:validation + round(len(members) * test_fraction)]] = "test"
+    return np.flatnonzero(part == split)
 
 
 # -------------------------------------------------------------------------------------------------------- decoding
@@ -320,8 +322,9 @@ class ImageFolderDataset:
     `dtype` "float32"), `target` int32 class ids (N,). ``images`` is the cache's memory map, never read whole."""
 
     def __init__(self, root, split="all", size=None, channels=3, classes=None, validation_fraction=0.1,
-                 split_seed=0, on_error="fail", cache_dir=None, workers=None, dtype="uint8"):
-        check_settings(split, size, channels, classes, validation_fraction, split_seed, on_error, workers, dtype)
+                 split_seed=0, on_error="fail", cache_dir=None, workers=None, dtype="uint8", test_fraction=0.0):
+        check_settings(split, size, channels, classes, validation_fraction, split_seed, on_error, workers, dtype,
+                       test_fraction)
         root = Path(root)
         self.classes, files, labels = scan(root, classes)
         size = (size, size) if isinstance(size, int) else tuple(size) if size is not None else image_size(files[0])
@@ -332,7 +335,7 @@ class ImageFolderDataset:
                      f"{info['workers']} worker processes) in {info['seconds']:.1f} s into {info['path']}")
         if errors and on_error == "fail":
             raise ValueError(_failure(errors))
-        rows = split_rows(root, files, labels, split, validation_fraction, split_seed)
+        rows = split_rows(root, files, labels, split, validation_fraction, split_seed, test_fraction)
         self.skipped = 0  # unreadable files of this split, left out
         if errors:
             bad = np.asarray(sorted(errors))
@@ -345,7 +348,7 @@ class ImageFolderDataset:
             self.skipped = len(skipped)
         if not len(rows):
             raise ValueError(f"{root}: the {split} split is empty ({len(files)} files, validation_fraction "
-                             f"{validation_fraction})")
+                             f"{validation_fraction}, test_fraction {test_fraction})")
         self.rows = rows
         self.labels = labels[rows]
         self.files = [files[r] for r in rows]
@@ -370,7 +373,7 @@ class ImageFolderDataset:
 
 
 def check_settings(split="all", size=None, channels=3, classes=None, validation_fraction=0.1, split_seed=0,
-                   on_error="fail", workers=None, dtype="uint8") -> None:
+                   on_error="fail", workers=None, dtype="uint8", test_fraction=0.0) -> None:
     """The image folder's settings, checked without reading anything."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {', '.join(map(repr, SPLITS))}, got {split!r}")
@@ -386,11 +389,14 @@ def check_settings(split="all", size=None, channels=3, classes=None, validation_
                                 or not all(isinstance(c, str) and c for c in classes)
                                 or len(set(classes)) != len(classes)):
         raise ValueError(f"classes: expected a list of distinct folder names, got {classes!r}")
-    if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float)) \
-            or not 0 <= validation_fraction < 1:
-        raise ValueError(f"validation_fraction: must be in [0, 1), got {validation_fraction!r}")
-    if split == "validation" and validation_fraction == 0:
-        raise ValueError("validation_fraction: must be above 0 for the validation split")
+    for name, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"{name}: must be in [0, 1), got {value!r}")
+    if (split == "validation" and validation_fraction == 0) or (split == "test" and test_fraction == 0):
+        raise ValueError(f"{split}_fraction: must be above 0 for the {split} split")
+    if validation_fraction + test_fraction >= 1:
+        raise ValueError(f"validation_fraction: {validation_fraction} and test_fraction {test_fraction} leave no "
+                         "images for training")
     if isinstance(split_seed, bool) or not isinstance(split_seed, int) or split_seed < 0:
         raise ValueError(f"split_seed: must be an integer >= 0, got {split_seed!r}")
     if on_error not in ON_ERROR:

@@ -3,11 +3,11 @@
     python inference/convert_tflite.py -r saved/<name>/<run_id> --name jax_mnist
     python inference/convert_tflite.py -c config.json -w saved/.../model_best.params --input 1 28 28 1 --name jax_mnist
 
-Writes inference/<name>/: <name>.tflite, <name>.onnx, <name>.jax (`jax.export`, StableHLO), config.json, a copy of
-model/, predict.py with preprocessing.json (the data's preprocessing, class names or vocabulary, the inputs and the
-task), and report.json (report.md: the table printed at the end, with what was not checked and which axes are
-fixed). The inputs' names, dtypes and shapes come from the
-data (one array is "input"; a dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
+Writes exports/<name>/ (ignored by git): <name>.tflite, <name>.onnx, <name>.jax (`jax.export`, StableHLO),
+config.json, a copy of model/, predict.py with preprocessing.json (the data's preprocessing, class names or
+vocabulary, the inputs and the task), and report.json (report.md: the table printed at the end, with what was not
+checked and which axes are fixed). The inputs' names, dtypes and shapes come from the data (one array is "input"; a
+dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
 onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size and, where
 the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see inference/exporter.py).
 Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into place
@@ -50,8 +50,8 @@ def parse_args(argv=None):
                         help="one input's shape with batch first, e.g. 1 28 28 1 (default: the data's, batch 1)")
     parser.add_argument("--input-dtype", default="float32", help="with --input: its dtype (default float32)")
     parser.add_argument("--name", required=True, help="export name: writes <output-dir>/<name>/<name>.*")
-    parser.add_argument("--output-dir", default=str(Path(__file__).resolve().parent),
-                        help="where the <name> folder goes (default: inference/)")
+    parser.add_argument("--output-dir", default=str(REPO / "exports"),
+                        help="where the <name> folder goes (default: exports/, which git ignores)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of tflite,onnx,jax")
     parser.add_argument("--quantize", choices=("float16", "dynamic-int8"), help="quantize the TFLite model")
     batch = parser.add_mutually_exclusive_group()

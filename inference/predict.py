@@ -1,9 +1,9 @@
 """Run an exported model on files and print what it says, as its task calls for:
 
-    python inference/predict.py inference/jax_mnist/jax_mnist.onnx digit.png other.jpg [--top 3]   # classes
-    python inference/predict.py inference/jax_mnist/jax_mnist.tflite batch.npy
-    python inference/predict.py inference/regressor/regressor.onnx rows.csv        # raw values per target column
-    python inference/predict.py inference/shakespeare/shakespeare.onnx --text "ROMEO:" --tokens 100   # text
+    python inference/predict.py exports/jax_mnist/jax_mnist.onnx digit.png other.jpg [--top 3]   # classes
+    python inference/predict.py exports/jax_mnist/jax_mnist.tflite batch.npy
+    python inference/predict.py exports/regressor/regressor.onnx rows.csv        # raw values per target column
+    python inference/predict.py exports/shakespeare/shakespeare.onnx --text "ROMEO:" --tokens 100   # text
 
 Images are resized and normalised as the training data was: the numbers come from `preprocessing.json`, which the
 converter writes next to the model (from the run's data pipeline), plus the run's `config.json` for its name. A
@@ -223,7 +223,9 @@ def main(argv=None) -> int:
     parser.add_argument("model", help="an exported .onnx or .tflite file")
     parser.add_argument("inputs", nargs="*",
                         help="image files (PNG, JPEG, ...), .csv rows, .npy batches, or .npz files of named inputs")
-    parser.add_argument("--top", type=int, default=3, help="classes (or labels) to print per input (default 3)")
+    parser.add_argument("--top", type=int, default=None,
+                        help="classes to print per input (default 3); multi-label: labels to print besides the "
+                             "predicted ones, which are always printed (default: every label)")
     parser.add_argument("--invert", action="store_true", help="invert images (dark digit on a light background)")
     parser.add_argument("--text", help="language model: the text to continue")
     parser.add_argument("--tokens", type=int, default=100, help="language model: characters to generate")
@@ -231,7 +233,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="runtime threads (default: the runtime's)")
     args = parser.parse_args(argv)
-    checks = [(args.top < 1, f"--top {args.top}: expected 1 or more"),
+    checks = [(args.top is not None and args.top < 1, f"--top {args.top}: expected 1 or more"),
               (args.tokens < 0, f"--tokens {args.tokens}: expected 0 or more"),
               (not 0 <= args.temperature < float("inf"), f"--temperature {args.temperature}: expected a number >= 0"),
               (args.threads is not None and args.threads < 1, f"--threads {args.threads}: expected 1 or more")]
@@ -307,18 +309,26 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
     return names, x
 
 
-def describe(output: np.ndarray, task: str, preprocessing: dict, top: int) -> str:
-    """One example's output in words: top classes, labels above one half, a mask's share, or raw values."""
+THRESHOLD = 0.5  # a multi-label output counts as predicted above this probability, as the metrics count it
+
+
+def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None) -> str:
+    """One example's output in words: top classes; the predicted labels (above THRESHOLD), then the others; a mask's
+    share; or raw values."""
     if task == "classification":
         p = softmax(output)
         classes = preprocessing.get("classes") or [str(i) for i in range(len(p))]
-        return ", ".join(f"{classes[c]} ({p[c]:.3f})" for c in np.argsort(-p)[:top])
+        return ", ".join(f"{classes[c]} ({p[c]:.3f})" for c in np.argsort(-p)[:top or 3])
     if task == "multilabel":
         p = 1.0 / (1.0 + np.exp(-output))
         if p.ndim == 1:
             labels = preprocessing.get("classes") or [str(i) for i in range(len(p))]
-            return ", ".join(f"{labels[c]} ({p[c]:.3f})" for c in np.argsort(-p)[:top])
-        return f"{int((p > 0.5).sum())} of {p.size} elements positive (mean probability {p.mean():.3f})"
+            order = np.argsort(-p)
+            named = lambda cs: ", ".join(f"{labels[c]} ({p[c]:.3f})" for c in cs) or "none"  # noqa: E731
+            predicted, others = order[p[order] > THRESHOLD], order[p[order] <= THRESHOLD]
+            others = others[:len(others) if top is None else top]
+            return f"predicted: {named(predicted)}" + (f"; below {THRESHOLD}: {named(others)}" if len(others) else "")
+        return f"{int((p > THRESHOLD).sum())} of {p.size} elements positive (mean probability {p.mean():.3f})"
     names = preprocessing.get("targets") or [f"output {i}" for i in range(output.size)]
     flat = output.reshape(-1)
     if len(flat) <= 8:

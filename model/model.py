@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from model.modules.activations import Activation
 from model.modules.attention import MultiHeadAttention
+from model.modules.branches import Branches
 from model.modules.conv import Conv2d, ConvTranspose2d
 from model.modules.dropout import Dropout
 from model.modules.flatten import Flatten
@@ -18,7 +19,7 @@ from model.modules.sequential import Sequential
 from model.modules.transformer import TransformerLM
 
 __all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter", "char_transformer",
-           "cifar_resnet"]
+           "cifar_resnet", "image_and_features"]
 
 
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
@@ -187,3 +188,25 @@ def cifar_resnet(num_classes: int = 10, depth: int = 20, widths: tuple = (16, 32
     layers["pool"] = GlobalAvgPool()
     layers["head"] = Linear(num_classes)
     return Sequential(layers)
+
+
+def image_and_features(num_classes: int = 10, channels: tuple = (16, 32), hidden: int = 32, width: int = 64) -> Module:
+    """A model of two named inputs, {"image": (B, H, W, C), "features": (B, F)} (e.g. the arrays loader with
+    "input": {"image": ..., "features": ...}): conv3x3 -> ReLU -> 2x2 max pool per entry of `channels` and global
+    average pooling on the image, a dense layer of `hidden` on the features; both joined, then a dense layer of
+    `width` and the classifier."""
+    check_size(num_classes, "num_classes")
+    check_sizes(channels, "channels", nonempty=True)
+    check_size(hidden, "hidden")
+    check_size(width, "width")
+    image = {}
+    for i, c in enumerate(channels):
+        image.update({f"conv{i}": Conv2d(c, 3), f"relu{i}": Activation("relu"), f"pool{i}": MaxPool2d(2)})
+    image["pool"] = GlobalAvgPool()
+    features = Sequential({"fc": Linear(hidden), "relu": Activation("relu")})
+    return Sequential({
+        "branches": Branches({"image": Sequential(image), "features": features}),
+        "fc": Linear(width),
+        "relu": Activation("relu"),
+        "head": Linear(num_classes),
+    })

@@ -5,12 +5,14 @@ import math
 
 import jax
 
+from model.modules.branches import Branches
 from model.modules.module import Module, output_shape, shape_of
 from model.modules.sequential import Sequential
 
 
 def summary_rows(model: Module, params, state, x, prefix: str = "") -> list[tuple[str, tuple, int]]:
-    """(path, output shape, parameter count); Sequentials are expanded, other modules are one row each."""
+    """(path, output shape, parameter count); Sequentials and Branches are expanded, other modules are one row
+    each."""
     x = shape_of(x)
     if isinstance(model, Sequential):
         rows = []
@@ -19,6 +21,10 @@ def summary_rows(model: Module, params, state, x, prefix: str = "") -> list[tupl
             rows += summary_rows(layer, params[name], state[name], x, path)
             x = output_shape(layer, params[name], state[name], x)
         return rows
+    if isinstance(model, Branches):
+        return [row for name, branch in model.branches.items()
+                for row in summary_rows(branch, params[name], state[name], x[name],
+                                        f"{prefix}.{name}" if prefix else name)]
     count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
     return [(prefix or type(model).__name__, tuple(output_shape(model, params, state, x).shape), count)]
 

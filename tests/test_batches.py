@@ -3,6 +3,7 @@ targets of any shape or none, and the specs every shape and dtype comes from."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -205,6 +206,33 @@ def test_schedule_in_args_in_epochs_and_all():
     assert float(lr(5)) == pytest.approx(1.0) and float(lr(20)) == pytest.approx(0.0, abs=1e-9)
     _, lr = build_optimizer(validate(base_config(args={"lr": 0.003})))
     assert lr(7) == 0.003
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", ["config.json", *sorted(p.relative_to(ROOT).as_posix()
+                                                         for p in (ROOT / "configs").glob("*.json"))])
+def test_every_shipped_schedule_ends_with_the_run_whatever_its_length(path):
+    """`python train.py -c config.json --epochs 1` (a first try) must still anneal its learning rate: a schedule
+    length fixed in steps for the config's own epochs never decays in a shorter run (nor ends before a longer one)."""
+    import train
+
+    steps_per_epoch = 400
+    for epochs in (1, 3):
+        config, _ = train.resolve_config(train.parse_args(["-c", str(ROOT / path), "--epochs", str(epochs)]))
+        try:
+            _, lr = build_optimizer(config, steps_per_epoch=steps_per_epoch)
+        except ConfigError as error:  # a warm-up in epochs longer than the run: refused clearly, not silently kept
+            assert "must exceed warmup_steps" in str(error)
+            continue
+        last = steps_per_epoch * epochs - 1
+        peak = max(float(lr(step)) for step in range(0, last + 1, 10))
+        assert abs(float(lr(last)) - float(lr(100 * last))) <= 0.01 * peak, \
+            f"{path} --epochs {epochs}: lr {float(lr(last)):.3g} at the last step, the schedule ends at " \
+            f"{float(lr(100 * last)):.3g}: give its length as \"all\" or in epochs"
+        halfway = float(lr(last // 2))
+        assert halfway > float(lr(last)) or peak == float(lr(last)), f"{path}: decays before the run's middle"
 
 
 @pytest.mark.parametrize("config, message", [

@@ -93,3 +93,17 @@ def test_an_input_of_another_shape_exports_when_the_model_takes_it(run_dir, tmp_
     report = json.loads((tmp_path / "out" / "c" / "report.json").read_text())
     assert report["inputs"][0]["shape"] == "[B,32,32,1]" and report["validated_on_real_data"] is False
     assert report["validation_skipped"] == "--val-examples 0"
+
+
+def test_exports_go_to_a_folder_git_ignores_not_among_the_sources():
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(convert_tflite.__file__).resolve().parents[1]
+    default = Path(convert_tflite.parse_args(["--name", "jax_mnist"]).output_dir)
+    assert default == repo / "exports"
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(default / "jax_mnist" / "jax_mnist.onnx")], cwd=repo)
+    assert ignored.returncode == 0, "exports/ must be ignored by git"

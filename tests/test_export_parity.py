@@ -18,6 +18,7 @@ import pytest
 from inference.export_jax import JaxModel, export_jax
 from inference.export_onnx import export_onnx, tflite_to_onnx
 from inference.export_tflite import export_tflite
+from inference.exporter import Inputs
 from inference.predict import OnnxModel, TFLiteModel
 from model import model as samples
 from model.modules.activations import Activation
@@ -93,6 +94,9 @@ CASES = {
     # int32 token ids in, logits per position out; the position slice and the tied head in every route.
     "char_transformer": (samples.char_transformer(vocab_size=11, context=8, dim=16, depth=2, num_heads=2), (8,),
                          "ids"),
+    # named inputs: one sample shape per input, each a named input of the export
+    "image_and_features": (samples.image_and_features(num_classes=3, channels=(4,), hidden=8, width=8),
+                           {"image": IMAGE, "features": (5,)}, "normal"),
 }
 
 ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
@@ -105,10 +109,11 @@ UNSUPPORTED: dict[tuple[str, str], str] = {}
 
 @functools.cache
 def setup(case):
-    """(fn, input spec at the fixed batch, input generator) for a case, with perturbed params and state."""
+    """(fn, the inputs at the fixed batch, input generator) for a case, with perturbed params and state."""
     module, sample, kind = CASES[case]
     dtype = jnp.int32 if kind == "ids" else jnp.float32
-    spec = jax.ShapeDtypeStruct((FIXED, *sample), dtype)
+    spec = jax.tree.map(lambda shape: jax.ShapeDtypeStruct((FIXED, *shape), dtype), sample,
+                        is_leaf=lambda node: isinstance(node, tuple))
     key = jax.random.PRNGKey(len(case))
     params, state = module.init(key, spec)
     # Away from unit scales, zero biases and (0, 1) batch statistics, so that every leaf matters; variances stay > 0.
@@ -128,26 +133,28 @@ def setup(case):
         if kind == "ids":
             vocabulary = getattr(module, "num_embeddings", None) or module.vocab_size
             return rng.integers(0, vocabulary, (n, *sample)).astype(np.int32)
-        return (rng.standard_normal((n, *sample)) * (3.0 if kind == "wide" else 1.0)).astype(np.float32)
+        return jax.tree.map(lambda shape: (rng.standard_normal((n, *shape)) * (3.0 if kind == "wide" else 1.0))
+                            .astype(np.float32), sample, is_leaf=lambda node: isinstance(node, tuple))
 
-    return fn, spec, inputs
+    return fn, Inputs(spec, FIXED), inputs
 
 
 @functools.cache
 def tflite_bytes(case, dynamic):
-    fn, spec, _ = setup(case)
-    return export_tflite(fn, [spec], ["input"], dynamic_batch=dynamic, output_name="output")
+    fn, inputs, _ = setup(case)
+    return export_tflite(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name="output")
 
 
 def load(case, route):
-    fn, spec, _ = setup(case)
+    fn, inputs, _ = setup(case)
     if route in ("tflite", "tflite_dynamic"):
         return TFLiteModel(tflite_bytes(case, route == "tflite_dynamic"))
     if route == "onnx":
-        return OnnxModel(export_onnx(fn, [spec], ["input"], output_name="output"))
+        return OnnxModel(export_onnx(inputs.flat_fn(fn), inputs.specs, inputs.names, output_name="output"))
     if route in ("onnx_via_tflite", "onnx_via_tflite_dynamic"):
-        return OnnxModel(tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), ["input"], output_name="output"))
-    return JaxModel(export_jax(fn, [spec]), ["input"])
+        return OnnxModel(tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), inputs.names,
+                                        output_name="output"))
+    return JaxModel(export_jax(inputs.flat_fn(fn), inputs.specs), inputs.names)
 
 
 def params_for_matrix():
@@ -160,12 +167,14 @@ def params_for_matrix():
 
 @pytest.mark.parametrize("case, route", list(params_for_matrix()))
 def test_export_matches_jax(case, route):
-    fn, spec, inputs = setup(case)
+    fn, named, inputs = setup(case)
     runner = load(case, route)
     dynamic = route in DYNAMIC_ROUTES
-    (given,) = runner.inputs
-    assert given["shape"] == ((None,) if dynamic else (FIXED,)) + spec.shape[1:]
-    assert given["name"] == "input" and given["dtype"] == np.dtype(spec.dtype)
+    given = {i["name"]: i for i in runner.inputs}
+    assert sorted(given) == sorted(named.names)
+    for name, spec in zip(named.names, named.specs):
+        assert given[name]["shape"] == ((None,) if dynamic else (FIXED,)) + spec.shape[1:]
+        assert given[name]["dtype"] == np.dtype(spec.dtype)
     for n in DYNAMIC if dynamic else (FIXED,):
         x = inputs(n, seed=n)
         want = np.asarray(jax.jit(fn)(x))

@@ -129,6 +129,11 @@ def test_split_is_a_stable_stratified_partition(tmp_path):
                             batch_size=8) for s in ("train", "validation")]
     assert {len(loader.dataset) for loader in loaders} == {49, 12}
     assert not set(loaders[0].dataset.files) & set(loaders[1].dataset.files)
+    # a test split: the next files of each class's ranking, so the validation split stays the same
+    parts = {s: split_rows(root, files, labels, s, 0.2, 0, test_fraction=0.1) for s in ("train", "validation", "test")}
+    assert np.array_equal(parts["validation"], validation)
+    assert np.array_equal(np.sort(np.concatenate(list(parts.values()))), np.arange(60))
+    assert [int((labels[parts["test"]] == k).sum()) for k in range(3)] == [2, 1, 3]
 
 
 def test_cache_is_built_once_memory_mapped_and_invalidated_by_a_change(tmp_path, monkeypatch, caplog):
@@ -230,7 +235,7 @@ def test_folder_errors(tmp_path):
     ({"sizes": [8, 8]}, "data_loader.train.args.sizes: unknown argument. Did you mean 'size'?"),
     ({"size": [8, 0]}, "data_loader.train.args.size: expected [height, width]"),
     ({"channels": 4}, "data_loader.train.args.channels: expected 1 (gray) or 3 (RGB), got 4"),
-    ({"split": "val"}, "data_loader.train.args.split: expected one of 'all', 'train', 'validation', got 'val'"),
+    ({"split": "val"}, "data_loader.train.args.split: expected one of 'all', 'train', 'validation', 'test', got 'val'"),
     ({"on_error": "ignore"}, "data_loader.train.args.on_error: expected \"fail\" or \"skip\""),
     ({"root": "MISSING"}, "data_loader.train: MISSING: no such folder"),
     ({"dtype": "float16"}, "data_loader.train.args.dtype: expected \"uint8\""),
@@ -267,13 +272,14 @@ def test_train_py_from_an_image_folder(tmp_path):
             value = 40 + 150 * k + i
             Image.fromarray(np.full((12, 10), value, np.uint8), "L").save(root / name / f"{i}.png")
     loader = {"root": str(root), "size": [8, 8], "channels": 1, "dtype": "float32", "validation_fraction": 0.25,
-              "cache_dir": str(tmp_path / "cache"), "batch_size": 8}
+              "test_fraction": 0.25, "cache_dir": str(tmp_path / "cache"), "batch_size": 8}
     config = {"name": "folder", "seed": 0,
               "model": {"name": "mnist_cnn", "args": {"num_classes": 2, "channels": [4], "hidden": 8}},
               "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
               "optimizer": {"name": "adam", "args": {"lr": 0.01}},
               "data_loader": {"train": {"name": "image_folder", "args": {**loader, "split": "train", "shuffle": True}},
-                              "validation": {"name": "image_folder", "args": {**loader, "split": "validation"}}},
+                              "validation": {"name": "image_folder", "args": {**loader, "split": "validation"}},
+                              "test": {"name": "image_folder", "args": {**loader, "split": "test"}}},
               "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "log_every": 1}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     result = run("train.py", "-c", tmp_path / "config.json", "--run-id", "r")
@@ -286,3 +292,6 @@ def test_train_py_from_an_image_folder(tmp_path):
     evaluated = run("test.py", "-r", run_dir, "--split", "validation")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "accuracy" in evaluated.stdout and "light" in evaluated.stdout  # the per-class table names the folders
+    tested = run("test.py", "-r", run_dir)  # the folder's test split: 6 images of each class
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert "test split, 12 examples" in tested.stdout

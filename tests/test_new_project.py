@@ -2,6 +2,7 @@
 tests and first sample run from inside it."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -62,6 +63,11 @@ def test_a_project_of_two_samples(tmp_path, capsys):
     assert not {f for f in files if f.startswith(("benchmarks/", "saved/", ".venv/", "inference/jax_"))
                 or "__pycache__" in f or f.endswith(".pyc")}
     assert "new_project.py" not in files and "tests/test_new_project.py" not in files
+    # benchmarks/ stays behind, and so do the tests of it (a shared file keeps its other tests)
+    for test in (target / "tests").glob("*.py"):
+        assert "benchmarks" not in new_project.imported(ast.parse(test.read_text())), test.name
+    performance = (target / "tests" / "test_performance.py").read_text()
+    assert "def test_cpu_model_names_the_processor" not in performance and "def test_" in performance
     assert list((target / "saved").iterdir()) == []
 
     template = json.loads((ROOT / "configs" / "tabular_regression.json").read_text())
@@ -138,7 +144,7 @@ def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                             "tests/test_samples_language_model.py", "tests/test_samples_regression_segmentation.py",
-                            "tests/test_sweep.py", "tests/test_docs.py"],
+                            "tests/test_sweep.py", "tests/test_docs.py", "tests/test_performance.py"],
                            cwd=target, env=env, capture_output=True, text=True, timeout=600)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "error" not in tests.stdout.splitlines()[-1]

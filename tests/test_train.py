@@ -221,6 +221,58 @@ def test_runtime_config_problems_exit_2_and_leave_no_run_folder(tmp_path, data_d
     assert not (tmp_path / "saved").exists()
 
 
+def refused(result: subprocess.CompletedProcess) -> str:
+    """The one `error:` line of a run refused as bad input (status 2, no traceback)."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_a_model_with_fewer_outputs_than_the_data_has_classes_is_refused_before_compiling(tmp_path, data_dir):
+    """Its loss would be NaN from the first step on; the class count is known from the data before anything compiles:
+    the class names, a language model's vocabulary, or else the labels of a batch."""
+    config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [8], "num_classes": 7}})
+    assert refused(run("train.py", "-c", config)) == ("error: config.json: model.args.num_classes: the model gives 7 "
+                                                      "outputs per example, but the data has 10 classes; set it to 10")
+    text = tmp_path / "text.txt"
+    text.write_text("".join(chr(33 + i % 40) for i in range(3000)))
+    lm = {"name": "char_text", "args": {"path": str(text), "context": 16, "batch_size": 8}}
+    config = make_config(tmp_path, data_dir, metrics=[], model={"name": "char_transformer", "args": {
+        "vocab_size": 30, "context": 16, "dim": 16, "depth": 1, "num_heads": 2}}, data_loader={
+        "train": {**lm, "args": {**lm["args"], "split": "train"}},
+        "validation": {**lm, "args": {**lm["args"], "split": "validation"}}}, trainer__monitor="min val/loss")
+    assert refused(run("train.py", "-c", config)) == (
+        "error: config.json: model.args.vocab_size: the model gives 30 outputs per position, but the data has 40 "
+        "tokens in its vocabulary; set it to 40")
+    labels = np.arange(48) % 4
+    np.savez(tmp_path / "xy.npz", x=np.random.default_rng(0).standard_normal((48, 5)).astype(np.float32), y=labels)
+    arrays = {"path": str(tmp_path / "xy.npz"), "input": "x", "target": "y", "batch_size": 16}
+    config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [8], "num_classes": 3}},
+                         data_loader={"train": {"name": "arrays", "args": arrays}}, trainer__monitor="off")
+    assert refused(run("train.py", "-c", config)).endswith(
+        "the model gives 3 outputs per example, but the data has 4 classes (a label 3 in its first batch); set it to 4")
+    assert not (tmp_path / "saved").exists()
+
+
+def test_integer_pixels_into_a_float_model_say_how_to_convert_them(tmp_path, data_dir):
+    images = np.random.default_rng(0).integers(0, 256, (32, 8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "images.npz", x=images, y=np.arange(32) % 10)
+    loader = {"name": "arrays", "args": {"path": str(tmp_path / "images.npz"), "input": "x", "target": "y",
+                                         "batch_size": 16}}
+    config = make_config(tmp_path, data_dir, model={"name": "mnist_cnn", "args": {"channels": [4], "hidden": 8}},
+                         data_loader={"train": loader}, trainer__monitor="off")
+    line = refused(run("train.py", "-c", config))
+    assert line.startswith("error: config.json: model: cannot take the data's input uint8[16, 8, 8, 3] (")
+    assert line.endswith('integer pixels become float32 with {"name": "normalize"} in data_loader.train.augment (or '
+                         'the loader\'s "dtype": "float32" where it has one)')
+    assert not (tmp_path / "saved").exists()
+    config = make_config(tmp_path, data_dir, model={"name": "mnist_cnn", "args": {"channels": [4], "hidden": 8}},
+                         data_loader={"train": {**loader, "augment": [{"name": "normalize"}]}}, trainer__monitor="off",
+                         trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "normalized").returncode == 0
+
+
 def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
     assert run("train.py", "-c", config, "--run-id", "base").returncode == 0
@@ -242,3 +294,35 @@ def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_di
     assert not (run_dir / "model_best.params").exists()
     tested = run("test.py", "-r", run_dir)
     assert tested.returncode == 0 and "checkpoint-latest.params" in tested.stdout, tested.stderr
+
+
+def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split(tmp_path, data_dir):
+    """A language model's config has train and validation splits only: `test.py -r RUN` evaluates the validation
+    split and says so (an explicit --split test is still refused, naming the splits there are)."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=1, model={"name": "mlp", "args": {"hidden": [8]}})
+    content = json.loads(config.read_text())
+    del content["data_loader"]["test"]
+    config.write_text(json.dumps(content))
+    assert run("train.py", "-c", config, "--run-id", "no_test").returncode == 0
+    run_dir = tmp_path / "saved/tiny/no_test"
+    tested = run("test.py", "-r", run_dir)
+    assert tested.returncode == 0, tested.stderr
+    assert "validation split, 60 examples" in tested.stdout and (run_dir / "per_class_validation.csv").is_file()
+    assert refused(run("test.py", "-r", run_dir, "--split", "test")) == \
+        "error: data_loader.test: not in the config; splits: train, validation"
+
+
+def test_readme_names_every_component_and_quotes_errors_as_train_py_prints_them(tmp_path, data_dir):
+    """README's "Names available" lists what a config may name, and its example error is what train.py prints."""
+    import re
+
+    from utils import available
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("Names available:")
+    named = set(re.findall(r"`(\w+)`", readme[start:readme.index("\n\n", start)]))
+    for kind in ("model", "loss", "metrics", "optimizer", "transforms", "schedule", "data_loader"):
+        assert not set(available(kind)) - named, f"README's Names available lacks {kind}: " \
+                                                 f"{sorted(set(available(kind)) - named)}"
+    line = refused(run("train.py", "-c", make_config(tmp_path, data_dir, model={"name": "mnist_convnxt"})))
+    assert f"\n{line}\n" in readme, line

@@ -13,6 +13,8 @@ A dataset may override the derived task with ``preprocessing["task"]``.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 TASKS = ("classification", "sequence", "multilabel", "regression", "other")
@@ -34,3 +36,14 @@ def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None)
         per_example = len(target.shape) == (1 if ids else 2)
         return "classification" if per_example else "sequence"
     return task
+
+
+def class_count(preprocessing: dict, targets: Callable[[], np.ndarray]) -> tuple[int, str]:
+    """How many outputs a classifier or language model needs, and what says so: the data's class names or
+    vocabulary, else the largest id in `targets()` (a batch of them, read only then) plus one."""
+    if preprocessing.get("vocabulary"):
+        return len(preprocessing["vocabulary"]), "tokens in its vocabulary"
+    if preprocessing.get("classes"):
+        return len(preprocessing["classes"]), "classes"
+    largest = int(targets().max())
+    return largest + 1, f"classes (a label {largest} in its first batch)"

@@ -54,11 +54,12 @@ def key_path_str(keypath) -> str:
     return ".".join(parts)
 
 
-def shape_of(x) -> jax.ShapeDtypeStruct:
-    """The abstract value of an array, a ShapeDtypeStruct or a tuple shape (float32 assumed for a tuple)."""
-    if isinstance(x, tuple):
+def shape_of(x):
+    """The abstract value of an array, a ShapeDtypeStruct or a tuple shape (float32 assumed for a tuple), or of
+    each leaf of a tree of them (a model of named inputs)."""
+    if isinstance(x, tuple) and all(isinstance(d, numbers.Integral) for d in x):
         return jax.ShapeDtypeStruct(x, jax.numpy.float32)
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), x)
 
 
 class Module:
@@ -83,7 +84,7 @@ class Module:
         return f"{type(self).__name__}({fields})"
 
 
-def output_shape(module: Module, params: Params, state: State, x) -> jax.ShapeDtypeStruct:
+def output_shape(module: Module, params: Params, state: State, x):
     """Shape inference without computing anything (jax.eval_shape)."""
     return jax.eval_shape(lambda p, s, v: module(p, s, v, train=False)[0], params, state, shape_of(x))
 
