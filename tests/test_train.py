@@ -312,17 +312,8 @@ def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split
         "error: data_loader.test: not in the config; splits: train, validation"
 
 
-def test_readme_names_every_component_and_quotes_errors_as_train_py_prints_them(tmp_path, data_dir):
-    """README's "Names available" lists what a config may name, and its example error is what train.py prints."""
-    import re
-
-    from utils import available
-
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("Names available:")
-    named = set(re.findall(r"`(\w+)`", readme[start:readme.index("\n\n", start)]))
-    for kind in ("model", "loss", "metrics", "optimizer", "transforms", "schedule", "data_loader"):
-        assert not set(available(kind)) - named, f"README's Names available lacks {kind}: " \
-                                                 f"{sorted(set(available(kind)) - named)}"
+def test_docs_quote_the_unknown_name_error_as_train_py_prints_it(tmp_path, data_dir):
+    """docs/config.md's example error is what train.py prints (its names are checked by tests/test_docs.py)."""
+    docs = (ROOT / "docs" / "config.md").read_text()
     line = refused(run("train.py", "-c", make_config(tmp_path, data_dir, model={"name": "mnist_convnxt"})))
-    assert f"\n{line}\n" in readme, line
+    assert f"\n{line}\n" in docs, line
