@@ -20,6 +20,7 @@ import logging
 import logging.config
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -723,6 +724,67 @@ def monitor_of(config: dict):
 
     text = config["trainer"]["monitor"]
     return None if text == "off" else Monitor(*text.split(" ", 1))
+
+
+# ------------------------------------------------------------------------------------------------------- assembly
+@dataclass
+class Run:
+    """Everything one run is made of, built from one validated config by ``assemble``: train.py, test.py, sample.py,
+    the export and the benchmarks all start here, and nothing else builds a component from a config section.
+
+    The loaders come second (``load_data``, or ``use_data`` with loaders of your own), once the config has passed:
+    nothing is read before that. Schedules count the steps of the data given then.
+    """
+    config: dict
+    source: str
+    model: Any
+    loss_fn: Callable
+    metrics: list
+    callbacks: list
+    augment: Any  # the train split's augmentation (its deterministic part also applies in evaluation), or None
+    monitor: Any  # trainer.monitor parsed: a Monitor, or None when "off"
+    loaders: dict = field(default_factory=dict)
+    steps_per_epoch: int | None = None  # optimizer steps in an epoch of the train loader (None before the data)
+
+    def load_data(self, splits=None) -> dict:
+        """Builds the loaders of ``splits`` (default: every split of the config) and reads each one's first batch
+        now (its ``spec``: every shape and dtype the run compiles for), not mid-run."""
+        loaders = {}
+        for split in splits or self.config["data_loader"]:
+            loaders[split] = build(self.config["data_loader"][split], "data_loader",
+                                   f"{self.source}: data_loader.{split}", seed=self.config["seed"])
+            loaders[split].spec  # noqa: B018
+        return self.use_data(loaders)
+
+    def use_data(self, loaders: dict) -> dict:
+        self.loaders.update(loaders)
+        if "train" in loaders:  # a step is trainer.accumulate_steps loader batches: schedules count steps
+            self.steps_per_epoch = -(-len(loaders["train"]) // self.config["trainer"]["accumulate_steps"])
+        return self.loaders
+
+    def optimizer(self, lr: Callable | None = None):
+        """(optimizer, its learning rate as a function of the step): the config's, or with ``lr`` instead of the
+        config's rate and schedule (the lr_finder callback's range)."""
+        return build_optimizer(self.config, self.steps_per_epoch, self.source, lr)
+
+    @property
+    def task(self) -> str | None:
+        """What the loss declares it solves (``register("loss", task=...)``); ``training.tasks.task_of`` refines it
+        with the data."""
+        return entries("loss")[self.config["loss"]["name"]].task
+
+
+def assemble(config: dict, source: str = "config.json") -> Run:
+    """Every component of a validated config built (errors as ConfigError naming their place), the optimizer's
+    hyperparameters checked; no data read."""
+    run = Run(config, source,
+              model=build(config["model"], "model", f"{source}: model"),
+              loss_fn=build(config["loss"], "loss", f"{source}: loss"),
+              metrics=[build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])],
+              callbacks=[build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])],
+              augment=build_augment(config, source), monitor=monitor_of(config))
+    run.optimizer()  # its schedules' checks, with nominal epochs, before the data
+    return run
 
 
 def load_config(path: str | Path, overrides: list[str] = (), source: str | None = None) -> dict:

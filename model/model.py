@@ -17,6 +17,7 @@ from model.modules.pooling import GlobalAvgPool, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
 from model.modules.transformer import TransformerLM
+from model.registry import register
 
 __all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter", "char_transformer",
            "cifar_resnet", "image_and_features"]
@@ -33,6 +34,7 @@ def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module
     }))
 
 
+@register("model")
 def mnist_convnext(num_classes: int = 10, dims: tuple = (32, 64), depths: tuple = (2, 2), kernel_size: int = 7,
                    mlp_ratio: int = 4, dropout: float = 0.0) -> Module:
     """A small ConvNeXt for 28x28 images: a stride-2 stem, stages of ConvNeXt blocks joined by stride-2
@@ -57,6 +59,7 @@ def mnist_convnext(num_classes: int = 10, dims: tuple = (32, 64), depths: tuple 
     return Sequential(layers)
 
 
+@register("model")
 def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 128, dropout: float = 0.0) -> Module:
     """The classic CNN: [conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, then a hidden dense layer."""
     check_size(num_classes, "num_classes")
@@ -76,6 +79,7 @@ def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 1
     return Sequential(layers)
 
 
+@register("model")
 def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "relu", dropout: float = 0.0) -> Module:
     """Flatten, then Linear -> activation (-> dropout) per hidden width, then the classifier."""
     check_size(num_classes, "num_classes")
@@ -90,6 +94,7 @@ def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "re
     return Sequential(layers)
 
 
+@register("model")
 def mnist_attention(num_classes: int = 10, dim: int = 32, num_heads: int = 4, depth: int = 1, mlp_ratio: int = 2,
                     dropout: float = 0.1) -> Module:
     """A small conv + transformer hybrid: a stride-2 conv stem with BatchNorm, exact GELU and 2x2 max pooling turns
@@ -119,6 +124,7 @@ def mnist_attention(num_classes: int = 10, dim: int = 32, num_heads: int = 4, de
     return Sequential(layers)
 
 
+@register("model")
 def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module:
     """A small fully-convolutional encoder-decoder: per-pixel logits (B, H, W, out_channels) for images of even H, W.
 
@@ -147,6 +153,7 @@ def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module
     })
 
 
+@register("model")
 def char_transformer(vocab_size: int, context: int, dim: int = 128, depth: int = 4, num_heads: int = 4,
                      mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True, use_bias: bool = False) -> Module:
     """A decoder-only transformer language model (nanoGPT's architecture): token ids (B, T) -> next-token logits
@@ -165,6 +172,7 @@ def resnet_block(width: int, stride: int = 1, project: bool = False) -> Module:
     return Sequential({"residual": Residual(body, shortcut), "relu": Activation("relu")})
 
 
+@register("model")
 def cifar_resnet(num_classes: int = 10, depth: int = 20, widths: tuple = (16, 32, 64)) -> Module:
     """The CIFAR ResNet of He et al. (2016): a 3x3 stem, then per entry of ``widths`` a stage of (depth - 2) / 6
     basic blocks, each stage after the first halving the resolution; global average pooling and a linear
@@ -190,6 +198,7 @@ def cifar_resnet(num_classes: int = 10, depth: int = 20, widths: tuple = (16, 32
     return Sequential(layers)
 
 
+@register("model")
 def image_and_features(num_classes: int = 10, channels: tuple = (16, 32), hidden: int = 32, width: int = 64) -> Module:
     """A model of two named inputs, {"image": (B, H, W, C), "features": (B, F)} (e.g. the arrays loader with
     "input": {"image": ..., "features": ...}): conv3x3 -> ReLU -> 2x2 max pool per entry of `channels` and global
