@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from training.files import write_atomic
 from training.sweeps import (FINISHED, Ledger, OptunaSampler, RandomSampler, SweepError, Trial, best_of,
                              check_key, check_space, curve_of, overrides, parse_grid, parse_prune, parse_sample,
                              plot, probes, ranked, read_rows, table, trials_of, write_csv)
@@ -325,10 +326,7 @@ def report(sweep: Sweep, trials: dict[int, Trial]) -> Trial | None:
         # what the trial ran, under the config's own name and save_dir (the sweep gave the trial its folder)
         config = load_config(sweep.config_path, sweep.fixed + overrides(best.params),
                              source=Path(sweep.config_path).name)
-        (sweep.folder / "best").mkdir(exist_ok=True)
-        temporary = sweep.folder / "best" / "config.json.tmp"
-        temporary.write_text(json.dumps(config, indent=2) + "\n")
-        os.replace(temporary, sweep.folder / "best" / "config.json")
+        write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         print(f"best: trial {best.index}, {sweep.metric} {best.value:.4f}; reproduce it with "
               f"python train.py -c {sweep.folder / 'best' / 'config.json'}")
     return best

@@ -1,0 +1,58 @@
+"""Atomic writes: a temporary file in the target's folder, fsynced, then renamed over the target, and the folder
+fsynced, so a reader (or a run resumed after a kill) finds the old file or the new one, never half of one.
+
+A kill between the write and the rename leaves the temporary behind under a name that ``TEMP_NAME`` recognises
+(".<name>.<random>.tmp", hidden from folder listings); ``training.checkpoint.remove_stale_temps`` clears them.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+# mkstemp's names as temporary_path asks for them.
+TEMP_NAME = re.compile(r"\..+\.[^.]+\.tmp")
+
+
+def sync_folder(folder: str | Path) -> None:
+    """Makes a rename or a new name in the folder durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yields a temporary path next to ``path`` for writers that need a name (a memory map); once the block ends
+    the file is fsynced and renamed to ``path``. On an error it is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(name)
+        with open(name, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    sync_folder(path.parent)
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
+    """Yields a binary file that becomes ``path`` when the block ends; an error in the block leaves ``path`` as
+    it was (raise one to reject what was written, e.g. a bad checksum)."""
+    with atomic_path(path) as temporary, open(temporary, "wb") as f:
+        yield f
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    with atomic_output(path) as f:
+        f.write(data)
