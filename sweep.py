@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from training.files import write_atomic
+from training.files import LOCK_NAME, METRICS, write_atomic
 from training.sweeps import (FINISHED, Ledger, OptunaSampler, RandomSampler, SweepError, Trial, best_of,
                              check_key, check_space, curve_of, overrides, parse_grid, parse_prune, parse_sample,
                              plot, probes, ranked, read_rows, table, trials_of, write_csv)
@@ -125,7 +125,7 @@ def hold(folder: Path) -> int:
     """One sweep.py per sweep folder; the lock goes with the process, however it ends."""
     import fcntl
 
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -244,7 +244,7 @@ class Runner:
         """Reads each running trial's new epochs, prunes, and records the trials that exited."""
         for index, running in list(self.running.items()):
             code = running.process.poll()
-            rows = read_rows(running.run_dir / "metrics.jsonl")
+            rows = read_rows(running.run_dir / METRICS)
             self.curves[index] = curve_of(rows, self.sweep.metric)
             if code is None:
                 self.prune(index)

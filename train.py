@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from training import distributed
+from training.files import CONFIG, LATEST, METRICS, PREPROCESSING
 from training.trackers import new_run_id, start_trackers, wandb_on
 from utils import (ConfigError, build, build_optimizer, config_hash, fail, load_config, monitor_of, read_json,
                    setup_logging)
@@ -86,7 +87,7 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         if not resume.is_file():
             raise ConfigError(f"-r {resume}: no such checkpoint file")
         resume_dir = resume.parent
-    config_path = args.config or (resume_dir / "config.json" if resume_dir else None)
+    config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
     if config_path is None:
         raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
     overrides = list(args.overrides)
@@ -120,7 +121,7 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
     if not config["trainer"]["run_id"]:
         raise ConfigError("-r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it")
     run_dir = Path(config["trainer"]["save_dir"]) / config["name"] / config["trainer"]["run_id"]
-    latest = run_dir / "checkpoint-latest.params"
+    latest = run_dir / LATEST
     args.exact_run_dir = True
     if latest.is_file():
         args.resume = str(latest)
@@ -133,7 +134,7 @@ def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
     run folder can be named after it."""
     if not wandb_on(config) or config["wandb"]["id"]:
         return
-    saved = read_json(resume_dir / "config.json").get("wandb", {}) if resume_dir else {}
+    saved = read_json(resume_dir / CONFIG).get("wandb", {}) if resume_dir else {}
     config["wandb"]["id"] = saved.get("id") or new_run_id()
 
 
@@ -218,7 +219,7 @@ def run(args) -> int:
     # 1. Config: read, override, validate, build. Nothing is loaded or compiled before this passes.
     try:
         config, resume_dir = resolve_config(args)
-        source = Path(args.config).name if args.config else "config.json"
+        source = Path(args.config).name if args.config else CONFIG
         model = build(config["model"], "model", f"{source}: model")
         loss_fn = build(config["loss"], "loss", f"{source}: loss")
         metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
@@ -300,12 +301,12 @@ def run(args) -> int:
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
         if distributed.is_main():
-            write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+            write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
             preprocessing = loaders["train"].preprocessing
             if augment is not None:  # its normalisation, folded into what predict.py computes
                 preprocessing = augment.preprocessing(preprocessing, loaders["train"].spec)
             if preprocessing:
-                write_atomic(run_dir / "preprocessing.json", (json.dumps(preprocessing, indent=2) + "\n").encode())
+                write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
             setup_logging(run_dir)
             distributed.share_text("run_dir", str(run_dir))
         else:
@@ -350,7 +351,7 @@ def run(args) -> int:
     except (Stopped, KeyboardInterrupt, Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
-        latest = run_dir / "checkpoint-latest.params"
+        latest = run_dir / LATEST
         follow = f"continue with: python train.py -r {latest}" if latest.is_file() else \
             "no checkpoint was written, so there is nothing to continue from"
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
@@ -397,7 +398,7 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
         results = trainer.evaluate(loaders["test"])
         log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
     if distributed.is_main():  # the writer; the others may run on other machines
-        checkpoint.restore(run_dir / "checkpoint-latest.params", trainer.state_template())
+        checkpoint.restore(run_dir / LATEST, trainer.state_template())
     log.info(f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
              f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)")
 
@@ -429,7 +430,7 @@ def describe_batch(spec: dict) -> str:
 
 def finish(run_dir: Path, trackers: list, status: int) -> None:
     """curves.png from metrics.jsonl, then the trackers' last words; neither can change how the run ends."""
-    if (run_dir / "metrics.jsonl").is_file():
+    if (run_dir / METRICS).is_file():
         try:
             from training.plots import plot_run
 

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from model.modules.module import key_path_str
-from training.files import TEMP_NAME, write_atomic
+from training.files import BEST, LATEST, TEMP_NAME, write_atomic
 
 FORMAT_VERSION = 2  # 2: checksums of the header and of every array (dtype, shape, bytes); 1 had none
 CORRUPT = "the file is corrupt; use another checkpoint of the run or a copy"
@@ -259,6 +259,5 @@ def of_run(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         return path
-    best = path / "model_best.params"
-    return best if best.is_file() or not (path / "checkpoint-latest.params").is_file() else \
-        path / "checkpoint-latest.params"
+    best = path / BEST
+    return best if best.is_file() or not (path / LATEST).is_file() else path / LATEST

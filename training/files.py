@@ -1,4 +1,9 @@
-"""Atomic writes: a temporary file in the target's folder, fsynced, then renamed over the target, and the folder
+"""The files a run writes: their names in a run folder, and how each is written.
+
+Names: tests spell them out instead of importing them, since they are the contract with users and tools (a
+changed name breaks resuming old runs, test.py and the export).
+
+Atomic writes: a temporary file in the target's folder, fsynced, then renamed over the target, and the folder
 fsynced, so a reader (or a run resumed after a kill) finds the old file or the new one, never half of one.
 
 A kill between the write and the rename leaves the temporary behind under a name that ``TEMP_NAME`` recognises
@@ -13,8 +18,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-# mkstemp's names as temporary_path asks for them.
+# A run folder's files. Here, not in run_folder.py, because this module imports neither JAX nor the checkpoint
+# format: sweep.py reads run folders without JAX, and training/checkpoint.py resolves a run's best checkpoint.
+CONFIG = "config.json"  # the config the run trained with, defaults filled in
+PREPROCESSING = "preprocessing.json"  # the training data's preprocessing, class names or vocabulary
+LATEST = "checkpoint-latest.params"  # written first at every commit: resuming starts from it
+BEST = "model_best.params"
+METRICS = "metrics.jsonl"  # one row per epoch
+LOCK_NAME = ".lock"  # held by the process training in the folder (a sweep's folder has one too)
+
+# atomic_path's temporaries (mkstemp's names as it asks for them).
 TEMP_NAME = re.compile(r"\..+\.[^.]+\.tmp")
+
+
+def epoch_checkpoint(epoch: int | str) -> str:
+    """Every `save_period` epochs; "*" gives the glob of all of them."""
+    return f"checkpoint-epoch_{epoch}.params"
+
+
+def step_checkpoint(step: int | str) -> str:
+    """Mid-epoch (`checkpoint_every.keep`); "*" gives the glob of all of them."""
+    return f"checkpoint-step_{step}.params"
 
 
 def sync_folder(folder: str | Path) -> None:
