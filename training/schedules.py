@@ -18,7 +18,7 @@ import jax.numpy as jnp
 __all__ = ["constant", "piecewise_constant", "step_decay", "exponential_decay", "cosine_decay", "linear",
            "warmup_cosine_decay", "one_cycle"]
 # Arguments that count steps: a config may give them in epochs ({"epochs": 2.5}) or as "all", the run's length.
-STEP_ARGUMENTS = ("step_size", "transition_steps", "transition_begin", "decay_steps", "warmup_steps")
+STEP_COUNT_ARGUMENTS = ("step_size", "transition_steps", "transition_begin", "decay_steps", "warmup_steps")
 
 Schedule = Callable[[int], jnp.ndarray]
 
