@@ -69,9 +69,9 @@ def parse_args(argv=None):
                               "JAX's detection (Cloud TPU pod slices, GKE, Open MPI)")
     several.add_argument("--num-processes", type=int, metavar="N", help="how many processes train together")
     several.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
-    several.add_argument("--heartbeat-timeout", type=int, default=60, metavar="SECONDS",
+    several.add_argument("--heartbeat-timeout", type=int, default=distributed.HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
                          help="a process silent this long counts as dead and the others stop with an error "
-                              "(default: 60)")
+                              "(default: %(default)s)")
     return parser.parse_args(argv)
 
 
