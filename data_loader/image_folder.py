@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model.checks import check_range
 from training.files import atomic_path, write_atomic
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -371,9 +372,7 @@ def check_settings(split="all", size=None, channels=3, classes=None, validation_
                                 or not all(isinstance(c, str) and c for c in classes)
                                 or len(set(classes)) != len(classes)):
         raise ValueError(f"classes: expected a list of distinct folder names, got {classes!r}")
-    if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float)) \
-            or not 0 <= validation_fraction < 1:
-        raise ValueError(f"validation_fraction: must be in [0, 1), got {validation_fraction!r}")
+    check_range(validation_fraction, "validation_fraction", 0, 1, open_high=True)
     if split == "validation" and validation_fraction == 0:
         raise ValueError("validation_fraction: must be above 0 for the validation split")
     if isinstance(split_seed, bool) or not isinstance(split_seed, int) or split_seed < 0:

@@ -20,6 +20,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from model.checks import check_range
+
 # What a config can name as "loss"; weighted_mean is the training step's helper, not a loss.
 __all__ = ["cross_entropy", "binary_cross_entropy", "mse", "l1", "huber", "kl_divergence", "kl_divergence_with_logits"]
 
@@ -129,8 +131,8 @@ def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array, *, mask: ja
 
 
 def _check_cross_entropy(label_smoothing: float = 0.0) -> None:
-    if not 0 <= label_smoothing < 1:  # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
-        raise ValueError(f"label_smoothing: must be in [0, 1), got {label_smoothing!r}")
+    # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
+    check_range(label_smoothing, "label_smoothing", 0, 1, open_high=True)
 
 
 def _check_huber(delta: float = 1.0) -> None:
