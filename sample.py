@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from training.files import CONFIG, PREPROCESSING
 from utils import ArgumentParser, ConfigError, build, fail, load_config
 
 
@@ -38,8 +39,8 @@ def main(argv=None) -> int:
             raise ConfigError("--tokens and --temperature must be >= 0, --top-k >= 1")
         if not args.prompt:
             raise ConfigError("--prompt: give at least one character")
-        config = load_config(run_dir / "config.json", source="config.json")
-        preprocessing = run_dir / "preprocessing.json"
+        config = load_config(run_dir / CONFIG, source=CONFIG)
+        preprocessing = run_dir / PREPROCESSING
         vocabulary = json.loads(preprocessing.read_text()).get("vocabulary") if preprocessing.is_file() else None
         if not vocabulary:
             raise ConfigError(f"{preprocessing}: no vocabulary (is this a language model's run folder?)")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from training.files import LOCK_NAME, METRICS, write_atomic
 from training.sweeps import (FINISHED, Ledger, OptunaSampler, RandomSampler, SweepError, Trial, best_of,
                              check_key, check_space, curve_of, overrides, parse_grid, parse_prune, parse_sample,
                              plot, probes, ranked, read_rows, table, trials_of, write_csv)
@@ -123,7 +124,7 @@ def hold(folder: Path) -> int:
     """One sweep.py per sweep folder; the lock goes with the process, however it ends."""
     import fcntl
 
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -242,7 +243,7 @@ class Runner:
         """Reads each running trial's new epochs, prunes, and records the trials that exited."""
         for index, running in list(self.running.items()):
             code = running.process.poll()
-            rows = read_rows(running.run_dir / "metrics.jsonl")
+            rows = read_rows(running.run_dir / METRICS)
             self.curves[index] = curve_of(rows, self.sweep.metric)
             if code is None:
                 self.prune(index)
@@ -324,10 +325,7 @@ def report(sweep: Sweep, trials: dict[int, Trial]) -> Trial | None:
         # what the trial ran, under the config's own name and save_dir (the sweep gave the trial its folder)
         config = load_config(sweep.config_path, sweep.fixed + overrides(best.params),
                              source=Path(sweep.config_path).name)
-        (sweep.folder / "best").mkdir(exist_ok=True)
-        temporary = sweep.folder / "best" / "config.json.tmp"
-        temporary.write_text(json.dumps(config, indent=2) + "\n")
-        os.replace(temporary, sweep.folder / "best" / "config.json")
+        write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         print(f"best: trial {best.index}, {sweep.metric} {best.value:.4f}; reproduce it with "
               f"python train.py -c {sweep.folder / 'best' / 'config.json'}")
     return best

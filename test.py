@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.files import CONFIG
 from utils import ArgumentParser, ConfigError, build, build_augment, fail, load_config
 
 
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     from training.checkpoint import of_run
 
     checkpoint_path = of_run(args.resume)
-    config_path = Path(args.config) if args.config else checkpoint_path.parent / "config.json"
+    config_path = Path(args.config) if args.config else checkpoint_path.parent / CONFIG
     out = Path(args.out) if args.out else checkpoint_path.parent
     try:
         if not checkpoint_path.is_file():

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from training import distributed, platform
+from training.files import CONFIG, LATEST, METRICS, PREPROCESSING
 from training.trackers import new_run_id, start_trackers, wandb_on
 from utils import (ArgumentParser, ConfigError, build, build_augment, build_optimizer, config_hash, fail, load_config,
                    monitor_of, read_json, setup_logging)
@@ -68,9 +69,9 @@ def parse_args(argv=None):
                               "JAX's detection (Cloud TPU pod slices, GKE, Open MPI)")
     several.add_argument("--num-processes", type=int, metavar="N", help="how many processes train together")
     several.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
-    several.add_argument("--heartbeat-timeout", type=int, default=60, metavar="SECONDS",
+    several.add_argument("--heartbeat-timeout", type=int, default=distributed.HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
                          help="a process silent this long counts as dead and the others stop with an error "
-                              "(default: 60)")
+                              "(default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -87,7 +88,7 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         resume_dir = resume.parent
     if args.weights:
         check_file("--weights", Path(args.weights))
-    config_path = args.config or (resume_dir / "config.json" if resume_dir else None)
+    config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
     if config_path is None:
         raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
     overrides = list(args.overrides)
@@ -128,7 +129,7 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
     if not config["trainer"]["run_id"]:
         raise ConfigError("-r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it")
     run_dir = Path(config["trainer"]["save_dir"]) / config["name"] / config["trainer"]["run_id"]
-    latest = run_dir / "checkpoint-latest.params"
+    latest = run_dir / LATEST
     args.exact_run_dir = True
     check_not_linked(config, config["trainer"]["run_id"])
     if latest.is_file():
@@ -153,7 +154,7 @@ def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
     run folder can be named after it."""
     if not wandb_on(config) or config["wandb"]["id"]:
         return
-    saved = read_json(resume_dir / "config.json").get("wandb", {}) if resume_dir else {}
+    saved = read_json(resume_dir / CONFIG).get("wandb", {}) if resume_dir else {}
     config["wandb"]["id"] = saved.get("id") or new_run_id()
 
 
@@ -241,7 +242,7 @@ def run(args) -> int:
         config, resume_dir = resolve_config(args)
         if not resume_dir and not args.fast_dev_run:
             check_not_linked(config)
-        source = Path(args.config).name if args.config else "config.json"
+        source = Path(args.config).name if args.config else CONFIG
         model = build(config["model"], "model", f"{source}: model")
         loss_fn = build(config["loss"], "loss", f"{source}: loss")
         metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
@@ -335,12 +336,12 @@ def run(args) -> int:
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
         if distributed.is_main():
-            write_atomic(run_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+            write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
             preprocessing = loaders["train"].preprocessing
             if augment is not None:  # its normalisation, folded into what predict.py computes
                 preprocessing = augment.preprocessing(preprocessing, loaders["train"].spec)
             if preprocessing:
-                write_atomic(run_dir / "preprocessing.json", (json.dumps(preprocessing, indent=2) + "\n").encode())
+                write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
             setup_logging(run_dir)
             distributed.share_text("run_dir", str(run_dir))
         else:
@@ -384,7 +385,7 @@ def run(args) -> int:
             log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
         status = 0
     except TrainingDiverged as error:
-        if existed is not None and not (run_dir / "checkpoint-latest.params").exists():  # kept nothing: undone
+        if existed is not None and not (run_dir / LATEST).exists():  # kept nothing: undone
             status = 2
             discarded = (f"{error}; the run folder {run_dir} was removed, as it held nothing to continue from (is the "
                          f"learning rate, {float(trainer.lr_fn(0)):g} at the first step, too high?)")
@@ -397,7 +398,7 @@ def run(args) -> int:
     except (Stopped, KeyboardInterrupt, Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
-        latest = run_dir / "checkpoint-latest.params"
+        latest = run_dir / LATEST
         follow = f"continue with: python train.py -r {latest}" if latest.is_file() else \
             "no checkpoint was written, so there is nothing to continue from"
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
@@ -501,7 +502,7 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
         results = trainer.evaluate(loaders["test"])
         log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
     if distributed.is_main():  # the writer; the others may run on other machines
-        checkpoint.restore(run_dir / "checkpoint-latest.params", trainer.state_template())
+        checkpoint.restore(run_dir / LATEST, trainer.state_template())
     log.info(f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
              f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)")
 
@@ -533,7 +534,7 @@ def describe_batch(spec: dict) -> str:
 
 def finish(run_dir: Path, trackers: list, status: int) -> None:
     """curves.png from metrics.jsonl, then the trackers' last words; neither can change how the run ends."""
-    if (run_dir / "metrics.jsonl").is_file():
+    if (run_dir / METRICS).is_file():
         try:
             from training.plots import plot_run
 

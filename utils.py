@@ -66,7 +66,7 @@ LOADER_SPLITS = ("train", "validation", "test")
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
 DATA_ARGUMENTS = {"loss": 2}
 # Keyword arguments the training step fills in itself (a per-element mask), never the config.
-STEP_ARGUMENTS = {"loss": ("mask",)}
+SET_BY_TRAINER = {"loss": ("mask",)}
 # A model argument that sets the number of classes its outputs score (what top_k_accuracy's k may not exceed).
 CLASS_COUNT_ARGUMENTS = ("num_classes", "vocab_size")
 
@@ -303,7 +303,7 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
     for data_arg in list(params)[:DATA_ARGUMENTS.get(kind, 0)]:
         supplied = (*supplied, data_arg)
         params.pop(data_arg)
-    supplied = (*supplied, *(a for a in STEP_ARGUMENTS.get(kind, ()) if a in params))
+    supplied = (*supplied, *(a for a in SET_BY_TRAINER.get(kind, ()) if a in params))
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     for key, value in args.items():
         if key in supplied:
@@ -567,16 +567,16 @@ def check_class_count(config: dict, model_fn: Callable, model_args: dict, source
 
 def check_schedule(spec: Any, where: str) -> None:
     """A schedule component; its step counts may be given in epochs ({"epochs": 2.5}) or as "all" (the run)."""
-    from training.schedules import STEP_ARGUMENTS
+    from training.schedules import STEP_COUNT_ARGUMENTS
 
     if not isinstance(spec, dict):
         raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {show(spec)}")
     args = {} if spec.get("args") is None else spec["args"]
     if not isinstance(args, dict):
         raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
-    plain = {k: v for k, v in args.items() if not (k in STEP_ARGUMENTS and (v == "all" or isinstance(v, dict)))}
+    plain = {k: v for k, v in args.items() if not (k in STEP_COUNT_ARGUMENTS and (v == "all" or isinstance(v, dict)))}
     check_component({**spec, "args": plain}, "schedule", where, supplied=tuple(k for k in args if k not in plain))
-    for key in STEP_ARGUMENTS:
+    for key in STEP_COUNT_ARGUMENTS:
         value = args.get(key)
         if isinstance(value, dict):
             if set(value) != {"epochs"}:
@@ -670,7 +670,8 @@ def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str =
     steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
 
     def schedule(spec, where):
-        args = {k: steps_of(v, steps_per_epoch, config["trainer"]["epochs"]) if k in schedules.STEP_ARGUMENTS else v
+        epochs = config["trainer"]["epochs"]
+        args = {k: steps_of(v, steps_per_epoch, epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
                 for k, v in (spec.get("args") or {}).items()}
         return build({**spec, "args": args}, "schedule", where)
 

@@ -107,14 +107,15 @@ def cifar_like(steps: int) -> Path:
     once per size (atomically: rounds run in fresh processes)."""
     import numpy as np
 
+    from training.files import atomic_output
+
     rows = steps * BATCH if steps else CIFAR_EXAMPLES
     path = Path(tempfile.gettempdir()) / f"train-benchmark-cifar-like-{rows}.npz"
     if not path.is_file():
         rng = np.random.default_rng(0)
-        part = path.with_name(f"{path.stem}-{os.getpid()}.part.npz")
-        np.savez(part, images=rng.integers(0, 256, (rows, 32, 32, 3), np.uint8),
-                 labels=rng.integers(0, 10, rows).astype(np.int32))
-        os.replace(part, path)
+        with atomic_output(path) as f:
+            np.savez(f, images=rng.integers(0, 256, (rows, 32, 32, 3), np.uint8),
+                     labels=rng.integers(0, 10, rows).astype(np.int32))
     return path
 
 

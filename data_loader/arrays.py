@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from data_loader.tabular import split_rows
+from model.checks import check_range
 
 SPLITS = ("all", "train", "validation", "test")
 NARROW = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32, np.dtype(np.float64): np.float32}
@@ -154,8 +155,7 @@ def check_settings(input, target, split="all", validation_fraction=0.1, test_fra
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {', '.join(map(repr, SPLITS))}, got {split!r}")
     for name, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise ValueError(f"{name}: must be in [0, 1), got {value!r}")
+        check_range(value, name, 0, 1, open_high=True)
     if (split == "validation" and not validation_fraction) or (split == "test" and not test_fraction):
         raise ValueError(f"{split}_fraction: must be above 0 for the {split} split")
     if validation_fraction + test_fraction >= 1:

@@ -27,7 +27,6 @@ the config's ``args``, checked by the constructor (ValueError "name: ...") befor
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -36,6 +35,8 @@ import numpy as np
 from jax import lax
 from model.registry import register
 
+from model.checks import check_interval, check_number
+
 __all__ = ["random_crop", "random_resized_crop", "flip_horizontal", "flip_vertical", "brightness", "contrast",
            "saturation", "random_erasing", "mixup", "cutmix", "normalize"]
 
@@ -43,35 +44,6 @@ GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights, as PIL's convert("L") an
 
 
 # --------------------------------------------------------------------------------------------------- argument checks
-def _number(value, name: str, low: float | None = None, high: float | None = None, *, integer: bool = False,
-            open_low: bool = False) -> float:
-    """A finite number in [low, high] ((low, high] with open_low); an integer when `integer`."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and integer:
-        ok = float(value).is_integer()
-    if ok and low is not None:
-        ok = value > low if open_low else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        kind = "an integer" if integer else "a number"
-        bounds = ("" if low is None else f" {'>' if open_low else '>='} {low:g}") + \
-            ("" if high is None else f"{' and' if low is not None else ''} <= {high:g}")
-        raise ValueError(f"{name}: must be {kind}{bounds}, got {value!r}")
-    return int(value) if integer else float(value)
-
-
-def _interval(value, name: str, low: float, high: float | None = None) -> tuple[float, float]:
-    """[a, b] with low < a <= b (<= high)."""
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise ValueError(f"{name}: expected [min, max], got {value!r}")
-    a = _number(value[0], f"{name}.0", low, high, open_low=True)
-    b = _number(value[1], f"{name}.1", low, high, open_low=True)
-    if a > b:
-        raise ValueError(f"{name}: min {a:g} is above max {b:g}")
-    return a, b
-
-
 def _per_channel(value, name: str, default: float, positive: bool = False) -> tuple[float, ...]:
     """A number, or a list of numbers (one per channel)."""
     if value is None:
@@ -79,8 +51,8 @@ def _per_channel(value, name: str, default: float, positive: bool = False) -> tu
     values = value if isinstance(value, (list, tuple)) else [value]
     if not values:
         raise ValueError(f"{name}: expected a number or a list of numbers (one per channel), got []")
-    return tuple(_number(v, f"{name}.{i}" if isinstance(value, (list, tuple)) else name, 0.0 if positive else None,
-                         open_low=True) for i, v in enumerate(values))
+    return tuple(check_number(v, f"{name}.{i}" if isinstance(value, (list, tuple)) else name,
+                              0.0 if positive else None, open_low=True) for i, v in enumerate(values))
 
 
 # ------------------------------------------------------------------------------------------------------- the ops
@@ -185,11 +157,11 @@ class RandomCrop(Op):
     MODES = ("constant", "reflect", "edge")
 
     def __init__(self, padding, padding_mode, value):
-        self.padding = _number(padding, "padding", 0, 4096, integer=True)
+        self.padding = check_number(padding, "padding", 0, 4096, integer=True)
         if padding_mode not in self.MODES:
             raise ValueError(f"padding_mode: expected one of {', '.join(self.MODES)}, got {padding_mode!r}")
         self.padding_mode = padding_mode
-        self.value = _number(value, "value")
+        self.value = check_number(value, "value")
 
     def check(self, batch, pixels, where):
         super().check(batch, pixels, where)
@@ -224,8 +196,8 @@ class RandomResizedCrop(Op):
     name = "random_resized_crop"
 
     def __init__(self, scale, ratio):
-        self.scale = _interval(scale, "scale", 0.0, 1.0)
-        self.ratio = _interval(ratio, "ratio", 0.0)
+        self.scale = check_interval(scale, "scale", 0.0, 1.0)
+        self.ratio = check_interval(ratio, "ratio", 0.0)
 
     uniforms = 4
 
@@ -269,7 +241,7 @@ def random_resized_crop(scale: tuple = (0.08, 1.0), ratio: tuple = (3 / 4, 4 / 3
 
 class Flip(Op):
     def __init__(self, p, axis, name):
-        self.p = _number(p, "p", 0.0, 1.0)
+        self.p = check_number(p, "p", 0.0, 1.0)
         self.axis = axis
         self.name = name
 
@@ -301,7 +273,7 @@ class ColorJitter(Op):
     brightness with black (x f), contrast with the image's mean gray, saturation with each pixel's gray."""
 
     def __init__(self, strength, name):
-        self.strength = _number(strength, "strength", 0.0, 100.0)
+        self.strength = check_number(strength, "strength", 0.0, 100.0)
         self.name = name
 
     def check(self, batch, pixels, where):
@@ -366,10 +338,10 @@ class RandomErasing(Op):
     name = "random_erasing"
 
     def __init__(self, p, scale, ratio, value):
-        self.p = _number(p, "p", 0.0, 1.0)
-        self.scale = _interval(scale, "scale", 0.0, 1.0)
-        self.ratio = _interval(ratio, "ratio", 0.0)
-        self.value = _number(value, "value")
+        self.p = check_number(p, "p", 0.0, 1.0)
+        self.scale = check_interval(scale, "scale", 0.0, 1.0)
+        self.ratio = check_interval(ratio, "ratio", 0.0)
+        self.value = check_number(value, "value")
 
     def check(self, batch, pixels, where):
         super().check(batch, pixels, where)
@@ -432,8 +404,8 @@ class Mix(Op):
     """Mixup and CutMix: each example with its partner (example B - 1 - i); the targets become soft."""
 
     def __init__(self, alpha, p, name):
-        self.alpha = _number(alpha, "alpha", 0.0, 1000.0, open_low=True)
-        self.p = _number(p, "p", 0.0, 1.0)
+        self.alpha = check_number(alpha, "alpha", 0.0, 1000.0, open_low=True)
+        self.p = check_number(p, "p", 0.0, 1.0)
         self.name = name
         self.image = name == "cutmix"
 
@@ -509,7 +481,7 @@ class Normalize(Op):
     def __init__(self, mean, std, scale):
         self.mean = _per_channel(mean, "mean", 0.0)
         self.std = _per_channel(std, "std", 1.0, positive=True)
-        self.scale = None if scale is None else _number(scale, "scale", 0.0, open_low=True)
+        self.scale = None if scale is None else check_number(scale, "scale", 0.0, open_low=True)
         if len(self.mean) > 1 and len(self.std) > 1 and len(self.mean) != len(self.std):
             raise ValueError(f"std: {len(self.std)} values, but mean has {len(self.mean)}")
 

@@ -12,6 +12,7 @@ from data_loader.loader import DataLoader
 from data_loader.text import CharDataset
 from data_loader.mnist import SOURCES, MnistDataset
 from data_loader.tabular import CsvDataset
+from model.checks import check_integer, check_range
 
 __all__ = ["mnist", "fashion_mnist", "kmnist", "mnist_segmentation", "csv", "char_text", "shakespeare_char",
            "image_folder", "arrays", "cifar10", "cifar100"]
@@ -113,14 +114,11 @@ def cifar100(split="train", batch_size=128, shuffle=False, drop_last=False, data
 
 
 def _count(value, name: str, minimum: int, maximum: int = 2**31 - 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
-            or not minimum <= value <= maximum:
-        raise ValueError(f"{name}: must be an integer from {minimum} to {maximum:,}, got {value!r}")
+    check_integer(value, name, minimum, maximum, whole_float=True)
 
 
 def _fraction(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{name}: must be in [0, 1), got {value!r}")
+    check_range(value, name, 0, 1, open_high=True)
 
 
 def check_args(split="train", validation_size=5000, prefetch=2, split_seed=0, context=64, stride=None,
@@ -142,8 +140,7 @@ def check_args(split="train", validation_size=5000, prefetch=2, split_seed=0, co
     _fraction(validation_fraction, "validation_fraction")
     _fraction(test_fraction, "test_fraction")
     _fraction(threshold, "threshold")
-    if isinstance(noise_std, bool) or not isinstance(noise_std, (int, float)) or noise_std < 0:
-        raise ValueError(f"noise_std: must be >= 0, got {noise_std!r}")
+    check_range(noise_std, "noise_std")
 
 
 for _loader in (mnist, fashion_mnist, kmnist, mnist_segmentation, csv, char_text, shakespeare_char):

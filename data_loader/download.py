@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import urllib.request
 from pathlib import Path
+
+from training.files import atomic_output
 
 
 def checksum(path: str | Path, algorithm: str = "md5") -> str:
@@ -34,23 +34,20 @@ def download(filename: str, md5: str, mirrors: list[str], folder: str | Path, ti
     errors = []
     for mirror in mirrors:
         url = mirror.rstrip("/") + "/" + filename
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{filename}.", suffix=".part")
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response, os.fdopen(fd, "wb") as out:
+            # the temporary file becomes `target` only if the block ends without an error
+            with urllib.request.urlopen(url, timeout=timeout) as response, atomic_output(target) as out:
                 total = int(response.headers.get("Content-Length") or 0) or None
+                digest = hashlib.md5()
                 with tqdm(total=total, unit="B", unit_scale=True, desc=filename, leave=False) as bar:
                     for block in iter(lambda: response.read(1 << 16), b""):
                         out.write(block)
+                        digest.update(block)
                         bar.update(len(block))
-                out.flush()
-                os.fsync(out.fileno())
-            actual = md5sum(tmp)
-            if actual != md5:
-                raise ValueError(f"checksum mismatch (md5 {actual}, expected {md5})")
-            os.replace(tmp, target)
+                if digest.hexdigest() != md5:
+                    raise ValueError(f"checksum mismatch (md5 {digest.hexdigest()}, expected {md5})")
             return target
         except Exception as error:  # try the next mirror, report all failures together
             errors.append(f"{url}: {error}")
-            Path(tmp).unlink(missing_ok=True)
     # one line: the commands print an error as one `error:` line
     raise OSError(f"could not download {filename} into {folder}: " + "; ".join(errors))

@@ -22,16 +22,19 @@ build with their path (`on_error` "fail"), or are left out with a warning that c
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from model.checks import check_range
+from training.files import atomic_path, write_atomic
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 SPLITS = ("all", "train", "validation", "test")
@@ -170,19 +173,6 @@ def decode_into(out: np.ndarray, paths: list[str], size: tuple[int, int], channe
 
 
 # ----------------------------------------------------------------------------------------------------------- cache
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def cache_key(root: Path, files: list[Path], size: tuple[int, int], channels: int) -> tuple[str, str, list]:
     """(settings hash, contents hash, entries): the settings name the folder and decode options, the contents add
     every file's relative path, size and modification time."""
@@ -226,81 +216,77 @@ def load_or_build(root: Path, files: list[Path], size: tuple[int, int], channels
         except (OSError, ValueError, KeyError):
             pass  # damaged: rebuilt below
     created = not cache_dir.exists()
+    writing = contextlib.ExitStack()  # the cache's temporary file, renamed to data_path when the block ends
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{name}.", suffix=".npy.part")
-        os.close(fd)
+        tmp = str(writing.enter_context(atomic_path(data_path)))
     except OSError as error:
         raise ValueError(f"{cache_dir}: cannot write the image cache there ({error.strerror or error}); set "
                          "\"cache_dir\" to a writable folder") from None
     started = time.perf_counter()
     try:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
-        todo = list(range(len(files)))
-        errors: dict[int, str] = {}
-        reused = 0
-        previous = _previous(cache_dir, settings_hash, name)
-        for old_data, old_meta in previous:  # unchanged entries come from the stale cache instead of the decoder
-            if not todo or not old_meta.get("entries") or not old_data.is_file():
-                continue
-            try:
-                old = np.load(old_data, mmap_mode="r")
-            except (OSError, ValueError):
-                continue
-            if old.shape[1:] != shape[1:]:
-                continue
-            where = {tuple(entry): row for row, entry in enumerate(old_meta["entries"])}
-            old_errors = old_meta.get("errors", {})
-            left = []
-            for row in todo:
-                old_row = where.get(tuple(entries[row]))
-                if old_row is None or old_row >= len(old):
-                    left.append(row)
+        with writing:
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+            todo = list(range(len(files)))
+            errors: dict[int, str] = {}
+            reused = 0
+            previous = _previous(cache_dir, settings_hash, name)
+            for old_data, old_meta in previous:  # unchanged entries come from the stale cache instead of the decoder
+                if not todo or not old_meta.get("entries") or not old_data.is_file():
                     continue
-                out[row] = old[old_row]
-                if str(old_row) in old_errors:
-                    errors[row] = old_errors[str(old_row)]
-            reused += len(todo) - len(left)
-            todo = left
-        count = default_workers(len(todo)) if workers is None else workers
-        if todo:
-            log.info(f"{root}: decoding {len(todo)} images into the cache {data_path} ({count} worker processes; "
-                     "later loads memory-map it)")
-            # rows decoded into the cache itself, or (after a change) into a block copied in: in memory when
-            # small, else a memory map too, so a build never holds the folder in memory
-            if len(todo) == len(files):
-                block = out
-            elif len(todo) * int(np.prod(shape[1:])) < (1 << 28):
-                block = np.zeros((len(todo), *shape[1:]), np.uint8)
-            else:
-                block = np.lib.format.open_memmap(tmp + ".rows", mode="w+", dtype=np.uint8,
-                                                  shape=(len(todo), *shape[1:]))
-            new_errors = decode_into(block, [str(files[r]) for r in todo], size, channels, count,
-                                     stop_on_error=on_error == "fail")
-            if block is not out:
-                out[todo] = block
-            del block
-            errors.update({todo[i]: message for i, message in new_errors.items()})
-        if errors and on_error == "fail":
-            raise ValueError(_failure(errors))
-        out.flush()
-        del out
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, data_path)
+                try:
+                    old = np.load(old_data, mmap_mode="r")
+                except (OSError, ValueError):
+                    continue
+                if old.shape[1:] != shape[1:]:
+                    continue
+                where = {tuple(entry): row for row, entry in enumerate(old_meta["entries"])}
+                old_errors = old_meta.get("errors", {})
+                left = []
+                for row in todo:
+                    old_row = where.get(tuple(entries[row]))
+                    if old_row is None or old_row >= len(old):
+                        left.append(row)
+                        continue
+                    out[row] = old[old_row]
+                    if str(old_row) in old_errors:
+                        errors[row] = old_errors[str(old_row)]
+                reused += len(todo) - len(left)
+                todo = left
+            count = default_workers(len(todo)) if workers is None else workers
+            if todo:
+                log.info(f"{root}: decoding {len(todo)} images into the cache {data_path} ({count} worker processes; "
+                         "later loads memory-map it)")
+                # rows decoded into the cache itself, or (after a change) into a block copied in: in memory when
+                # small, else a memory map too, so a build never holds the folder in memory
+                if len(todo) == len(files):
+                    block = out
+                elif len(todo) * int(np.prod(shape[1:])) < (1 << 28):
+                    block = np.zeros((len(todo), *shape[1:]), np.uint8)
+                else:
+                    block = np.lib.format.open_memmap(tmp + ".rows", mode="w+", dtype=np.uint8,
+                                                      shape=(len(todo), *shape[1:]))
+                new_errors = decode_into(block, [str(files[r]) for r in todo], size, channels, count,
+                                         stop_on_error=on_error == "fail")
+                if block is not out:
+                    out[todo] = block
+                del block
+                errors.update({todo[i]: message for i, message in new_errors.items()})
+            if errors and on_error == "fail":
+                raise ValueError(_failure(errors))
+            out.flush()
+            del out
         meta = {"version": CACHE_VERSION, "root": str(root.resolve()), "size": list(size), "channels": channels,
                 "resize": RESIZE, "entries": entries, "errors": {str(k): v for k, v in sorted(errors.items())}}
-        _write_atomic(meta_path, json.dumps(meta).encode())
+        write_atomic(meta_path, json.dumps(meta).encode())
     except BaseException:
         if created:  # a failed first build leaves no empty cache folder behind
-            Path(tmp).unlink(missing_ok=True)
             try:
                 cache_dir.rmdir()
             except OSError:
                 pass
         raise
     finally:
-        Path(tmp).unlink(missing_ok=True)
         Path(tmp + ".rows").unlink(missing_ok=True)
     for old_data, _ in previous:  # stale caches of this folder and settings
         old_data.unlink(missing_ok=True)
@@ -390,8 +376,7 @@ def check_settings(split="all", size=None, channels=3, classes=None, validation_
                                 or len(set(classes)) != len(classes)):
         raise ValueError(f"classes: expected a list of distinct folder names, got {classes!r}")
     for name, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise ValueError(f"{name}: must be in [0, 1), got {value!r}")
+        check_range(value, name, 0, 1, open_high=True)
     if (split == "validation" and validation_fraction == 0) or (split == "test" and test_fraction == 0):
         raise ValueError(f"{split}_fraction: must be above 0 for the {split} split")
     if validation_fraction + test_fraction >= 1:

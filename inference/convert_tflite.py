@@ -38,6 +38,7 @@ from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
+from training.files import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
 from utils import ArgumentParser, ConfigError, build, build_augment, fail, load_config  # noqa: E402
 
 
@@ -73,15 +74,15 @@ def resolve_run(args) -> tuple[Path, Path]:
     """(config path, checkpoint path) from -r, or -c/-w."""
     if args.run:
         checkpoint = of_run(args.run)
-        if checkpoint.name == "checkpoint-latest.params" and Path(args.run).is_dir():
-            print(f"{args.run}: no model_best.params (monitor off?); using checkpoint-latest.params")
+        if checkpoint.name == LATEST and Path(args.run).is_dir():
+            print(f"{args.run}: no {BEST} (monitor off?); using {LATEST}")
     elif args.weights:
         checkpoint = Path(args.weights)
     else:
         raise ConfigError("give a run folder (-r saved/<name>/<run_id>) or a checkpoint (-w FILE, with -c config)")
     if not checkpoint.is_file():
         raise ConfigError(f"{checkpoint}: no such checkpoint file")
-    config = Path(args.config) if args.config else checkpoint.parent / "config.json"
+    config = Path(args.config) if args.config else checkpoint.parent / CONFIG
     return config, checkpoint
 
 
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
 
 def run_preprocessing(checkpoint_path: Path, loader) -> dict:
     """The run's preprocessing.json (written by train.py from the training data), else the data's own."""
-    saved = checkpoint_path.parent / "preprocessing.json"
+    saved = checkpoint_path.parent / PREPROCESSING
     if saved.is_file():
         return json.loads(saved.read_text())
     return loader.preprocessing if loader is not None else {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-import jax
 
 QUANTIZATIONS = ("float16", "dynamic-int8")
 

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from inference import verify
-from inference.predict import run_batched
+from inference.predict import CONFIG, PREPROCESSING, run_batched
 from model.modules.module import key_path_str
 
 REPO = Path(__file__).resolve().parents[1]
@@ -458,10 +458,10 @@ def distribution_version(package: str) -> str:
 def write_extras(folder: Path, report: dict, inputs: Inputs, task: str, source: Source) -> None:
     """What makes the folder a deployable unit: config.json, model/, predict.py and preprocessing.json (the data's
     preprocessing, plus the inputs, the output and the task that predict.py reads), and the report."""
-    (folder / "config.json").write_text(json.dumps(source.config, indent=2) + "\n")
+    (folder / CONFIG).write_text(json.dumps(source.config, indent=2) + "\n")
     shutil.copytree(REPO / "model", folder / "model", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy2(Path(__file__).with_name("predict.py"), folder / "predict.py")
-    (folder / "preprocessing.json").write_text(json.dumps({
+    (folder / PREPROCESSING).write_text(json.dumps({
         **source.preprocessing, "task": task, "inputs": inputs.described(), "output_name": OUTPUT_NAME,
     }, indent=2) + "\n")
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -23,6 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+# The export folder's files next to the model (exporter.write_extras writes them under these names). Named here,
+# not imported from training/, because this file ships alone; they are the run folder's names (training/files.py).
+CONFIG = "config.json"
+PREPROCESSING = "preprocessing.json"
 
 ONNX_DTYPES = {"tensor(float)": np.float32, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
                "tensor(float16)": np.float16, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8}
@@ -143,7 +147,7 @@ def load_image(path: str | Path, shape: tuple, preprocessing: dict, invert: bool
     height, width, channels = shape
     resample = preprocessing.get("resize", "bilinear")
     if resample not in RESAMPLING:
-        raise ValueError(f"preprocessing.json: resize {resample!r}: expected one of {', '.join(RESAMPLING)}")
+        raise ValueError(f"{PREPROCESSING}: resize {resample!r}: expected one of {', '.join(RESAMPLING)}")
     try:
         with Image.open(path) as image:
             if image.mode in ("P", "PA"):  # a palette (with transparency) expands through RGBA, as the loaders do
@@ -244,7 +248,7 @@ def main(argv=None) -> int:
 
     model_path = Path(args.model)
     folder = model_path.parent
-    preprocessing = read_json(folder / "preprocessing.json")
+    preprocessing = read_json(folder / PREPROCESSING)
     task = preprocessing.get("task", "classification")
     try:
         model = load_model(model_path, args.threads)
@@ -261,7 +265,7 @@ def main(argv=None) -> int:
         return 2
 
     outputs = run_batched(model, x).astype(np.float64)
-    title = read_json(folder / "config.json").get("name", model_path.stem)
+    title = read_json(folder / CONFIG).get("name", model_path.stem)
     print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
     for name, out in zip(names, outputs):
         print(f"{name}: {describe(out, task, preprocessing, args.top)}")
@@ -289,7 +293,7 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
             named = {model.inputs[0]["name"]: load_rows(path, preprocessing)}
         else:
             if not preprocessing:
-                raise ValueError(f"{path.parent / 'preprocessing.json'} not found: it says how to prepare images; "
+                raise ValueError(f"{path.parent / PREPROCESSING} not found: it says how to prepare images; "
                                  "pass a preprocessed .npy batch instead")
             named = {model.inputs[0]["name"]: load_image(path, model.inputs[0]["shape"][1:], preprocessing, invert)}
         # One example (the sample shape) or a batch of them.

@@ -264,3 +264,20 @@ def test_remove_stale_temps_matches_what_write_atomic_leaves(tmp_path, monkeypat
     monkeypatch.undo()
     [left] = list(tmp_path.iterdir())
     assert checkpoint.remove_stale_temps(tmp_path) == [left]
+
+
+def test_atomic_output_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    """Every atomic write (checkpoints, image cache, downloads, sweep results) goes through training.files."""
+    from training.files import TEMP_NAME, atomic_output, atomic_path
+
+    path = tmp_path / "results.csv"
+    path.write_bytes(b"old")
+    with pytest.raises(ValueError, match="rejected"):
+        with atomic_output(path) as f:
+            f.write(b"half")
+            raise ValueError("rejected")
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+    with atomic_path(tmp_path / "new" / "cache.npy") as temporary:
+        assert TEMP_NAME.fullmatch(temporary.name) and temporary.parent == tmp_path / "new"
+        temporary.write_bytes(b"new")
+    assert (tmp_path / "new" / "cache.npy").read_bytes() == b"new" and len(list((tmp_path / "new").iterdir())) == 1

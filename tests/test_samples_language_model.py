@@ -3,7 +3,6 @@ shipped sample config validates and names data that is there."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import stat
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any, Callable
@@ -26,11 +24,10 @@ import numpy as np
 
 from model.modules.module import key_path_str
 from training.memory import host_available, show_bytes
+from training.files import BEST, LATEST, TEMP_NAME, write_atomic
 
 FORMAT_VERSION = 2  # 2: checksums of the header and of every array (dtype, shape, bytes); 1 had none
 CORRUPT = "the file is corrupt; use another checkpoint of the run or a copy"
-# mkstemp's names as write_atomic asks for them: ".<name>.<random>.tmp".
-TEMP_NAME = re.compile(r"\..+\.[^.]+\.tmp")
 INT64 = 2 ** 63
 
 
@@ -77,27 +74,6 @@ def encode(tree: dict, header: dict | None = None) -> bytes:
         raise CheckpointError(f"checkpoint header: {problem}")
     text = json.dumps(meta)
     return to_bytes(arrays, metadata={"header": text, "header_crc32": text_crc(text)})
-
-
-def write_atomic(path: str | Path, payload: bytes) -> None:
-    """Temporary file in the same folder, fsync, rename: a reader sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
@@ -319,6 +295,5 @@ def of_run(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         return path
-    best = path / "model_best.params"
-    return best if best.is_file() or not (path / "checkpoint-latest.params").is_file() else \
-        path / "checkpoint-latest.params"
+    best = path / BEST
+    return best if best.is_file() or not (path / LATEST).is_file() else path / LATEST

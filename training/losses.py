@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from model.registry import register
 
+from model.checks import check_range
+
 # What a config can name as "loss"; weighted_mean is the training step's helper, not a loss.
 __all__ = ["cross_entropy", "binary_cross_entropy", "mse", "l1", "huber", "kl_divergence", "kl_divergence_with_logits"]
 
@@ -57,8 +59,8 @@ def weighted_mean(per_example: jax.Array, weights: jax.Array | None = None) -> j
 
 
 def _check_cross_entropy(label_smoothing: float = 0.0) -> None:
-    if not 0 <= label_smoothing < 1:  # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
-        raise ValueError(f"label_smoothing: must be in [0, 1), got {label_smoothing!r}")
+    # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
+    check_range(label_smoothing, "label_smoothing", 0, 1, open_high=True)
 
 
 def _check_huber(delta: float = 1.0) -> None:

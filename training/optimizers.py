@@ -12,13 +12,14 @@ schedule ``step -> value`` (see ``training/schedules.py``); a block that takes o
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from model.checks import check_range
 from model.modules.module import key_path_str
-from training.schedules import check_range
 from model.registry import register
 
 # What a config can name: "optimizer.name" takes OPTIMIZERS, "optimizer.transforms" TRANSFORMS. The building blocks
@@ -29,6 +30,13 @@ TRANSFORMS = ["clip_by_global_norm", "clip_by_value", "add_decayed_weights"]
 
 Schedule = Callable[[jax.Array], jax.Array]
 Hyper = float | Schedule  # a hyperparameter: a constant or a schedule
+
+
+def check_hyper(value: Hyper, name: str, low: float = 0.0, high: float = math.inf, **open_ends: bool) -> None:
+    """A hyperparameter given as a number must lie in its range: an Adam b1 of 1.5 or a negative weight decay
+    trains without a word otherwise. A schedule is checked by its own factory."""
+    if not callable(value):
+        check_range(value, name, low, high, **open_ends)
 
 
 class Optimizer(NamedTuple):
@@ -97,7 +105,7 @@ def chain(*optimizers: Optimizer) -> Optimizer:
 
 def scale_by_learning_rate(learning_rate: Hyper) -> Optimizer:
     """Multiplies by ``-learning_rate`` (descent); a schedule is read at this block's own step count."""
-    check_range(learning_rate, "lr")
+    check_hyper(learning_rate, "lr")
 
     def update(grads, state, params=None):
         lr = _value_at(learning_rate, state.count)
@@ -108,7 +116,7 @@ def scale_by_learning_rate(learning_rate: Hyper) -> Optimizer:
 
 def trace(momentum: Hyper, nesterov: bool = False) -> Optimizer:
     """Heavy-ball momentum ``t = g + momentum * t`` (optax ``trace``); Nesterov returns ``g + momentum * t``."""
-    check_range(momentum, "momentum", 0, 1, open_high=True)
+    check_hyper(momentum, "momentum", 0, 1, open_high=True)
 
     def init(params):
         return TraceState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
@@ -125,9 +133,9 @@ def trace(momentum: Hyper, nesterov: bool = False) -> Optimizer:
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Optimizer:
     """Adam's bias-corrected ``m / (sqrt(v) + eps)``."""
-    check_range(b1, "b1", 0, 1, open_high=True)
-    check_range(b2, "b2", 0, 1, open_high=True)
-    check_range(eps, "eps", open_low=True)
+    check_hyper(b1, "b1", 0, 1, open_high=True)
+    check_hyper(b2, "b2", 0, 1, open_high=True)
+    check_hyper(eps, "eps", open_low=True)
 
     def init(params):
         zeros = lambda: jax.tree.map(jnp.zeros_like, params)
@@ -147,8 +155,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Opti
 
 def scale_by_rms(decay: float = 0.9, eps: float = 1e-8) -> Optimizer:
     """RMSProp's ``g / sqrt(v + eps)`` with ``v`` the running mean of ``g**2`` (eps inside the root, as optax)."""
-    check_range(decay, "decay", 0, 1, open_high=True)
-    check_range(eps, "eps", open_low=True)
+    check_hyper(decay, "decay", 0, 1, open_high=True)
+    check_hyper(eps, "eps", open_low=True)
 
     def init(params):
         return RmsState(jax.tree.map(jnp.zeros_like, params))
@@ -162,8 +170,8 @@ def scale_by_rms(decay: float = 0.9, eps: float = 1e-8) -> Optimizer:
 
 def scale_by_stddev(decay: float = 0.9, eps: float = 1e-8) -> Optimizer:
     """Centered RMSProp: divides by the running standard deviation, ``sqrt(E[g**2] - E[g]**2 + eps)``."""
-    check_range(decay, "decay", 0, 1, open_high=True)
-    check_range(eps, "eps", open_low=True)
+    check_hyper(decay, "decay", 0, 1, open_high=True)
+    check_hyper(eps, "eps", open_low=True)
 
     def init(params):
         zeros = lambda: jax.tree.map(jnp.zeros_like, params)
@@ -180,8 +188,8 @@ def scale_by_stddev(decay: float = 0.9, eps: float = 1e-8) -> Optimizer:
 
 def scale_by_rss(initial_accumulator_value: float = 0.1, eps: float = 1e-7) -> Optimizer:
     """Adagrad's ``g / sqrt(sum of all g**2 so far + eps)``."""
-    check_range(initial_accumulator_value, "initial_accumulator_value")
-    check_range(eps, "eps", open_low=True)
+    check_hyper(initial_accumulator_value, "initial_accumulator_value")
+    check_hyper(eps, "eps", open_low=True)
 
     def init(params):
         return RssState(jax.tree.map(lambda p: jnp.full_like(p, initial_accumulator_value), params))
@@ -197,8 +205,8 @@ def scale_by_rss(initial_accumulator_value: float = 0.1, eps: float = 1e-7) -> O
 
 def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Optimizer:
     """Lion's ``sign(b1 * m + (1 - b1) * g)``, then ``m`` moves towards ``g`` at rate ``1 - b2``."""
-    check_range(b1, "b1", 0, 1, open_high=True)
-    check_range(b2, "b2", 0, 1, open_high=True)
+    check_hyper(b1, "b1", 0, 1, open_high=True)
+    check_hyper(b2, "b2", 0, 1, open_high=True)
 
     def init(params):
         return LionState(jax.tree.map(jnp.zeros_like, params))
@@ -221,7 +229,7 @@ def add_decayed_weights(weight_decay: Hyper, mask: Any = "default") -> Optimizer
     - a function ``(path, leaf) -> bool``, ``path`` the dotted key path such as ``"blocks.1.norm.scale"``;
     - a pytree of bools shaped like the params (or a prefix of them).
     """
-    check_range(weight_decay, "weight_decay")
+    check_hyper(weight_decay, "weight_decay")
     if (isinstance(mask, str) and mask not in ("default", "all")) or not (
             mask is None or isinstance(mask, str) or callable(mask) or _bool_tree(mask)):
         raise ValueError(f'add_decayed_weights: mask must be "default", "all", None, a function or a pytree of bools, '
@@ -244,7 +252,7 @@ def add_decayed_weights(weight_decay: Hyper, mask: Any = "default") -> Optimizer
 @register("transforms")
 def clip_by_global_norm(max_norm: float) -> Optimizer:
     """Rescales the whole tree to global L2 norm ``max_norm`` when its norm exceeds that."""
-    check_range(max_norm, "max_norm", open_low=True)
+    check_hyper(max_norm, "max_norm", open_low=True)
 
     def update(grads, state, params=None):
         norm = global_norm(grads)
@@ -257,7 +265,7 @@ def clip_by_global_norm(max_norm: float) -> Optimizer:
 @register("transforms")
 def clip_by_value(max_delta: float) -> Optimizer:
     """Clips every element to ``[-max_delta, max_delta]``."""
-    check_range(max_delta, "max_delta", open_low=True)
+    check_hyper(max_delta, "max_delta", open_low=True)
 
     def update(grads, state, params=None):
         return jax.tree.map(lambda g: jnp.clip(g, -max_delta, max_delta), grads), state

@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from training.files import METRICS
+
 PANEL_INCHES = (4.0, 3.0)
 DPI = 100
 COLUMNS = 3
@@ -80,7 +82,7 @@ def save_curves(rows: Sequence[dict], path: str | Path) -> Path:
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """`<run_dir>/metrics.jsonl` -> `<run_dir>/curves.png` (or `path`)."""
     run_dir = Path(run_dir)
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS
     if not metrics.is_file():
         raise FileNotFoundError(f"{metrics}: no such file (is {run_dir} a run folder with a finished epoch?)")
     return save_curves(read_metrics(metrics), path or run_dir / "curves.png")

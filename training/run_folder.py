@@ -15,8 +15,7 @@ import shutil
 from pathlib import Path
 
 from training import checkpoint
-
-LOCK_NAME = ".lock"
+from training.files import BEST, LOCK_NAME, METRICS, epoch_checkpoint
 
 
 class RunFolderError(Exception):
@@ -134,7 +133,7 @@ class Writer:
 
 def append_row(run_dir: Path, row: dict) -> None:
     """One epoch's row in metrics.jsonl, flushed to disk before the epoch counts as logged."""
-    with open(run_dir / "metrics.jsonl", "a") as f:
+    with open(run_dir / METRICS, "a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -160,21 +159,21 @@ def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> li
     checkpoint that a kill left unwritten rewritten from it. Returns what was repaired, for the log."""
     repaired = [f"removed an interrupted write: {p.name}" for p in checkpoint.remove_stale_temps(run_dir)]
     epoch = header["epoch"]
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     rows = read_rows(metrics)
     if len(rows) < len(lines):
-        repaired.append(f"metrics.jsonl: dropped {len(lines) - len(rows)} line(s) cut short")
+        repaired.append(f"{METRICS}: dropped {len(lines) - len(rows)} line(s) cut short")
     past = [r for r in rows if r["epoch"] > epoch]
     if past:
-        repaired.append(f"metrics.jsonl: dropped {len(past)} row(s) past epoch {epoch}")
+        repaired.append(f"{METRICS}: dropped {len(past)} row(s) past epoch {epoch}")
     kept = list({r["epoch"]: r for r in rows if r["epoch"] <= epoch}.values())  # a repeated epoch: its last row
     if len(kept) < len(rows) - len(past):
-        repaired.append(f"metrics.jsonl: dropped {len(rows) - len(past) - len(kept)} repeated row(s)")
+        repaired.append(f"{METRICS}: dropped {len(rows) - len(past) - len(kept)} repeated row(s)")
     own = header.get("row")
     if isinstance(own, dict) and not any(r["epoch"] == epoch for r in kept):
         kept.append(own)
-        repaired.append(f"metrics.jsonl: restored the row of epoch {epoch}")
+        repaired.append(f"{METRICS}: restored the row of epoch {epoch}")
     text = "".join(json.dumps(r) + "\n" for r in kept)
     if "".join(line + "\n" for line in lines) != text:
         checkpoint.write_atomic(metrics, text.encode())
@@ -182,9 +181,9 @@ def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> li
     if header.get("position"):  # saved mid-epoch: the epoch-end files belong to the epoch before
         return repaired
     if header.get("best_epoch") == epoch:
-        derived.append(run_dir / "model_best.params")
+        derived.append(run_dir / BEST)
     if epoch and epoch % save_period == 0:
-        derived.append(run_dir / f"checkpoint-epoch_{epoch}.params")
+        derived.append(run_dir / epoch_checkpoint(epoch))
     for path in derived:
         if path.resolve() == latest.resolve() or written_at(path) == (epoch, header["step"]):
             continue

@@ -10,39 +10,20 @@ same name, so the two can be swapped and compared:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax.numpy as jnp
 from model.registry import register
+
+from model.checks import check_range
 
 # What a config can name as a schedule.
 __all__ = ["constant", "piecewise_constant", "step_decay", "exponential_decay", "cosine_decay", "linear",
            "warmup_cosine_decay", "one_cycle"]
 # Arguments that count steps: a config may give them in epochs ({"epochs": 2.5}) or as "all", the run's length.
-STEP_ARGUMENTS = ("step_size", "transition_steps", "transition_begin", "decay_steps", "warmup_steps")
+STEP_COUNT_ARGUMENTS = ("step_size", "transition_steps", "transition_begin", "decay_steps", "warmup_steps")
 
 Schedule = Callable[[int], jnp.ndarray]
-
-
-def check_range(value: Any, name: str, low: float = 0.0, high: float = math.inf, *, open_low: bool = False,
-                open_high: bool = False) -> None:
-    """A hyperparameter given as a number must lie in its range: an Adam b1 of 1.5 or a negative weight decay
-    trains without a word otherwise. A schedule (a callable) is checked by its own factory."""
-    if callable(value):
-        return
-    try:
-        number = math.nan if isinstance(value, (bool, str)) else float(value)
-    except (TypeError, ValueError, OverflowError):
-        number = math.nan
-    if math.isnan(number) and not isinstance(value, float):
-        raise ValueError(f"{name}: expected a number, got {value!r}")
-    if math.isnan(number) or (number <= low if open_low else number < low) or (
-            number >= high if open_high else number > high):
-        if high == math.inf:
-            expected = f"{'>' if open_low else '>='} {low:g}"
-        else:
-            expected = f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-        raise ValueError(f"{name}: must be {expected}, got {value!r}")
 
 
 @register("schedule")

@@ -7,6 +7,7 @@ the run folders' `metrics.jsonl`, so it needs neither JAX nor the trainer.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import math
@@ -15,6 +16,8 @@ import random
 import statistics
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from training.files import sync_folder, write_atomic
 
 DISTRIBUTIONS = "uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH or choice:[v1, v2, ...]"
 FINISHED = ("done", "failed", "pruned")
@@ -262,11 +265,7 @@ class Ledger:
         finally:
             os.close(fd)
         if new:  # the file's name is durable too
-            folder = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
+            sync_folder(self.path.parent)
 
 
 class Trial(NamedTuple):
@@ -403,15 +402,14 @@ def table(trials: list[Trial], keys: list[str], metric: str) -> str:
 
 
 def write_csv(path: Path, trials: list[Trial], keys: list[str], metric: str) -> None:
-    temporary = path.with_suffix(".tmp")
-    with open(temporary, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["trial", "status", *keys, metric, "best_epoch", "epochs", "seconds", "run", "error"])
-        for t in trials:
-            values = [t.params.get(k) for k in keys]
-            writer.writerow([t.index, t.status, *(json.dumps(v) if isinstance(v, (list, dict)) else v for v in values),
-                             t.value, t.epoch, t.epochs, round(t.seconds, 1), t.run, t.error])
-    os.replace(temporary, path)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["trial", "status", *keys, metric, "best_epoch", "epochs", "seconds", "run", "error"])
+    for t in trials:
+        values = [t.params.get(k) for k in keys]
+        writer.writerow([t.index, t.status, *(json.dumps(v) if isinstance(v, (list, dict)) else v for v in values),
+                         t.value, t.epoch, t.epochs, round(t.seconds, 1), t.run, t.error])
+    write_atomic(path, text.getvalue().encode())
 
 
 def plot(folder: Path, trials: list[Trial], params: list[Param], metric: str, mode: str) -> list[Path]:

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from training import checkpoint, distributed, platform, run_folder
+from training.files import BEST, LATEST, METRICS, epoch_checkpoint, step_checkpoint
 from training.metrics import values as metric_values
 from training.trackers import StepTrace
 from training.precision import policy_of
@@ -576,11 +577,11 @@ class Trainer:
         """The end of an epoch, in an order a kill cannot make inconsistent: checkpoint-latest.params first (the
         commit point: its header holds the row and the best epoch), then what derives from it, then the row.
         ``run_folder.reconcile`` redoes whatever a kill left undone when the run resumes."""
-        names = ["checkpoint-latest.params"]
+        names = [LATEST]
         if improved:
-            names.append("model_best.params")
+            names.append(BEST)
         if epoch % self.trainer_cfg["save_period"] == 0:
-            names.append(f"checkpoint-epoch_{epoch}.params")
+            names.append(epoch_checkpoint(epoch))
         pause = self.save(self.ts, {**self.header(), "row": row}, names, row=row)
         log.debug(f"epoch {epoch} committed; the loop paused {1000 * pause:.0f} ms")
         for callback in self.callbacks:
@@ -605,10 +606,10 @@ class Trainer:
                     path = run_dir / name
                     checkpoint.write_atomic(path, payload)
                 if row is not None:
-                    path = run_dir / "metrics.jsonl"
+                    path = run_dir / METRICS
                     run_folder.append_row(run_dir, row)
                 if rotate:
-                    numbered = sorted(run_dir.glob("checkpoint-step_*.params"),
+                    numbered = sorted(run_dir.glob(step_checkpoint("*")),
                                       key=lambda p: int(p.stem.rsplit("_", 1)[1]))
                     for old in numbered[:-rotate]:
                         old.unlink()
@@ -654,7 +655,7 @@ class Trainer:
         header = {**self.header(), "position": position}
         step = header["step"]
         keep = (self.trainer_cfg.get("checkpoint_every") or {}).get("keep", 0)
-        names = ["checkpoint-latest.params"] + ([f"checkpoint-step_{step}.params"] if keep else [])
+        names = [LATEST] + ([step_checkpoint(step)] if keep else [])
         pause = self.save({**self.ts, "epoch_totals": totals}, header, names, rotate=keep)
         log.info(f"checkpoint at step {step} ({position} of {len(self.train_loader)} into epoch {self.epoch + 1}); "
                  f"the loop paused {1000 * pause:.0f} ms")
@@ -667,7 +668,7 @@ class Trainer:
             self.writer.wait()
         except run_folder.RunFolderError:
             pass  # reported by the loop; what is on disk is what counts here
-        latest = self.run_dir / "checkpoint-latest.params"
+        latest = self.run_dir / LATEST
         written = run_folder.written_at(latest)
         if written is None:
             return "no checkpoint was written yet (no epoch ended)"

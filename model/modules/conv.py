@@ -7,7 +7,6 @@ through ``model/kernels`` instead (same values and gradients, formulated for XLA
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
 from model import kernels

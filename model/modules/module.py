@@ -16,17 +16,16 @@ from typing import Any, Callable
 
 import jax
 
+from model.checks import MAX_SIZE, check_integer
+
 Params = dict
 State = dict
-# A layer size past this (16,777,216) fits in no memory: it is a typo, not a model.
-MAX_SIZE = 2**24
 
 
 def check_size(value, name: str, minimum: int = 1) -> None:
     """A width, count or class number: an integer from `minimum` to MAX_SIZE (10.0 or 1e30 from a JSON config is
     refused here, not as a shape error deep inside jax)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not minimum <= value <= MAX_SIZE:
-        raise ValueError(f"{name}: must be an integer from {minimum} to {MAX_SIZE:,}, got {value!r}")
+    check_integer(value, name, minimum, MAX_SIZE)
 
 
 def check_sizes(values, name: str, minimum: int = 1, nonempty: bool = False) -> None:

@@ -11,11 +11,11 @@ with depth; biases and norms at zero/one.
 from __future__ import annotations
 
 import math
-import numbers
 
 import jax
 import jax.numpy as jnp
 
+from model.checks import check_range
 from model.modules import initializers
 from model.modules.activations import gelu
 from model.modules.attention import MultiHeadAttention
@@ -76,8 +76,7 @@ class TransformerLM(Module):
         for name, size in (("vocab_size", vocab_size), ("context", context), ("dim", dim), ("depth", depth),
                            ("num_heads", num_heads), ("mlp_ratio", mlp_ratio)):
             check_size(size, name)
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout <= 1:
-            raise ValueError(f"dropout: must be in [0, 1], got {dropout!r}")
+        check_range(dropout, "dropout", 0, 1)
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
         self.vocab_size, self.context, self.dim, self.depth = vocab_size, context, dim, depth
