@@ -20,8 +20,8 @@ from pathlib import Path
 from training import distributed, platform
 from training.files import CONFIG, LATEST, METRICS, PREPROCESSING
 from training.trackers import new_run_id, start_trackers, wandb_on
-from utils import (ArgumentParser, ConfigError, build, build_augment, build_optimizer, config_hash, fail, load_config,
-                   monitor_of, read_json, setup_logging)
+from utils import (ArgumentParser, ConfigError, build, build_augment, build_optimizer, components_text, config_hash,
+                   fail, load_config, monitor_of, read_json, setup_logging)
 
 log = logging.getLogger("train")
 
@@ -49,6 +49,10 @@ def parse_args(argv=None):
     parser.add_argument("--bs", type=int, help="alias of --set data_loader.train.args.batch_size=BS")
     parser.add_argument("--epochs", type=int, help="alias of --set trainer.epochs=N")
     parser.add_argument("--run-id", help="run folder name (default: a timestamp)")
+    parser.add_argument("--list", nargs="?", const="all", metavar="KIND",
+                        help="print the components a config may name, with their arguments, and exit: every kind, "
+                             "or one (model, loss, metrics, optimizer, transforms, schedule, data_loader, augment, "
+                             "callbacks)")
     debug = parser.add_argument_group("debug modes")
     debug.add_argument("--fast-dev-run", action="store_true",
                        help="one step of train, validation and test, a checkpoint written and read back, in a "
@@ -231,6 +235,12 @@ def stop_at_next_step(trainer):
 
 
 def run(args) -> int:
+    if args.list:
+        try:
+            print(components_text(args.list))
+        except ConfigError as error:
+            fail(str(error))
+        return 0
     setup_logging(None)  # the console until the run folder exists
     # 0. Several processes: jax.distributed starts before anything touches a device (one process: nothing to do).
     try:

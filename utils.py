@@ -1,8 +1,8 @@
 """Config files: reading, command-line overrides, validation and the one resolver that builds every component.
 
-Every component in `config.json` has the form {"name": ..., "args": {...}}; `name` is looked up among the public
-names of the module that holds that kind of component (`__all__` where the module defines it), and `args` must
-bind to that function's signature. All of this is checked before any data is read or anything is compiled, and
+Every component in `config.json` has the form {"name": ..., "args": {...}}; `name` is looked up among the
+functions registered for that kind of component (``model/registry.py``), and `args` must bind to that function's
+signature. All of this is checked before any data is read or anything is compiled, and
 every problem is reported as one line that names its place in the file: `config.json: optimizer.args.lr: ...`.
 """
 from __future__ import annotations
@@ -13,30 +13,21 @@ import copy
 import difflib
 import functools
 import hashlib
-import importlib
 import inspect
 import json
 import logging
 import logging.config
 import math
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-# Where each kind of component lives, and the list of the names a config may use (the module's __all__ unless
-# named). Adding a component = writing a function in that module and listing it.
-COMPONENT_MODULES = {
-    "model": "model.model",
-    "loss": "training.losses",
-    "metrics": "training.metrics",
-    "optimizer": ("training.optimizers", "OPTIMIZERS"),
-    "schedule": "training.schedules",
-    "transforms": ("training.optimizers", "TRANSFORMS"),
-    "data_loader": "data_loader.data_loaders",
-    "augment": "data_loader.augment",
-    "callbacks": "training.callbacks",
-}
+from model.registry import KINDS, entries
+
+# Each kind of component a config may name (what `python train.py --list` prints).
+COMPONENT_MODULES = KINDS
 # Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
 EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment",)}
 
@@ -248,14 +239,34 @@ def config_hash(config: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------------ resolution
 def available(kind: str) -> dict[str, Callable]:
-    module_name, list_name = COMPONENT_MODULES[kind] if isinstance(COMPONENT_MODULES[kind], tuple) else (
-        COMPONENT_MODULES[kind], "__all__")
-    module = importlib.import_module(module_name)
-    names = getattr(module, list_name, None)
-    if names is None:  # functions only: a module's state classes (AdamState, ...) are not components
-        names = [n for n, obj in vars(module).items()
-                 if not n.startswith("_") and inspect.isfunction(obj) and obj.__module__ == module.__name__]
-    return {name: getattr(module, name) for name in names if callable(getattr(module, name, None))}
+    """The functions a config may name for ``kind``, by name."""
+    return {name: entry.fn for name, entry in entries(kind).items()}
+
+
+def components_text(kind: str = "all") -> str:
+    """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line."""
+    kinds = list(COMPONENT_MODULES) if kind == "all" else [kind]
+    if kind != "all" and kind not in COMPONENT_MODULES:
+        raise ConfigError(f"--list {kind}: unknown kind.{closest(kind, COMPONENT_MODULES)} "
+                          f"Kinds: {', '.join(COMPONENT_MODULES)}")
+    lines = []
+    for each in kinds:
+        lines.append(f"{each}:")
+        for name, fn in available(each).items():
+            task = entries(each)[name].task
+            lines.append(f"  {signature_text(name, accepted(each, fn))}" + (f"  [task: {task}]" if task else ""))
+    return "\n".join(lines)
+
+
+def accepted(kind: str, fn: Callable) -> Callable:
+    """``fn`` as a config sees it: without the data arguments and those the trainer fills in."""
+    params = list(inspect.signature(fn).parameters.values())[DATA_ARGUMENTS.get(kind, 0):]
+    params = [p for p in params if p.name not in SET_BY_TRAINER.get(kind, ())]
+
+    def shown(*args, **kwargs):
+        pass
+    shown.__signature__ = inspect.signature(fn).replace(parameters=params)
+    return shown
 
 
 class _Annotation(str):
@@ -275,7 +286,7 @@ def signature_text(name: str, fn: Callable) -> str:
 
 def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] = ()) -> tuple[Callable, dict]:
     """Looks up spec['name'] and binds spec['args']; `supplied` are arguments the program fills in itself. A component
-    function may carry `check_args(**args)`, called here: the checks of what is never built before the data exists
+    function may declare a `check` when it registers, called here with the args: the checks of what is never built before the data exists
     (a loss's hyperparameters) or whose building reads files (a data loader's)."""
     if isinstance(spec, str):
         spec = {"name": spec}
@@ -312,21 +323,27 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
             raise ConfigError(f"{where}.args.{key}: unknown argument.{closest(key, params)} "
                               f"Accepted: {signature_text(name, fn)}")
         if key in params:
-            # only an optimizer's `Hyper` arguments may be schedules: build_optimizer builds no others
-            schedulable = kind == "optimizer" and "Hyper" in str(params[key].annotation)
-            check_type(value, params[key].default, f"{where}.args.{key}", schedulable)
+            check_type(value, params[key].default, f"{where}.args.{key}", kind == "optimizer" and schedulable(fn, key))
     missing = [p for p, v in params.items()
                if v.default is inspect.Parameter.empty and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
                and p not in args and p not in supplied]
     if missing:
         raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
-    check = getattr(fn, "check_args", None)
+    check = entries(kind)[name].check
     if check is not None:
         try:
             check(**args)
         except (ValueError, TypeError) as error:
             raise ConfigError(component_error(where, error, args)) from None
     return fn, dict(args)
+
+
+def schedulable(fn: Callable, argument: str) -> bool:
+    """Whether an optimizer's argument may be a schedule component: its type is ``Hyper`` (a number or a function of
+    the step; ``training/optimizers.py``). build_optimizer builds schedules for those arguments only."""
+    from training.optimizers import Hyper  # JAX: config errors are reported before it loads
+
+    return typing.get_type_hints(fn).get(argument) == Hyper
 
 
 def component_error(where: str, error: Exception, args: dict) -> str:

@@ -37,8 +37,6 @@ from model.registry import register
 
 from model.checks import check_interval, check_number
 
-__all__ = ["random_crop", "random_resized_crop", "flip_horizontal", "flip_vertical", "brightness", "contrast",
-           "saturation", "random_erasing", "mixup", "cutmix", "normalize"]
 
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights, as PIL's convert("L") and torchvision use
 

@@ -13,104 +13,10 @@ from data_loader.text import CharDataset
 from data_loader.mnist import SOURCES, MnistDataset
 from data_loader.tabular import CsvDataset
 from model.checks import check_integer, check_range
+from model.registry import register
 
-__all__ = ["mnist", "fashion_mnist", "kmnist", "mnist_segmentation", "csv", "char_text", "shakespeare_char",
-           "image_folder", "arrays", "cifar10", "cifar100"]
 # The tiny Shakespeare text shipped in data/ (public domain), as published with char-rnn.
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-
-
-def mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist", validation_size=5000,
-          split_seed=0, download=False, verify=True, prefetch=2, seed=0, dataset="mnist"):
-    """MNIST; `verify` checks each file's MD5 against the published one (turn off only for your own IDX files)."""
-    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download, verify=verify)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
-
-
-def fashion_mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/fashion_mnist",
-                  validation_size=5000, split_seed=0, download=False, verify=True, prefetch=2, seed=0):
-    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, verify,
-                 prefetch, seed, dataset="fashion_mnist")
-
-
-def kmnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/kmnist", validation_size=5000,
-           split_seed=0, download=False, verify=True, prefetch=2, seed=0):
-    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, verify,
-                 prefetch, seed, dataset="kmnist")
-
-
-def mnist_segmentation(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist",
-                       validation_size=5000, split_seed=0, download=False, verify=True, prefetch=2, seed=0,
-                       dataset="mnist", threshold=0.5, noise_std=0.5):
-    """MNIST images, noisy by `noise_std` (fixed per example), with the clean digit's mask (pixel > `threshold`)
-    as a float32 (B, 28, 28, 1) target: a dense-prediction task on the MNIST files."""
-    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download, verify=verify,
-                        target="mask", threshold=threshold, noise_std=noise_std)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
-
-
-def csv(path, targets, features=None, split="train", batch_size=128, shuffle=False, drop_last=False,
-        validation_fraction=0.1, test_fraction=0.1, split_seed=0, standardize=True, sha256=None, prefetch=2, seed=0):
-    """Rows of a CSV file with a header: `targets` (and `features`, default all other columns) name its columns;
-    float32 inputs (B, features), targets (B, targets). See data_loader/tabular.py."""
-    data = CsvDataset(path, targets, features, split, validation_fraction, test_fraction, split_seed, standardize,
-                      sha256)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
-
-
-def char_text(path, split="train", context=64, batch_size=12, shuffle=False, drop_last=False, stride=None,
-              windows=None, validation_fraction=0.1, sha256=None, prefetch=2, seed=0):
-    """Any UTF-8 text file as character windows for a language model (see data_loader/text.py): input and target
-    int32 (B, context), the target shifted by one character; `sha256` checks the file when given."""
-    data = CharDataset(path, split, context, stride, windows, validation_fraction, sha256)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
-
-
-def shakespeare_char(split="train", context=64, batch_size=12, shuffle=False, drop_last=False, stride=None,
-                     windows=None, path="data/tinyshakespeare/input.txt", verify=True, prefetch=2, seed=0):
-    """The tiny Shakespeare text shipped in data/tinyshakespeare (1,115,394 characters, 65 distinct), split 90/10
-    in file order as nanoGPT does; its SHA-256 is checked unless `verify` is false."""
-    return char_text(path, split, context, batch_size, shuffle, drop_last, stride, windows, 0.1,
-                     SHAKESPEARE_SHA256 if verify else None, prefetch, seed)
-
-
-def image_folder(root, split="all", size=None, channels=3, classes=None, validation_fraction=0.1, test_fraction=0.0,
-                 split_seed=0, on_error="fail", cache_dir=None, workers=None, dtype="uint8", batch_size=128,
-                 shuffle=False, drop_last=False, prefetch=2, seed=0):
-    """Images in class folders, root/<class>/<image> (see data_loader/image_folder.py): `input` uint8
-    (B, height, width, channels), `target` int32 class ids; decoded once into a memory-mapped cache in `cache_dir`
-    (default root/.cache). `split` "all" takes the whole folder (separate train/validation folders); "train",
-    "validation" and "test" are a stable per-class partition by `validation_fraction` and `test_fraction`."""
-    data = image_folder_module.ImageFolderDataset(root, split, size, channels, classes, validation_fraction,
-                                                  split_seed, on_error, cache_dir, workers, dtype, test_fraction)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
-
-
-def arrays(path, input, target, split="all", validation_fraction=0.1, test_fraction=0.0, split_seed=0,
-           mmap=True, classes=None, batch_size=128, shuffle=False, drop_last=False, prefetch=2, seed=0):
-    """Named arrays of an .npz file or a folder of .npy files (see data_loader/arrays.py): `input` one name, a
-    list of names or {input name: array name}; `target` a name, or null for none (the outputs are compared with
-    the input); memory-mapped, read a batch at a time."""
-    data = arrays_module.ArraysDataset(path, input, target, split, validation_fraction, test_fraction, split_seed,
-                                       mmap, classes)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
-
-
-def cifar10(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/cifar10",
-            validation_size=5000, split_seed=0, download=False, verify=True, dtype="uint8", prefetch=2, seed=0):
-    """CIFAR-10 from its binary version (see data_loader/cifar.py): `input` uint8 (B, 32, 32, 3), `target` int32;
-    `download: true` fetches the archive (checksums verified) when a network exists."""
-    data = cifar.CifarDataset("cifar10", data_dir, split, validation_size, split_seed, download, verify, None, dtype)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
-
-
-def cifar100(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/cifar100",
-             validation_size=5000, split_seed=0, download=False, verify=True, label="fine", dtype="uint8",
-             prefetch=2, seed=0):
-    """CIFAR-100 from its binary version: `label` "fine" (100 classes) or "coarse" (20)."""
-    data = cifar.CifarDataset("cifar100", data_dir, split, validation_size, split_seed, download, verify, label,
-                              dtype)
-    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 
 
 def _count(value, name: str, minimum: int, maximum: int = 2**31 - 1) -> None:
@@ -143,9 +49,6 @@ def check_args(split="train", validation_size=5000, prefetch=2, split_seed=0, co
     check_range(noise_std, "noise_std")
 
 
-for _loader in (mnist, fashion_mnist, kmnist, mnist_segmentation, csv, char_text, shakespeare_char):
-    _loader.check_args = check_args
-
 
 def _check_image_folder(split="all", size=None, channels=3, classes=None, validation_fraction=0.1, split_seed=0,
                         on_error="fail", workers=None, dtype="uint8", prefetch=2, test_fraction=0.0, **_) -> None:
@@ -168,7 +71,105 @@ def _check_cifar(dataset: str):
     return check
 
 
-image_folder.check_args = _check_image_folder
-arrays.check_args = _check_arrays
-cifar10.check_args = _check_cifar("cifar10")
-cifar100.check_args = _check_cifar("cifar100")
+@register("data_loader", check=check_args)
+def mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist", validation_size=5000,
+          split_seed=0, download=False, verify=True, prefetch=2, seed=0, dataset="mnist"):
+    """MNIST; `verify` checks each file's MD5 against the published one (turn off only for your own IDX files)."""
+    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download, verify=verify)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=check_args)
+def fashion_mnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/fashion_mnist",
+                  validation_size=5000, split_seed=0, download=False, verify=True, prefetch=2, seed=0):
+    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, verify,
+                 prefetch, seed, dataset="fashion_mnist")
+
+
+@register("data_loader", check=check_args)
+def kmnist(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/kmnist", validation_size=5000,
+           split_seed=0, download=False, verify=True, prefetch=2, seed=0):
+    return mnist(split, batch_size, shuffle, drop_last, data_dir, validation_size, split_seed, download, verify,
+                 prefetch, seed, dataset="kmnist")
+
+
+@register("data_loader", check=check_args)
+def mnist_segmentation(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/mnist",
+                       validation_size=5000, split_seed=0, download=False, verify=True, prefetch=2, seed=0,
+                       dataset="mnist", threshold=0.5, noise_std=0.5):
+    """MNIST images, noisy by `noise_std` (fixed per example), with the clean digit's mask (pixel > `threshold`)
+    as a float32 (B, 28, 28, 1) target: a dense-prediction task on the MNIST files."""
+    data = MnistDataset(data_dir, split, dataset, validation_size, split_seed, download=download, verify=verify,
+                        target="mask", threshold=threshold, noise_std=noise_std)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=check_args)
+def csv(path, targets, features=None, split="train", batch_size=128, shuffle=False, drop_last=False,
+        validation_fraction=0.1, test_fraction=0.1, split_seed=0, standardize=True, sha256=None, prefetch=2, seed=0):
+    """Rows of a CSV file with a header: `targets` (and `features`, default all other columns) name its columns;
+    float32 inputs (B, features), targets (B, targets). See data_loader/tabular.py."""
+    data = CsvDataset(path, targets, features, split, validation_fraction, test_fraction, split_seed, standardize,
+                      sha256)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=check_args)
+def char_text(path, split="train", context=64, batch_size=12, shuffle=False, drop_last=False, stride=None,
+              windows=None, validation_fraction=0.1, sha256=None, prefetch=2, seed=0):
+    """Any UTF-8 text file as character windows for a language model (see data_loader/text.py): input and target
+    int32 (B, context), the target shifted by one character; `sha256` checks the file when given."""
+    data = CharDataset(path, split, context, stride, windows, validation_fraction, sha256)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=check_args)
+def shakespeare_char(split="train", context=64, batch_size=12, shuffle=False, drop_last=False, stride=None,
+                     windows=None, path="data/tinyshakespeare/input.txt", verify=True, prefetch=2, seed=0):
+    """The tiny Shakespeare text shipped in data/tinyshakespeare (1,115,394 characters, 65 distinct), split 90/10
+    in file order as nanoGPT does; its SHA-256 is checked unless `verify` is false."""
+    return char_text(path, split, context, batch_size, shuffle, drop_last, stride, windows, 0.1,
+                     SHAKESPEARE_SHA256 if verify else None, prefetch, seed)
+
+
+@register("data_loader", check=_check_image_folder)
+def image_folder(root, split="all", size=None, channels=3, classes=None, validation_fraction=0.1, test_fraction=0.0,
+                 split_seed=0, on_error="fail", cache_dir=None, workers=None, dtype="uint8", batch_size=128,
+                 shuffle=False, drop_last=False, prefetch=2, seed=0):
+    """Images in class folders, root/<class>/<image> (see data_loader/image_folder.py): `input` uint8
+    (B, height, width, channels), `target` int32 class ids; decoded once into a memory-mapped cache in `cache_dir`
+    (default root/.cache). `split` "all" takes the whole folder (separate train/validation folders); "train",
+    "validation" and "test" are a stable per-class partition by `validation_fraction` and `test_fraction`."""
+    data = image_folder_module.ImageFolderDataset(root, split, size, channels, classes, validation_fraction,
+                                                  split_seed, on_error, cache_dir, workers, dtype, test_fraction)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=_check_arrays)
+def arrays(path, input, target, split="all", validation_fraction=0.1, test_fraction=0.0, split_seed=0,
+           mmap=True, classes=None, batch_size=128, shuffle=False, drop_last=False, prefetch=2, seed=0):
+    """Named arrays of an .npz file or a folder of .npy files (see data_loader/arrays.py): `input` one name, a
+    list of names or {input name: array name}; `target` a name, or null for none (the outputs are compared with
+    the input); memory-mapped, read a batch at a time."""
+    data = arrays_module.ArraysDataset(path, input, target, split, validation_fraction, test_fraction, split_seed,
+                                       mmap, classes)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=_check_cifar("cifar10"))
+def cifar10(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/cifar10",
+            validation_size=5000, split_seed=0, download=False, verify=True, dtype="uint8", prefetch=2, seed=0):
+    """CIFAR-10 from its binary version (see data_loader/cifar.py): `input` uint8 (B, 32, 32, 3), `target` int32;
+    `download: true` fetches the archive (checksums verified) when a network exists."""
+    data = cifar.CifarDataset("cifar10", data_dir, split, validation_size, split_seed, download, verify, None, dtype)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=_check_cifar("cifar100"))
+def cifar100(split="train", batch_size=128, shuffle=False, drop_last=False, data_dir="data/cifar100",
+             validation_size=5000, split_seed=0, download=False, verify=True, label="fine", dtype="uint8",
+             prefetch=2, seed=0):
+    """CIFAR-100 from its binary version: `label` "fine" (100 classes) or "coarse" (20)."""
+    data = cifar.CifarDataset("cifar100", data_dir, split, validation_size, split_seed, download, verify, label,
+                              dtype)
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)

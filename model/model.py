@@ -19,8 +19,6 @@ from model.modules.sequential import Sequential
 from model.modules.transformer import TransformerLM
 from model.registry import register
 
-__all__ = ["mnist_convnext", "mnist_cnn", "mlp", "mnist_attention", "mnist_segmenter", "char_transformer",
-           "cifar_resnet", "image_and_features"]
 
 
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:

@@ -72,3 +72,26 @@ def test_anchors_within_the_docs_exist():
                     and anchor not in anchors(target):
                 dead.append(f"{document.relative_to(ROOT)}: {href}")
     assert not dead, dead
+
+
+def test_train_py_lists_every_registered_component():
+    import subprocess
+    import sys
+
+    listed = subprocess.run([sys.executable, "train.py", "--list"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split("(")[0].strip() for line in listed.stdout.splitlines() if line.startswith("  ")}
+    for kind in utils.COMPONENT_MODULES:
+        assert f"{kind}:" in listed.stdout.splitlines()
+        assert set(utils.available(kind)) <= names, kind
+    assert "  huber(*, delta: float = 1.0)  [task: regression]" in listed.stdout.splitlines()
+    one = subprocess.run([sys.executable, "train.py", "--list", "schedule"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert one.stdout.splitlines()[0] == "schedule:" and len(one.stdout.splitlines()) == 1 + len(
+        utils.available("schedule"))
+    bad = subprocess.run([sys.executable, "train.py", "--list", "lossses"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: model, loss, metrics, optimizer, transforms, "
+        "schedule, data_loader, augment, callbacks"]

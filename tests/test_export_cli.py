@@ -243,8 +243,10 @@ def bn_attention_net(num_classes: int = 10):
 def test_command_on_a_batchnorm_attention_gelu_dropout_model(run_dir, tmp_path, monkeypatch):
     from model import model as samples
 
+    from model import registry
+
     monkeypatch.setattr(samples, "bn_attention_net", bn_attention_net, raising=False)
-    monkeypatch.setattr(samples, "__all__", [*samples.__all__, "bn_attention_net"])
+    monkeypatch.setitem(registry._REGISTERED["model"], "bn_attention_net", registry.Entry(bn_attention_net))
     run = tmp_path / "run"
     run.mkdir()
     data_dir = load_config(run_dir / "config.json")["data_loader"]["validation"]["args"]["data_dir"]
@@ -372,9 +374,11 @@ def register_run(folder: Path, monkeypatch, loader, model, spec, loss: str = "cr
     from data_loader import data_loaders
     from model import model as samples
 
-    for module, function in ((data_loaders, loader), (samples, model)):
+    from model import registry
+
+    for module, function, kind in ((data_loaders, loader, "data_loader"), (samples, model, "model")):
         monkeypatch.setattr(module, function.__name__, function, raising=False)
-        monkeypatch.setattr(module, "__all__", [*module.__all__, function.__name__])
+        monkeypatch.setitem(registry._REGISTERED[kind], function.__name__, registry.Entry(function))
     folder.mkdir()
     args = {"batch_size": 8}
     config = {"name": folder.name, "seed": 0, "model": {"name": model.__name__, "args": {}}, "loss": {"name": loss},

@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 from model.registry import register
 
-__all__ = ["ema", "lr_finder", "generate_text"]
 log = logging.getLogger("train")
 
 

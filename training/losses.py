@@ -24,7 +24,6 @@ from model.registry import register
 from model.checks import check_range
 
 # What a config can name as "loss"; weighted_mean is the training step's helper, not a loss.
-__all__ = ["cross_entropy", "binary_cross_entropy", "mse", "l1", "huber", "kl_divergence", "kl_divergence_with_logits"]
 
 
 def _mean_over_examples(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:

@@ -36,8 +36,6 @@ from model.registry import register
 
 # What a config can name under "metrics"; merge and values are the training loop's helpers, compute a single
 # batch's value.
-__all__ = ["accuracy", "top_k_accuracy", "precision", "recall", "f1", "confusion_matrix", "mae", "rmse", "perplexity",
-           "binary_accuracy", "multilabel_precision", "multilabel_recall", "multilabel_f1", "mean_iou"]
 
 Stats = dict
 

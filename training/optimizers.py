@@ -25,8 +25,6 @@ from model.registry import register
 # What a config can name: "optimizer.name" takes OPTIMIZERS, "optimizer.transforms" TRANSFORMS. The building blocks
 # (trace, scale_by_adam, chain, ...) are for writing optimizers here, not for naming in a config: alone they would
 # step along the raw gradient.
-OPTIMIZERS = ["sgd", "adam", "adamw", "rmsprop", "adagrad", "lion"]
-TRANSFORMS = ["clip_by_global_norm", "clip_by_value", "add_decayed_weights"]
 
 Schedule = Callable[[jax.Array], jax.Array]
 Hyper = float | Schedule  # a hyperparameter: a constant or a schedule

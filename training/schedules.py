@@ -18,8 +18,6 @@ from model.registry import register
 from model.checks import check_range
 
 # What a config can name as a schedule.
-__all__ = ["constant", "piecewise_constant", "step_decay", "exponential_decay", "cosine_decay", "linear",
-           "warmup_cosine_decay", "one_cycle"]
 # Arguments that count steps: a config may give them in epochs ({"epochs": 2.5}) or as "all", the run's length.
 STEP_COUNT_ARGUMENTS = ("step_size", "transition_steps", "transition_begin", "decay_steps", "warmup_steps")
 

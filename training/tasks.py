@@ -1,5 +1,6 @@
-"""What kind of problem a run solves, derived from its loss and the shapes and dtypes of its batch (never declared
-twice): `test.py` chooses what to report from it, and the export how to judge agreement with the JAX model.
+"""What kind of problem a run solves: the task its loss declares when it registers (``@register("loss",
+task=...)``), refined by the shapes and dtypes of its batch. `test.py` chooses what to report from it, and the export
+how to judge agreement with the JAX model.
 
 | task | loss | targets | agreement in the export |
 | --- | --- | --- | --- |
@@ -7,7 +8,7 @@ twice): `test.py` chooses what to report from it, and the export how to judge ag
 | sequence | cross_entropy | ids (B, T, ...) or one-hot (B, T, ..., C): a class per position (language models) | top-1 per position |
 | multilabel | binary_cross_entropy | 0/1 of the outputs' shape: labels (B, L), masks (B, H, W, 1) | the sign of each logit |
 | regression | mse, l1, huber | real values of the outputs' shape | tolerance only |
-| other | anything else (a loss of your own, KL) | - | tolerance only |
+| other | a loss that declares no task (a loss of your own, KL) | - | tolerance only |
 
 A dataset may override the derived task with ``preprocessing["task"]``.
 """
@@ -17,19 +18,19 @@ from typing import Callable
 
 import numpy as np
 
-TASKS = ("classification", "sequence", "multilabel", "regression", "other")
-LOSS_TASKS = {"cross_entropy": "classification", "binary_cross_entropy": "multilabel", "mse": "regression",
-              "l1": "regression", "huber": "regression"}
+from model.registry import TASKS, entries
 
 
 def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None) -> str:
-    """The task of a run from its loss's config name and its loader's ``spec`` (see the table above)."""
+    """The task of a run from its loss's config name (the task it registered with) and its loader's ``spec`` (see
+    the table above)."""
     declared = (preprocessing or {}).get("task")
     if declared is not None:
         if declared not in TASKS:
             raise ValueError(f"preprocessing task {declared!r}: expected one of {', '.join(TASKS)}")
         return declared
-    task = LOSS_TASKS.get(loss_name, "other")
+    entry = entries("loss").get(loss_name)
+    task = (entry.task if entry else None) or "other"
     if task == "classification":
         target = batch_spec.get("target", batch_spec["input"])
         ids = np.issubdtype(np.dtype(target.dtype), np.integer)
