@@ -1,6 +1,7 @@
 # make train   -> creates .venv, installs requirements, trains the MNIST sample
 # make test    -> creates .venv with the test references, runs the unit tests and the end-to-end sample runs
 # make test-fast -> the same without the tests marked slow
+# make lint    -> ruff and the import-layer contract (pyproject.toml); make test runs it first
 # JAX comes for the machine's accelerator (training/platform.py, machine_accelerator): requirements-cuda12.txt where
 # an NVIDIA GPU is visible, requirements-tpu.txt on a Cloud TPU VM, else requirements.txt (CPU).
 # When that guess is wrong: make train ACCEL=cpu|cuda12|cuda13|tpu
@@ -21,7 +22,7 @@ override with ACCEL=cpu|cuda12|cuda13|tpu): $(REQUIREMENTS)"
 # choice rebuilds it from scratch, so no plugin of the previous one stays installed.
 BUILT_FOR := $(or $(shell cat $(VENV)/accelerator 2>/dev/null),cpu)
 
-.PHONY: train test test-fast bench clean
+.PHONY: train test test-fast lint bench clean
 
 $(BIN)/python:
 	$(if $(filter-out $(BUILT_FOR),$(ACCEL)),rm -rf $(VENV))
@@ -47,7 +48,12 @@ $(VENV)/.installed-dev: requirements-dev.txt requirements.txt $(REQUIREMENTS) | 
 train: $(VENV)/.installed
 	$(BIN)/python train.py -c config.json
 
-test: $(VENV)/.installed-dev
+# The architecture's checks first (pyproject.toml): ruff's lint and the import layers, then the tests.
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	PYTHONPATH=. $(BIN)/lint-imports
+
+test: lint
 	$(BIN)/python -m pytest -q -n 2 tests
 
 test-fast: $(VENV)/.installed-dev

@@ -21,9 +21,29 @@ from pathlib import Path
 from typing import NamedTuple
 
 from training.files import LOCK_NAME, METRICS, write_atomic
-from training.sweeps import (FINISHED, Ledger, OptunaSampler, RandomSampler, SweepError, Trial, best_of,
-                             check_key, check_space, curve_of, overrides, parse_grid, parse_prune, parse_sample,
-                             plot, probes, ranked, read_rows, table, trials_of, write_csv)
+from training.sweeps import (
+    FINISHED,
+    Ledger,
+    OptunaSampler,
+    RandomSampler,
+    SweepError,
+    Trial,
+    best_of,
+    check_key,
+    check_space,
+    curve_of,
+    overrides,
+    parse_grid,
+    parse_prune,
+    parse_sample,
+    plot,
+    probes,
+    ranked,
+    read_rows,
+    table,
+    trials_of,
+    write_csv,
+)
 from utils import ArgumentParser, ConfigError, fail, load_config, read_json
 
 TRAIN = Path(__file__).resolve().parent / "train.py"

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from training.files import CONFIG
-from utils import ArgumentParser, ConfigError, build, build_augment, fail, load_config
+from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
 def parse_args(argv=None):
@@ -75,13 +75,10 @@ def main(argv=None) -> int:
         existing = next(p for p in (out, *out.parents) if p.exists())
         if not existing.is_dir():
             raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
-        model = build(config["model"], "model", "config.json: model")
-        loss_fn = build(config["loss"], "loss", "config.json: loss")
-        metrics = [build(m, "metrics", f"config.json: metrics.{i}") for i, m in enumerate(config["metrics"])]
-        loader = build(config["data_loader"][args.split], "data_loader", f"config.json: data_loader.{args.split}",
-                       seed=config["seed"])
+        run = assemble(config)
         # the train split's augmentation list: its deterministic part (normalize) applies in evaluation too
-        augment = build_augment(config)
+        model, loss_fn, metrics, augment = run.model, run.loss_fn, run.metrics, run.augment
+        loader = run.load_data([args.split])[args.split]
         raw_spec = loader.spec  # what the loader yields; `spec` below is what the model sees
     except ConfigError as error:
         fail(str(error))

@@ -20,8 +20,19 @@ from pathlib import Path
 from training import distributed, platform
 from training.files import CONFIG, LATEST, METRICS, PREPROCESSING
 from training.trackers import new_run_id, start_trackers, wandb_on
-from utils import (ArgumentParser, ConfigError, build, build_augment, build_optimizer, components_text, config_hash,
-                   fail, load_config, monitor_of, read_json, setup_logging)
+from utils import (
+    CLASS_COUNT_ARGUMENTS,
+    ArgumentParser,
+    ConfigError,
+    assemble,
+    available,
+    components_text,
+    config_hash,
+    fail,
+    load_config,
+    read_json,
+    setup_logging,
+)
 
 log = logging.getLogger("train")
 
@@ -38,9 +49,11 @@ class Interrupted(BaseException):
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("-c", "--config", help="config file (default: the resumed run's config.json)")
-    parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/checkpoint-latest.params), "
-                        "or auto: the run named by --run-id if it has a checkpoint, else a new run of that name")
-    parser.add_argument("--weights", help="initialise params/state from this checkpoint, then train afresh (fine-tuning)")
+    parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/"
+                        "checkpoint-latest.params), or auto: the run named by --run-id if it has a checkpoint, else a "
+                        "new run of that name")
+    parser.add_argument("--weights",
+                        help="initialise params/state from this checkpoint, then train afresh (fine-tuning)")
     parser.add_argument("--exclude", action="append", default=[], metavar="KEY.PATH",
                         help="with --weights: keep these key-path prefixes fresh, e.g. --exclude params.head")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
@@ -106,7 +119,8 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         overrides.append(f"trainer.run_id={json.dumps(args.run_id)}")
     for flag in ("limit_batches", "overfit_batches"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {getattr(args, flag)}")
+            value = getattr(args, flag)
+            raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
     config = load_config(config_path, overrides, source=Path(config_path).name)
     if args.exclude and not args.weights:
         raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
@@ -253,12 +267,7 @@ def run(args) -> int:
         if not resume_dir and not args.fast_dev_run:
             check_not_linked(config)
         source = Path(args.config).name if args.config else CONFIG
-        model = build(config["model"], "model", f"{source}: model")
-        loss_fn = build(config["loss"], "loss", f"{source}: loss")
-        metrics = [build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])]
-        callbacks = [build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])]
-        build_optimizer(config, steps_per_epoch=None, source=source)  # its hyperparameters' checks, before the data
-        augment = build_augment(config, source)  # None without a train "augment" list
+        run = assemble(config, source)  # every component, and the optimizer's checks; no data yet
         assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
@@ -268,21 +277,15 @@ def run(args) -> int:
 
     safe_point()
     # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
-    loaders = {}
     try:
-        for split, spec in config["data_loader"].items():
-            loaders[split] = build(spec, "data_loader", f"{source}: data_loader.{split}", seed=config["seed"])
-            loaders[split].spec  # noqa: B018 (reads and checks the first batch now, not mid-run)
-        check_model_fits_data(config, model, loaders["train"], augment, source)
-        # a step is trainer.accumulate_steps loader batches: schedules count steps
+        loaders = run.load_data()  # schedules count the steps of this data (debug modes below cut it, not them)
+        check_model_fits_data(config, run.model, loaders["train"], run.augment, source)
         accumulate, batches = config["trainer"]["accumulate_steps"], len(loaders["train"])
         if accumulate > batches:  # each step stacks that many batches, padding what the epoch lacks
             raise ConfigError(f"{source}: trainer.accumulate_steps: {accumulate:,} batches per step, but an epoch of "
                               f"the train split has {batches}; at most {batches}")
-        steps_per_epoch = -(-batches // accumulate)
-        optimizer, lr_fn = build_optimizer(config, steps_per_epoch=steps_per_epoch, source=source)
         debug_mode(args, config, loaders)
-        for i, callback in enumerate(callbacks):
+        for i, callback in enumerate(run.callbacks):
             try:
                 callback.check(loaders["train"])
             except ValueError as error:
@@ -301,13 +304,10 @@ def run(args) -> int:
 
     # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
     # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
-    monitor = monitor_of(config)
     try:
         lock = run_folder.hold(resume_dir, mark=False) if resume_dir and distributed.is_main() else None
-        trainer = Trainer(config, resume_dir, model, loss_fn, metrics, optimizer, lr_fn, loaders["train"],
-                          loaders.get("validation"), monitor=monitor, config_hash=config_hash(config), augment=augment,
-                          execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
-                          callbacks=callbacks)
+        trainer = Trainer(run, resume_dir, config_hash=config_hash(config),
+                          execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot")
         trainer.check_memory()
         if args.resume:
             trainer.restore(Path(args.resume))
@@ -348,8 +348,8 @@ def run(args) -> int:
         if distributed.is_main():
             write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
             preprocessing = loaders["train"].preprocessing
-            if augment is not None:  # its normalisation, folded into what predict.py computes
-                preprocessing = augment.preprocessing(preprocessing, loaders["train"].spec)
+            if run.augment is not None:  # its normalisation, folded into what predict.py computes
+                preprocessing = run.augment.preprocessing(preprocessing, loaders["train"].spec)
             if preprocessing:
                 write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
             setup_logging(run_dir)
@@ -375,8 +375,9 @@ def run(args) -> int:
         log.warning(ignored)
     log.info(f"batch: {describe_batch(trainer.batch_spec)}")
     log.info(f"state: {trainer.origin}")
-    log.info(summary(model, trainer.ts["params"], trainer.ts["state"], trainer.model_input_spec))
-    trackers = start_trackers(config, run_dir, monitor.name if monitor else None) if distributed.is_main() else []
+    log.info(summary(run.model, trainer.ts["params"], trainer.ts["state"], trainer.model_input_spec))
+    monitored = run.monitor.name if run.monitor else None
+    trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
     trainer.trackers = trackers
 
     # 5. Train. A stop signal from here on saves the position first.
@@ -458,7 +459,6 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
     import numpy as np
 
     from training.tasks import class_count, task_of
-    from utils import CLASS_COUNT_ARGUMENTS, available
 
     try:
         spec = loader.spec if augment is None else augment.spec(loader.spec)

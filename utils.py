@@ -20,9 +20,10 @@ import logging.config
 import math
 import sys
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from model.registry import KINDS, entries
 
@@ -286,8 +287,8 @@ def signature_text(name: str, fn: Callable) -> str:
 
 def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] = ()) -> tuple[Callable, dict]:
     """Looks up spec['name'] and binds spec['args']; `supplied` are arguments the program fills in itself. A component
-    function may declare a `check` when it registers, called here with the args: the checks of what is never built before the data exists
-    (a loss's hyperparameters) or whose building reads files (a data loader's)."""
+    may declare a `check` when it registers, called here with the args: the checks of what is never built before the
+    data exists (a loss's hyperparameters) or whose building reads files (a data loader's)."""
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict):

@@ -160,13 +160,13 @@ def device_normalize():
 
 def compiled_trainer(loader, augment=None):
     from training.trainer import Trainer
-    from utils import build, build_optimizer, load_config, monitor_of
+    from utils import assemble, load_config
 
-    config = load_config(REPO / "config.json", ["model.name=mnist_cnn", "model.args={}"])
-    config["trainer"]["monitor"] = "off"
-    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
-                      loader, monitor=monitor_of(config), **({"augment": augment} if augment else {}))
+    config = load_config(REPO / "config.json", ["model.name=mnist_cnn", "model.args={}", 'trainer.monitor="off"'])
+    run = assemble(config)
+    run.augment = augment  # the benchmark's own list, not the sample's
+    run.use_data({"train": loader})
+    trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
     trainer.compile()
     trainer.first_call_logged = True
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
             trainers["folder uint8"] = compiled_trainer(loaders["folder uint8"], device_normalize())
         except (ImportError, TypeError) as error:
             print(f"uint8 training variant left out (no device normalisation here: {error})")
-        for name, trainer in trainers.items():
+        for trainer in trainers.values():
             training_rate(trainer, 0)  # warm-up epoch
         rates = {name: [] for name in trainers}
         names = list(trainers)

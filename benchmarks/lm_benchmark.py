@@ -34,8 +34,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.machine import cpu_model, describe, fraction_of_peak, load_average, matmul_peak  # noqa: E402
-from benchmarks.train_benchmark import (FirstExamples, base_env, compiled_trainer, peak_line, run_child,  # noqa: E402
-                                        scan_flops, use_autodiff_norm)
+from benchmarks.train_benchmark import (  # noqa: E402
+    FirstExamples,
+    base_env,
+    compiled_trainer,
+    peak_line,
+    run_child,
+    scan_flops,
+    use_autodiff_norm,
+)
 
 CONFIG = REPO / "configs" / "shakespeare_char.json"
 VARIANTS = ["template", "fused", "flax", "nanogpt"]
@@ -205,10 +212,10 @@ def flax_run(steps: int) -> dict:
 
 def nanogpt_run(steps: int, folder: str) -> dict:
     """nanoGPT's model and optimizer as its train.py uses them on the CPU (no torch.compile, float32)."""
+    import importlib.util
+
     import numpy as np
     import torch
-
-    import importlib.util
 
     # nanoGPT's model.py under a name of its own: "model" is this repository's package
     spec = importlib.util.spec_from_file_location("nanogpt_model", Path(folder) / "model.py")

@@ -28,18 +28,18 @@ POLICIES = ("float32", "bfloat16", "float16")
 
 def one_run(compute: str, steps: int) -> dict:
     from training.trainer import Trainer, metric_results
-    from utils import build, build_optimizer, load_config, monitor_of
+    from utils import assemble, load_config
 
     overrides = ["model.name=mnist_cnn", "model.args={}", f'trainer.precision={{"compute": "{compute}"}}',
                  "trainer.monitor=\"off\""]
     config = load_config(REPO / "config.json", overrides)
-    loaders = {split: build(spec, "data_loader", seed=config["seed"]) for split, spec in config["data_loader"].items()}
+    run = assemble(config)
+    loaders = run.load_data()
     if steps:
         loaders["train"].limit = steps
+        run.use_data({"train": loaders["train"]})  # the schedule over the steps measured
     train = loaders["train"]
-    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(train)),
-                      train, loaders["validation"], monitor=monitor_of(config))
+    trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
     trainer.compile()
     trainer.first_call_logged = True
@@ -89,7 +89,8 @@ def main(argv=None) -> int:
                   f"{row['train_loss']:.4f}  val loss {row['val_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}"
                   f"  (load average {load_average()})", flush=True)
     base = statistics.median(r["images_per_s"] for r in results["float32"]) if "float32" in results else None
-    print("\n| compute | images/s (median) | vs float32 | train loss | val loss | val accuracy |\n|---|---|---|---|---|---|")
+    print("\n| compute | images/s (median) | vs float32 | train loss | val loss | val accuracy |")
+    print("|---|---|---|---|---|---|")
     for policy, rows in results.items():
         rate = statistics.median(r["images_per_s"] for r in rows)
         ratio = f"{rate / base:.2f}x" if base else "-"

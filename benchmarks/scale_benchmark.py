@@ -55,7 +55,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
 
     from data_loader.loader import ArrayDataset, DataLoader
     from training.trainer import Trainer
-    from utils import build, build_optimizer, validate
+    from utils import assemble, validate
 
     config = validate({
         "name": "scale", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [hidden, hidden]}},
@@ -68,8 +68,9 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     n = BATCH * 10
     loader = DataLoader(ArrayDataset(input=rng.random((n, 28, 28, 1), np.float32),
                                      target=rng.integers(0, 10, n).astype(np.int32)), BATCH, shuffle=True)
-    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)), loader)
+    run = assemble(config)
+    run.use_data({"train": loader})
+    trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
     trainer.compile()
     held = distributed.device_bytes({k: trainer.ts[k] for k in ("params", "opt_state")})
@@ -112,7 +113,7 @@ def measure(processes: int, devices: int, fsdp: int, steps: int, hidden: int) ->
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i in range(processes)]
     outputs = [c.communicate(timeout=900) for c in children]
-    for c, (out, err) in zip(children, outputs):
+    for c, (_out, err) in zip(children, outputs):
         if c.returncode != 0:
             raise SystemExit(f"error: {processes} x {devices} devices, fsdp {fsdp} failed:\n{err[-3000:]}")
     return json.loads(outputs[0][0].strip().splitlines()[-1])  # process 0's figures (process 1's are alike)
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     print("| processes x devices | mesh (data x fsdp) | ms per step | params + optimizer MB per device | "
           "step temporaries MB per device |")
     print("| --- | --- | --- | --- | --- |")
-    for (processes, devices, fsdp), runs in results.items():
+    for (processes, devices, _fsdp), runs in results.items():
         ms = statistics.median(r["ms_per_step"] for r in runs)
         state = statistics.median(r["state_mb_per_device"] for r in runs)
         temps = [r["temp_mb_per_device"] for r in runs if r["temp_mb_per_device"] is not None]

@@ -1,7 +1,8 @@
 """Training throughput on this machine: the template's training path against the fused bound, a conventional
 Flax + Optax loop and PyTorch eager, for the reference CNN (`mnist_cnn`), the MNIST sample (`mnist_convnext`) and the
-CIFAR sample's ResNet-20 (`cifar_resnet`), with each optimisation switched off in turn. The CPU (by name), its cores, the load average and the machine's matmul peak
-(measured in the same run) are printed with the results, and every throughput also as a fraction of that peak.
+CIFAR sample's ResNet-20 (`cifar_resnet`), with each optimisation switched off in turn. The CPU (by name), its cores,
+the load average and the machine's matmul peak (measured in the same run) are printed with the results, and every
+throughput also as a fraction of that peak.
 
     python benchmarks/train_benchmark.py                        # all three models, 3 rounds, 100 steps per epoch
     python benchmarks/train_benchmark.py --models mnist_cnn,mnist_convnext --steps 0   # whole MNIST epochs
@@ -168,13 +169,12 @@ class FirstExamples:
 
 def compiled_trainer(config: dict, loader):
     """The template's Trainer for `config` on `loader`, state initialised and training step compiled."""
-    from utils import build_augment as augment_of
     from training.trainer import Trainer
-    from utils import build, build_optimizer, monitor_of
+    from utils import assemble
 
-    trainer = Trainer(config, Path(tempfile.mkdtemp()), build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(loader)),
-                      loader, monitor=monitor_of(config), augment=augment_of(config))
+    run = assemble(config)
+    run.use_data({"train": loader})
+    trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
     trainer.compile()
     trainer.first_call_logged = True
@@ -247,11 +247,11 @@ def fused_run(model_name: str, steps: int) -> dict:
     import jax
     import numpy as np
 
-    from utils import build_augment as augment_of
     from training import platform
     from training.step import empty_stats, make_train_chunk
     from training.trainer import metric_results
     from utils import build, build_optimizer
+    from utils import build_augment as augment_of
 
     config = bench_config(model_name, steps, augment=False)
     augment = augment_of(config)
@@ -387,8 +387,8 @@ def peer_schedule(config: dict, steps_per_epoch: int):
 
 
 def peer_is_sgd(config: dict) -> bool:
-    """The CIFAR sample's optimizer (SGD, Nesterov momentum 0.9, weight decay added to the gradient) rather than the MNIST
-    configs' AdamW with clipping."""
+    """The CIFAR sample's optimizer (SGD, Nesterov momentum 0.9, weight decay added to the gradient) rather than the
+    MNIST configs' AdamW with clipping."""
     return config["optimizer"]["name"] == "sgd"
 
 

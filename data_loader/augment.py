@@ -33,10 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from model.registry import register
 
 from model.checks import check_interval, check_number
-
+from model.registry import register
 
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights, as PIL's convert("L") and torchvision use
 

@@ -7,11 +7,12 @@ resolver before any loader is built, so a bad setting is reported before any fil
 from __future__ import annotations
 
 from data_loader import arrays as arrays_module
-from data_loader import cifar, image_folder as image_folder_module
+from data_loader import cifar
+from data_loader import image_folder as image_folder_module
 from data_loader.loader import DataLoader
-from data_loader.text import CharDataset
 from data_loader.mnist import SOURCES, MnistDataset
 from data_loader.tabular import CsvDataset
+from data_loader.text import CharDataset
 from model.checks import check_integer, check_range
 from model.registry import register
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import numpy as np
-
 
 TRANSFORM_STREAM = 0x7472616E  # keeps the transform's random numbers apart from the shuffling's
 

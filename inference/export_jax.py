@@ -7,7 +7,7 @@ Reloading needs only JAX, not the model code:
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np

@@ -7,8 +7,7 @@ arithmetic. TensorFlow is imported here and in the converter only, never on the 
 from __future__ import annotations
 
 import os
-from typing import Callable
-
+from collections.abc import Callable
 
 QUANTIZATIONS = ("float16", "dynamic-int8")
 

@@ -157,7 +157,8 @@ def load_image(path: str | Path, shape: tuple, preprocessing: dict, invert: bool
                 image = image.resize((width, height), RESAMPLING[resample])
             pixels = np.asarray(image, np.float32).reshape(height, width, channels)
     except OSError as error:  # not an image, or a damaged one: named, not a traceback
-        raise ValueError(f"{path}: cannot read it as an image ({str(error).splitlines()[0] or type(error).__name__})")
+        reason = str(error).splitlines()[0] or type(error).__name__
+        raise ValueError(f"{path}: cannot read it as an image ({reason})") from None
     if invert:  # dark strokes on a light background, the reverse of MNIST
         pixels = 255.0 - pixels
     return normalised(pixels * np.asarray(preprocessing.get("pixel_scale", 1.0), np.float32), preprocessing)

@@ -20,7 +20,6 @@ from model.modules.transformer import TransformerLM
 from model.registry import register
 
 
-
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
     """ConvNeXt block: depthwise conv -> LayerNorm -> pointwise MLP with GELU, added to the input."""
     return Residual(Sequential({
@@ -153,7 +152,8 @@ def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module
 
 @register("model")
 def char_transformer(vocab_size: int, context: int, dim: int = 128, depth: int = 4, num_heads: int = 4,
-                     mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True, use_bias: bool = False) -> Module:
+                     mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True,
+                     use_bias: bool = False) -> Module:
     """A decoder-only transformer language model (nanoGPT's architecture): token ids (B, T) -> next-token logits
     (B, T, vocab_size), T <= context; learned positions, causal pre-norm blocks, the head tied to the token
     embedding unless ``tie_weights`` is false."""

@@ -17,8 +17,8 @@ the same way; it imports a kind's module (``KINDS``) only when that kind is firs
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # Each kind of component and the module that defines (and so registers) it.
 KINDS = {

@@ -14,7 +14,7 @@ from model.modules.normalization import BatchNorm
 from model.modules.sequential import Sequential
 from training.step import make_train_chunk
 from training.trainer import Trainer
-from utils import ConfigError, build, build_optimizer, monitor_of, validate
+from utils import ConfigError, assemble, build, validate
 
 
 def data(n, seed=0):
@@ -39,10 +39,10 @@ def make_trainer(tmp_path, run, batch, accumulate=1, n=160, optimizer=None, prec
     x, y = data(n)
     train = DataLoader(ArrayDataset(input=x, target=y), batch, shuffle=False, prefetch=0)
     (tmp_path / run).mkdir()
-    steps_per_epoch = -(-len(train) // accumulate)
-    trainer = Trainer(config, tmp_path / run, model or build(config["model"], "model"),
-                      build(config["loss"], "loss"), [build(m, "metrics") for m in config["metrics"]],
-                      *build_optimizer(config, steps_per_epoch), train, monitor=monitor_of(config))
+    assembled = assemble(config)
+    assembled.model = model or assembled.model
+    assembled.use_data({"train": train})
+    trainer = Trainer(assembled, tmp_path / run)
     trainer.init_state()
     return trainer
 

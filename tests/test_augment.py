@@ -15,8 +15,7 @@ import pytest
 
 from data_loader import augment as aug
 from data_loader.augment import Augment, Pixels
-from utils import build_augment
-from utils import ConfigError
+from utils import ConfigError, build_augment
 
 B, H, W, C = 6, 9, 7, 3  # H != W catches a swapped axis
 CLASSES = 5

@@ -17,7 +17,7 @@ from model.modules.module import Module
 from training import checkpoint, losses
 from training.tasks import task_of
 from training.trainer import Trainer
-from utils import ConfigError, build, build_optimizer, monitor_of, validate
+from utils import ConfigError, assemble, build_optimizer, validate
 
 
 class TwoInputs(Module):
@@ -75,9 +75,10 @@ def config_for(tmp_path, loss, metrics=(), monitor="min val/loss", epochs=2, ste
 
 def fit(tmp_path, config, model, train, valid, run="r"):
     (tmp_path / run).mkdir()
-    trainer = Trainer(config, tmp_path / run, model, build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config, len(train)),
-                      train, valid, monitor=monitor_of(config))
+    assembled = assemble(config)
+    assembled.model = model
+    assembled.use_data({"train": train, "validation": valid} if valid is not None else {"train": train})
+    trainer = Trainer(assembled, tmp_path / run)
     trainer.init_state()
     trainer.fit()
     return trainer
@@ -168,7 +169,7 @@ def test_bad_batches_are_named(batch, message):
             return batch
 
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        DataLoader(Bad(), 4).spec
+        DataLoader(Bad(), 4).spec  # noqa: B018 (reading it checks the first batch)
 
 
 def test_loss_with_per_element_mask_matches_numpy():

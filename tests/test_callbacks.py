@@ -14,7 +14,7 @@ from data_loader.loader import ArrayDataset, DataLoader
 from training import checkpoint
 from training.callbacks import ema
 from training.trainer import Trainer
-from utils import ConfigError, build, build_optimizer, monitor_of, validate
+from utils import ConfigError, assemble, build, validate
 
 
 def make_trainer(tmp_path, run, callbacks=(), epochs=2, steps_per_call=2, train=None, model=None):
@@ -35,11 +35,9 @@ def make_trainer(tmp_path, run, callbacks=(), epochs=2, steps_per_call=2, train=
         y = (x.reshape(100, -1)[:, :5].argmax(1)).astype(np.int32)
         train = DataLoader(ArrayDataset(input=x, target=y), 16, shuffle=True, seed=2, prefetch=0)
     (tmp_path / run).mkdir()
-    built = [build(c, "callbacks") for c in config["callbacks"]]
-    trainer = Trainer(config, tmp_path / run, build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]],
-                      *build_optimizer(config, len(train)), train, train, monitor=monitor_of(config),
-                      callbacks=built)
+    assembled = assemble(config)
+    assembled.use_data({"train": train, "validation": train})
+    trainer = Trainer(assembled, tmp_path / run)
     return trainer
 
 

@@ -185,7 +185,7 @@ def test_processes_agree_on_stops_and_share_the_run_folder():
     children = [subprocess.Popen([sys.executable, "-c", AGREE_CHILD, str(port), str(i)], cwd=ROOT, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outputs = [c.communicate(timeout=120) for c in children]
-    for child, (out, err) in zip(children, outputs):
+    for child, (_out, err) in zip(children, outputs):
         assert child.returncode == 0, err
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["agreed"] for r in results] == [[15, 1, 7], [15, 1, 7]]
@@ -248,7 +248,7 @@ def test_two_processes_equal_four_devices_and_one_device_and_resume_in_one(tmp_p
     assert four.returncode == 0, four.stderr
     assert "mesh {'data': 4, 'fsdp': 1}" in four.stdout
     results = finish(start_processes(2, 2, "-c", config, "--run-id", "two"))
-    for status, out, err in results:
+    for status, _out, err in results:
         assert status == 0, err
     assert "process 0 of 2" in results[0][1] and "mesh {'data': 4, 'fsdp': 1}" in results[0][1]
     # process 1 logs warnings only (gloo's own connection lines aside); process 0 reports the run
@@ -280,20 +280,17 @@ FSDP_CHILD = textwrap.dedent("""
     import numpy as np
     from training import checkpoint, distributed
     from training.trainer import Trainer
-    from utils import build, build_optimizer, load_config
+    from utils import assemble, load_config
 
     folder = Path(sys.argv[1])
     out = {}
     for fsdp in (1, 4):
         config = load_config(folder / "config.json", [f"mesh.fsdp={fsdp}"])
-        model = build(config["model"], "model")
-        loss_fn = build(config["loss"], "loss")
-        metrics = [build(m, "metrics") for m in config["metrics"]]
-        loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
-        optimizer, lr_fn = build_optimizer(config, steps_per_epoch=len(loader))
+        run = assemble(config)
+        run.load_data(["train"])
         run_dir = folder / f"fsdp{fsdp}"
         run_dir.mkdir()
-        trainer = Trainer(config, run_dir, model, loss_fn, metrics, optimizer, lr_fn, loader)
+        trainer = Trainer(run, run_dir)
         trainer.init_state()
         held = distributed.device_bytes({k: trainer.ts[k] for k in ("params", "opt_state")})
         specs = {k: list(v.sharding.spec) for k, v in trainer.ts["params"]["fc0"].items()}
@@ -380,7 +377,7 @@ def test_language_model_two_processes_equal_one_device(tmp_path):
     path = write_config(tmp_path, config, {})
     one = run("train.py", "-c", path, "--run-id", "one", env=devices_env(1))
     assert one.returncode == 0, one.stderr
-    for status, out, err in finish(start_processes(2, 2, "-c", path, "--run-id", "two")):
+    for status, _out, err in finish(start_processes(2, 2, "-c", path, "--run-id", "two")):
         assert status == 0, err
     saved = tmp_path / "saved/lm"
     rows = lambda name: np.array([[r["train/loss"], r["val/loss"], r["val/perplexity"]] for r in map(

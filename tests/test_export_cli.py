@@ -242,7 +242,6 @@ def bn_attention_net(num_classes: int = 10):
 
 def test_command_on_a_batchnorm_attention_gelu_dropout_model(run_dir, tmp_path, monkeypatch):
     from model import model as samples
-
     from model import registry
 
     monkeypatch.setattr(samples, "bn_attention_net", bn_attention_net, raising=False)
@@ -373,7 +372,6 @@ def register_run(folder: Path, monkeypatch, loader, model, spec, loss: str = "cr
     registered as names a config may use (in this process only)."""
     from data_loader import data_loaders
     from model import model as samples
-
     from model import registry
 
     for module, function, kind in ((data_loaders, loader, "data_loader"), (samples, model, "model")):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data_loader.loader import DataLoader, ArrayDataset
+from data_loader.loader import ArrayDataset, DataLoader
 
 
 def noisy(batch, *, epoch, index, rng):

@@ -18,7 +18,7 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from training import platform
 from training.trainer import AUTO_STACK_BYTES, Trainer, auto_steps_per_call
-from utils import ConfigError, build, build_optimizer, monitor_of, validate
+from utils import ConfigError, assemble, build_optimizer, validate
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODELS = {
@@ -60,9 +60,9 @@ def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
     train = DataLoader(ArrayDataset(input=x, target=y), 16, shuffle=True, seed=1)
     valid = DataLoader(ArrayDataset(input=x[:40], target=y[:40]), 16)
     (tmp_path / run).mkdir()
-    trainer = Trainer(config, tmp_path / run, build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config),
-                      train, valid, trackers=[StepLosses()], monitor=monitor_of(config))
+    assembled = assemble(config)
+    assembled.use_data({"train": train, "validation": valid})
+    trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()])
     trainer.init_state()
     return trainer
 
@@ -271,7 +271,6 @@ def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch)
 
     from benchmarks import train_benchmark
     from utils import build_augment
-    from utils import build_optimizer
 
     monkeypatch.setattr(train_benchmark.tempfile, "gettempdir", lambda: str(tmp_path))
     config = train_benchmark.bench_config("cifar_resnet", steps=2, augment=False)
@@ -281,11 +280,11 @@ def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch)
     ours = build_augment(config)({"input": x, "target": data["labels"][:8]}, train=False)["input"]
     np.testing.assert_allclose(train_benchmark.host_normalize(config)(x), ours, rtol=1e-5, atol=1e-5)
 
-    for config in (config, train_benchmark.bench_config("mnist_cnn")):  # cosine; warm-up + cosine
-        _, schedule = build_optimizer(config, steps_per_epoch=391)
-        peer, flax_peer = train_benchmark.peer_schedule(config, 391), train_benchmark.optax_schedule(config, 391)
-        for step in (0, 1, 100, 500, 391 * config["trainer"]["epochs"] - 1, 391 * config["trainer"]["epochs"] + 5):
-            assert peer(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7), (config["name"], step)
+    for each in (config, train_benchmark.bench_config("mnist_cnn")):  # cosine; warm-up + cosine
+        _, schedule = build_optimizer(each, steps_per_epoch=391)
+        peer, flax_peer = train_benchmark.peer_schedule(each, 391), train_benchmark.optax_schedule(each, 391)
+        for step in (0, 1, 100, 500, 391 * each["trainer"]["epochs"] - 1, 391 * each["trainer"]["epochs"] + 5):
+            assert peer(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7), (each["name"], step)
             assert float(flax_peer(step)) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7)
     cifar = train_benchmark.bench_config("cifar_resnet", steps=2)
     assert train_benchmark.peer_is_sgd(cifar) and train_benchmark.weight_decay(cifar) == 0.0005

@@ -10,8 +10,15 @@ import pytest
 from PIL import Image
 
 from tests.test_train import run
-from training.plots import (confusion_figure, curve_names, curves_figure, plot_run, read_metrics,
-                            save_confusion_matrix, save_curves)
+from training.plots import (
+    confusion_figure,
+    curve_names,
+    curves_figure,
+    plot_run,
+    read_metrics,
+    save_confusion_matrix,
+    save_curves,
+)
 
 
 def make_rows(epochs: int = 4, validation: bool = True, seed: int = 0) -> list[dict]:

@@ -116,7 +116,7 @@ def sample_config(tmp_path: Path, data_dir: Path) -> Path:
     """configs/cifar10_resnet.json, shrunk: the generated files, a small ResNet, 1 epoch of 6 steps, 2 per call,
     mixup added to the sample's crop + flip + normalize (soft targets through the whole loop)."""
     config = json.loads((ROOT / "configs" / "cifar10_resnet.json").read_text())
-    for split, loader in config["data_loader"].items():
+    for _split, loader in config["data_loader"].items():
         loader["args"].update(data_dir=str(data_dir), download=False, verify=False, validation_size=24,
                               batch_size=16)
     config["data_loader"]["train"]["augment"].append({"name": "mixup", "args": {"alpha": 0.4, "p": 0.5}})
@@ -189,9 +189,8 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
     # predict.py on a PNG of another size and with an alpha channel: resized and normalised as training did
     from PIL import Image
 
-    from utils import build_augment
     from inference.predict import load_image
-    from utils import load_config
+    from utils import build_augment, load_config
 
     rng = np.random.default_rng(3)
     png = tmp_path / "photo.png"

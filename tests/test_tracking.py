@@ -244,7 +244,7 @@ def test_flatten_round_trips_nested_config():
     for dotted, value in flat.items():  # the inverse, written independently: digits index lists
         *parents, last = dotted.split(".")
         node = rebuilt
-        for part, following in zip(parents, parents[1:] + [last]):
+        for part, _following in zip(parents, parents[1:] + [last]):
             node = node.setdefault(part, {})
         node[last] = value
     listify = lambda n: ([listify(n[k]) for k in sorted(n, key=int)] if n and all(k.isdigit() for k in n)

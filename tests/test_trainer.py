@@ -7,7 +7,7 @@ import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
 from training.trainer import Trainer
-from utils import build, build_optimizer, monitor_of, validate
+from utils import assemble, validate
 
 
 def make_trainer(tmp_path, steps_per_call=1, epochs=2, n=150, batch=32, model=None, run="r"):
@@ -27,9 +27,9 @@ def make_trainer(tmp_path, steps_per_call=1, epochs=2, n=150, batch=32, model=No
     train = DataLoader(ArrayDataset(input=x, target=y), batch, shuffle=True, seed=3, prefetch=2)
     valid = DataLoader(ArrayDataset(input=x[:70], target=y[:70]), 32)  # 70 = 32 + 32 + 6: a padded last batch
     (tmp_path / run).mkdir()
-    trainer = Trainer(config, tmp_path / run, build(config["model"], "model"), build(config["loss"], "loss"),
-                      [build(m, "metrics") for m in config["metrics"]], *build_optimizer(config),
-                      train, valid, monitor=monitor_of(config))
+    assembled = assemble(config)
+    assembled.use_data({"train": train, "validation": valid})
+    trainer = Trainer(assembled, tmp_path / run)
     trainer.init_state()
     return trainer
 

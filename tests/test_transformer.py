@@ -14,7 +14,6 @@ from model.modules.module import key_path_str
 from model.modules.transformer import TransformerBlock
 
 
-
 def flax_attention_params(params):
     """Our {query, key, value, out} Linear params as flax's MultiHeadDotProductAttention params."""
     heads = 2

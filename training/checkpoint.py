@@ -16,15 +16,16 @@ import math
 import os
 import stat
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 from model.modules.module import key_path_str
-from training.memory import host_available, show_bytes
 from training.files import BEST, LATEST, TEMP_NAME, write_atomic
+from training.memory import host_available, show_bytes
 
 FORMAT_VERSION = 2  # 2: checksums of the header and of every array (dtype, shape, bytes); 1 had none
 CORRUPT = "the file is corrupt; use another checkpoint of the run or a copy"

@@ -315,7 +315,8 @@ def state_shardings(state: dict, mesh) -> dict:
     """NamedShardings for a training state (arrays or their abstract values): params and optimizer state by the
     FSDP rule over the mesh's "fsdp" axis, everything else replicated."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     fsdp = mesh.shape["fsdp"]
     return {key: jax.tree.map(lambda a: NamedSharding(mesh, fsdp_spec(tuple(a.shape), fsdp)
@@ -350,11 +351,12 @@ def to_host(tree) -> Any:
     return jax.tree.map(np.array, jax.device_get(jax.tree.map(gather, tree)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def replicator(mesh):
     """The identity whose output is whole on every device of `mesh` (an all-gather), compiled once per shape."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     return jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P()))
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 # A run folder's files. Here, not in run_folder.py, because this module imports neither JAX nor the checkpoint
 # format: sweep.py reads run folders without JAX, and training/checkpoint.py resolves a run's best checkpoint.

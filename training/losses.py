@@ -19,9 +19,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from model.registry import register
 
 from model.checks import check_range
+from model.registry import register
 
 # What a config can name as "loss"; weighted_mean is the training step's helper, not a loss.
 

@@ -27,11 +27,13 @@ or the predictions seen so far; a class absent from both has no defined score an
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from model.registry import register
 
 # What a config can name under "metrics"; merge and values are the training loop's helpers, compute a single

@@ -13,7 +13,8 @@ schedule ``step -> value`` (see ``training/schedules.py``); a block that takes o
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -331,7 +332,8 @@ def decay_mask(params, mask: Any = "default"):
 
 def _bool_tree(tree) -> bool:
     """A pytree whose leaves are all bools (Python's or numpy's), as a decay mask must be."""
-    return all(isinstance(leaf, bool) or getattr(leaf, "dtype", None) == bool for leaf in jax.tree.leaves(tree))
+    return all(isinstance(leaf, bool) or getattr(leaf, "dtype", None) == bool  # noqa: E721 (a numpy dtype equals bool)
+               for leaf in jax.tree.leaves(tree))
 
 
 def _value_at(hyper: Hyper, count):

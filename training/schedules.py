@@ -10,12 +10,12 @@ same name, so the two can be swapped and compared:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
-from model.registry import register
 
 from model.checks import check_range
+from model.registry import register
 
 # What a config can name as a schedule.
 # Arguments that count steps: a config may give them in epochs ({"epochs": 2.5}) or as "all", the run's length.

@@ -5,8 +5,8 @@ how to judge agreement with the JAX model.
 | task | loss | targets | agreement in the export |
 | --- | --- | --- | --- |
 | classification | cross_entropy | class ids (B,) or one-hot (B, C) | top-1 per example |
-| sequence | cross_entropy | ids (B, T, ...) or one-hot (B, T, ..., C): a class per position (language models) | top-1 per position |
-| multilabel | binary_cross_entropy | 0/1 of the outputs' shape: labels (B, L), masks (B, H, W, 1) | the sign of each logit |
+| sequence | cross_entropy | ids (B, T, ...) or one-hot (B, T, ..., C): a class per position | top-1 per position |
+| multilabel | binary_cross_entropy | 0/1 of the outputs' shape: labels (B, L), masks (B, H, W, 1) | each logit's sign |
 | regression | mse, l1, huber | real values of the outputs' shape | tolerance only |
 | other | a loss that declares no task (a loss of your own, KL) | - | tolerance only |
 
@@ -14,7 +14,7 @@ A dataset may override the derived task with ``preprocessing["task"]``.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -13,21 +13,23 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from training import checkpoint, distributed, platform, run_folder
 from training.files import BEST, LATEST, METRICS, epoch_checkpoint, step_checkpoint
 from training.metrics import values as metric_values
-from training.trackers import StepTrace
 from training.precision import policy_of
 from training.step import empty_stats, make_eval_step, make_train_chunk
+from training.trackers import StepTrace
 
 log = logging.getLogger("train")
 
@@ -94,16 +96,20 @@ def peak_rss_mb() -> float:
 
 
 class Trainer:
-    def __init__(self, config: dict, run_dir: Path | None, model, loss_fn: Callable, metrics: Sequence, optimizer,
-                 lr_fn: Callable, train_loader, valid_loader=None, trackers: Sequence = (),
-                 monitor: Monitor | None = None, config_hash: str | None = None, augment=None,
-                 execution: str = "aot", callbacks: Sequence = ()):
-        self.config = config
+    def __init__(self, run, run_dir: Path | None, trackers: Sequence = (), config_hash: str | None = None,
+                 execution: str = "aot"):
+        """``run``: the assembled run (``utils.assemble``) with its data loaded: its config, components, loaders and
+        optimizer are the only source of what is trained and how."""
+        self.run = run
+        config = self.config = run.config
         self.config_hash = config_hash
         self.trainer_cfg = config["trainer"]
         self.run_dir = run_dir  # set before fit(); a new run's folder is created once its state is ready
-        self.model, self.loss_fn, self.metrics, self.optimizer = model, loss_fn, metrics, optimizer
-        self.lr_fn = lr_fn
+        model, loss_fn, metrics, augment = run.model, run.loss_fn, run.metrics, run.augment
+        self.model, self.loss_fn, self.metrics = model, loss_fn, metrics
+        optimizer, self.lr_fn = run.optimizer()  # the one learning rate: the step's and the logged
+        self.optimizer = optimizer
+        train_loader, valid_loader = run.loaders["train"], run.loaders.get("validation")
         self.train_loader, self.valid_loader = train_loader, valid_loader
         self.trackers = list(trackers)
 
@@ -123,7 +129,7 @@ class Trainer:
         # "aot": compiled ahead of time for the loader's shapes; "jit": compiled at the first call (what
         # jax_debug_nans needs to re-run a step op by op); "eager": under jax.disable_jit, op by op (--no-jit)
         self.execution = execution
-        self.callbacks = list(callbacks)
+        self.callbacks = list(run.callbacks)
         self.in_step = [c for c in self.callbacks if c.update is not None]  # keep a state in the training state
         self.evaluated = next((c for c in self.callbacks if c.evaluated), None)
         self.stop_training = None  # a reason set by a callback: the run ends before its next epoch
@@ -147,7 +153,7 @@ class Trainer:
         self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment, self.policy), donate_argnums=(2,),
                                  out_shardings=self.replicated)
         self.epoch = 0  # epochs completed
-        self.monitor = monitor
+        self.monitor = run.monitor
         self.best, self.best_epoch = None, None
         self.bad_epochs = 0
         self.min_loss = math.inf  # the lowest step loss so far, for trainer.divergence_factor
@@ -224,9 +230,7 @@ class Trainer:
 
     def build_optimizer(self, lr: Callable):
         """The config's optimizer with the learning rate `lr` (a function of the step) instead of its own."""
-        from utils import build_optimizer
-
-        return build_optimizer(self.config, self.steps_per_epoch, lr=lr)[0]
+        return self.run.optimizer(lr)[0]
 
     def eval_params(self):
         """The parameters evaluation uses: a callback's (e.g. an average of the parameters), else the trained."""

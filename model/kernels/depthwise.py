@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+
 def _shifted_sum(xp, w, out_hw):
     """sum over (i, j) of xp[:, i:i + oh, j:j + ow] * w[i, j]: a stride-1 depthwise correlation of padded ``xp``."""
     (oh, ow), (kh, kw) = out_hw, w.shape[:2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

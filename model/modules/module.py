@@ -12,7 +12,8 @@ Stateless layers implement ``init_params(key, x)`` and ``forward(params, x)`` an
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -74,7 +75,7 @@ class Module:
     def forward(self, params: Params, x):
         raise NotImplementedError(f"{type(self).__name__} must implement forward() or __call__()")
 
-    def children(self) -> dict[str, "Module"]:
+    def children(self) -> dict[str, Module]:
         """Named submodules whose params sit under their names; used by summaries."""
         return {}
 

@@ -92,7 +92,8 @@ class TransformerLM(Module):
         ids = shape_of(ids)
         x = jax.ShapeDtypeStruct((*ids.shape, self.dim), jnp.float32)
         keys = jax.random.split(key, self.depth + 3)
-        params = {"tokens": self.tokens.init_params(keys[0], ids), "positions": self.positions.init_params(keys[1], ids),
+        params = {"tokens": self.tokens.init_params(keys[0], ids),
+                  "positions": self.positions.init_params(keys[1], ids),
                   "blocks": {str(i): block.init(keys[3 + i], x)[0] for i, block in enumerate(self.blocks)},
                   "norm": self.norm.init_params(None, x)}
         if not self.tie_weights:
