@@ -1,4 +1,6 @@
-"""Config files: reading, command-line overrides, validation and the one resolver that builds every component.
+"""The config's schema (every section's defaults and checks: ``validate``) and the one assembly of a run from it
+(``assemble``), with what the scripts import of the rest: reading and overrides (training/config_file.py), components
+by name (training/components.py), the command line (training/cli.py).
 
 Every component in `config.json` has the form {"name": ..., "args": {...}}; `name` is looked up among the
 functions registered for that kind of component (``model/registry.py``), and `args` must bind to that function's
@@ -7,30 +9,40 @@ every problem is reported as one line that names its place in the file: `config.
 """
 from __future__ import annotations
 
-import argparse
-import codecs
 import copy
-import difflib
-import functools
-import hashlib
 import inspect
 import json
-import logging
-import logging.config
-import math
 import sys
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.registry import KINDS, entries
+from model.registry import entries
 
-# Each kind of component a config may name (what `python train.py --list` prints).
-COMPONENT_MODULES = KINDS
-# Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
-EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment",)}
+# The config API in one place for the scripts: reading (training/config_file.py), components by name
+# (training/components.py) and the command-line helpers (training/cli.py), with the schema and the assembly here.
+from training.cli import ArgumentParser, fail, setup_logging  # noqa: F401
+from training.components import (  # noqa: F401
+    COMPONENT_MODULES,
+    DATA_ARGUMENTS,
+    SET_BY_TRAINER,
+    available,
+    build,
+    check_component,
+    components_text,
+    signature_text,
+)
+from training.config_file import (  # noqa: F401
+    ConfigError,
+    check_values,
+    closest,
+    config_hash,
+    parse_override,
+    read_json,
+    set_path,
+    show,
+)
 
 TRAINER_DEFAULTS = {
     "epochs": 10,
@@ -55,10 +67,6 @@ CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
 TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard",
              "mesh", "callbacks"}
 LOADER_SPLITS = ("train", "validation", "test")
-# Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
-DATA_ARGUMENTS = {"loss": 2}
-# Keyword arguments the training step fills in itself (a per-element mask), never the config.
-SET_BY_TRAINER = {"loss": ("mask",)}
 # A model argument that sets the number of classes its outputs score (what top_k_accuracy's k may not exceed).
 CLASS_COUNT_ARGUMENTS = ("num_classes", "vocab_size")
 
@@ -70,316 +78,14 @@ MAX_STEPS = 2**31 - 1
 MAX_SEED = 2**32 - 1
 MAX_BATCH = 2**24
 MAX_NAME = 100
-MAX_DEPTH = 32
-MAX_INTEGER = 2**63 - 1
 # Steps an epoch counts in a schedule checked before the data is read (build_optimizer's steps_per_epoch None).
 NOMINAL_STEPS_PER_EPOCH = 2**20
 
 
-class ConfigError(Exception):
-    """A problem with the user's config: reported as one line, exit status 2."""
-
-
-def closest(name: str, choices) -> str:
-    match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.5)
-    return f" Did you mean {match[0]!r}?" if match else ""
-
-
-def show(value: Any, limit: int = 60) -> str:
-    """A config value as JSON for a message, cut to `limit` characters (a 300-character name stays readable)."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 # ---------------------------------------------------------------------------------------------------------- reading
-class _DuplicateKeys(dict):
-    """An object whose text repeated a key: json keeps the last value silently, so the walk reports it instead."""
-    duplicate = ""
-
-
-class _HugeInteger:
-    """An integer past Python's digit limit for int(), kept as a marker so the walk reports it at its place."""
-
-    def __init__(self, text: str):
-        self.digits = len(text.lstrip("-"))
-
-
-def _object(pairs: list) -> dict:
-    obj = dict(pairs)
-    if len(obj) < len(pairs):
-        seen = set()
-        obj = _DuplicateKeys(obj)
-        obj.duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-    return obj
-
-
-def _integer(text: str):
-    try:
-        return int(text)
-    except ValueError:
-        return _HugeInteger(text)
-
-
-def parse_json(text: str, where: str) -> Any:
-    """JSON text as Python values, refusing what json.loads lets through but no setting can mean (see check_values).
-    Raises json.JSONDecodeError for text that is not JSON at all."""
-    try:
-        value = json.loads(text, object_pairs_hook=_object, parse_int=_integer)
-    except RecursionError:
-        raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
-    check_values(value, where)
-    return value
-
-
-def check_values(value: Any, where: str) -> None:
-    """NaN and infinities (NaN, Infinity, 1e400), integers beyond 64 bits, repeated keys, keys with control
-    characters and nesting deeper than MAX_DEPTH: each reported at its key path. Iterative, so depth cannot
-    overflow the stack."""
-    stack = [(value, ())]
-    while stack:
-        node, path = stack.pop()
-        place = f"{where}: {'.'.join(path)}" if path else where
-        if len(path) > MAX_DEPTH:
-            raise ConfigError(f"{where}: {'.'.join(path[:3])}...: nested deeper than {MAX_DEPTH} levels")
-        if isinstance(node, _HugeInteger):
-            raise ConfigError(f"{place}: an integer of {node.digits} digits (at most {MAX_INTEGER:,} accepted)")
-        if isinstance(node, bool):
-            continue
-        if isinstance(node, int) and abs(node) > MAX_INTEGER:
-            raise ConfigError(f"{place}: {show(node)} is too large (at most {MAX_INTEGER:,} accepted)")
-        if isinstance(node, float) and not math.isfinite(node):
-            raise ConfigError(f"{place}: {show(node)} is not a finite number")
-        if isinstance(node, _DuplicateKeys):
-            inside = f" in {'.'.join(path)}" if path else ""
-            raise ConfigError(f"{where}: duplicate key {show(node.duplicate)}{inside}")
-        if isinstance(node, dict):
-            for key in node:
-                if not str(key).isprintable():
-                    raise ConfigError(f"{place}: key {show(key)} has a control character")
-            stack.extend((v, (*path, str(k))) for k, v in reversed(node.items()))
-        elif isinstance(node, list):
-            stack.extend((v, (*path, str(i))) for i, v in reversed(list(enumerate(node))))
-
-
-def read_json(path: str | Path, source: str | None = None) -> dict:
-    """A JSON object from a UTF-8 file (a UTF-8 byte-order mark is allowed, as json.load allows it); errors name
-    `source` (default: the path)."""
-    path = Path(path)
-    source = source or str(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a folder, not a config file") from None
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
-    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\0" in raw:
-        raise ConfigError(f"{source}: UTF-16 or binary data, not UTF-8 text; save the file as UTF-8")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        body = error.object  # after a byte-order mark, which the positions do not count
-        line = body[:error.start].count(b"\n") + 1
-        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{body[error.start]:02x} on line {line}); save the file "
-                          f"as UTF-8") from None
-    try:
-        config = parse_json(text, source)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{source}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{source}: the top level must be an object {{...}}")
-    return config
-
-
-def set_path(config: dict, dotted: str, value: Any, source: str) -> None:
-    """Sets config[a][b][c] = value for 'a.b.c'; integer parts index lists (metrics.0.args.k)."""
-    parts = dotted.split(".")
-    node = config
-    for i, part in enumerate(parts[:-1]):
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{source}: {'.'.join(parts[:i + 1])}: no such list index")
-            node = node[int(part)]
-        else:
-            node = node.setdefault(part, {})
-        if not isinstance(node, (dict, list)):
-            raise ConfigError(f"{source}: {'.'.join(parts[:i + 1])} is a value, not a section")
-    last = parts[-1]
-    if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
-            raise ConfigError(f"{source}: {dotted}: no such list index")
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise ConfigError(f"--set {text}: expected key.path=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key.isprintable():
-        raise ConfigError(f"--set {show(key)}: the key has a control character")
-    try:
-        value = parse_json(raw, f"--set {key}")
-    except json.JSONDecodeError:
-        value = raw  # a bare word is a string: --set model.name=mlp
-    return key, value
-
-
-def config_hash(config: dict) -> str:
-    """Hash of what defines the weights and their training (not paths, epochs or trackers)."""
-    keys = ("model", "loss", "optimizer", "seed")
-    canonical = json.dumps({k: config.get(k) for k in keys}, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------------------ resolution
-def available(kind: str) -> dict[str, Callable]:
-    """The functions a config may name for ``kind``, by name."""
-    return {name: entry.fn for name, entry in entries(kind).items()}
-
-
-def components_text(kind: str = "all") -> str:
-    """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line."""
-    kinds = list(COMPONENT_MODULES) if kind == "all" else [kind]
-    if kind != "all" and kind not in COMPONENT_MODULES:
-        raise ConfigError(f"--list {kind}: unknown kind.{closest(kind, COMPONENT_MODULES)} "
-                          f"Kinds: {', '.join(COMPONENT_MODULES)}")
-    lines = []
-    for each in kinds:
-        lines.append(f"{each}:")
-        for name, fn in available(each).items():
-            task = entries(each)[name].task
-            lines.append(f"  {signature_text(name, accepted(each, fn))}" + (f"  [task: {task}]" if task else ""))
-    return "\n".join(lines)
-
-
-def accepted(kind: str, fn: Callable) -> Callable:
-    """``fn`` as a config sees it: without the data arguments and those the trainer fills in."""
-    params = list(inspect.signature(fn).parameters.values())[DATA_ARGUMENTS.get(kind, 0):]
-    params = [p for p in params if p.name not in SET_BY_TRAINER.get(kind, ())]
-
-    def shown(*args, **kwargs):
-        pass
-    shown.__signature__ = inspect.signature(fn).replace(parameters=params)
-    return shown
-
-
-class _Annotation(str):
-    """An annotation kept as text (postponed evaluation): shown as written, not as a quoted string."""
-
-    def __repr__(self):
-        return str(self)
-
-
-def signature_text(name: str, fn: Callable) -> str:
-    """``adamw(lr: Hyper, b1: float = 0.9, ...)``: the arguments a config may give, without the return type."""
-    signature = inspect.signature(fn)
-    params = [p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
-              for p in signature.parameters.values()]
-    return f"{name}{signature.replace(parameters=params, return_annotation=inspect.Signature.empty)}"
-
-
-def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] = ()) -> tuple[Callable, dict]:
-    """Looks up spec['name'] and binds spec['args']; `supplied` are arguments the program fills in itself. A component
-    may declare a `check` when it registers, called here with the args: the checks of what is never built before the
-    data exists (a loss's hyperparameters) or whose building reads files (a data loader's)."""
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {show(spec)}")
-    if "name" not in spec:
-        raise ConfigError(f"{where}: missing \"name\" (a component is {{\"name\": ..., \"args\": {{...}}}})")
-    allowed = ("name", "args", *EXTRA_KEYS.get(kind, ()))
-    extra = set(spec) - set(allowed)
-    if extra:
-        raise ConfigError(f"{where}: unexpected key {sorted(extra)[0]!r}; a {kind} component has "
-                          + ", ".join(f'"{k}"' for k in allowed))
-    options = available(kind)
-    name = spec["name"]
-    if not isinstance(name, str):
-        raise ConfigError(f"{where}.name: expected a string, got {show(name)}")
-    if name not in options:
-        raise ConfigError(f"{where}.name: unknown {kind} {name!r}; available: {', '.join(sorted(options))}."
-                          f"{closest(name, options)}")
-    fn = options[name]
-    args = {} if spec.get("args") is None else spec["args"]
-    if not isinstance(args, dict):
-        raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
-    params = dict(inspect.signature(fn).parameters)
-    for data_arg in list(params)[:DATA_ARGUMENTS.get(kind, 0)]:
-        supplied = (*supplied, data_arg)
-        params.pop(data_arg)
-    supplied = (*supplied, *(a for a in SET_BY_TRAINER.get(kind, ()) if a in params))
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    for key, value in args.items():
-        if key in supplied:
-            raise ConfigError(f"{where}.args.{key}: set by the trainer, not the config")
-        if key not in params and not takes_kwargs:
-            raise ConfigError(f"{where}.args.{key}: unknown argument.{closest(key, params)} "
-                              f"Accepted: {signature_text(name, fn)}")
-        if key in params:
-            check_type(value, params[key].default, f"{where}.args.{key}", kind == "optimizer" and schedulable(fn, key))
-    missing = [p for p, v in params.items()
-               if v.default is inspect.Parameter.empty and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
-               and p not in args and p not in supplied]
-    if missing:
-        raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
-    check = entries(kind)[name].check
-    if check is not None:
-        try:
-            check(**args)
-        except (ValueError, TypeError) as error:
-            raise ConfigError(component_error(where, error, args)) from None
-    return fn, dict(args)
-
-
-def schedulable(fn: Callable, argument: str) -> bool:
-    """Whether an optimizer's argument may be a schedule component: its type is ``Hyper`` (a number or a function of
-    the step; ``training/optimizers.py``). build_optimizer builds schedules for those arguments only."""
-    from training.optimizers import Hyper  # JAX: config errors are reported before it loads
-
-    return typing.get_type_hints(fn).get(argument) == Hyper
-
-
-def component_error(where: str, error: Exception, args: dict) -> str:
-    """A constructor's "b1: must be in [0, 1), got 1.5" placed at its argument: `cfg.json: optimizer.args.b1: ...`."""
-    text = str(error)
-    argument, colon, rest = text.partition(": ")
-    named = colon and argument.split(".")[0] in args  # "hidden.0: ..." is an entry of the argument hidden
-    return f"{where}.args.{argument}: {rest}" if named else f"{where}: {text}"
-
-
-def check_type(value: Any, default: Any, where: str, schedulable: bool = False) -> None:
-    """Type check against the default's type: a number where a number is expected, and so on. null is taken where
-    the default is null or a string (a mode such as mask's), never for a number, flag or list."""
-    if default is inspect.Parameter.empty or default is None:
-        return
-    if value is None:
-        if isinstance(default, str):
-            return
-        ok = False
-    elif isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, (int, float)):
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = number or (schedulable and isinstance(value, dict))
-        if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
-            ok = False
-    elif isinstance(default, str):
-        ok = isinstance(value, (str, dict)) or callable(value)
-    elif isinstance(default, (list, tuple)):
-        ok = isinstance(value, (list, tuple))
-    else:
-        return
-    if not ok:
-        expected = "list" if isinstance(default, tuple) else type(default).__name__
-        raise ConfigError(f"{where}: expected {expected} (like the default {show(default)}), got {show(value)}")
 
 
 def check_number(section: dict, key: str, where: str, kind=int, minimum=None, allow=(), maximum=None) -> None:
@@ -664,17 +370,6 @@ def monitored_names(config: dict, names: list[str] | None = None) -> list[str]:
     return logged
 
 
-def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
-    """Builds one component; errors its constructor raises (impossible values) are reported at its place."""
-    fn, args = check_component(spec, kind, where, tuple(supplied))
-    if kind in DATA_ARGUMENTS:
-        return functools.partial(fn, **args)
-    try:
-        return fn(**args, **supplied)
-    except (ValueError, TypeError, FileNotFoundError, OSError) as error:
-        raise ConfigError(component_error(where, error, args)) from None
-
-
 def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None):
     """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
     transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run.
@@ -816,43 +511,6 @@ def load_config(path: str | Path, overrides: list[str] = (), source: str | None 
 
 
 # -------------------------------------------------------------------------------------------------------- logging
-def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config.json", verbose: bool = True) -> None:
-    """Console + rotating file (`train.log` in the run folder) from logger_config.json."""
-    path = Path(config_path)
-    if not path.exists():
-        path = Path(__file__).parent / "logger_config.json"
-    spec = json.loads(path.read_text())
-    for handler in spec.get("handlers", {}).values():
-        if "filename" in handler:
-            if run_dir is None:
-                handler["class"], handler["filename"] = "logging.NullHandler", None
-                handler.pop("filename"), handler.pop("maxBytes", None), handler.pop("backupCount", None)
-                handler.pop("encoding", None)
-            else:
-                handler["filename"] = str(Path(run_dir) / handler["filename"])
-    logging.config.dictConfig(spec)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse as the project's commands use it: no prefix matching (``--epoch 3`` is not ``--epochs 3``), and a bad
-    flag or flag value is one `error:` line (exit status 2) like every other bad input, not a usage block."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        unknown = message.partition("unrecognized arguments: ")[2].split()
-        hint = closest(unknown[0].split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]) \
-            if unknown else ""
-        fail(f"{message}.{hint} See {self.prog} --help")
-
-
-def fail(message: str, status: int = 2) -> None:
-    # one line whatever the message quotes: a newline or escape code from a file name or a value is shown escaped
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
-    print(f"error: {text}", file=sys.stderr)
-    raise SystemExit(status)
 
 
 # --------------------------------------------------------------------------------------------------- command line

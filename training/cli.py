@@ -1,0 +1,52 @@
+"""What every command-line entry point shares: one `error:` line and exit status 2 for bad input (argparse's too),
+and the logging set up from logger_config.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.config
+import sys
+from pathlib import Path
+
+from training.config_file import closest
+
+
+def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config.json", verbose: bool = True) -> None:
+    """Console + rotating file (`train.log` in the run folder) from logger_config.json."""
+    path = Path(config_path)
+    if not path.exists():
+        path = Path(__file__).parent / "logger_config.json"
+    spec = json.loads(path.read_text())
+    for handler in spec.get("handlers", {}).values():
+        if "filename" in handler:
+            if run_dir is None:
+                handler["class"], handler["filename"] = "logging.NullHandler", None
+                handler.pop("filename"), handler.pop("maxBytes", None), handler.pop("backupCount", None)
+                handler.pop("encoding", None)
+            else:
+                handler["filename"] = str(Path(run_dir) / handler["filename"])
+    logging.config.dictConfig(spec)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse as the project's commands use it: no prefix matching (``--epoch 3`` is not ``--epochs 3``), and a bad
+    flag or flag value is one `error:` line (exit status 2) like every other bad input, not a usage block."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        unknown = message.partition("unrecognized arguments: ")[2].split()
+        hint = closest(unknown[0].split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]) \
+            if unknown else ""
+        fail(f"{message}.{hint} See {self.prog} --help")
+
+
+def fail(message: str, status: int = 2) -> None:
+    # one line whatever the message quotes: a newline or escape code from a file name or a value is shown escaped
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+    print(f"error: {text}", file=sys.stderr)
+    raise SystemExit(status)

@@ -1,0 +1,182 @@
+"""Components by name: what a config's ``{"name": ..., "args": {...}}`` may name (``model/registry.py``), its
+arguments checked against the function's signature and its registered ``check``, and the component built.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from model.registry import KINDS, entries
+from training.config_file import ConfigError, closest, show
+
+# Each kind of component a config may name (what `python train.py --list` prints).
+COMPONENT_MODULES = KINDS
+
+
+# Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
+EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment",)}
+
+
+# Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
+DATA_ARGUMENTS = {"loss": 2}
+
+
+# Keyword arguments the training step fills in itself (a per-element mask), never the config.
+SET_BY_TRAINER = {"loss": ("mask",)}
+
+
+def available(kind: str) -> dict[str, Callable]:
+    """The functions a config may name for ``kind``, by name."""
+    return {name: entry.fn for name, entry in entries(kind).items()}
+
+
+def components_text(kind: str = "all") -> str:
+    """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line."""
+    kinds = list(COMPONENT_MODULES) if kind == "all" else [kind]
+    if kind != "all" and kind not in COMPONENT_MODULES:
+        raise ConfigError(f"--list {kind}: unknown kind.{closest(kind, COMPONENT_MODULES)} "
+                          f"Kinds: {', '.join(COMPONENT_MODULES)}")
+    lines = []
+    for each in kinds:
+        lines.append(f"{each}:")
+        for name, fn in available(each).items():
+            task = entries(each)[name].task
+            lines.append(f"  {signature_text(name, accepted(each, fn))}" + (f"  [task: {task}]" if task else ""))
+    return "\n".join(lines)
+
+
+def accepted(kind: str, fn: Callable) -> Callable:
+    """``fn`` as a config sees it: without the data arguments and those the trainer fills in."""
+    params = list(inspect.signature(fn).parameters.values())[DATA_ARGUMENTS.get(kind, 0):]
+    params = [p for p in params if p.name not in SET_BY_TRAINER.get(kind, ())]
+
+    def shown(*args, **kwargs):
+        pass
+    shown.__signature__ = inspect.signature(fn).replace(parameters=params)
+    return shown
+
+
+class _Annotation(str):
+    """An annotation kept as text (postponed evaluation): shown as written, not as a quoted string."""
+
+    def __repr__(self):
+        return str(self)
+
+
+def signature_text(name: str, fn: Callable) -> str:
+    """``adamw(lr: Hyper, b1: float = 0.9, ...)``: the arguments a config may give, without the return type."""
+    signature = inspect.signature(fn)
+    params = [p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
+              for p in signature.parameters.values()]
+    return f"{name}{signature.replace(parameters=params, return_annotation=inspect.Signature.empty)}"
+
+
+def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] = ()) -> tuple[Callable, dict]:
+    """Looks up spec['name'] and binds spec['args']; `supplied` are arguments the program fills in itself. A component
+    may declare a `check` when it registers, called here with the args: the checks of what is never built before the
+    data exists (a loss's hyperparameters) or whose building reads files (a data loader's)."""
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {show(spec)}")
+    if "name" not in spec:
+        raise ConfigError(f"{where}: missing \"name\" (a component is {{\"name\": ..., \"args\": {{...}}}})")
+    allowed = ("name", "args", *EXTRA_KEYS.get(kind, ()))
+    extra = set(spec) - set(allowed)
+    if extra:
+        raise ConfigError(f"{where}: unexpected key {sorted(extra)[0]!r}; a {kind} component has "
+                          + ", ".join(f'"{k}"' for k in allowed))
+    options = available(kind)
+    name = spec["name"]
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}.name: expected a string, got {show(name)}")
+    if name not in options:
+        raise ConfigError(f"{where}.name: unknown {kind} {name!r}; available: {', '.join(sorted(options))}."
+                          f"{closest(name, options)}")
+    fn = options[name]
+    args = {} if spec.get("args") is None else spec["args"]
+    if not isinstance(args, dict):
+        raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
+    params = dict(inspect.signature(fn).parameters)
+    for data_arg in list(params)[:DATA_ARGUMENTS.get(kind, 0)]:
+        supplied = (*supplied, data_arg)
+        params.pop(data_arg)
+    supplied = (*supplied, *(a for a in SET_BY_TRAINER.get(kind, ()) if a in params))
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key, value in args.items():
+        if key in supplied:
+            raise ConfigError(f"{where}.args.{key}: set by the trainer, not the config")
+        if key not in params and not takes_kwargs:
+            raise ConfigError(f"{where}.args.{key}: unknown argument.{closest(key, params)} "
+                              f"Accepted: {signature_text(name, fn)}")
+        if key in params:
+            check_type(value, params[key].default, f"{where}.args.{key}", kind == "optimizer" and schedulable(fn, key))
+    missing = [p for p, v in params.items()
+               if v.default is inspect.Parameter.empty and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
+               and p not in args and p not in supplied]
+    if missing:
+        raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
+    check = entries(kind)[name].check
+    if check is not None:
+        try:
+            check(**args)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(component_error(where, error, args)) from None
+    return fn, dict(args)
+
+
+def schedulable(fn: Callable, argument: str) -> bool:
+    """Whether an optimizer's argument may be a schedule component: its type is ``Hyper`` (a number or a function of
+    the step; ``training/optimizers.py``). build_optimizer builds schedules for those arguments only."""
+    from training.optimizers import Hyper  # JAX: config errors are reported before it loads
+
+    return typing.get_type_hints(fn).get(argument) == Hyper
+
+
+def component_error(where: str, error: Exception, args: dict) -> str:
+    """A constructor's "b1: must be in [0, 1), got 1.5" placed at its argument: `cfg.json: optimizer.args.b1: ...`."""
+    text = str(error)
+    argument, colon, rest = text.partition(": ")
+    named = colon and argument.split(".")[0] in args  # "hidden.0: ..." is an entry of the argument hidden
+    return f"{where}.args.{argument}: {rest}" if named else f"{where}: {text}"
+
+
+def check_type(value: Any, default: Any, where: str, schedulable: bool = False) -> None:
+    """Type check against the default's type: a number where a number is expected, and so on. null is taken where
+    the default is null or a string (a mode such as mask's), never for a number, flag or list."""
+    if default is inspect.Parameter.empty or default is None:
+        return
+    if value is None:
+        if isinstance(default, str):
+            return
+        ok = False
+    elif isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = number or (schedulable and isinstance(value, dict))
+        if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
+            ok = False
+    elif isinstance(default, str):
+        ok = isinstance(value, (str, dict)) or callable(value)
+    elif isinstance(default, (list, tuple)):
+        ok = isinstance(value, (list, tuple))
+    else:
+        return
+    if not ok:
+        expected = "list" if isinstance(default, tuple) else type(default).__name__
+        raise ConfigError(f"{where}: expected {expected} (like the default {show(default)}), got {show(value)}")
+
+
+def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
+    """Builds one component; errors its constructor raises (impossible values) are reported at its place."""
+    fn, args = check_component(spec, kind, where, tuple(supplied))
+    if kind in DATA_ARGUMENTS:
+        return functools.partial(fn, **args)
+    try:
+        return fn(**args, **supplied)
+    except (ValueError, TypeError, FileNotFoundError, OSError) as error:
+        raise ConfigError(component_error(where, error, args)) from None
