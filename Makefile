@@ -1,11 +1,13 @@
 # make train   -> creates .venv, installs requirements, trains the MNIST sample
 # make test    -> creates .venv with the test references, runs the unit tests and the end-to-end sample runs
 # make test-fast -> the same without the tests marked slow
+# make test-stress -> make test with every test process on one CPU core (two workers and the runs they start share
+#                     it): flushes out tests that depend on the machine's speed or on one side of a race (Linux)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: train test test-fast bench clean
+.PHONY: train test test-fast test-stress bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +29,9 @@ test: $(VENV)/.installed-dev
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
+
+test-stress: $(VENV)/.installed-dev
+	taskset -c 0 $(BIN)/python -m pytest -q -n 2 tests
 
 clean:
 	rm -rf $(VENV)
