@@ -2,6 +2,8 @@
 # make test    -> creates .venv with the test references, runs the unit tests and the end-to-end sample runs
 # make test-fast -> the same without the tests marked slow
 # make lint    -> ruff and the import-layer contract (pyproject.toml); make test runs it first
+# make test-stress -> make test with every test process on one CPU core (two workers and the runs they start share
+#                     it): flushes out tests that depend on the machine's speed or on one side of a race (Linux)
 # JAX comes for the machine's accelerator (training/platform.py, machine_accelerator): requirements-cuda12.txt where
 # an NVIDIA GPU is visible, requirements-tpu.txt on a Cloud TPU VM, else requirements.txt (CPU).
 # When that guess is wrong: make train ACCEL=cpu|cuda12|cuda13|tpu
@@ -22,7 +24,7 @@ override with ACCEL=cpu|cuda12|cuda13|tpu): $(REQUIREMENTS)"
 # choice rebuilds it from scratch, so no plugin of the previous one stays installed.
 BUILT_FOR := $(or $(shell cat $(VENV)/accelerator 2>/dev/null),cpu)
 
-.PHONY: train test test-fast lint bench clean
+.PHONY: train test test-fast test-stress lint bench clean
 
 $(BIN)/python:
 	$(if $(filter-out $(BUILT_FOR),$(ACCEL)),rm -rf $(VENV))
@@ -58,6 +60,9 @@ test: lint
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
+
+test-stress: $(VENV)/.installed-dev
+	taskset -c 0 $(BIN)/python -m pytest -q -n 2 tests
 
 clean:
 	rm -rf $(VENV)

@@ -198,6 +198,7 @@ def main(argv=None) -> int:
     except (Exception, KeyboardInterrupt, Interrupted) as error:
         stop = signal_in(error)
         if stop is None:
+            distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
             raise
         signum = getattr(stop, "signum", signal.SIGINT)
         print(f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",

@@ -28,6 +28,10 @@ AXES = ("data", "fsdp")
 MESH_DEFAULTS = {"data": -1, "fsdp": 1}
 # A dead process is noticed within this many seconds (its heartbeats stop); the others then end with an error.
 HEARTBEAT_TIMEOUT_S = 60
+# JAX's own heartbeat is the backstop for a watchdog that cannot run; it notices a dead process between half its
+# timeout and its timeout after the death and then aborts the others with a C++ stack trace. Half of it stays this
+# many seconds beyond the watchdog's timeout, so that the watchdog's one line comes first however loaded the machine.
+WATCHDOG_MARGIN_S = 10
 # How long processes wait for each other at start-up (nodes of a job start minutes apart) and at the end.
 INIT_TIMEOUT_S = 300
 SHUTDOWN_TIMEOUT_S = 60
@@ -109,6 +113,7 @@ def start(coordinator: str | None = None, num_processes: int | None = None, proc
         return cluster
     import jax
 
+    backstop = 2 * (heartbeat_timeout + WATCHDOG_MARGIN_S)
     # CPU processes exchange collectives over gloo (TCP); accelerators use their own interconnect
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # train.py handles SIGTERM itself (save the position, then stop); JAX's preemption notifier would swallow it
@@ -116,7 +121,7 @@ def start(coordinator: str | None = None, num_processes: int | None = None, proc
     try:
         if cluster.source == "auto":
             jax.distributed.initialize(initialization_timeout=INIT_TIMEOUT_S,
-                                       heartbeat_timeout_seconds=2 * heartbeat_timeout,
+                                       heartbeat_timeout_seconds=backstop,
                                        shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
             cluster = Cluster(jax.process_index(), jax.process_count(), "auto", "auto")
         else:
@@ -124,7 +129,7 @@ def start(coordinator: str | None = None, num_processes: int | None = None, proc
                                        local_device_ids=list(cluster.local_device_ids or []) or None,
                                        cluster_detection_method="deactivate",
                                        initialization_timeout=INIT_TIMEOUT_S,
-                                       heartbeat_timeout_seconds=2 * heartbeat_timeout,
+                                       heartbeat_timeout_seconds=backstop,
                                        shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
     except (RuntimeError, ValueError, TypeError) as error:
         where = f" ({cluster.source}: coordinator {cluster.coordinator})" if cluster.coordinator else ""
@@ -143,7 +148,7 @@ class Watchdog:
     blocked in a collective: every process bumps its own counter in the coordinator's key-value store each second;
     one that stays still for ``timeout`` seconds, or a coordinator that no longer answers (process 0 died), stops
     this one with exit status 1. The last checkpoint stays on disk (writes are atomic) to resume from.
-    ``jax.distributed``'s own heartbeat (twice as long) remains the backstop; ``finish`` stops the watch."""
+    ``jax.distributed``'s own heartbeat (see WATCHDOG_MARGIN_S) remains the backstop; ``finish`` stops the watch."""
 
     current = None
     POLL_S = 1.0
@@ -205,6 +210,33 @@ class Watchdog:
         print(f"error: {why}; process {self.cluster.process_id} stops too (exit status 1). The last checkpoint "
               f"is kept: resume with -r", file=sys.stderr, flush=True)
         os._exit(1)
+
+
+def await_watchdog(error: BaseException) -> None:
+    """After a collective failed because another process died (gloo: "Connection closed by peer"), waits for the
+    watchdog's one line and exit status 1 instead of letting the error's traceback out; returns (the caller raises
+    the error) when the runtime did not raise it or every process stays alive. A dead process 0 takes the
+    coordinator with it: JAX's C++ agent then aborts this process within a second, which no Python code can stop
+    (its missed-heartbeat hook fails with std::bad_cast when given a Python callable); the wait keeps the traceback
+    out of that ending too."""
+    import time
+
+    watchdog = Watchdog.current
+    if watchdog is None or watchdog.stopped or not runtime_error(error):
+        return
+    time.sleep(watchdog.timeout + WATCHDOG_MARGIN_S)
+
+
+def runtime_error(error: BaseException | None) -> bool:
+    """Whether XLA's runtime raised `error` or one behind it (a JaxRuntimeError, or another class carrying an absl
+    status such as "UNKNOWN: Gloo AllGather failed"), not Python code."""
+    import jax
+
+    while error is not None:
+        if isinstance(error, jax.errors.JaxRuntimeError) or re.match(r"[A-Z][A-Z_]{3,}: ", str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def finish(timeout_s: int = INIT_TIMEOUT_S) -> None:
