@@ -10,8 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.test_run_faults import (assert_consistent, data_dir, fault_config, reference, rows_of,  # noqa: F401
-                                   run_faulty)
+from tests.test_run_faults import assert_consistent, data_dir, fault_config, reference, rows_of, run_faulty  # noqa: F401
 from tests.test_train import ROOT, run, write_config
 from training import checkpoint
 
