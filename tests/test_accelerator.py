@@ -29,7 +29,9 @@ def fake_gpu_path(tmp_path) -> str:
 
 def make_dry_run(*args, path=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": path or os.environ["PATH"]}
-    env.pop("ACCEL", None)
+    # a make started from `make test` inherits its level and flags, and would print "Entering directory" lines
+    for name in ("ACCEL", "MAKELEVEL", "MAKEFLAGS", "MFLAGS"):
+        env.pop(name, None)
     return subprocess.run(["make", "-n", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
