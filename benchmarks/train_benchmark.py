@@ -133,7 +133,10 @@ def bench_config(model: str, steps: int = 0, augment: bool = True) -> dict:
                                        "batch_size": BATCH, "shuffle": True},
             "augment": ops if augment else [op for op in ops if op["name"] == "normalize"]}}
     else:
-        config = load_config(REPO / "config.json", [f"model.name={model}", "model.args={}"])
+        # the sample's schedule over its full run (430 steps x 5 epochs), not "all" of the few steps measured here,
+        # whose length would fall below the warm-up
+        config = load_config(REPO / "config.json", [f"model.name={model}", "model.args={}",
+                                                    "optimizer.schedule.args.decay_steps=2150"])
         config["data_loader"] = {"train": {"name": "mnist", "args": {"split": "train", "batch_size": BATCH,
                                                                      "shuffle": True, "data_dir": data_dir()}}}
     config["trainer"]["monitor"] = "off"
