@@ -12,7 +12,7 @@ import json
 import sys
 
 from training.files import CONFIG, PREPROCESSING
-from utils import ArgumentParser, ConfigError, build, fail, load_config
+from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
 def parse_args(argv=None):
@@ -47,10 +47,10 @@ def main(argv=None) -> int:
         unknown = sorted(set(args.prompt) - set(vocabulary))
         if unknown:
             raise ConfigError(f"--prompt: characters not in the model's vocabulary: {''.join(unknown)!r}")
-        model = build(config["model"], "model", "config.json: model")
+        run = assemble(config)
+        model = run.model
         # the ids' dtype and the context length are the data's: one batch of the training split says them
-        spec = build(config["data_loader"]["train"], "data_loader", "config.json: data_loader.train",
-                     seed=config["seed"]).spec["input"]
+        spec = run.load_data(["train"])["train"].spec["input"]
     except ConfigError as error:
         fail(str(error))
     except ValueError as error:

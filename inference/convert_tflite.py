@@ -39,7 +39,7 @@ from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
-from utils import ArgumentParser, ConfigError, build, build_augment, fail, load_config  # noqa: E402
+from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -86,15 +86,14 @@ def resolve_run(args) -> tuple[Path, Path]:
     return config, checkpoint
 
 
-def split_loader(config: dict, splits=("validation", "test")):
-    """(loader, split, None) of the first of `splits` in the config, or (None, None, why not)."""
-    split = next((s for s in splits if s in config["data_loader"]), None)
+def split_loader(run, splits=("validation", "test")):
+    """(loader, split, None) of the first of `splits` in the run's config, or (None, None, why not)."""
+    split = next((s for s in splits if s in run.config["data_loader"]), None)
     if split is None:
         return None, None, f"no {' or '.join(splits)} split in the config"
     try:
-        loader = build(config["data_loader"][split], "data_loader", f"config.json: data_loader.{split}",
-                       seed=config["seed"])
-        augment = build_augment(config)
+        loader = run.load_data([split])[split]
+        augment = run.augment
         if augment is not None:  # the model takes what evaluation makes of the data (e.g. uint8 -> normalised)
             loader = Prepared(loader, augment)
         loader.spec  # noqa: B018 (reads the first batch: a data set that cannot be read fails here, clearly)
@@ -192,9 +191,10 @@ def main(argv=None) -> int:
             raise ConfigError(f"{target} exists; pass --force to replace it")
         config_path, checkpoint_path = resolve_run(args)
         config = load_config(config_path, source=config_path.name)
-        model = build(config["model"], "model", "config.json: model")
-        loader, split, problem = split_loader(config)
-        spec_loader = loader or split_loader(config, ("train",))[0]  # a spec needs one batch of any split
+        run = assemble(config)
+        model = run.model
+        loader, split, problem = split_loader(run)
+        spec_loader = loader or split_loader(run, ("train",))[0]  # a spec needs one batch of any split
         spec, batch = input_spec(args, spec_loader, problem)
         data_spec = spec_loader.spec["input"] if spec_loader is not None else None
         check_input_against_data(args, spec, data_spec, args.val_examples != 0 and loader is not None, split)
