@@ -501,6 +501,27 @@ def assemble(config: dict, source: str = "config.json") -> Run:
     return run
 
 
+def fit(config: dict, run_dir: str | Path | None = None, source: str = "config") -> list[dict]:
+    """Trains from a config in this process, as a notebook would (Keras' ``fit``): validated, assembled and loaded
+    as train.py does, the state initialised from the seed, checkpoints written to ``run_dir`` (default: a new
+    temporary folder). Returns the rows train.py logs, one per epoch (``train/loss``, ``val/accuracy``, ``lr``...)."""
+    import tempfile
+
+    from training.trackers import History
+    from training.trainer import Trainer
+
+    config = validate(config, source)
+    run = assemble(config, source)
+    run.load_data()
+    run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix=f"{config['name']}-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    history = History()
+    trainer = Trainer(run, run_dir, trackers=[history], config_hash=config_hash(config))
+    trainer.init_state()
+    trainer.fit()
+    return history.rows
+
+
 def load_config(path: str | Path, overrides: list[str] = (), source: str | None = None) -> dict:
     source = source or str(path)
     config = read_json(path, source)

@@ -59,6 +59,22 @@ def wandb_on(config: dict) -> bool:
     return bool(config["wandb"]["enabled"]) and wandb_mode(config) != "disabled"
 
 
+class History:
+    """Keeps every epoch's row in memory: what ``utils.fit`` returns to a notebook."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def log_step(self, step: int, values: dict) -> None:
+        pass
+
+    def log_epoch(self, epoch: int, row: dict, best) -> None:
+        self.rows.append(dict(row))
+
+    def close(self, exit_code: int = 0) -> None:
+        pass
+
+
 class WandbTracker:
     """Logs to a wandb run against the global step; epoch rows are logged at the step that ends the epoch."""
 
