@@ -43,6 +43,7 @@ from training.config_file import (  # noqa: F401
     set_path,
     show,
 )
+from training.monitor import Monitor
 
 TRAINER_DEFAULTS = {
     "epochs": 10,
@@ -434,8 +435,6 @@ def build_augment(config: dict, source: str = "config.json"):
 
 def monitor_of(config: dict):
     """``trainer.monitor`` parsed once (validated by ``validate``): a ``Monitor``, or None when "off"."""
-    from training.trainer import Monitor
-
     text = config["trainer"]["monitor"]
     return None if text == "off" else Monitor(*text.split(" ", 1))
 

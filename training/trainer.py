@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,15 +43,6 @@ class Stopped(Exception):
     def __init__(self, signum: int, message: str):
         super().__init__(message)
         self.signum = signum
-
-
-class Monitor(NamedTuple):
-    """``trainer.monitor`` parsed: "max val/accuracy" -> Monitor("max", "val/accuracy")."""
-    mode: str
-    name: str
-
-    def better(self, value, than) -> bool:
-        return value > than if self.mode == "max" else value < than
 
 
 def metric_results(metrics: Sequence, stats: dict) -> dict[str, float | list]:
