@@ -29,8 +29,10 @@ from training.components import (  # noqa: F401
     SET_BY_TRAINER,
     available,
     build,
+    build_optimizer,
     check_component,
     components_text,
+    default_of,
     signature_text,
 )
 from training.config_file import (  # noqa: F401
@@ -79,8 +81,6 @@ MAX_STEPS = 2**31 - 1
 MAX_SEED = 2**32 - 1
 MAX_BATCH = 2**24
 MAX_NAME = 100
-# Steps an epoch counts in a schedule checked before the data is read (build_optimizer's steps_per_epoch None).
-NOMINAL_STEPS_PER_EPOCH = 2**20
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
@@ -277,7 +277,7 @@ def validate(config: dict, source: str = "config.json") -> dict:
 def check_class_count(config: dict, model_fn: Callable, model_args: dict, source: str) -> None:
     """A metric's `k` above the model's class count (num_classes, or vocab_size of a language model) would fail
     only once the step is traced, after the data is read; both are in the config."""
-    classes = next((model_args.get(n, _default(model_fn, n, None)) for n in CLASS_COUNT_ARGUMENTS
+    classes = next((model_args.get(n, default_of(model_fn, n, None)) for n in CLASS_COUNT_ARGUMENTS
                     if n in inspect.signature(model_fn).parameters), None)
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         return  # the model's own check reports it
@@ -285,7 +285,7 @@ def check_class_count(config: dict, model_fn: Callable, model_args: dict, source
         name = spec if isinstance(spec, str) else spec["name"]
         fn = available("metrics")[name]
         args = {} if isinstance(spec, str) else spec.get("args") or {}
-        k = args.get("k", _default(fn, "k", None))
+        k = args.get("k", default_of(fn, "k", None))
         if isinstance(k, int) and k > classes:
             raise ConfigError(f"{source}: metrics.{i}.args.k: must be at most the model's {classes} classes, got {k}")
 
@@ -310,15 +310,6 @@ def check_schedule(spec: Any, where: str) -> None:
             check_number(value, "epochs", f"{where}.args.{key}.", float, 0.0, maximum=MAX_EPOCHS)
         elif value is not None and value != "all":
             check_number(args, key, f"{where}.args.", int, 0, maximum=MAX_STEPS)
-
-
-def steps_of(value: Any, steps_per_epoch: int, epochs: int) -> Any:
-    """A schedule's step count from the config: steps, {"epochs": N} or "all" (every step of the run)."""
-    if value == "all":
-        return steps_per_epoch * epochs
-    if isinstance(value, dict):
-        return max(1, round(value["epochs"] * steps_per_epoch))
-    return value
 
 
 def check_tracker_settings(config: dict, source: str) -> None:
@@ -369,47 +360,6 @@ def monitored_names(config: dict, names: list[str] | None = None) -> list[str]:
     if "validation" in config["data_loader"]:
         logged += ["val/loss"] + [f"val/{m}" for m in names]
     return logged
-
-
-def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None):
-    """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
-    transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run.
-
-    steps_per_epoch None: before the data is read, to check the hyperparameters. Lengths in epochs then count
-    NOMINAL_STEPS_PER_EPOCH steps, so "all" stays longer than a warm-up of a fixed number of steps (whether it is
-    really longer is known, and checked, once the data is). `lr`: a function of the step that replaces the config's
-    learning rate and schedule (the lr_finder callback's range)."""
-    from training import optimizers, schedules
-
-    steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
-
-    def schedule(spec, where):
-        epochs = config["trainer"]["epochs"]
-        args = {k: steps_of(v, steps_per_epoch, epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
-                for k, v in (spec.get("args") or {}).items()}
-        return build({**spec, "args": args}, "schedule", where)
-
-    spec = config["optimizer"]
-    supplied = {}
-    if lr is not None:
-        supplied["lr"] = lr
-    elif "schedule" in spec:
-        supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
-    transforms = [build(t, "transforms", f"{source}: optimizer.transforms.{i}")
-                  for i, t in enumerate(spec.get("transforms", []))]
-    for key, value in (spec.get("args") or {}).items():
-        if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
-            supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")
-    args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
-    optimizer = build({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
-    lr = supplied.get("lr", args.get("lr", _default(available("optimizer")[spec["name"]], "lr", 0.0)))
-    lr_fn = lr if callable(lr) else (lambda step: lr)
-    return (optimizers.chain(*transforms, optimizer) if transforms else optimizer), lr_fn
-
-
-def _default(fn: Callable, name: str, otherwise: Any) -> Any:
-    parameter = inspect.signature(fn).parameters.get(name)
-    return otherwise if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 def build_augment(config: dict, source: str = "config.json"):
@@ -533,25 +483,7 @@ def load_config(path: str | Path, overrides: list[str] = (), source: str | None 
 # -------------------------------------------------------------------------------------------------------- logging
 
 
-# --------------------------------------------------------------------------------------------------- command line
-def main(argv=None) -> int:
-    """python utils.py plot saved/<name>/<run_id> [-o curves.png]"""
-    parser = ArgumentParser(prog="utils.py", description="Tools for run folders.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    plot = commands.add_parser("plot", help="draw a run folder's metrics.jsonl as curves.png")
-    plot.add_argument("run_dir", help="a run folder, e.g. saved/<name>/<run_id>")
-    plot.add_argument("-o", "--out", help="image file (default: <run_dir>/curves.png)")
-    args = parser.parse_args(argv)
+if __name__ == "__main__":  # python utils.py plot saved/<name>/<run_id>: the run-folder tools live with what they draw
+    from training.plots import main
 
-    from training.plots import plot_run
-
-    try:
-        path = plot_run(args.run_dir, args.out)
-    except (OSError, ValueError) as error:  # no metrics.jsonl, an unreadable line, nothing to plot
-        fail(str(error))
-    print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

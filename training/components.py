@@ -1,5 +1,6 @@
 """Components by name: what a config's ``{"name": ..., "args": {...}}`` may name (``model/registry.py``), its
-arguments checked against the function's signature and its registered ``check``, and the component built.
+arguments checked against the function's signature and its registered ``check``, and the component built; the
+optimizer section (optimizer, schedules, gradient transforms) built as one.
 """
 from __future__ import annotations
 
@@ -180,3 +181,57 @@ def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
         return fn(**args, **supplied)
     except (ValueError, TypeError, FileNotFoundError, OSError) as error:
         raise ConfigError(component_error(where, error, args)) from None
+
+
+# Steps an epoch counts in a schedule checked before the data is read (build_optimizer's steps_per_epoch None).
+NOMINAL_STEPS_PER_EPOCH = 2**20
+
+
+def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None):
+    """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
+    transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run.
+
+    steps_per_epoch None: before the data is read, to check the hyperparameters. Lengths in epochs then count
+    NOMINAL_STEPS_PER_EPOCH steps, so "all" stays longer than a warm-up of a fixed number of steps (whether it is
+    really longer is known, and checked, once the data is). `lr`: a function of the step that replaces the config's
+    learning rate and schedule (the lr_finder callback's range)."""
+    from training import optimizers, schedules
+
+    steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
+
+    def schedule(spec, where):
+        epochs = config["trainer"]["epochs"]
+        args = {k: steps_of(v, steps_per_epoch, epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
+                for k, v in (spec.get("args") or {}).items()}
+        return build({**spec, "args": args}, "schedule", where)
+
+    spec = config["optimizer"]
+    supplied = {}
+    if lr is not None:
+        supplied["lr"] = lr
+    elif "schedule" in spec:
+        supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
+    transforms = [build(t, "transforms", f"{source}: optimizer.transforms.{i}")
+                  for i, t in enumerate(spec.get("transforms", []))]
+    for key, value in (spec.get("args") or {}).items():
+        if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
+            supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")
+    args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
+    optimizer = build({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
+    lr = supplied.get("lr", args.get("lr", default_of(available("optimizer")[spec["name"]], "lr", 0.0)))
+    lr_fn = lr if callable(lr) else (lambda step: lr)
+    return (optimizers.chain(*transforms, optimizer) if transforms else optimizer), lr_fn
+
+
+def default_of(fn: Callable, name: str, otherwise: Any) -> Any:
+    parameter = inspect.signature(fn).parameters.get(name)
+    return otherwise if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def steps_of(value: Any, steps_per_epoch: int, epochs: int) -> Any:
+    """A schedule's step count from the config: steps, {"epochs": N} or "all" (every step of the run)."""
+    if value == "all":
+        return steps_per_epoch * epochs
+    if isinstance(value, dict):
+        return max(1, round(value["epochs"] * steps_per_epoch))
+    return value

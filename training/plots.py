@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from training.cli import ArgumentParser, fail
 from training.files import METRICS
 
 PANEL_INCHES = (4.0, 3.0)
@@ -146,3 +147,20 @@ def save_predictions(predicted, true, path: str | Path, names: Sequence[str] | N
     path = Path(path)
     predictions_figure(predicted, true, names).savefig(path)
     return path
+
+
+def main(argv=None) -> int:
+    """python utils.py plot saved/<name>/<run_id> [-o curves.png]"""
+    parser = ArgumentParser(prog="utils.py", description="Tools for run folders.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    plot = commands.add_parser("plot", help="draw a run folder's metrics.jsonl as curves.png")
+    plot.add_argument("run_dir", help="a run folder, e.g. saved/<name>/<run_id>")
+    plot.add_argument("-o", "--out", help="image file (default: <run_dir>/curves.png)")
+    args = parser.parse_args(argv)
+
+    try:
+        path = plot_run(args.run_dir, args.out)
+    except (OSError, ValueError) as error:  # no metrics.jsonl, an unreadable line, nothing to plot
+        fail(str(error))
+    print(f"wrote {path}")
+    return 0
