@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from training.files import CONFIG, PREPROCESSING
+from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
@@ -33,8 +33,7 @@ def main(argv=None) -> int:
     checkpoint_path = of_run(args.run)
     run_dir = checkpoint_path.parent
     try:
-        if not checkpoint_path.is_file():
-            raise ConfigError(f"{checkpoint_path}: no such checkpoint file")
+        check_checkpoint_file(checkpoint_path)
         if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
             raise ConfigError("--tokens and --temperature must be >= 0, --top-k >= 1")
         if not args.prompt:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.files import CONFIG
+from training.files import CONFIG, check_checkpoint_file
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
@@ -54,9 +54,7 @@ def main(argv=None) -> int:
     config_path = Path(args.config) if args.config else checkpoint_path.parent / CONFIG
     out = Path(args.out) if args.out else checkpoint_path.parent
     try:
-        if not checkpoint_path.is_file():
-            what = "not a regular file" if checkpoint_path.exists() else "no such checkpoint file"
-            raise ConfigError(f"{checkpoint_path}: {what}")
+        check_checkpoint_file(checkpoint_path)
         if not args.config and not config_path.exists():
             raise ConfigError(f"{config_path}: no such file; give the run's config with -c CONFIG")
         config = load_config(config_path, args.overrides, source=config_path.name)

@@ -18,14 +18,12 @@ from datetime import datetime
 from pathlib import Path
 
 from training import distributed, platform
-from training.files import CONFIG, LATEST, METRICS, PREPROCESSING
+from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
 from training.trackers import new_run_id, start_trackers, wandb_on
 from utils import (
-    CLASS_COUNT_ARGUMENTS,
     ArgumentParser,
     ConfigError,
     assemble,
-    available,
     components_text,
     config_hash,
     fail,
@@ -101,10 +99,10 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         return resolve_auto(args)
     if args.resume:
         resume = Path(args.resume)
-        check_file("-r", resume)
+        check_checkpoint_file(resume, "-r")
         resume_dir = resume.parent
     if args.weights:
-        check_file("--weights", Path(args.weights))
+        check_checkpoint_file(Path(args.weights), "--weights")
     config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
     if config_path is None:
         raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
@@ -128,13 +126,6 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         raise ConfigError("--lr: the learning rate comes from optimizer.schedule; set its args with --set "
                           "optimizer.schedule.args.<name>=VALUE")
     return config, resume_dir
-
-
-def check_file(flag: str, path: Path) -> None:
-    """A checkpoint given on the command line: a pipe or a device would block or never end (checkpoint.read refuses
-    them too; this says so before the data is read)."""
-    if not path.is_file():
-        raise ConfigError(f"{flag} {path}: {'not a regular file' if path.exists() else 'no such checkpoint file'}")
 
 
 def resolve_auto(args) -> tuple[dict, Path | None]:
@@ -280,11 +271,7 @@ def run(args) -> int:
     # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
     try:
         loaders = run.load_data()  # schedules count the steps of this data (debug modes below cut it, not them)
-        check_model_fits_data(config, run.model, loaders["train"], run.augment, source)
-        accumulate, batches = config["trainer"]["accumulate_steps"], len(loaders["train"])
-        if accumulate > batches:  # each step stacks that many batches, padding what the epoch lacks
-            raise ConfigError(f"{source}: trainer.accumulate_steps: {accumulate:,} batches per step, but an epoch of "
-                              f"the train split has {batches}; at most {batches}")
+        run.check_data()
         debug_mode(args, config, loaders)
         for i, callback in enumerate(run.callbacks):
             try:
@@ -364,7 +351,7 @@ def run(args) -> int:
             run_dir, existed) else ""
         stop_all(f"cannot write in the run folder: {run_folder.os_error_text(error)}{removed}")
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
-    from model.summary import summary
+    from model.summary import describe_batch, summary
 
     log.info(f"run folder: {run_dir}")
     for line in repaired:
@@ -450,46 +437,6 @@ def stop_all(message: str) -> None:
     fail(message)
 
 
-def check_model_fits_data(config: dict, model, loader, augment, source: str) -> None:
-    """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
-    language model with fewer outputs than the data has classes (its loss would be NaN from the first step on), is
-    refused naming what to change."""
-    import inspect
-
-    import jax
-    import numpy as np
-
-    from training.tasks import class_count, task_of
-
-    try:
-        spec = loader.spec if augment is None else augment.spec(loader.spec)
-    except ValueError as error:  # an op that cannot take this data (names its place in the list)
-        raise ConfigError(str(error)) from None
-    try:
-        outputs = jax.eval_shape(lambda x: model(*model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
-    except (TypeError, ValueError) as error:  # shape and dtype errors from inside a layer: the first line says what
-        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
-        pixels = any(np.dtype(leaf.dtype).kind == "u" for leaf in jax.tree.leaves(spec["input"]))
-        hint = ("; integer pixels become float32 with {\"name\": \"normalize\"} in data_loader.train.augment (or "
-                "the loader's \"dtype\": \"float32\" where it has one)") if pixels else ""
-        raise ConfigError(f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} "
-                          f"({reason}){hint}") from None
-    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
-    target = loader.spec.get("target")
-    if task not in ("classification", "sequence") or target is None \
-            or not np.issubdtype(np.dtype(target.dtype), np.integer) or not hasattr(outputs, "shape"):
-        return
-    classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
-    width = outputs.shape[-1]
-    if width < classes:
-        parameters = inspect.signature(available("model")[config["model"]["name"]]).parameters
-        name = next((n for n in CLASS_COUNT_ARGUMENTS if n in parameters), None)
-        where = f"model.args.{name}" if name else "model"
-        per = "position" if task == "sequence" else "example"
-        raise ConfigError(f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
-                          f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs"))
-
-
 def debug_mode(args, config: dict, loaders: dict) -> None:
     """The debug modes' data, applied after the optimizer is built so its schedule stays the config's: every split
     cut to N batches per epoch (--fast-dev-run: 1, and one epoch); --overfit-batches also trains on the same batches
@@ -531,16 +478,6 @@ def nan_report(error: FloatingPointError) -> str:
         if ours else ""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"--detect-nans: {first}{where}; training stopped"
-
-
-def describe_batch(spec: dict) -> str:
-    """The batch's tree of shapes and dtypes in one line: input int32[12,64], target int32[12,64], ..."""
-    import jax
-
-    from model.modules.module import key_path_str
-
-    leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
-    return ", ".join(f"{key_path_str(path)} {leaf.dtype}{list(leaf.shape)}" for path, leaf in leaves)
 
 
 def finish(run_dir: Path, trackers: list, status: int) -> None:

@@ -18,22 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.registry import entries
-
 # The config API in one place for the scripts: reading (training/config_file.py), components by name
 # (training/components.py) and the command-line helpers (training/cli.py), with the schema and the assembly here.
 from training.cli import ArgumentParser, fail, setup_logging  # noqa: F401
 from training.components import (  # noqa: F401
+    CLASS_COUNT_ARGUMENTS,
     COMPONENT_MODULES,
-    DATA_ARGUMENTS,
-    SET_BY_TRAINER,
     available,
     build,
     build_optimizer,
     check_component,
     components_text,
     default_of,
-    signature_text,
 )
 from training.config_file import (  # noqa: F401
     ConfigError,
@@ -70,8 +66,6 @@ CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
 TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard",
              "mesh", "callbacks"}
 LOADER_SPLITS = ("train", "validation", "test")
-# A model argument that sets the number of classes its outputs score (what top_k_accuracy's k may not exceed).
-CLASS_COUNT_ARGUMENTS = ("num_classes", "vocab_size")
 
 
 # Bounds past which a value is a typo, not a setting: a run that never ends, a step counter (int32) that wraps, a seed
@@ -425,16 +419,22 @@ class Run:
             self.steps_per_epoch = -(-len(loaders["train"]) // self.config["trainer"]["accumulate_steps"])
         return self.loaders
 
+    def check_data(self) -> None:
+        """The train data against the run before anything compiles (a ConfigError naming what to change): a model
+        that cannot take its input or has fewer outputs than it has classes, more accumulated batches than it has."""
+        from training.tasks import check_model_fits_data  # JAX: config errors are reported before it loads
+
+        loader = self.loaders["train"]
+        check_model_fits_data(self.config, self.model, loader, self.augment, self.source)
+        accumulate = self.config["trainer"]["accumulate_steps"]
+        if accumulate > len(loader):  # each step stacks that many batches, padding what the epoch lacks
+            raise ConfigError(f"{self.source}: trainer.accumulate_steps: {accumulate:,} batches per step, but an "
+                              f"epoch of the train split has {len(loader)}; at most {len(loader)}")
+
     def optimizer(self, lr: Callable | None = None):
         """(optimizer, its learning rate as a function of the step): the config's, or with ``lr`` instead of the
         config's rate and schedule (the lr_finder callback's range)."""
         return build_optimizer(self.config, self.steps_per_epoch, self.source, lr)
-
-    @property
-    def task(self) -> str | None:
-        """What the loss declares it solves (``register("loss", task=...)``); ``training.tasks.task_of`` refines it
-        with the data."""
-        return entries("loss")[self.config["loss"]["name"]].task
 
 
 def assemble(config: dict, source: str = "config.json") -> Run:
@@ -462,6 +462,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config")
     config = validate(config, source)
     run = assemble(config, source)
     run.load_data()
+    run.check_data()
     run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix=f"{config['name']}-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     history = History()

@@ -115,17 +115,17 @@ def fused_run(steps: int) -> dict:
     from training import platform
     from training.step import empty_stats, make_train_chunk
     from training.trainer import metric_results
-    from utils import build, build_optimizer
+    from utils import assemble
 
     config = bench_config()
+    run = assemble(config)
     loader = train_loader(config, steps)
+    run.use_data({"train": loader})
     batches = list(loader.batches(1))
     epoch = jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
     epoch["active"] = np.ones(len(batches), np.float32)
     epoch = jax.device_put(epoch)  # the whole run's batches on the device before timing
-    model, loss_fn = build(config["model"], "model"), build(config["loss"], "loss")
-    metrics = [build(m, "metrics") for m in config["metrics"]]
-    optimizer, _ = build_optimizer(config, len(loader))
+    model, loss_fn, metrics, (optimizer, _) = run.model, run.loss_fn, run.metrics, run.optimizer()
 
     def init(seed):
         params, state = model.init(jax.random.PRNGKey(seed), loader.spec["input"])

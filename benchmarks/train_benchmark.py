@@ -253,19 +253,18 @@ def fused_run(model_name: str, steps: int) -> dict:
     from training import platform
     from training.step import empty_stats, make_train_chunk
     from training.trainer import metric_results
-    from utils import build, build_optimizer
-    from utils import build_augment as augment_of
+    from utils import assemble
 
-    config = bench_config(model_name, steps, augment=False)
-    augment = augment_of(config)
-    loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
+    run = assemble(bench_config(model_name, steps, augment=False))
+    config, augment = run.config, run.augment
+    loader = run.load_data(["train"])["train"]
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
+    run.use_data({"train": loader})  # the schedule over the steps timed
     batches = list(loader.batches(1))
     epoch = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
     epoch["active"] = np.ones(len(batches), np.float32)
     epoch = jax.device_put(epoch)  # the whole epoch on the device before timing
-    model, loss_fn = build(config["model"], "model"), build(config["loss"], "loss")
-    metrics, (optimizer, _) = [build(m, "metrics") for m in config["metrics"]], build_optimizer(config, len(loader))
+    model, loss_fn, metrics, (optimizer, _) = run.model, run.loss_fn, run.metrics, run.optimizer()
 
     one = {k: v[0] for k, v in epoch.items() if k != "active"}
     seen = augment.spec(one) if augment else one  # the batch as the model sees it

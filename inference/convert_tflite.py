@@ -38,7 +38,7 @@ from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
-from training.files import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
+from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402
 
 
@@ -80,8 +80,7 @@ def resolve_run(args) -> tuple[Path, Path]:
         checkpoint = Path(args.weights)
     else:
         raise ConfigError("give a run folder (-r saved/<name>/<run_id>) or a checkpoint (-w FILE, with -c config)")
-    if not checkpoint.is_file():
-        raise ConfigError(f"{checkpoint}: no such checkpoint file")
+    check_checkpoint_file(checkpoint)
     config = Path(args.config) if args.config else checkpoint.parent / CONFIG
     return config, checkpoint
 

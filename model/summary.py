@@ -6,7 +6,7 @@ import math
 import jax
 
 from model.modules.branches import Branches
-from model.modules.module import Module, output_shape, shape_of
+from model.modules.module import Module, key_path_str, output_shape, shape_of
 from model.modules.sequential import Sequential
 
 
@@ -38,3 +38,9 @@ def summary(model: Module, params, state, x) -> str:
     lines += [f"{path:<{width}}  {str(shape):<20}  {count:>10,}" for path, shape, count in rows]
     lines += ["-" * (width + 34), f"total parameters: {total:,} ({size / 2**20:.2f} MB)"]
     return "\n".join(lines)
+
+
+def describe_batch(spec: dict) -> str:
+    """The batch's tree of shapes and dtypes in one line: input int32[12,64], target int32[12,64], ..."""
+    leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
+    return ", ".join(f"{key_path_str(path)} {leaf.dtype}{list(leaf.shape)}" for path, leaf in leaves)

@@ -13,6 +13,8 @@ from typing import Any
 from model.registry import KINDS, entries
 from training.config_file import ConfigError, closest, show
 
+# A model argument that sets the number of classes its outputs score.
+CLASS_COUNT_ARGUMENTS = ("num_classes", "vocab_size")
 # Each kind of component a config may name (what `python train.py --list` prints).
 COMPONENT_MODULES = KINDS
 

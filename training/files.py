@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from training.config_file import ConfigError
+
 # A run folder's files. Here, not in run_folder.py, because this module imports neither JAX nor the checkpoint
 # format: sweep.py reads run folders without JAX, and training/checkpoint.py resolves a run's best checkpoint.
 CONFIG = "config.json"  # the config the run trained with, defaults filled in
@@ -30,6 +32,14 @@ LOCK_NAME = ".lock"  # held by the process training in the folder (a sweep's fol
 
 # atomic_path's temporaries (mkstemp's names as it asks for them).
 TEMP_NAME = re.compile(r"\..+\.[^.]+\.tmp")
+
+
+def check_checkpoint_file(path: Path, flag: str = "") -> None:
+    """A checkpoint named on a command line (after ``flag``, if any) is a regular file: a pipe or a device would
+    block or never end (``checkpoint.read`` refuses them too; this says so before any data is read)."""
+    if not path.is_file():
+        what = "not a regular file" if path.exists() else "no such checkpoint file"
+        raise ConfigError(f"{flag + ' ' if flag else ''}{path}: {what}")
 
 
 def epoch_checkpoint(epoch: int | str) -> str:

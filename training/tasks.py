@@ -14,11 +14,16 @@ A dataset may override the derived task with ``preprocessing["task"]``.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from model.registry import TASKS, entries
+from model.summary import describe_batch
+from training.components import CLASS_COUNT_ARGUMENTS, available
+from training.config_file import ConfigError
 
 
 def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None) -> str:
@@ -48,3 +53,36 @@ def class_count(preprocessing: dict, targets: Callable[[], np.ndarray]) -> tuple
         return len(preprocessing["classes"]), "classes"
     largest = int(targets().max())
     return largest + 1, f"classes (a label {largest} in its first batch)"
+
+
+def check_model_fits_data(config: dict, model, loader, augment, source: str) -> None:
+    """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
+    language model with fewer outputs than the data has classes (its loss would be NaN from the first step on), is
+    refused naming what to change."""
+    try:
+        spec = loader.spec if augment is None else augment.spec(loader.spec)
+    except ValueError as error:  # an op that cannot take this data (names its place in the list)
+        raise ConfigError(str(error)) from None
+    try:
+        outputs = jax.eval_shape(lambda x: model(*model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
+    except (TypeError, ValueError) as error:  # shape and dtype errors from inside a layer: the first line says what
+        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+        pixels = any(np.dtype(leaf.dtype).kind == "u" for leaf in jax.tree.leaves(spec["input"]))
+        hint = ("; integer pixels become float32 with {\"name\": \"normalize\"} in data_loader.train.augment (or "
+                "the loader's \"dtype\": \"float32\" where it has one)") if pixels else ""
+        raise ConfigError(f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} "
+                          f"({reason}){hint}") from None
+    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+    target = loader.spec.get("target")
+    if task not in ("classification", "sequence") or target is None \
+            or not np.issubdtype(np.dtype(target.dtype), np.integer) or not hasattr(outputs, "shape"):
+        return
+    classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
+    width = outputs.shape[-1]
+    if width < classes:
+        parameters = inspect.signature(available("model")[config["model"]["name"]]).parameters
+        name = next((n for n in CLASS_COUNT_ARGUMENTS if n in parameters), None)
+        where = f"model.args.{name}" if name else "model"
+        per = "position" if task == "sequence" else "example"
+        raise ConfigError(f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
+                          f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs"))
