@@ -402,6 +402,7 @@ class Run:
     monitor: Any  # trainer.monitor parsed: a Monitor, or None when "off"
     loaders: dict = field(default_factory=dict)
     steps_per_epoch: int | None = None  # optimizer steps in an epoch of the train loader (None before the data)
+    epochs: int | None = None  # the run's length in epochs, fixed with the data (debug modes shorten the loop only)
 
     def load_data(self, splits=None) -> dict:
         """Builds the loaders of ``splits`` (default: every split of the config) and reads each one's first batch
@@ -417,6 +418,8 @@ class Run:
         self.loaders.update(loaders)
         if "train" in loaders:  # a step is trainer.accumulate_steps loader batches: schedules count steps
             self.steps_per_epoch = -(-len(loaders["train"]) // self.config["trainer"]["accumulate_steps"])
+            self.epochs = self.config["trainer"]["epochs"]
+            self.optimizer()  # its schedules' lengths in this data's steps are checked now, with the data
         return self.loaders
 
     def check_data(self) -> None:
@@ -434,7 +437,7 @@ class Run:
     def optimizer(self, lr: Callable | None = None):
         """(optimizer, its learning rate as a function of the step): the config's, or with ``lr`` instead of the
         config's rate and schedule (the lr_finder callback's range)."""
-        return build_optimizer(self.config, self.steps_per_epoch, self.source, lr)
+        return build_optimizer(self.config, self.steps_per_epoch, self.source, lr, self.epochs)
 
 
 def assemble(config: dict, source: str = "config.json") -> Run:

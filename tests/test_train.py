@@ -317,3 +317,17 @@ def test_docs_quote_the_unknown_name_error_as_train_py_prints_it(tmp_path, data_
     docs = (ROOT / "docs" / "config.md").read_text()
     line = refused(run("train.py", "-c", make_config(tmp_path, data_dir, model={"name": "mnist_convnxt"})))
     assert f"\n{line}\n" in docs, line
+
+
+def test_schedule_lengths_are_the_config_s_in_debug_modes_and_checked_with_the_data(tmp_path, data_dir):
+    """A schedule counted in epochs or as "all" keeps the configured run's length when --fast-dev-run shortens the
+    loop to one epoch; one that the data makes impossible (a warm-up past the whole run) is one error line."""
+    schedule = {"name": "warmup_cosine_decay",
+                "args": {"init_value": 0.0, "peak_value": 0.003, "warmup_steps": {"epochs": 2}, "decay_steps": "all"}}
+    config = make_config(tmp_path, data_dir, trainer__epochs=3, optimizer__args={}, optimizer__schedule=schedule)
+    assert run("train.py", "-c", config, "--fast-dev-run").returncode == 0
+    schedule["args"]["warmup_steps"] = 100  # 2 epochs of 9 steps: "all" is 18
+    config = make_config(tmp_path, data_dir, trainer__epochs=2, optimizer__args={}, optimizer__schedule=schedule)
+    assert refused(run("train.py", "-c", config, "--run-id", "long_warmup")) == (
+        "error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps (18) must exceed warmup_steps (100)")
+    assert not (tmp_path / "saved/tiny/long_warmup").exists()

@@ -189,21 +189,23 @@ def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
 NOMINAL_STEPS_PER_EPOCH = 2**20
 
 
-def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None):
+def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None,
+                    epochs: int | None = None):
     """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
     transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run.
 
     steps_per_epoch None: before the data is read, to check the hyperparameters. Lengths in epochs then count
     NOMINAL_STEPS_PER_EPOCH steps, so "all" stays longer than a warm-up of a fixed number of steps (whether it is
     really longer is known, and checked, once the data is). `lr`: a function of the step that replaces the config's
-    learning rate and schedule (the lr_finder callback's range)."""
+    learning rate and schedule (the lr_finder callback's range). `epochs`: the run's length that "all" counts
+    (default: trainer.epochs now; a run fixes it when its data is loaded, before a debug mode shortens the run)."""
     from training import optimizers, schedules
 
     steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
+    run_epochs = config["trainer"]["epochs"] if epochs is None else epochs
 
     def schedule(spec, where):
-        epochs = config["trainer"]["epochs"]
-        args = {k: steps_of(v, steps_per_epoch, epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
+        args = {k: steps_of(v, steps_per_epoch, run_epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
                 for k, v in (spec.get("args") or {}).items()}
         return build({**spec, "args": args}, "schedule", where)
 
