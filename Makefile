@@ -50,9 +50,10 @@ $(VENV)/.installed-dev: requirements-dev.txt requirements.txt $(REQUIREMENTS) | 
 train: $(VENV)/.installed
 	$(BIN)/python train.py -c config.json
 
-# The architecture's checks first (pyproject.toml): ruff's lint and the import layers, then the tests.
+# The architecture's checks first (pyproject.toml): ruff's lint and format, and the import layers, then the tests.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	PYTHONPATH=. $(BIN)/lint-imports
 
 test: lint

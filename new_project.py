@@ -10,6 +10,7 @@ and docs/ are copied, fitted to the samples kept. With git installed the folder 
 
 Standard library only: it runs before anything is installed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,28 +29,41 @@ TEMPLATE = Path(__file__).resolve().parent
 
 
 class Sample(NamedTuple):
-    config: str              # where the template keeps its config
-    data: tuple[str, ...]    # the folders under data/ it trains on
-    tests: tuple[str, ...]   # its end-to-end tests
+    config: str  # where the template keeps its config
+    data: tuple[str, ...]  # the folders under data/ it trains on
+    tests: tuple[str, ...]  # its end-to-end tests
 
 
 # In the order the template lists them; a test file two samples share loses the test functions named after the one
 # left out.
 SAMPLES = {
     "mnist": Sample("config.json", ("mnist",), ()),
-    "shakespeare_char": Sample("configs/shakespeare_char.json", ("tinyshakespeare",),
-                               ("tests/test_samples_language_model.py",)),
-    "tabular_regression": Sample("configs/tabular_regression.json", ("regression",),
-                                 ("tests/test_samples_regression_segmentation.py",)),
-    "mnist_segmentation": Sample("configs/mnist_segmentation.json", ("mnist",),
-                                 ("tests/test_samples_regression_segmentation.py",)),
+    "shakespeare_char": Sample(
+        "configs/shakespeare_char.json", ("tinyshakespeare",), ("tests/test_samples_language_model.py",)
+    ),
+    "tabular_regression": Sample(
+        "configs/tabular_regression.json", ("regression",), ("tests/test_samples_regression_segmentation.py",)
+    ),
+    "mnist_segmentation": Sample(
+        "configs/mnist_segmentation.json", ("mnist",), ("tests/test_samples_regression_segmentation.py",)
+    ),
     # CIFAR-10 is downloaded on first use (download: true), never shipped
     "cifar10_resnet": Sample("configs/cifar10_resnet.json", (), ("tests/test_samples_cifar.py",)),
 }
 
 # Never copied, wherever they are: repositories, environments, caches, tracker output.
-SKIP_ANYWHERE = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
-                 ".ipynb_checkpoints", "wandb", ".DS_Store"}
+SKIP_ANYWHERE = {
+    ".git",
+    ".venv",
+    "venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".ipynb_checkpoints",
+    "wandb",
+    ".DS_Store",
+}
 # The template's own measurements and tooling, outputs of runs, and what this script writes itself.
 SKIP_TOP = {"benchmarks", "saved", "exports", "configs", "data", "config.json", "README.md", "new_project.py"}
 SKIP_FILES = {"tests/test_new_project.py", *(test for sample in SAMPLES.values() for test in sample.tests)}
@@ -166,17 +180,18 @@ def add_samples(template: Path, target: Path, samples: list[str], name: str) -> 
     if not any((target / "configs").iterdir()):  # git keeps no empty folder; tests look for configs/
         (target / "configs" / "README.md").write_text(
             "# Configurations\n\nConfigurations besides `config.json` (the one `make train` trains) go here: "
-            "`python train.py -c configs/<name>.json`.\n")
+            "`python train.py -c configs/<name>.json`.\n"
+        )
 
     kept_data = sorted({folder for s in samples for folder in SAMPLES[s].data})
     left_out = {folder for sample in SAMPLES.values() for folder in sample.data} - set(kept_data)
     (target / "data").mkdir()
     for folder in kept_data:
-        shutil.copytree(template / "data" / folder, target / "data" / folder,
-                        ignore=shutil.ignore_patterns(*SKIP_ANYWHERE, "*.pyc"))
+        shutil.copytree(
+            template / "data" / folder, target / "data" / folder, ignore=shutil.ignore_patterns(*SKIP_ANYWHERE, "*.pyc")
+        )
     if (template / "data" / "README.md").is_file():
-        (target / "data" / "README.md").write_text(data_readme((template / "data" / "README.md").read_text(),
-                                                               left_out))
+        (target / "data" / "README.md").write_text(data_readme((template / "data" / "README.md").read_text(), left_out))
     (target / "saved").mkdir()
     if (template / "saved" / "README.md").is_file():
         shutil.copy2(template / "saved" / "README.md", target / "saved" / "README.md")
@@ -185,8 +200,9 @@ def add_samples(template: Path, target: Path, samples: list[str], name: str) -> 
         owners = [s for s, sample in SAMPLES.items() if test in sample.tests]
         if not (template / test).is_file() or not set(owners) & set(samples):
             continue
-        source = drop_tests((template / test).read_text(), [s for s in owners if s not in samples],
-                            left_out_packages(template))
+        source = drop_tests(
+            (template / test).read_text(), [s for s in owners if s not in samples], left_out_packages(template)
+        )
         if source is not None:
             (target / test).write_text(source)
 
@@ -199,23 +215,33 @@ def add_samples(template: Path, target: Path, samples: list[str], name: str) -> 
             by_name = '(ROOT / "configs" / f"{name}.json")'  # a test that finds a sample's config by its name
             if f'"{sample}"' in new and by_name in new:
                 others = [s for s in samples if s != sample and f'"{s}"' in new]
-                new = new.replace(by_name, f'(ROOT / ("{place}" if name == "{sample}" else f"configs/{{name}}.json"))'
-                                  if others else f'(ROOT / "{place}")')
+                new = new.replace(
+                    by_name,
+                    f'(ROOT / ("{place}" if name == "{sample}" else f"configs/{{name}}.json"))'
+                    if others
+                    else f'(ROOT / "{place}")',
+                )
             if new != text:
                 path.write_text(new)
 
     gitignore = target / ".gitignore"
     if gitignore.is_file():
         lines = gitignore.read_text().splitlines(keepends=True)
-        gitignore.write_text("".join(line for line in lines if not any(
-            line.strip() == f"!/data/{folder}/" for folder in left_out)))
+        gitignore.write_text(
+            "".join(line for line in lines if not any(line.strip() == f"!/data/{folder}/" for folder in left_out))
+        )
 
 
 def text_files(root: Path):
     """(path, text) of the project's text files (data sets excluded by size)."""
     for path in sorted(root.rglob("*")):
-        if (path.is_file() and not path.is_symlink() and path.suffix in TEXT_SUFFIXES and ".git" not in
-                path.relative_to(root).parts and path.stat().st_size < 2**20):
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and path.suffix in TEXT_SUFFIXES
+            and ".git" not in path.relative_to(root).parts
+            and path.stat().st_size < 2**20
+        ):
             try:
                 yield path, path.read_text()
             except UnicodeDecodeError:
@@ -256,8 +282,9 @@ def readme(text: str, target: Path, name: str, samples: list[str]) -> str:
                 if key not in samples:
                     continue
                 line = line.replace(f"-c {SAMPLES[key].config}`", f"-c {places[key]}`")
-            elif re.fullmatch(r"[\w.-]+(/[\w.-]*)*", key) and ("/" in key or "." in key) \
-                    and not (target / key).exists():
+            elif (
+                re.fullmatch(r"[\w.-]+(/[\w.-]*)*", key) and ("/" in key or "." in key) and not (target / key).exists()
+            ):
                 continue
         kept.append(line)
     return "\n".join(kept) + "\n"
@@ -266,6 +293,7 @@ def readme(text: str, target: Path, name: str, samples: list[str]) -> str:
 def without_dead_links(text: str, folder: Path) -> str:
     """`text` (Markdown in `folder`) with each link to a file that does not exist as plain text; an image, or a list
     item that starts with such a link, is dropped whole."""
+
     def dead(href: str) -> bool:
         path = href.split("#")[0]
         return bool(path) and "://" not in href and not href.startswith("mailto:") and not (folder / path).exists()
@@ -276,7 +304,7 @@ def without_dead_links(text: str, folder: Path) -> str:
             continue  # the rest of a dropped list item
         dropping = False
         links = [m for m in LINK.finditer(line) if dead(m.group(3))]
-        if links and (any(m.group(1) for m in links) or re.match(r"\s*[-*] $", line[:links[0].start()])):
+        if links and (any(m.group(1) for m in links) or re.match(r"\s*[-*] $", line[: links[0].start()])):
             dropping = True
             continue
         out.append(LINK.sub(lambda m: m.group(2) if not m.group(1) and dead(m.group(3)) else m.group(0), line))
@@ -308,10 +336,15 @@ def git_commit(target: Path, notes: list[str]) -> bool:
     identity = []
     if not run("config", "user.email").stdout.strip():  # a fresh machine: commit anyway, say how to fix it
         identity = ["-c", "user.name=new_project.py", "-c", "user.email=new_project@localhost"]
-        notes.append("git has no user.email: the first commit's author is a placeholder "
-                     "(git commit --amend --reset-author after setting it)")
-    for args in (["init", "-q"], ["add", "-A"],
-                 [*identity, "commit", "-q", "-m", "New project from the JAX training template"]):
+        notes.append(
+            "git has no user.email: the first commit's author is a placeholder "
+            "(git commit --amend --reset-author after setting it)"
+        )
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        [*identity, "commit", "-q", "-m", "New project from the JAX training template"],
+    ):
         result = run(*args)
         if result.returncode != 0:
             lines = (result.stderr or result.stdout).strip().splitlines() or ["no message"]
@@ -377,20 +410,25 @@ def parse_samples(text: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("target", help="the new project's folder (must not exist, or be empty)")
     parser.add_argument("--name", help="the project's name (default: the folder's name)")
-    parser.add_argument("--samples", default=",".join(SAMPLES),
-                        help=f"comma-separated samples to keep; the first one is config.json (default: all: "
-                             f"{','.join(SAMPLES)})")
+    parser.add_argument(
+        "--samples",
+        default=",".join(SAMPLES),
+        help=f"comma-separated samples to keep; the first one is config.json (default: all: {','.join(SAMPLES)})",
+    )
     args = parser.parse_args(argv)
     target = Path(args.target)
     try:
         name = args.name or target.resolve().name
         if not NAME.fullmatch(name):
-            raise ProjectError(f"--name {name!r}: expected letters, digits, '_', '-' or '.' (up to 100, starting "
-                               f"with a letter or digit)")
+            raise ProjectError(
+                f"--name {name!r}: expected letters, digits, '_', '-' or '.' (up to 100, starting "
+                f"with a letter or digit)"
+            )
         samples = parse_samples(args.samples)
         notes = create(target, name, samples)
     except ProjectError as error:

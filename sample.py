@@ -5,6 +5,7 @@
 Uses the run folder's config.json, its best checkpoint (model_best.params, else checkpoint-latest.params) and the
 vocabulary in its preprocessing.json; model/generate.py draws the characters.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ Trials run in saved/<name>/sweep-<id>/trial-NNN/. The id is a hash of what defin
 a trial that was running resumes from its checkpoint, and the same trials are drawn. The folder also gets
 ledger.jsonl, logs/, results.csv, the plots and best/config.json (train.py -c on it reproduces the best trial).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,29 +54,51 @@ POLL_SECONDS = 0.25
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-c", "--config", required=True, help="the config every trial starts from")
-    parser.add_argument("--set", dest="fixed", action="append", default=[], metavar="KEY.PATH=VALUE",
-                        help="a value every trial takes (JSON), e.g. --set trainer.epochs=1")
-    parser.add_argument("--grid", action="append", default=[], metavar="KEY.PATH=[v1,v2,...]",
-                        help="values to try in turn; several --grid make their product")
-    parser.add_argument("--sample", action="append", default=[], metavar="KEY.PATH=DIST",
-                        help="values to draw: uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH, choice:[...]")
+    parser.add_argument(
+        "--set",
+        dest="fixed",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="a value every trial takes (JSON), e.g. --set trainer.epochs=1",
+    )
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=[v1,v2,...]",
+        help="values to try in turn; several --grid make their product",
+    )
+    parser.add_argument(
+        "--sample",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=DIST",
+        help="values to draw: uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH, choice:[...]",
+    )
     parser.add_argument("--trials", type=int, help="how many trials (default: the grid's size; with --sample, 10)")
     parser.add_argument("--seed", type=int, default=0, help="the sweep's seed: which values are drawn (default 0)")
     parser.add_argument("--parallel", type=int, default=1, help="trials run at once (default 1)")
     parser.add_argument("--prune", default="off", help="median[:WARMUP_EPOCHS[:MIN_TRIALS]] or off (default)")
-    parser.add_argument("--sampler", default="random",
-                        help="random (default: grid in order, draws from the seed) or optuna:tpe (needs optuna)")
+    parser.add_argument(
+        "--sampler",
+        default="random",
+        help="random (default: grid in order, draws from the seed) or optuna:tpe (needs optuna)",
+    )
     parser.add_argument("--id", help="the sweep folder's id (default: a hash of the sweep's definition)")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="run the trials recorded as failed again (once what failed them is fixed)")
+    parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run the trials recorded as failed again (once what failed them is fixed)",
+    )
     return parser.parse_args(argv)
 
 
 class Sweep(NamedTuple):
     config_path: str
-    config: dict            # resolved, with --set
+    config: dict  # resolved, with --set
     fixed: list[str]
-    params: list            # Param
+    params: list  # Param
     trials: int
     folder: Path
     mode: str
@@ -108,8 +131,9 @@ def define(args) -> tuple[Sweep, dict]:
             flag = "--grid" if param.kind == "grid" else "--sample"
             raise SweepError(f"{flag} {param.key}={json.dumps(value)}: {error}") from None
     if config["trainer"]["monitor"] == "off":
-        raise SweepError(f"{source}: trainer.monitor is off; a sweep ranks trials by it "
-                         f"(--set 'trainer.monitor=max val/accuracy')")
+        raise SweepError(
+            f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')"
+        )
     mode, metric = config["trainer"]["monitor"].split(" ", 1)
 
     grid_size = 1
@@ -120,8 +144,9 @@ def define(args) -> tuple[Sweep, dict]:
     if trials < 1:
         raise SweepError(f"--trials {trials}: expected at least 1")
     if not sampled and trials > grid_size and args.sampler == "random":
-        raise SweepError(f"--trials {trials}: the grid has {grid_size} point{'s' * (grid_size > 1)}; add --sample to "
-                         f"draw more")
+        raise SweepError(
+            f"--trials {trials}: the grid has {grid_size} point{'s' * (grid_size > 1)}; add --sample to draw more"
+        )
     kind, _, algorithm = args.sampler.partition(":")
     if kind == "optuna":
         sampler = OptunaSampler(algorithm or "tpe", params, args.seed, mode)
@@ -130,8 +155,15 @@ def define(args) -> tuple[Sweep, dict]:
     else:
         raise SweepError(f"--sampler {args.sampler}: expected random or optuna:tpe")
 
-    definition = {"config": read_json(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample,
-                  "seed": args.seed, "sampler": args.sampler, "prune": args.prune}
+    definition = {
+        "config": read_json(args.config),
+        "set": args.fixed,
+        "grid": args.grid,
+        "sample": args.sample,
+        "seed": args.seed,
+        "sampler": args.sampler,
+        "prune": args.prune,
+    }
     sweep_id = args.id or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
     if not sweep_id.replace("-", "").replace("_", "").isalnum() or len(sweep_id) > 64:
         raise SweepError(f"--id {sweep_id!r}: expected letters, digits, '-' or '_'")
@@ -190,8 +222,8 @@ class Runner:
         self.sweep, self.ledger, self.trials = sweep, ledger, trials
         self.running: dict[int, Running] = {}
         self.curves = {i: list(t.curve) for i, t in trials.items()}
-        self.checked: dict[int, int] = {}   # the last epoch the pruner looked at, per running trial
-        self.pruned: dict[int, dict] = {}   # trials told to stop, with the pruner's reason
+        self.checked: dict[int, int] = {}  # the last epoch the pruner looked at, per running trial
+        self.pruned: dict[int, dict] = {}  # trials told to stop, with the pruner's reason
         self.stop_signal = None
         self.preexec = parent_death_signal()
         (sweep.folder / "logs").mkdir(exist_ok=True)
@@ -204,8 +236,16 @@ class Runner:
         before = self.trials.get(index)
         params = before.params if before else sweep.sampler.params(index)
         run = f"trial-{index:03d}"
-        self.ledger.append({"event": "start", "trial": index, "params": params, "run": run,
-                            "resume": before is not None, "time": time.time()})
+        self.ledger.append(
+            {
+                "event": "start",
+                "trial": index,
+                "params": params,
+                "run": run,
+                "resume": before is not None,
+                "time": time.time(),
+            }
+        )
         self.trials[index] = trial = Trial(index, params, run, "running", seconds=before.seconds if before else 0.0)
         self.curves.setdefault(index, [])
         try:  # a combination the probes did not try: no process needed to learn it is refused
@@ -215,8 +255,11 @@ class Runner:
             return
         command = [sys.executable, str(TRAIN), "-r", "auto", "-c", sweep.config_path, "--run-id", run]
         # last, so that the trial's folder is saved/<name>/sweep-<id>/trial-NNN whatever --set said
-        for text in sweep.fixed + overrides(params) + [f"name={json.dumps(sweep.folder.name)}",
-                                                       f"trainer.save_dir={json.dumps(str(sweep.folder.parent))}"]:
+        for text in (
+            sweep.fixed
+            + overrides(params)
+            + [f"name={json.dumps(sweep.folder.name)}", f"trainer.save_dir={json.dumps(str(sweep.folder.parent))}"]
+        ):
             command += ["--set", text]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if sweep.parallel > 1:  # several trials on one accelerator: each takes memory as it needs it
@@ -227,8 +270,15 @@ class Runner:
             out.flush()
             log_start = out.tell()
             try:
-                process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=env, start_new_session=True, preexec_fn=self.preexec)
+                process = subprocess.Popen(
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=self.preexec,
+                )
             except OSError as error:
                 self.end(index, "failed", error=f"cannot start train.py: {error.strerror or error}")
                 return
@@ -236,27 +286,48 @@ class Runner:
         self.checked[index] = 0
         if self.stop_signal is not None:  # it came while the process was being started
             process.send_signal(self.stop_signal)
-        print(f"trial {index}: {'resumed' if before else 'started'}  "
-              + "  ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), flush=True)
+        print(
+            f"trial {index}: {'resumed' if before else 'started'}  "
+            + "  ".join(f"{k}={json.dumps(v)}" for k, v in params.items()),
+            flush=True,
+        )
 
     def end(self, index: int, status: str, seconds: float = 0.0, **extra) -> None:
         curve = self.curves.get(index, [])
         value, epoch = best_of(curve, self.sweep.mode)
         if status == "pruned":
             value, epoch = curve[extra["epoch"] - 1], extra["epoch"]
-        record = {"event": "end", "trial": index, "status": status, "value": value, "epoch": epoch,
-                  "epochs": len(curve), "seconds": round(seconds, 2), "curve": curve, **extra, "time": time.time()}
+        record = {
+            "event": "end",
+            "trial": index,
+            "status": status,
+            "value": value,
+            "epoch": epoch,
+            "epochs": len(curve),
+            "seconds": round(seconds, 2),
+            "curve": curve,
+            **extra,
+            "time": time.time(),
+        }
         self.ledger.append(record)
         self.trials[index] = trial = self.trials[index]._replace(
-            status=status, value=value, epoch=epoch, epochs=len(curve), seconds=self.trials[index].seconds + seconds,
-            error=extra.get("error", ""), curve=tuple(curve))
+            status=status,
+            value=value,
+            epoch=epoch,
+            epochs=len(curve),
+            seconds=self.trials[index].seconds + seconds,
+            error=extra.get("error", ""),
+            curve=tuple(curve),
+        )
         self.sweep.sampler.tell(index, trial.params, status, value)
         shown = "" if value is None else f"  {self.sweep.metric} {value:.4f} (epoch {epoch})"
         why = f"  {extra['error']}" if extra.get("error") else ""
         if status == "pruned":
-            why = f"  below the median {extra['median']:.4f} of earlier trials at epoch {extra['epoch']}" \
-                if self.sweep.mode == "max" else \
-                f"  above the median {extra['median']:.4f} of earlier trials at epoch {extra['epoch']}"
+            why = (
+                f"  below the median {extra['median']:.4f} of earlier trials at epoch {extra['epoch']}"
+                if self.sweep.mode == "max"
+                else f"  above the median {extra['median']:.4f} of earlier trials at epoch {extra['epoch']}"
+            )
         print(f"trial {index}: {status}{shown}{why}", flush=True)
 
     def watch(self) -> None:
@@ -280,8 +351,9 @@ class Runner:
                 else:
                     self.end(index, "done", seconds)
             elif code in (130, 143) and self.stop_signal is not None:
-                self.ledger.append({"event": "stopped", "trial": index, "seconds": round(seconds, 2),
-                                    "time": time.time()})
+                self.ledger.append(
+                    {"event": "stopped", "trial": index, "seconds": round(seconds, 2), "time": time.time()}
+                )
                 self.trials[index] = self.trials[index]._replace(seconds=self.trials[index].seconds + seconds)
             else:
                 self.end(index, "failed", seconds, exit=code, error=error_line(running))
@@ -292,9 +364,15 @@ class Runner:
             return
         for epoch in range(self.checked[index] + 1, len(curve) + 1):
             self.checked[index] = epoch
-            earlier = [self.curves[j][epoch - 1] for j, t in self.trials.items()
-                       if j < index and t.status in ("done", "running") and j not in self.pruned
-                       and len(self.curves.get(j, [])) >= epoch and self.curves[j][epoch - 1] is not None]
+            earlier = [
+                self.curves[j][epoch - 1]
+                for j, t in self.trials.items()
+                if j < index
+                and t.status in ("done", "running")
+                and j not in self.pruned
+                and len(self.curves.get(j, [])) >= epoch
+                and self.curves[j][epoch - 1] is not None
+            ]
             median = pruner.check(epoch, curve[epoch - 1], earlier, self.sweep.mode)
             if median is not None:
                 self.pruned[index] = {"epoch": epoch, "median": median}
@@ -319,8 +397,11 @@ def error_line(running: Running) -> str:
     if errors:
         return errors[-1]
     try:
-        logged = [line.split(" ERROR ", 1)[1].split(": ", 1)[-1]  # without the time, level and logger
-                  for line in (running.run_dir / "train.log").read_text().splitlines() if " ERROR " in line]
+        logged = [
+            line.split(" ERROR ", 1)[1].split(": ", 1)[-1]  # without the time, level and logger
+            for line in (running.run_dir / "train.log").read_text().splitlines()
+            if " ERROR " in line
+        ]
     except OSError:
         logged = []
     code = running.process.returncode
@@ -343,11 +424,14 @@ def report(sweep: Sweep, trials: dict[int, Trial]) -> Trial | None:
         print(f"plots not drawn: {type(error).__name__}: {error}", file=sys.stderr)
     if best is not None:
         # what the trial ran, under the config's own name and save_dir (the sweep gave the trial its folder)
-        config = load_config(sweep.config_path, sweep.fixed + overrides(best.params),
-                             source=Path(sweep.config_path).name)
+        config = load_config(
+            sweep.config_path, sweep.fixed + overrides(best.params), source=Path(sweep.config_path).name
+        )
         write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
-        print(f"best: trial {best.index}, {sweep.metric} {best.value:.4f}; reproduce it with "
-              f"python train.py -c {sweep.folder / 'best' / 'config.json'}")
+        print(
+            f"best: trial {best.index}, {sweep.metric} {best.value:.4f}; reproduce it with "
+            f"python train.py -c {sweep.folder / 'best' / 'config.json'}"
+        )
     return best
 
 
@@ -365,8 +449,10 @@ def main(argv=None) -> int:
             ledger.append({"event": "sweep", "definition": definition, "time": time.time()})
         elif records[0].get("definition") != definition:
             changed = sorted(k for k in definition if records[0].get("definition", {}).get(k) != definition[k])
-            raise SweepError(f"{sweep.folder}: this sweep was started with other settings ({', '.join(changed)} "
-                             f"differ); use another --id, or the same arguments to continue it")
+            raise SweepError(
+                f"{sweep.folder}: this sweep was started with other settings ({', '.join(changed)} "
+                f"differ); use another --id, or the same arguments to continue it"
+            )
     except SweepError as error:
         fail(str(error))
     except OSError as error:
@@ -380,8 +466,11 @@ def main(argv=None) -> int:
     done = sum(t.status in FINISHED for t in trials.values())
     failed = sum(t.status == "failed" for t in trials.values())
     retry = f"; {failed} failed, --retry-failed reruns them" if failed and not args.retry_failed else ""
-    print(f"sweep: {sweep.folder} ({done} of {sweep.trials} trials already ended{retry}; rerun the same command to "
-          f"continue after a stop)", flush=True)
+    print(
+        f"sweep: {sweep.folder} ({done} of {sweep.trials} trials already ended{retry}; rerun the same command to "
+        f"continue after a stop)",
+        flush=True,
+    )
 
     previous = {s: signal.signal(s, lambda signum, frame: runner.stop(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -402,8 +491,10 @@ def main(argv=None) -> int:
     best = report(sweep, runner.trials)
     if runner.stop_signal is not None:
         left = sum(runner.trials.get(i) is None or runner.trials[i].status == "running" for i in range(sweep.trials))
-        print(f"stopped by {signal.Signals(runner.stop_signal).name}: {left} trials to go; the same command continues",
-              file=sys.stderr)
+        print(
+            f"stopped by {signal.Signals(runner.stop_signal).name}: {left} trials to go; the same command continues",
+            file=sys.stderr,
+        )
         return 128 + runner.stop_signal
     return 0 if best is not None else 1
 

@@ -10,6 +10,7 @@ when it is not the test split.
 
 Exit status: 0 done; 1 the results were printed but a file could not be written (one `error:` line names it); 2 bad
 input (arguments, config, data, checkpoint), reported in one `error:` line before anything is evaluated."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-r", "--resume", required=True, help="checkpoint file or run folder")
     parser.add_argument("-c", "--config", help="config file (default: the run folder's config.json)")
-    parser.add_argument("--split", choices=("test", "validation"),
-                        help="the split to evaluate (default: test, or validation when the config has no test split)")
+    parser.add_argument(
+        "--split",
+        choices=("test", "validation"),
+        help="the split to evaluate (default: test, or validation when the config has no test split)",
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--out", help="folder for the figures and tables (default: the checkpoint's)")
     return parser.parse_args(argv)
@@ -41,8 +45,12 @@ def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
     tp = np.diag(matrix).astype(np.float64)
     predicted, actual = matrix.sum(axis=0), matrix.sum(axis=1)
     ratio = lambda a, b: np.divide(a, b, out=np.zeros(len(tp)), where=b > 0)
-    return {"precision": ratio(tp, predicted), "recall": ratio(tp, actual), "f1": ratio(2 * tp, predicted + actual),
-            "support": actual}
+    return {
+        "precision": ratio(tp, predicted),
+        "recall": ratio(tp, actual),
+        "f1": ratio(2 * tp, predicted + actual),
+        "support": actual,
+    }
 
 
 def main(argv=None) -> int:
@@ -64,11 +72,13 @@ def main(argv=None) -> int:
         fail(f"{config_path}: cannot read it ({getattr(error, 'strerror', None) or error})")
     try:
         if args.split is None:  # a run without a test split (a language model's) is judged on its validation split
-            args.split = "test" if "test" in config["data_loader"] or "validation" not in config["data_loader"] \
-                else "validation"
+            args.split = (
+                "test" if "test" in config["data_loader"] or "validation" not in config["data_loader"] else "validation"
+            )
         if args.split not in config["data_loader"]:
-            raise ConfigError(f"data_loader.{args.split}: not in the config; "
-                              f"splits: {', '.join(config['data_loader'])}")
+            raise ConfigError(
+                f"data_loader.{args.split}: not in the config; splits: {', '.join(config['data_loader'])}"
+            )
         # the figures are written after the evaluation: an --out that cannot be a folder is refused before it
         existing = next(p for p in (out, *out.parents) if p.exists())
         if not existing.is_dir():
@@ -103,8 +113,9 @@ def main(argv=None) -> int:
     if task == "sequence" and "accuracy" not in names:
         metrics = [*metrics, accuracy()]
     try:
-        template = jax.eval_shape(lambda: dict(zip(("params", "state"),
-                                                   model.init(jax.random.PRNGKey(0), spec["input"]))))
+        template = jax.eval_shape(
+            lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec["input"])))
+        )
     except Exception as error:  # shape errors from deep inside a layer: their first line says what
         reason = (str(error).strip() or type(error).__name__).splitlines()[0]
         fail(f"config.json: model: cannot take the data's input ({reason})")
@@ -120,8 +131,10 @@ def main(argv=None) -> int:
         totals = eval_step(params, state, totals, batch)
     results = metric_results(metrics, totals)
 
-    print(f"{checkpoint_path} (epoch {header.get('epoch')}, step {header.get('step')}), "
-          f"{args.split} split, {loader.num_examples} examples, task: {task}")
+    print(
+        f"{checkpoint_path} (epoch {header.get('epoch')}, step {header.get('step')}), "
+        f"{args.split} split, {loader.num_examples} examples, task: {task}"
+    )
     for name, value in results.items():
         if isinstance(value, float):
             label = "token accuracy" if task == "sequence" and name == "accuracy" else name
@@ -132,16 +145,27 @@ def main(argv=None) -> int:
     suffix = "" if args.split == "test" else f"_{args.split}"
     try:
         if task == "classification":
-            report_classes(np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"),
-                           out, suffix)
+            report_classes(
+                np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"), out, suffix
+            )
         elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
             print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
         elif task == "regression":
-            report_predictions(model, params, state, loader if augment is None else Prepared(loader, augment),
-                               preprocessing, out, suffix)
+            report_predictions(
+                model,
+                params,
+                state,
+                loader if augment is None else Prepared(loader, augment),
+                preprocessing,
+                out,
+                suffix,
+            )
     except OSError as error:  # a read-only or full disk: the results above stand, the files do not
-        fail(f"cannot write {error.filename or out} ({error.strerror or error}); the results above are complete, "
-             "--out DIR writes the files elsewhere", 1)
+        fail(
+            f"cannot write {error.filename or out} ({error.strerror or error}); the results above are complete, "
+            "--out DIR writes the files elsewhere",
+            1,
+        )
     return 0
 
 
@@ -197,8 +221,9 @@ def report_predictions(model, params, state, loader, preprocessing: dict, out: P
         predicted.append(np.asarray(forward(batch["input"]))[real])
         true.append(np.asarray(target_of(batch))[real])
     out.mkdir(parents=True, exist_ok=True)
-    image = save_predictions(np.concatenate(predicted), np.concatenate(true), out / f"predictions{suffix}.png",
-                             preprocessing.get("targets"))
+    image = save_predictions(
+        np.concatenate(predicted), np.concatenate(true), out / f"predictions{suffix}.png", preprocessing.get("targets")
+    )
     print(f"wrote {image}")
 
 

@@ -1,4 +1,5 @@
 """Train a model from a JSON config:  python train.py -c config.json [-r CHECKPOINT] [--set key.path=value ...]"""
+
 from __future__ import annotations
 
 if __name__ == "__main__":  # before anything imports JAX; may re-execute once (TRAIN_PLATFORM_DEFAULTS=0: off)
@@ -47,46 +48,87 @@ class Interrupted(BaseException):
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("-c", "--config", help="config file (default: the resumed run's config.json)")
-    parser.add_argument("-r", "--resume", help="checkpoint to continue from (e.g. saved/<name>/<run>/"
-                        "checkpoint-latest.params), or auto: the run named by --run-id if it has a checkpoint, else a "
-                        "new run of that name")
-    parser.add_argument("--weights",
-                        help="initialise params/state from this checkpoint, then train afresh (fine-tuning)")
-    parser.add_argument("--exclude", action="append", default=[], metavar="KEY.PATH",
-                        help="with --weights: keep these key-path prefixes fresh, e.g. --exclude params.head")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                        help="override a config value (JSON), e.g. --set optimizer.args.lr=0.01")
+    parser.add_argument(
+        "-r",
+        "--resume",
+        help="checkpoint to continue from (e.g. saved/<name>/<run>/"
+        "checkpoint-latest.params), or auto: the run named by --run-id if it has a checkpoint, else a "
+        "new run of that name",
+    )
+    parser.add_argument(
+        "--weights", help="initialise params/state from this checkpoint, then train afresh (fine-tuning)"
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="KEY.PATH",
+        help="with --weights: keep these key-path prefixes fresh, e.g. --exclude params.head",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (JSON), e.g. --set optimizer.args.lr=0.01",
+    )
     parser.add_argument("--lr", type=float, help="alias of --set optimizer.args.lr=LR")
     parser.add_argument("--bs", type=int, help="alias of --set data_loader.train.args.batch_size=BS")
     parser.add_argument("--epochs", type=int, help="alias of --set trainer.epochs=N")
     parser.add_argument("--run-id", help="run folder name (default: a timestamp)")
-    parser.add_argument("--list", nargs="?", const="all", metavar="KIND",
-                        help="print the components a config may name, with their arguments, and exit: every kind, "
-                             "or one (model, loss, metrics, optimizer, transforms, schedule, data_loader, augment, "
-                             "callbacks)")
+    parser.add_argument(
+        "--list",
+        nargs="?",
+        const="all",
+        metavar="KIND",
+        help="print the components a config may name, with their arguments, and exit: every kind, "
+        "or one (model, loss, metrics, optimizer, transforms, schedule, data_loader, augment, "
+        "callbacks)",
+    )
     debug = parser.add_argument_group("debug modes")
-    debug.add_argument("--fast-dev-run", action="store_true",
-                       help="one step of train, validation and test, a checkpoint written and read back, in a "
-                            "throw-away run folder: a config smoke test in seconds")
+    debug.add_argument(
+        "--fast-dev-run",
+        action="store_true",
+        help="one step of train, validation and test, a checkpoint written and read back, in a "
+        "throw-away run folder: a config smoke test in seconds",
+    )
     debug.add_argument("--limit-batches", type=int, metavar="N", help="at most N batches per epoch of every split")
-    debug.add_argument("--overfit-batches", type=int, metavar="N",
-                       help="train on the same first N batches every epoch and validate on them (the loss must "
-                            "fall to near zero, or the model, loss or data has a bug)")
-    debug.add_argument("--detect-nans", action="store_true",
-                       help="stop at the first operation that makes a NaN, naming it and its line (jax_debug_nans; "
-                            "the step runs jitted but not ahead-of-time compiled, and is re-run op by op to find it)")
-    debug.add_argument("--no-jit", action="store_true",
-                       help="run every step op by op (jax.disable_jit): breakpoints and prints inside the model, "
-                            "loss and step see real values; slow")
+    debug.add_argument(
+        "--overfit-batches",
+        type=int,
+        metavar="N",
+        help="train on the same first N batches every epoch and validate on them (the loss must "
+        "fall to near zero, or the model, loss or data has a bug)",
+    )
+    debug.add_argument(
+        "--detect-nans",
+        action="store_true",
+        help="stop at the first operation that makes a NaN, naming it and its line (jax_debug_nans; "
+        "the step runs jitted but not ahead-of-time compiled, and is re-run op by op to find it)",
+    )
+    debug.add_argument(
+        "--no-jit",
+        action="store_true",
+        help="run every step op by op (jax.disable_jit): breakpoints and prints inside the model, "
+        "loss and step see real values; slow",
+    )
     several = parser.add_argument_group("several processes (jax.distributed; SLURM's srun is detected by itself)")
-    several.add_argument("--coordinator", metavar="HOST:PORT",
-                         help="process 0's address, the same for every process (e.g. node001:29500), or auto: "
-                              "JAX's detection (Cloud TPU pod slices, GKE, Open MPI)")
+    several.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's address, the same for every process (e.g. node001:29500), or auto: "
+        "JAX's detection (Cloud TPU pod slices, GKE, Open MPI)",
+    )
     several.add_argument("--num-processes", type=int, metavar="N", help="how many processes train together")
     several.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
-    several.add_argument("--heartbeat-timeout", type=int, default=distributed.HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
-                         help="a process silent this long counts as dead and the others stop with an error "
-                              "(default: %(default)s)")
+    several.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=distributed.HEARTBEAT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a process silent this long counts as dead and the others stop with an error (default: %(default)s)",
+    )
     return parser.parse_args(argv)
 
 
@@ -123,8 +165,10 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     if args.exclude and not args.weights:
         raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
     if args.lr is not None and "schedule" in config["optimizer"]:
-        raise ConfigError("--lr: the learning rate comes from optimizer.schedule; set its args with --set "
-                          "optimizer.schedule.args.<name>=VALUE")
+        raise ConfigError(
+            "--lr: the learning rate comes from optimizer.schedule; set its args with --set "
+            "optimizer.schedule.args.<name>=VALUE"
+        )
     return config, resume_dir
 
 
@@ -153,9 +197,11 @@ def check_not_linked(config: dict, run_id: str | None = None) -> None:
     parent = Path(config["trainer"]["save_dir"]) / config["name"]
     for folder in (parent, parent / run_id) if run_id else (parent,):
         if folder.is_symlink():
-            raise ConfigError(f"{folder}: a symbolic link (to {os.readlink(folder)}), not a folder; runs are written "
-                              f"only into real folders under {parent.parent}: remove the link or choose another "
-                              f"{'--run-id' if folder != parent else 'name'}")
+            raise ConfigError(
+                f"{folder}: a symbolic link (to {os.readlink(folder)}), not a folder; runs are written "
+                f"only into real folders under {parent.parent}: remove the link or choose another "
+                f"{'--run-id' if folder != parent else 'name'}"
+            )
 
 
 def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
@@ -192,8 +238,10 @@ def main(argv=None) -> int:
             distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
             raise
         signum = getattr(stop, "signum", signal.SIGINT)
-        print(f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",
-              file=sys.stderr)
+        print(
+            f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",
+            file=sys.stderr,
+        )
         return 128 + signum
     finally:
         for signum, handler in previous.items():
@@ -233,10 +281,12 @@ def safe_point() -> None:
 def stop_at_next_step(trainer):
     """While training: the loop saves at the next step boundary and stops; a second Ctrl-C stops at once (every
     finished epoch or saved step is kept either way)."""
+
     def handler(signum, frame):
         if signum == signal.SIGINT and trainer.stop_signal is not None:
             raise KeyboardInterrupt
         trainer.request_stop(signum)
+
     return handler
 
 
@@ -294,8 +344,12 @@ def run(args) -> int:
     # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
     try:
         lock = run_folder.hold(resume_dir, mark=False) if resume_dir and distributed.is_main() else None
-        trainer = Trainer(run, resume_dir, config_hash=config_hash(config),
-                          execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot")
+        trainer = Trainer(
+            run,
+            resume_dir,
+            config_hash=config_hash(config),
+            execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
+        )
         trainer.check_memory()
         if args.resume:
             trainer.restore(Path(args.resume))
@@ -319,8 +373,9 @@ def run(args) -> int:
                 run_folder.hold(run_dir)
             else:
                 run_folder.mark_holder(lock)
-            repaired = run_folder.reconcile(run_dir, Path(args.resume), trainer.resumed_header,
-                                            config["trainer"]["save_period"])
+            repaired = run_folder.reconcile(
+                run_dir, Path(args.resume), trainer.resumed_header, config["trainer"]["save_period"]
+            )
         else:
             parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], run_id_of(config)
             existed = run_folder.first_existing(parent / run_id)  # what a failed start leaves as it was
@@ -328,8 +383,12 @@ def run(args) -> int:
             if existed == run_dir:  # -r auto reusing the folder of an attempt that ended before its first checkpoint
                 existed = None
             run_folder.hold(run_dir)
-            shutil.copytree(Path(__file__).parent / "model", run_dir / "model",
-                            ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+            shutil.copytree(
+                Path(__file__).parent / "model",
+                run_dir / "model",
+                ignore=shutil.ignore_patterns("__pycache__"),
+                dirs_exist_ok=True,
+            )
             # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
@@ -347,8 +406,11 @@ def run(args) -> int:
     except (run_folder.RunFolderError, distributed.DistributedError) as error:
         stop_all(str(error))
     except OSError as error:  # a full or read-only disk: a new run's folder goes again, nothing half-made stays
-        removed = "; the run folder was removed again" if existed is not None and run_folder.remove_new(
-            run_dir, existed) else ""
+        removed = (
+            "; the run folder was removed again"
+            if existed is not None and run_folder.remove_new(run_dir, existed)
+            else ""
+        )
         stop_all(f"cannot write in the run folder: {run_folder.os_error_text(error)}{removed}")
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
     from model.summary import describe_batch, summary
@@ -356,8 +418,10 @@ def run(args) -> int:
     log.info(f"run folder: {run_dir}")
     for line in repaired:
         log.info(f"resume: {line}")
-    log.info(f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
-             f"{dict(trainer.mesh.shape)}")
+    log.info(
+        f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
+        f"{dict(trainer.mesh.shape)}"
+    )
     ignored = platform.unused_accelerator({d.platform for d in jax.devices()})
     if ignored:
         log.warning(ignored)
@@ -386,8 +450,10 @@ def run(args) -> int:
     except TrainingDiverged as error:
         if existed is not None and not (run_dir / LATEST).exists():  # kept nothing: undone
             status = 2
-            discarded = (f"{error}; the run folder {run_dir} was removed, as it held nothing to continue from (is the "
-                         f"learning rate, {float(trainer.lr_fn(0)):g} at the first step, too high?)")
+            discarded = (
+                f"{error}; the run folder {run_dir} was removed, as it held nothing to continue from (is the "
+                f"learning rate, {float(trainer.lr_fn(0)):g} at the first step, too high?)"
+            )
         else:
             log.error(str(error))
     except (run_folder.RunFolderError, CheckpointError) as error:
@@ -398,8 +464,11 @@ def run(args) -> int:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
         latest = run_dir / LATEST
-        follow = f"continue with: python train.py -r {latest}" if latest.is_file() else \
-            "no checkpoint was written, so there is nothing to continue from"
+        follow = (
+            f"continue with: python train.py -r {latest}"
+            if latest.is_file()
+            else "no checkpoint was written, so there is nothing to continue from"
+        )
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
     finally:
         if distributed.is_main():
@@ -420,10 +489,15 @@ def check_position(trainer, path: Path, epochs: int) -> None:
     from training.checkpoint import CheckpointError
 
     if trainer.epoch + bool(trainer.position) > epochs:
-        where = f"{trainer.position} step(s) into epoch {trainer.epoch + 1}" if trainer.position else \
-            f"the end of epoch {trainer.epoch}"
-        raise CheckpointError(f"{path}: saved at {where}, past trainer.epochs {epochs}: nothing to train; continue "
-                              f"it with --epochs N, N > {trainer.epoch}")
+        where = (
+            f"{trainer.position} step(s) into epoch {trainer.epoch + 1}"
+            if trainer.position
+            else f"the end of epoch {trainer.epoch}"
+        )
+        raise CheckpointError(
+            f"{path}: saved at {where}, past trainer.epochs {epochs}: nothing to train; continue "
+            f"it with --epochs N, N > {trainer.epoch}"
+        )
 
 
 def stop_all(message: str) -> None:
@@ -461,8 +535,10 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
         log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
     if distributed.is_main():  # the writer; the others may run on other machines
         checkpoint.restore(run_dir / LATEST, trainer.state_template())
-    log.info(f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
-             f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)")
+    log.info(
+        f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
+        f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)"
+    )
 
 
 def nan_report(error: FloatingPointError) -> str:
@@ -471,11 +547,16 @@ def nan_report(error: FloatingPointError) -> str:
     import traceback
 
     root = Path(__file__).resolve().parent
-    ours = [frame for frame in traceback.extract_tb(error.__traceback__)
-            if Path(frame.filename).resolve().is_relative_to(root) and ".venv" not in Path(frame.filename).parts
-            and "site-packages" not in frame.filename]
-    where = f" at {Path(ours[-1].filename).resolve().relative_to(root)}:{ours[-1].lineno} ({ours[-1].line})" \
-        if ours else ""
+    ours = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if Path(frame.filename).resolve().is_relative_to(root)
+        and ".venv" not in Path(frame.filename).parts
+        and "site-packages" not in frame.filename
+    ]
+    where = (
+        f" at {Path(ours[-1].filename).resolve().relative_to(root)}:{ours[-1].lineno} ({ours[-1].line})" if ours else ""
+    )
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"--detect-nans: {first}{where}; training stopped"
 

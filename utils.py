@@ -7,6 +7,7 @@ functions registered for that kind of component (``model/registry.py``), and `ar
 signature. All of this is checked before any data is read or anything is compiled, and
 every problem is reported as one line that names its place in the file: `config.json: optimizer.args.lr: ...`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -58,13 +59,32 @@ TRAINER_DEFAULTS = {
     "accumulate_steps": 1,
     "precision": None,
 }
-WANDB_DEFAULTS = {"enabled": False, "project": "jax-template", "entity": None, "group": None, "tags": [],
-                  "mode": "offline", "id": None}
+WANDB_DEFAULTS = {
+    "enabled": False,
+    "project": "jax-template",
+    "entity": None,
+    "group": None,
+    "tags": [],
+    "mode": "offline",
+    "id": None,
+}
 TENSORBOARD_DEFAULTS = {"enabled": False}
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
-TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard",
-             "mesh", "callbacks"}
+TOP_LEVEL = {
+    "name",
+    "seed",
+    "model",
+    "loss",
+    "metrics",
+    "optimizer",
+    "data_loader",
+    "trainer",
+    "wandb",
+    "tensorboard",
+    "mesh",
+    "callbacks",
+}
 LOADER_SPLITS = ("train", "validation", "test")
 
 
@@ -89,8 +109,11 @@ def check_number(section: dict, key: str, where: str, kind=int, minimum=None, al
     value = section.get(key)
     if any(value is a or (type(value) is type(a) and value == a) for a in allow):
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            kind is int and isinstance(value, float) and not value.is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and isinstance(value, float) and not value.is_integer())
+    ):
         expected = " or ".join([kind.__name__, *map(json.dumps, allow)])
         raise ConfigError(f"{where}{key}: expected {expected}, got {show(value)}")
     if minimum is not None and value < minimum:
@@ -105,11 +128,21 @@ def check_folder_name(value: Any, where: str) -> None:
     """A run title or id names one folder under save_dir: one plain path component, so that no config can put a
     run anywhere else or name a folder the file system refuses."""
     # a leading '-' reads as an option to every shell tool given the path; blanks around it are invisible in a listing
-    if (not isinstance(value, str) or not value or value in (".", "..") or len(value) > MAX_NAME
-            or "/" in value or "\\" in value or not value.isprintable() or value != value.strip()
-            or value.startswith("-")):
-        raise ConfigError(f"{where}: expected a folder name (1 to {MAX_NAME} printable characters, no '/' or '\\', "
-                          f"not '.' or '..', not starting with '-', no space at either end), got {show(value)}")
+    if (
+        not isinstance(value, str)
+        or not value
+        or value in (".", "..")
+        or len(value) > MAX_NAME
+        or "/" in value
+        or "\\" in value
+        or not value.isprintable()
+        or value != value.strip()
+        or value.startswith("-")
+    ):
+        raise ConfigError(
+            f"{where}: expected a folder name (1 to {MAX_NAME} printable characters, no '/' or '\\', "
+            f"not '.' or '..', not starting with '-', no space at either end), got {show(value)}"
+        )
 
 
 def check_save_dir(trainer: dict, name: str, where: str) -> None:
@@ -142,8 +175,9 @@ def validate(config: dict, source: str = "config.json") -> dict:
     unknown = set(config) - TOP_LEVEL
     if unknown:
         key = sorted(unknown)[0]
-        raise ConfigError(f"{source}: unknown section {key!r}.{closest(key, TOP_LEVEL)} "
-                          f"Sections: {', '.join(sorted(TOP_LEVEL))}")
+        raise ConfigError(
+            f"{source}: unknown section {key!r}.{closest(key, TOP_LEVEL)} Sections: {', '.join(sorted(TOP_LEVEL))}"
+        )
     for key in ("name", "model", "loss", "optimizer", "data_loader"):
         if key not in config:
             raise ConfigError(f"{source}: missing section {key!r}")
@@ -155,22 +189,27 @@ def validate(config: dict, source: str = "config.json") -> dict:
     check_component(config["loss"], "loss", f"{source}: loss")
     metrics = section(config, "metrics", source, [])
     names = [build(spec, "metrics", f"{source}: metrics.{i}").name for i, spec in enumerate(metrics)]
-    callbacks = [build(spec, "callbacks", f"{source}: callbacks.{i}")
-                 for i, spec in enumerate(section(config, "callbacks", source, []))]
+    callbacks = [
+        build(spec, "callbacks", f"{source}: callbacks.{i}")
+        for i, spec in enumerate(section(config, "callbacks", source, []))
+    ]
     for i, callback in enumerate(callbacks):
         if callback.name in [c.name for c in callbacks[:i]]:
             raise ConfigError(f"{source}: callbacks.{i}: {callback.name} is listed twice")
     if sum(callback.evaluated for callback in callbacks) > 1:
-        raise ConfigError(f"{source}: callbacks: only one callback may choose the parameters to evaluate "
-                          f"({', '.join(c.name for c in callbacks if c.evaluated)} do)")
+        raise ConfigError(
+            f"{source}: callbacks: only one callback may choose the parameters to evaluate "
+            f"({', '.join(c.name for c in callbacks if c.evaluated)} do)"
+        )
     check_class_count(config, model_fn, model_args, source)
 
     if isinstance(config["optimizer"], str):
         config["optimizer"] = {"name": config["optimizer"]}
     optimizer = config["optimizer"]
     scheduled = isinstance(optimizer, dict) and "schedule" in optimizer
-    _, optimizer_args = check_component(optimizer, "optimizer", f"{source}: optimizer",
-                                        supplied=("lr",) if scheduled else ())
+    _, optimizer_args = check_component(
+        optimizer, "optimizer", f"{source}: optimizer", supplied=("lr",) if scheduled else ()
+    )
     for key, value in optimizer_args.items():
         if isinstance(value, dict):
             check_schedule(value, f"{source}: optimizer.args.{key}")
@@ -186,27 +225,33 @@ def validate(config: dict, source: str = "config.json") -> dict:
 
     loaders = config["data_loader"]
     if not isinstance(loaders, dict) or "train" not in loaders:
-        raise ConfigError(f"{source}: data_loader: expected an object with \"train\" (and optionally "
-                          f"\"validation\", \"test\") components")
+        raise ConfigError(
+            f'{source}: data_loader: expected an object with "train" (and optionally "validation", "test") components'
+        )
     for split, spec in loaders.items():
         if split not in LOADER_SPLITS:
-            raise ConfigError(f"{source}: data_loader.{split}: unknown split{closest(split, LOADER_SPLITS)} "
-                              f"Expected: {', '.join(LOADER_SPLITS)}")
+            raise ConfigError(
+                f"{source}: data_loader.{split}: unknown split{closest(split, LOADER_SPLITS)} "
+                f"Expected: {', '.join(LOADER_SPLITS)}"
+            )
         _, args = check_component(spec, "data_loader", f"{source}: data_loader.{split}", supplied=("seed",))
         if "batch_size" in args:
-            check_number(spec["args"], "batch_size", f"{source}: data_loader.{split}.args.", int, 1,
-                         maximum=MAX_BATCH)
+            check_number(spec["args"], "batch_size", f"{source}: data_loader.{split}.args.", int, 1, maximum=MAX_BATCH)
         if split != "train" and isinstance(spec, dict) and "augment" in spec:
-            raise ConfigError(f"{source}: data_loader.{split}.augment: augmentation belongs to the train split; "
-                              "evaluation applies the train list's deterministic ops (normalize) by itself")
+            raise ConfigError(
+                f"{source}: data_loader.{split}.augment: augmentation belongs to the train split; "
+                "evaluation applies the train list's deterministic ops (normalize) by itself"
+            )
 
     build_augment(config, source)  # every op's name and arguments, before any data is read
 
     trainer = section(config, "trainer", source, {})
     for key in trainer:
         if key not in TRAINER_DEFAULTS and key not in ("profile",):
-            raise ConfigError(f"{source}: trainer.{key}: unknown setting.{closest(key, TRAINER_DEFAULTS)} "
-                              f"Settings: {', '.join(TRAINER_DEFAULTS)}")
+            raise ConfigError(
+                f"{source}: trainer.{key}: unknown setting.{closest(key, TRAINER_DEFAULTS)} "
+                f"Settings: {', '.join(TRAINER_DEFAULTS)}"
+            )
     for key, value in TRAINER_DEFAULTS.items():
         trainer.setdefault(key, value)
     where = f"{source}: trainer."
@@ -219,8 +264,10 @@ def validate(config: dict, source: str = "config.json") -> dict:
     every = trainer["checkpoint_every"]
     if every is not None:
         if not isinstance(every, dict) or not every or set(every) - set(CHECKPOINT_EVERY_KEYS):
-            raise ConfigError(f"{where}checkpoint_every: expected null or an object of \"steps\", \"minutes\" and "
-                              f"\"keep\", got {show(every)}")
+            raise ConfigError(
+                f'{where}checkpoint_every: expected null or an object of "steps", "minutes" and '
+                f'"keep", got {show(every)}'
+            )
         if "steps" in every:
             check_number(every, "steps", f"{where}checkpoint_every.", int, 1, maximum=MAX_STEPS)
         if "minutes" in every:
@@ -243,12 +290,14 @@ def validate(config: dict, source: str = "config.json") -> dict:
     if monitor != "off":
         mode, _, metric = monitor.partition(" ") if isinstance(monitor, str) else ("", "", "")
         if mode not in ("min", "max") or not metric:
-            raise ConfigError(f"{where}monitor: expected \"off\" or \"min|max <metric>\" such as "
-                              f"\"max val/accuracy\", got {show(monitor)}")
+            raise ConfigError(
+                f'{where}monitor: expected "off" or "min|max <metric>" such as "max val/accuracy", got {show(monitor)}'
+            )
         known = monitored_names(config, names)
         if metric not in known:
-            raise ConfigError(f"{where}monitor: {metric!r} is not logged.{closest(metric, known)} "
-                              f"Logged: {', '.join(known)}")
+            raise ConfigError(
+                f"{where}monitor: {metric!r} is not logged.{closest(metric, known)} Logged: {', '.join(known)}"
+            )
 
     wandb = section(config, "wandb", source, {})
     for key in wandb:
@@ -271,8 +320,14 @@ def validate(config: dict, source: str = "config.json") -> dict:
 def check_class_count(config: dict, model_fn: Callable, model_args: dict, source: str) -> None:
     """A metric's `k` above the model's class count (num_classes, or vocab_size of a language model) would fail
     only once the step is traced, after the data is read; both are in the config."""
-    classes = next((model_args.get(n, default_of(model_fn, n, None)) for n in CLASS_COUNT_ARGUMENTS
-                    if n in inspect.signature(model_fn).parameters), None)
+    classes = next(
+        (
+            model_args.get(n, default_of(model_fn, n, None))
+            for n in CLASS_COUNT_ARGUMENTS
+            if n in inspect.signature(model_fn).parameters
+        ),
+        None,
+    )
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         return  # the model's own check reports it
     for i, spec in enumerate(config["metrics"]):
@@ -289,7 +344,7 @@ def check_schedule(spec: Any, where: str) -> None:
     from training.schedules import STEP_COUNT_ARGUMENTS
 
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {show(spec)}")
+        raise ConfigError(f'{where}: expected {{"name": ..., "args": {{...}}}}, got {show(spec)}')
     args = {} if spec.get("args") is None else spec["args"]
     if not isinstance(args, dict):
         raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
@@ -299,8 +354,9 @@ def check_schedule(spec: Any, where: str) -> None:
         value = args.get(key)
         if isinstance(value, dict):
             if set(value) != {"epochs"}:
-                raise ConfigError(f"{where}.args.{key}: expected a number of steps, {{\"epochs\": N}} or \"all\", "
-                                  f"got {show(value)}")
+                raise ConfigError(
+                    f'{where}.args.{key}: expected a number of steps, {{"epochs": N}} or "all", got {show(value)}'
+                )
             check_number(value, "epochs", f"{where}.args.{key}.", float, 0.0, maximum=MAX_EPOCHS)
         elif value is not None and value != "all":
             check_number(args, key, f"{where}.args.", int, 0, maximum=MAX_STEPS)
@@ -319,26 +375,27 @@ def check_tracker_settings(config: dict, source: str) -> None:
     # the id becomes part of the run folder's name
     run_id = wandb["id"]
     if run_id is not None and (len(run_id) > MAX_NAME or not all(c.isalnum() or c in "-_" for c in run_id)):
-        raise ConfigError(f"{source}: wandb.id: letters, digits, '-' and '_' only, at most {MAX_NAME}, "
-                          f"got {show(wandb['id'])}")
+        raise ConfigError(
+            f"{source}: wandb.id: letters, digits, '-' and '_' only, at most {MAX_NAME}, got {show(wandb['id'])}"
+        )
 
     tensorboard = section(config, "tensorboard", source, {})
     for key in tensorboard:
         if key not in TENSORBOARD_DEFAULTS:
-            raise ConfigError(f"{source}: tensorboard.{key}: unknown setting.{closest(key, TENSORBOARD_DEFAULTS)} "
-                              f"Settings: {', '.join(TENSORBOARD_DEFAULTS)}")
+            raise ConfigError(
+                f"{source}: tensorboard.{key}: unknown setting.{closest(key, TENSORBOARD_DEFAULTS)} "
+                f"Settings: {', '.join(TENSORBOARD_DEFAULTS)}"
+            )
     for key, value in TENSORBOARD_DEFAULTS.items():
         tensorboard.setdefault(key, value)
     if not isinstance(tensorboard["enabled"], bool):
-        raise ConfigError(f"{source}: tensorboard.enabled: expected true or false, "
-                          f"got {show(tensorboard['enabled'])}")
+        raise ConfigError(f"{source}: tensorboard.enabled: expected true or false, got {show(tensorboard['enabled'])}")
 
     profile = config["trainer"].get("profile")
     if profile is not None:
         where = f"{source}: trainer.profile"
         if not isinstance(profile, dict) or set(profile) != set(PROFILE_KEYS):
-            raise ConfigError(f"{where}: expected {{\"start_step\": N, \"num_steps\": K}} or null, "
-                              f"got {show(profile)}")
+            raise ConfigError(f'{where}: expected {{"start_step": N, "num_steps": K}} or null, got {show(profile)}')
         check_number(profile, "start_step", f"{where}.", int, 1, maximum=MAX_STEPS)
         check_number(profile, "num_steps", f"{where}.", int, 1, maximum=MAX_STEPS)
 
@@ -367,7 +424,7 @@ def build_augment(config: dict, source: str = "config.json"):
         return None
     where = f"{source}: data_loader.train.augment"
     if not isinstance(ops, list):
-        raise ConfigError(f"{where}: expected a list of {{\"name\": ..., \"args\": {{...}}}} ops, got {show(ops)}")
+        raise ConfigError(f'{where}: expected a list of {{"name": ..., "args": {{...}}}} ops, got {show(ops)}')
     built = [build(op, "augment", f"{where}.{i}") for i, op in enumerate(ops)]
     if not built:
         return None
@@ -392,6 +449,7 @@ class Run:
     The loaders come second (``load_data``, or ``use_data`` with loaders of your own), once the config has passed:
     nothing is read before that. Schedules count the steps of the data given then.
     """
+
     config: dict
     source: str
     model: Any
@@ -409,8 +467,12 @@ class Run:
         now (its ``spec``: every shape and dtype the run compiles for), not mid-run."""
         loaders = {}
         for split in splits or self.config["data_loader"]:
-            loaders[split] = build(self.config["data_loader"][split], "data_loader",
-                                   f"{self.source}: data_loader.{split}", seed=self.config["seed"])
+            loaders[split] = build(
+                self.config["data_loader"][split],
+                "data_loader",
+                f"{self.source}: data_loader.{split}",
+                seed=self.config["seed"],
+            )
             loaders[split].spec  # noqa: B018
         return self.use_data(loaders)
 
@@ -431,8 +493,10 @@ class Run:
         check_model_fits_data(self.config, self.model, loader, self.augment, self.source)
         accumulate = self.config["trainer"]["accumulate_steps"]
         if accumulate > len(loader):  # each step stacks that many batches, padding what the epoch lacks
-            raise ConfigError(f"{self.source}: trainer.accumulate_steps: {accumulate:,} batches per step, but an "
-                              f"epoch of the train split has {len(loader)}; at most {len(loader)}")
+            raise ConfigError(
+                f"{self.source}: trainer.accumulate_steps: {accumulate:,} batches per step, but an "
+                f"epoch of the train split has {len(loader)}; at most {len(loader)}"
+            )
 
     def optimizer(self, lr: Callable | None = None):
         """(optimizer, its learning rate as a function of the step): the config's, or with ``lr`` instead of the
@@ -443,12 +507,16 @@ class Run:
 def assemble(config: dict, source: str = "config.json") -> Run:
     """Every component of a validated config built (errors as ConfigError naming their place), the optimizer's
     hyperparameters checked; no data read."""
-    run = Run(config, source,
-              model=build(config["model"], "model", f"{source}: model"),
-              loss_fn=build(config["loss"], "loss", f"{source}: loss"),
-              metrics=[build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])],
-              callbacks=[build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])],
-              augment=build_augment(config, source), monitor=monitor_of(config))
+    run = Run(
+        config,
+        source,
+        model=build(config["model"], "model", f"{source}: model"),
+        loss_fn=build(config["loss"], "loss", f"{source}: loss"),
+        metrics=[build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])],
+        callbacks=[build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])],
+        augment=build_augment(config, source),
+        monitor=monitor_of(config),
+    )
     run.optimizer()  # its schedules' checks, with nominal epochs, before the data
     return run
 

@@ -7,6 +7,7 @@ device) for the sample's ResNet on uint8 (B, 32, 32, 3) batches, with the sample
 normalize) against normalize alone (the conversion every uint8 run needs), interleaved round by round; and the
 list on its own, jitted, per batch. Prints the medians and the augmentation's share of the step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,14 @@ from training.step import empty_stats, make_train_chunk  # noqa: E402
 from utils import build_augment  # noqa: E402
 
 NORMALIZE = {"name": "normalize", "args": {"mean": [0.4914, 0.4822, 0.4465], "std": [0.2470, 0.2435, 0.2616]}}
-LISTS = {"crop + flip + normalize": [{"name": "random_crop", "args": {"padding": 4}}, {"name": "flip_horizontal"},
-                                     NORMALIZE],
-         "normalize only": [NORMALIZE]}
+LISTS = {
+    "crop + flip + normalize": [
+        {"name": "random_crop", "args": {"padding": 4}},
+        {"name": "flip_horizontal"},
+        NORMALIZE,
+    ],
+    "normalize only": [NORMALIZE],
+}
 K = 10
 
 
@@ -46,9 +52,12 @@ def main() -> None:
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
-    stack = {"input": rng.integers(0, 256, (K, args.batch, 32, 32, 3)).astype(np.uint8),
-             "target": rng.integers(0, 10, (K, args.batch)).astype(np.int32),
-             "mask": np.ones((K, args.batch), np.float32), "active": np.ones((K,), np.float32)}
+    stack = {
+        "input": rng.integers(0, 256, (K, args.batch, 32, 32, 3)).astype(np.uint8),
+        "target": rng.integers(0, 10, (K, args.batch)).astype(np.int32),
+        "mask": np.ones((K, args.batch), np.float32),
+        "active": np.ones((K,), np.float32),
+    }
     stack = jax.device_put(stack)
     batch_spec = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in stack.items() if k != "active"}
     model, metrics = cifar_resnet(depth=args.depth), [accuracy()]
@@ -59,8 +68,13 @@ def main() -> None:
         augment = build_augment({"data_loader": {"train": {"augment": ops}}})
         spec = augment.spec(batch_spec)["input"]
         params, state = jax.jit(lambda: model.init(jax.random.PRNGKey(0), spec))()
-        ts = {"params": params, "state": state, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32),
-              "rng": jax.random.PRNGKey(1)}
+        ts = {
+            "params": params,
+            "state": state,
+            "opt_state": optimizer.init(params),
+            "step": jnp.zeros((), jnp.int32),
+            "rng": jax.random.PRNGKey(1),
+        }
         totals = empty_stats(model, cross_entropy, metrics, params, state, batch_spec, augment)
         chunk = jax.jit(make_train_chunk(model, cross_entropy, optimizer, metrics, augment))
         started = time.perf_counter()
@@ -92,14 +106,17 @@ def main() -> None:
         print(f"round {round_ + 1}: " + ", ".join(f"{n} {1000 * v[-1]:.1f} ms/step" for n, v in per_step.items()))
 
     with_list, without = (statistics.median(per_step[n]) for n in LISTS)
-    print(f"\n{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, ResNet-{args.depth}, batch {args.batch}, "
-          f"K = {K}, {args.steps} steps x {args.rounds} rounds, medians; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"\n{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, ResNet-{args.depth}, batch {args.batch}, "
+        f"K = {K}, {args.steps} steps x {args.rounds} rounds, medians; load average {os.getloadavg()[0]:.1f}"
+    )
     print("| list | ms per step | steps/s |\n| --- | --- | --- |")
     for name in LISTS:
         value = statistics.median(per_step[name])
         print(f"| {name} | {1000 * value:.1f} | {1 / value:.2f} |")
-    print(f"crop + flip alone, jitted, one batch: {alone_ms:.2f} ms "
-          f"({100 * alone_ms / 1000 / with_list:.2f}% of a step)")
+    print(
+        f"crop + flip alone, jitted, one batch: {alone_ms:.2f} ms ({100 * alone_ms / 1000 / with_list:.2f}% of a step)"
+    )
     share = 100 * (with_list - without) / with_list
     print(f"augmentation's share of the step (difference of the medians): {share:.1f}%")
 

@@ -7,6 +7,7 @@ Latency is the median wall time of one call on random inputs after warm-up; ever
 count (XLA's is set before JAX is imported). Weights do not change latency, so without -r the config's model is
 initialised randomly. Prints a Markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,10 @@ def timed(fn):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
-                                   f"intra_op_parallelism_threads={args.threads}").strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+            f"intra_op_parallelism_threads={args.threads}"
+        ).strip()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import jax
     import jax.numpy as jnp
@@ -71,8 +74,9 @@ def main(argv=None) -> int:
     spec = jax.ShapeDtypeStruct((1, *args.input), jnp.float32)
     params, state = model.init(jax.random.PRNGKey(0), spec)
     if args.run:
-        tree, _ = checkpoint.restore(Path(args.run) / "model_best.params", {"params": params, "state": state},
-                                     only=("params", "state"))
+        tree, _ = checkpoint.restore(
+            Path(args.run) / "model_best.params", {"params": params, "state": state}, only=("params", "state")
+        )
         params, state = tree["params"], tree["state"]
 
     def fn(x):
@@ -124,23 +128,39 @@ def main(argv=None) -> int:
         return seconds, lambda b: model
 
     add("LiteRT, dynamic-batch .tflite", tflite_dynamic)
-    add("onnxruntime, jax2onnx .onnx",
-        lambda: single(lambda: export_onnx(fn, [spec], NAMES), lambda blob: OnnxModel(blob, args.threads)))
-    add("onnxruntime, tf2onnx-from-.tflite .onnx",
-        lambda: single(lambda: tflite_to_onnx(dynamic["tflite"], NAMES), lambda blob: OnnxModel(blob, args.threads)))
+    add(
+        "onnxruntime, jax2onnx .onnx",
+        lambda: single(lambda: export_onnx(fn, [spec], NAMES), lambda blob: OnnxModel(blob, args.threads)),
+    )
+    add(
+        "onnxruntime, tf2onnx-from-.tflite .onnx",
+        lambda: single(lambda: tflite_to_onnx(dynamic["tflite"], NAMES), lambda blob: OnnxModel(blob, args.threads)),
+    )
 
     rng = np.random.default_rng(0)
     inputs = {b: rng.standard_normal((b, *args.input)).astype(np.float32) for b in args.batches}
-    results = [(name, export_s, runner if isinstance(runner, str) else
-                {b: median_ms(runner(b), inputs[b], args.repeats) for b in args.batches})
-               for name, export_s, runner in rows]
+    results = [
+        (
+            name,
+            export_s,
+            runner
+            if isinstance(runner, str)
+            else {b: median_ms(runner(b), inputs[b], args.repeats) for b in args.batches},
+        )
+        for name, export_s, runner in rows
+    ]
 
     reference = results[0][2]
-    print(f"model {config['model']['name']}, input {list(args.input)}, {args.threads} thread(s), median of "
-          f"{args.repeats} calls; one-off: TensorFlow import {tf_import:.1f} s, jax2onnx first call "
-          f"{onnx_warmup:.1f} s")
-    head = ["artifact", "export (s)"] + [f"batch {b} (ms)" for b in args.batches] + \
-        [f"vs JAX at {b}" for b in args.batches]
+    print(
+        f"model {config['model']['name']}, input {list(args.input)}, {args.threads} thread(s), median of "
+        f"{args.repeats} calls; one-off: TensorFlow import {tf_import:.1f} s, jax2onnx first call "
+        f"{onnx_warmup:.1f} s"
+    )
+    head = (
+        ["artifact", "export (s)"]
+        + [f"batch {b} (ms)" for b in args.batches]
+        + [f"vs JAX at {b}" for b in args.batches]
+    )
     print("| " + " | ".join(head) + " |")
     print("| " + " | ".join("---" for _ in head) + " |")
     for name, export_s, latency in results:

@@ -15,6 +15,7 @@ class folders, then
 The IDX files are read from ../shared/data/fashion_mnist (else data/fashion_mnist); the PNG folder goes to
 /tmp/fashion_mnist_png (--out), written once and reused while its file count matches.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,10 +112,10 @@ def grain_loader(loader, threads: int):
     class GrainLoader(DataLoader):
         def batches(self, epoch: int = 0, start: int = 0, **_):
             seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
-            pipeline = grain.MapDataset.source(Records()).shuffle(seed=seed).batch(self.batch_size,
-                                                                                  drop_remainder=True)
+            pipeline = grain.MapDataset.source(Records()).shuffle(seed=seed).batch(self.batch_size, drop_remainder=True)
             pipeline = pipeline.slice(slice(start, len(self))).to_iter_dataset(
-                grain.ReadOptions(num_threads=threads, prefetch_buffer_size=4 * self.batch_size))
+                grain.ReadOptions(num_threads=threads, prefetch_buffer_size=4 * self.batch_size)
+            )
             for batch in pipeline:
                 batch["mask"] = np.ones(self.batch_size, np.float32)
                 yield batch
@@ -128,12 +129,14 @@ def make_loaders(args, folder: Path, cache: Path) -> dict:
     idx_dir = SHARED if (SHARED / "train-images-idx3-ubyte.gz").is_file() else REPO / "data" / "fashion_mnist"
     memory = fashion_mnist("train", batch_size=BATCH, shuffle=True, data_dir=str(idx_dir), validation_size=0)
     if args.subset:
-        memory.dataset.images = memory.dataset.images[:args.subset]
-        memory.dataset.labels = memory.dataset.labels[:args.subset]
+        memory.dataset.images = memory.dataset.images[: args.subset]
+        memory.dataset.labels = memory.dataset.labels[: args.subset]
     common = {"size": [28, 28], "channels": 1, "cache_dir": str(cache), "batch_size": BATCH, "shuffle": True}
-    loaders = {"memory": memory,
-               "folder": image_folder(str(folder / "train"), dtype="float32", **common),
-               "folder uint8": image_folder(str(folder / "train"), **common)}
+    loaders = {
+        "memory": memory,
+        "folder": image_folder(str(folder / "train"), dtype="float32", **common),
+        "folder uint8": image_folder(str(folder / "train"), **common),
+    }
     try:
         loaders["grain"] = grain_loader(loaders["folder"], threads=2)
     except ImportError:
@@ -154,8 +157,9 @@ def device_normalize():
     """The augmentation list that turns uint8 images into normalised float32 on the device (in the jitted step)."""
     from utils import build_augment
 
-    return build_augment({"data_loader": {"train": {"augment": [
-        {"name": "normalize", "args": {"mean": 0.2860, "std": 0.3530}}]}}})
+    return build_augment(
+        {"data_loader": {"train": {"augment": [{"name": "normalize", "args": {"mean": 0.2860, "std": 0.3530}}]}}}
+    )
 
 
 def compiled_trainer(loader, augment=None):
@@ -188,17 +192,28 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     files = write_pngs(idx_dir, out, args.subset)
     print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; load average {load_average()}")
-    print(f"PNG folder: {out} ({files['train']:,} train + {files['test']:,} test files; written or checked in "
-          f"{time.perf_counter() - started:.1f} s)")
-    results = {"cpu": cpu_model(), "cores": os.cpu_count(), "files": files, "decode_s": {}, "loading": {},
-               "training": {}, "training_ratio": {}}
+    print(
+        f"PNG folder: {out} ({files['train']:,} train + {files['test']:,} test files; written or checked in "
+        f"{time.perf_counter() - started:.1f} s)"
+    )
+    results = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "files": files,
+        "decode_s": {},
+        "loading": {},
+        "training": {},
+        "training_ratio": {},
+    }
 
     total = files["train"] + files["test"]
     for workers in [int(w) for w in args.workers.split(",") if w != ""]:
         seconds = sum(decode_seconds(out / split, workers) for split in ("train", "test"))
         results["decode_s"][workers] = seconds
-        print(f"first epoch's decode, {workers} worker processes: {seconds:.1f} s for {total:,} files "
-              f"({total / seconds:,.0f} images/s); load average {load_average()}")
+        print(
+            f"first epoch's decode, {workers} worker processes: {seconds:.1f} s for {total:,} files "
+            f"({total / seconds:,.0f} images/s); load average {load_average()}"
+        )
 
     cache = Path(tempfile.mkdtemp(prefix="image-cache-"))
     try:
@@ -218,10 +233,13 @@ def main(argv=None) -> int:
         rates = {name: [] for name in trainers}
         names = list(trainers)
         for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:  # each variant first in turn
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # each variant first in turn
                 rates[name].append(training_rate(trainers[name], r + 1))
-            print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in rates.items())
-                  + f" images/s; load average {load_average()}")
+            print(
+                f"round {r + 1}: "
+                + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in rates.items())
+                + f" images/s; load average {load_average()}"
+            )
         for name, values in rates.items():
             results["training"][name] = statistics.median(values)
             # the ratio of each round's pair: load changes between rounds cancel
@@ -231,8 +249,10 @@ def main(argv=None) -> int:
 
     print(f"\n| {cpu_model()}, {os.cpu_count()} cores | images/s | vs memory |\n| --- | --- | --- |")
     for name, value in results["training"].items():
-        print(f"| training mnist_cnn, {name} | {value:,.0f} | {results['training_ratio'][name]:.2f}x (median of "
-              f"the rounds' ratios) |")
+        print(
+            f"| training mnist_cnn, {name} | {value:,.0f} | {results['training_ratio'][name]:.2f}x (median of "
+            f"the rounds' ratios) |"
+        )
     for name, value in results["loading"].items():
         print(f"| loading only, {name} | {value:,.0f} | {value / results['loading']['memory']:.2f}x |")
     for workers, seconds in results["decode_s"].items():

@@ -21,6 +21,7 @@ Each process compiles and warms up (template/fused: one timed-length run; flax/n
 every result, and each throughput also as a fraction of the JAX matmul peak (tokens/s x XLA's FLOP count per
 training token).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,11 +101,16 @@ def template_run(steps: int) -> dict:
     metric_results(trainer.metrics, trainer.train_epoch(1))  # waits for the last step
     seconds = time.perf_counter() - start
     jax.block_until_ready(trainer.ts)
-    return {"tokens_per_s": len(loader) * tokens_per_step(loader) / seconds, "seconds": seconds,
-            "steps_per_call": trainer.steps_per_call, "compile_s": trainer.compile_seconds,
-            "data_wait_s": trainer.data_wait, "peak_rss_mb": peak_rss_mb(),
-            "params": sum(x.size for x in jax.tree.leaves(trainer.ts["params"])),
-            "flop_per_token": (trainer.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader)}
+    return {
+        "tokens_per_s": len(loader) * tokens_per_step(loader) / seconds,
+        "seconds": seconds,
+        "steps_per_call": trainer.steps_per_call,
+        "compile_s": trainer.compile_seconds,
+        "data_wait_s": trainer.data_wait,
+        "peak_rss_mb": peak_rss_mb(),
+        "params": sum(x.size for x in jax.tree.leaves(trainer.ts["params"])),
+        "flop_per_token": (trainer.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
+    }
 
 
 def fused_run(steps: int) -> dict:
@@ -129,8 +135,13 @@ def fused_run(steps: int) -> dict:
 
     def init(seed):
         params, state = model.init(jax.random.PRNGKey(seed), loader.spec["input"])
-        return {"params": params, "state": state, "opt_state": optimizer.init(params),
-                "step": jnp.zeros((), jnp.int32), "rng": jax.random.PRNGKey(1)}
+        return {
+            "params": params,
+            "state": state,
+            "opt_state": optimizer.init(params),
+            "step": jnp.zeros((), jnp.int32),
+            "rng": jax.random.PRNGKey(1),
+        }
 
     ts = jax.jit(init)(config["seed"])
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], loader.spec))
@@ -144,8 +155,12 @@ def fused_run(steps: int) -> dict:
     ts, totals, logs = compiled(ts, jax.device_put(zeros), epoch)
     metric_results(metrics, totals)
     seconds = time.perf_counter() - start
-    return {"tokens_per_s": len(batches) * tokens_per_step(loader) / seconds, "seconds": seconds,
-            "compile_s": compile_s, "flop_per_token": scan_flops(compiled) / tokens_per_step(loader)}
+    return {
+        "tokens_per_s": len(batches) * tokens_per_step(loader) / seconds,
+        "seconds": seconds,
+        "compile_s": compile_s,
+        "flop_per_token": scan_flops(compiled) / tokens_per_step(loader),
+    }
 
 
 def flax_model(args: dict):
@@ -159,8 +174,7 @@ def flax_model(args: dict):
         @nn.compact
         def __call__(self, x):
             causal = nn.make_causal_mask(jnp.ones(x.shape[:2]))
-            x = x + nn.MultiHeadDotProductAttention(heads, use_bias=False)(nn.LayerNorm(use_bias=False)(x),
-                                                                          mask=causal)
+            x = x + nn.MultiHeadDotProductAttention(heads, use_bias=False)(nn.LayerNorm(use_bias=False)(x), mask=causal)
             y = nn.Dense(args.get("mlp_ratio", 4) * dim, use_bias=False)(nn.LayerNorm(use_bias=False)(x))
             return x + nn.Dense(dim, use_bias=False)(nn.gelu(y, approximate=False))
 
@@ -206,8 +220,11 @@ def flax_run(steps: int) -> dict:
         total = total + loss
     jax.block_until_ready(total)
     seconds = time.perf_counter() - start
-    return {"tokens_per_s": len(loader) * tokens_per_step(loader) / seconds, "seconds": seconds,
-            "params": sum(x.size for x in jax.tree.leaves(params))}
+    return {
+        "tokens_per_s": len(loader) * tokens_per_step(loader) / seconds,
+        "seconds": seconds,
+        "params": sum(x.size for x in jax.tree.leaves(params)),
+    }
 
 
 def nanogpt_run(steps: int, folder: str) -> dict:
@@ -228,8 +245,17 @@ def nanogpt_run(steps: int, folder: str) -> dict:
     config = bench_config()
     args = config["model"]["args"]
     loader = train_loader(config, steps)
-    model = GPT(GPTConfig(block_size=args["context"], vocab_size=args["vocab_size"], n_layer=args["depth"],
-                          n_head=args["num_heads"], n_embd=args["dim"], dropout=0.0, bias=False))
+    model = GPT(
+        GPTConfig(
+            block_size=args["context"],
+            vocab_size=args["vocab_size"],
+            n_layer=args["depth"],
+            n_head=args["num_heads"],
+            n_embd=args["dim"],
+            dropout=0.0,
+            bias=False,
+        )
+    )
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
 
     def step(batch):
@@ -248,8 +274,12 @@ def nanogpt_run(steps: int, folder: str) -> dict:
         loss = step(batch)
     loss.item()
     seconds = time.perf_counter() - start
-    return {"tokens_per_s": len(loader) * tokens_per_step(loader) / seconds, "seconds": seconds,
-            "params": sum(p.numel() for p in model.parameters()), "torch": torch.__version__}
+    return {
+        "tokens_per_s": len(loader) * tokens_per_step(loader) / seconds,
+        "seconds": seconds,
+        "params": sum(p.numel() for p in model.parameters()),
+        "torch": torch.__version__,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
@@ -274,8 +304,13 @@ def measure(variant: str, args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
-        runs = {"template": template_run, "fused": fused_run, "flax": flax_run, "peak": lambda steps: matmul_peak(),
-                "autodiff-norm": autodiff_norm_run}
+        runs = {
+            "template": template_run,
+            "fused": fused_run,
+            "flax": flax_run,
+            "peak": lambda steps: matmul_peak(),
+            "autodiff-norm": autodiff_norm_run,
+        }
         result = nanogpt_run(args.steps, args.nanogpt) if args.child == "nanogpt" else runs[args.child](args.steps)
         print(json.dumps(result), flush=True)
         return 0
@@ -293,20 +328,26 @@ def main(argv=None) -> int:
         for variant in variants:
             result = measure(variant, args)
             results[variant].append(result)
-            print(f"round {round_ + 1}/{args.rounds}  {variant:9s} {result['tokens_per_s']:,.0f} tokens/s  "
-                  f"(load {load_average()})", flush=True)
+            print(
+                f"round {round_ + 1}/{args.rounds}  {variant:9s} {result['tokens_per_s']:,.0f} tokens/s  "
+                f"(load {load_average()})",
+                flush=True,
+            )
         load.append(os.getloadavg())
     import jax
 
     median = {v: statistics.median(r["tokens_per_s"] for r in runs) for v, runs in results.items()}
-    print(f"\n{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; "
-          f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
-          f"{args.steps} steps per timed run, medians of {args.rounds} runs")
+    print(
+        f"\n{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; "
+        f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
+        f"{args.steps} steps per timed run, medians of {args.rounds} runs"
+    )
     print(peak_line(peaks) + "\n")
     peak = max(p["jax"] for p in peaks)
     counted = [r["flop_per_token"] for runs in results.values() for r in runs if r.get("flop_per_token")]
-    print("| variant | tokens/s (median) | ms per step | template / variant | variant / fused | of matmul peak | "
-          "params |")
+    print(
+        "| variant | tokens/s (median) | ms per step | template / variant | variant / fused | of matmul peak | params |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     config = bench_config()
     tokens = config["data_loader"]["train"]["args"]["batch_size"] * config["model"]["args"]["context"]
@@ -318,17 +359,24 @@ def main(argv=None) -> int:
         params = f"{params:,}" if isinstance(params, int) else "-"
         print(f"| {variant} | {rate:,.0f} | {1000 * tokens / rate:.1f} | {ratio} | {bound} | {share} | {params} |")
     if counted:
-        print(f"\n~{counted[0] / 1e6:.2f} MFLOP per training token (XLA's count; 'of matmul peak' = tokens/s x that / "
-              f"the JAX matmul peak)")
+        print(
+            f"\n~{counted[0] / 1e6:.2f} MFLOP per training token (XLA's count; 'of matmul peak' = tokens/s x that / "
+            f"the JAX matmul peak)"
+        )
     if "template" in results:
         runs = results["template"]
-        print(f"\ntemplate: K = {runs[0]['steps_per_call']} steps per call, compile "
-              f"{statistics.median(r['compile_s'] for r in runs):.1f} s, data wait "
-              f"{100 * statistics.median(r['data_wait_s'] / r['seconds'] for r in runs):.1f}%, peak RSS "
-              f"{statistics.median(r['peak_rss_mb'] for r in runs):.0f} MB")
+        print(
+            f"\ntemplate: K = {runs[0]['steps_per_call']} steps per call, compile "
+            f"{statistics.median(r['compile_s'] for r in runs):.1f} s, data wait "
+            f"{100 * statistics.median(r['data_wait_s'] / r['seconds'] for r in runs):.1f}%, peak RSS "
+            f"{statistics.median(r['peak_rss_mb'] for r in runs):.0f} MB"
+        )
     if args.out:
-        Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "load": load, "args": vars(args), "peaks": peaks,
-                                              "results": results}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {"cpu": cpu_model(), "load": load, "args": vars(args), "peaks": peaks, "results": results}, indent=1
+            )
+        )
     return 0
 
 

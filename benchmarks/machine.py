@@ -4,6 +4,7 @@ A throughput means little without the machine it was measured on, and a ratio to
 rate is comparable across machines. ``matmul_peak`` times a square float32 product (best of ``reps``) with JAX,
 NumPy and, when it is installed, PyTorch, in the calling process.
 """
+
 from __future__ import annotations
 
 import os
@@ -85,12 +86,14 @@ def matmul_peak(size: int = PEAK_SIZE, reps: int = 5) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    flops = 2.0 * size ** 3
+    flops = 2.0 * size**3
     a, b = (np.random.default_rng(i).standard_normal((size, size)).astype(np.float32) for i in (0, 1))
     ja, jb = jax.device_put(a), jax.device_put(b)
     product = jax.jit(jnp.matmul)
-    rates = {"jax": best_rate(lambda: product(ja, jb).block_until_ready(), flops, reps),
-             "numpy": best_rate(lambda: a @ b, flops, reps)}
+    rates = {
+        "jax": best_rate(lambda: product(ja, jb).block_until_ready(), flops, reps),
+        "numpy": best_rate(lambda: a @ b, flops, reps),
+    }
     try:
         import torch
     except ImportError:

@@ -9,6 +9,7 @@ round by round so that load changes on a shared machine hit them alike. Reported
 first call (compilation excluded), its ratio to float32 in the same round, the epoch's training loss and the
 validation loss and accuracy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ def one_run(compute: str, steps: int) -> dict:
     from training.trainer import Trainer, metric_results
     from utils import assemble, load_config
 
-    overrides = ["model.name=mnist_cnn", "model.args={}", f'trainer.precision={{"compute": "{compute}"}}',
-                 "trainer.monitor=\"off\""]
+    overrides = [
+        "model.name=mnist_cnn",
+        "model.args={}",
+        f'trainer.precision={{"compute": "{compute}"}}',
+        'trainer.monitor="off"',
+    ]
     config = load_config(REPO / "config.json", overrides)
     run = assemble(config)
     loaders = run.load_data()
@@ -58,8 +63,14 @@ def one_run(compute: str, steps: int) -> dict:
     train_results = metric_results(trainer.metrics, totals)  # waits for the last step
     seconds = time.perf_counter() - start
     valid = trainer.evaluate(loaders["validation"], 1)
-    return {"compute": compute, "images_per_s": examples / seconds, "train_loss": train_results["loss"],
-            "val_loss": valid["loss"], "val_accuracy": valid["accuracy"], "steps": len(train)}
+    return {
+        "compute": compute,
+        "images_per_s": examples / seconds,
+        "train_loss": train_results["loss"],
+        "val_loss": valid["loss"],
+        "val_accuracy": valid["accuracy"],
+        "steps": len(train),
+    }
 
 
 def main(argv=None) -> int:
@@ -78,24 +89,34 @@ def main(argv=None) -> int:
     results: dict[str, list[dict]] = {p: [] for p in args.policies.split(",")}
     for round_ in range(args.rounds):
         for policy in results:
-            out = subprocess.run([sys.executable, __file__, "--child", policy, "--steps", str(args.steps)],
-                                 capture_output=True, text=True, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", policy, "--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            )
             if out.returncode:
                 print(out.stderr[-2000:])
                 return 1
             row = json.loads(out.stdout.strip().splitlines()[-1])
             results[policy].append(row)
-            print(f"round {round_ + 1} {policy:9s} {row['images_per_s']:8.0f} images/s  train loss "
-                  f"{row['train_loss']:.4f}  val loss {row['val_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}"
-                  f"  (load average {load_average()})", flush=True)
+            print(
+                f"round {round_ + 1} {policy:9s} {row['images_per_s']:8.0f} images/s  train loss "
+                f"{row['train_loss']:.4f}  val loss {row['val_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}"
+                f"  (load average {load_average()})",
+                flush=True,
+            )
     base = statistics.median(r["images_per_s"] for r in results["float32"]) if "float32" in results else None
     print("\n| compute | images/s (median) | vs float32 | train loss | val loss | val accuracy |")
     print("|---|---|---|---|---|---|")
     for policy, rows in results.items():
         rate = statistics.median(r["images_per_s"] for r in rows)
         ratio = f"{rate / base:.2f}x" if base else "-"
-        print(f"| {policy} | {rate:,.0f} | {ratio} | {rows[-1]['train_loss']:.4f} | {rows[-1]['val_loss']:.4f} | "
-              f"{rows[-1]['val_accuracy']:.4f} |")
+        print(
+            f"| {policy} | {rate:,.0f} | {ratio} | {rows[-1]['train_loss']:.4f} | {rows[-1]['val_loss']:.4f} | "
+            f"{rows[-1]['val_accuracy']:.4f} |"
+        )
     return 0
 
 

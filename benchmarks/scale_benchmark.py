@@ -14,6 +14,7 @@ Each configuration runs in a fresh process (the device count is fixed when JAX s
 load changes on a shared machine hit them alike; the table reports medians over rounds. The model is the `mlp`
 sample (784 -> hidden -> hidden -> 10, AdamW) on random MNIST-shaped data, batch 128.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30, help="timed steps per configuration")
     parser.add_argument("--hidden", type=int, default=1024, help="width of the two hidden layers")
-    parser.add_argument("--child", nargs=5, metavar=("PROCESSES", "PROCESS_ID", "PORT", "FSDP", "STEPS"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=5, metavar=("PROCESSES", "PROCESS_ID", "PORT", "FSDP", "STEPS"), help=argparse.SUPPRESS
+    )
     return parser.parse_args(argv)
 
 
@@ -57,17 +59,26 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     from training.trainer import Trainer
     from utils import assemble, validate
 
-    config = validate({
-        "name": "scale", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [hidden, hidden]}},
-        "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
-        "optimizer": {"name": "adamw", "args": {"lr": 1e-3}},
-        "data_loader": {"train": {"name": "mnist", "args": {"data_dir": "unused", "batch_size": BATCH}}},
-        "trainer": {"monitor": "off", "steps_per_call": 10, "save_dir": tempfile.mkdtemp()},
-        "mesh": {"data": -1, "fsdp": fsdp}})
+    config = validate(
+        {
+            "name": "scale",
+            "seed": 0,
+            "model": {"name": "mlp", "args": {"hidden": [hidden, hidden]}},
+            "loss": {"name": "cross_entropy"},
+            "metrics": [{"name": "accuracy"}],
+            "optimizer": {"name": "adamw", "args": {"lr": 1e-3}},
+            "data_loader": {"train": {"name": "mnist", "args": {"data_dir": "unused", "batch_size": BATCH}}},
+            "trainer": {"monitor": "off", "steps_per_call": 10, "save_dir": tempfile.mkdtemp()},
+            "mesh": {"data": -1, "fsdp": fsdp},
+        }
+    )
     rng = np.random.default_rng(0)
     n = BATCH * 10
-    loader = DataLoader(ArrayDataset(input=rng.random((n, 28, 28, 1), np.float32),
-                                     target=rng.integers(0, 10, n).astype(np.int32)), BATCH, shuffle=True)
+    loader = DataLoader(
+        ArrayDataset(input=rng.random((n, 28, 28, 1), np.float32), target=rng.integers(0, 10, n).astype(np.int32)),
+        BATCH,
+        shuffle=True,
+    )
     run = assemble(config)
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
@@ -91,10 +102,15 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     jax.block_until_ready(logs)
     seconds = time.perf_counter() - started
     parameters = sum(leaf.size for leaf in jax.tree.leaves(ts["params"]))
-    result = {"ms_per_step": 1000 * seconds / (calls * trainer.steps_per_call),
-              "state_mb_per_device": max(held.values()) / 2**20, "temp_mb_per_device": temp and temp / 2**20,
-              "devices": jax.device_count(), "mesh": dict(trainer.mesh.shape), "parameters": int(parameters),
-              "compile_s": trainer.compile_seconds}
+    result = {
+        "ms_per_step": 1000 * seconds / (calls * trainer.steps_per_call),
+        "state_mb_per_device": max(held.values()) / 2**20,
+        "temp_mb_per_device": temp and temp / 2**20,
+        "devices": jax.device_count(),
+        "mesh": dict(trainer.mesh.shape),
+        "parameters": int(parameters),
+        "compile_s": trainer.compile_seconds,
+    }
     distributed.finish()
     return result
 
@@ -108,10 +124,28 @@ def free_port() -> int:
 def measure(processes: int, devices: int, fsdp: int, steps: int, hidden: int) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     port = free_port()
-    children = [subprocess.Popen([sys.executable, __file__, "--hidden", str(hidden), "--child", str(processes),
-                                  str(i), str(port), str(fsdp), str(steps)], cwd=REPO, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for i in range(processes)]
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--hidden",
+                str(hidden),
+                "--child",
+                str(processes),
+                str(i),
+                str(port),
+                str(fsdp),
+                str(steps),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(processes)
+    ]
     outputs = [c.communicate(timeout=900) for c in children]
     for c, (_out, err) in zip(children, outputs):
         if c.returncode != 0:
@@ -131,10 +165,14 @@ def main(argv=None) -> int:
             results[config].append(measure(*config, args.steps, args.hidden))
         print(f"round {round_ + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
     first = results[CONFIGS[0]][0]
-    print(f"mlp {args.hidden} x {args.hidden}, {first['parameters']:,} parameters, AdamW, batch {BATCH}; "
-          f"{os.cpu_count()} CPU cores; medians of {args.rounds} round(s) of {args.steps} steps")
-    print("| processes x devices | mesh (data x fsdp) | ms per step | params + optimizer MB per device | "
-          "step temporaries MB per device |")
+    print(
+        f"mlp {args.hidden} x {args.hidden}, {first['parameters']:,} parameters, AdamW, batch {BATCH}; "
+        f"{os.cpu_count()} CPU cores; medians of {args.rounds} round(s) of {args.steps} steps"
+    )
+    print(
+        "| processes x devices | mesh (data x fsdp) | ms per step | params + optimizer MB per device | "
+        "step temporaries MB per device |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for (processes, devices, _fsdp), runs in results.items():
         ms = statistics.median(r["ms_per_step"] for r in runs)

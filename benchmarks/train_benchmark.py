@@ -50,6 +50,7 @@ machine has no CIFAR-10, and a step's time does not depend on the pixels. `fused
 same images normalised (`fused` on the device, the peers on the host, outside their timed steps' devices), without
 the random crop and flip, whose cost the `no-augment` variant shows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,13 +70,50 @@ sys.path.insert(0, str(REPO))
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 MODELS = ("mnist_cnn", "mnist_convnext", "cifar_resnet")
 VARIANTS = {
-    "mnist_cnn": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
-                  "autodiff-conv", "window-pool", "conv-first-layer", "conv-weight-grad", "no-prefetch", "startup"],
-    "mnist_convnext": ["template", "fused", "flax", "torch", "K=1", "no-hugetlb", "K=1+no-hugetlb", "no-xla-opts",
-                       "autodiff-conv", "lax-depthwise", "conv-weight-grad", "autodiff-norm", "no-prefetch",
-                       "startup"],
-    "cifar_resnet": ["template", "fused", "flax", "torch", "no-augment", "K=1", "no-hugetlb", "no-xla-opts",
-                     "conv-weight-grad", "autodiff-norm"],
+    "mnist_cnn": [
+        "template",
+        "fused",
+        "flax",
+        "torch",
+        "K=1",
+        "no-hugetlb",
+        "K=1+no-hugetlb",
+        "no-xla-opts",
+        "autodiff-conv",
+        "window-pool",
+        "conv-first-layer",
+        "conv-weight-grad",
+        "no-prefetch",
+        "startup",
+    ],
+    "mnist_convnext": [
+        "template",
+        "fused",
+        "flax",
+        "torch",
+        "K=1",
+        "no-hugetlb",
+        "K=1+no-hugetlb",
+        "no-xla-opts",
+        "autodiff-conv",
+        "lax-depthwise",
+        "conv-weight-grad",
+        "autodiff-norm",
+        "no-prefetch",
+        "startup",
+    ],
+    "cifar_resnet": [
+        "template",
+        "fused",
+        "flax",
+        "torch",
+        "no-augment",
+        "K=1",
+        "no-hugetlb",
+        "no-xla-opts",
+        "conv-weight-grad",
+        "autodiff-norm",
+    ],
 }
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
@@ -115,8 +153,11 @@ def cifar_like(steps: int) -> Path:
     if not path.is_file():
         rng = np.random.default_rng(0)
         with atomic_output(path) as f:
-            np.savez(f, images=rng.integers(0, 256, (rows, 32, 32, 3), np.uint8),
-                     labels=rng.integers(0, 10, rows).astype(np.int32))
+            np.savez(
+                f,
+                images=rng.integers(0, 256, (rows, 32, 32, 3), np.uint8),
+                labels=rng.integers(0, 10, rows).astype(np.int32),
+            )
     return path
 
 
@@ -128,17 +169,31 @@ def bench_config(model: str, steps: int = 0, augment: bool = True) -> dict:
     if model == "cifar_resnet":
         config = load_config(CIFAR_SAMPLE, [])
         ops = config["data_loader"]["train"]["augment"]
-        config["data_loader"] = {"train": {
-            "name": "arrays", "args": {"path": str(cifar_like(steps)), "input": "images", "target": "labels",
-                                       "batch_size": BATCH, "shuffle": True},
-            "augment": ops if augment else [op for op in ops if op["name"] == "normalize"]}}
+        config["data_loader"] = {
+            "train": {
+                "name": "arrays",
+                "args": {
+                    "path": str(cifar_like(steps)),
+                    "input": "images",
+                    "target": "labels",
+                    "batch_size": BATCH,
+                    "shuffle": True,
+                },
+                "augment": ops if augment else [op for op in ops if op["name"] == "normalize"],
+            }
+        }
     else:
         # the sample's schedule over its full run (430 steps x 5 epochs), not "all" of the few steps measured here,
         # whose length would fall below the warm-up
-        config = load_config(REPO / "config.json", [f"model.name={model}", "model.args={}",
-                                                    "optimizer.schedule.args.decay_steps=2150"])
-        config["data_loader"] = {"train": {"name": "mnist", "args": {"split": "train", "batch_size": BATCH,
-                                                                     "shuffle": True, "data_dir": data_dir()}}}
+        config = load_config(
+            REPO / "config.json", [f"model.name={model}", "model.args={}", "optimizer.schedule.args.decay_steps=2150"]
+        )
+        config["data_loader"] = {
+            "train": {
+                "name": "mnist",
+                "args": {"split": "train", "batch_size": BATCH, "shuffle": True, "data_dir": data_dir()},
+            }
+        }
     config["trainer"]["monitor"] = "off"
     return config
 
@@ -209,9 +264,12 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     if "autodiff-conv" in ablations:
         cpu_conv.conv = cpu_conv.canonical_conv  # the plain lax convolution and its autodiff gradient
     if "window-pool" in ablations:
+
         def window_max(self, params, x):
-            return jax.lax.reduce_window(x, -jax.numpy.inf, jax.lax.max, (1, *self.kernel_size, 1),
-                                         (1, *self.stride, 1), "VALID")
+            return jax.lax.reduce_window(
+                x, -jax.numpy.inf, jax.lax.max, (1, *self.kernel_size, 1), (1, *self.stride, 1), "VALID"
+            )
+
         pooling.MaxPool2d.forward = window_max
     if "conv-first-layer" in ablations:
         cpu_conv.is_single_channel = lambda *args: False
@@ -241,9 +299,15 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     seconds = time.perf_counter() - start
     from training.trainer import peak_rss_mb
 
-    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "data_wait_s": trainer.data_wait,
-            "compile_s": trainer.compile_seconds, "steps_per_call": trainer.steps_per_call,
-            "peak_rss_mb": peak_rss_mb(), "mflop_per_example": (trainer.flops_per_example or 0) / 1e6}
+    return {
+        "images_per_s": loader.num_examples / seconds,
+        "seconds": seconds,
+        "data_wait_s": trainer.data_wait,
+        "compile_s": trainer.compile_seconds,
+        "steps_per_call": trainer.steps_per_call,
+        "peak_rss_mb": peak_rss_mb(),
+        "mflop_per_example": (trainer.flops_per_example or 0) / 1e6,
+    }
 
 
 def fused_run(model_name: str, steps: int) -> dict:
@@ -270,10 +334,16 @@ def fused_run(model_name: str, steps: int) -> dict:
     seen = augment.spec(one) if augment else one  # the batch as the model sees it
 
     def init(seed):
-        params, state = model.init(jax.random.PRNGKey(seed), jax.ShapeDtypeStruct(seen["input"].shape,
-                                                                                   seen["input"].dtype))
-        return {"params": params, "state": state, "opt_state": optimizer.init(params),
-                "step": jax.numpy.zeros((), jax.numpy.int32), "rng": jax.random.PRNGKey(1)}
+        params, state = model.init(
+            jax.random.PRNGKey(seed), jax.ShapeDtypeStruct(seen["input"].shape, seen["input"].dtype)
+        )
+        return {
+            "params": params,
+            "state": state,
+            "opt_state": optimizer.init(params),
+            "step": jax.numpy.zeros((), jax.numpy.int32),
+            "rng": jax.random.PRNGKey(1),
+        }
 
     ts = jax.jit(init)(config["seed"])
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], seen))
@@ -287,8 +357,12 @@ def fused_run(model_name: str, steps: int) -> dict:
     ts, acc, logs = compiled(ts, jax.device_put(zeros), epoch)
     metric_results(metrics, acc)
     seconds = time.perf_counter() - start
-    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "compile_s": compile_s,
-            "mflop_per_example": scan_flops(compiled) / BATCH / 1e6}
+    return {
+        "images_per_s": loader.num_examples / seconds,
+        "seconds": seconds,
+        "compile_s": compile_s,
+        "mflop_per_example": scan_flops(compiled) / BATCH / 1e6,
+    }
 
 
 def scan_flops(compiled) -> float:
@@ -365,8 +439,9 @@ def optax_schedule(config: dict, steps_per_epoch: int):
     name, args = schedule_args(config, steps_per_epoch)
     if name == "cosine_decay":
         return optax.cosine_decay_schedule(args["init_value"], args["decay_steps"])
-    return optax.warmup_cosine_decay_schedule(args["init_value"], args["peak_value"], args["warmup_steps"],
-                                              args["decay_steps"])
+    return optax.warmup_cosine_decay_schedule(
+        args["init_value"], args["peak_value"], args["warmup_steps"], args["decay_steps"]
+    )
 
 
 def peer_schedule(config: dict, steps_per_epoch: int):
@@ -375,8 +450,9 @@ def peer_schedule(config: dict, steps_per_epoch: int):
 
     name, args = schedule_args(config, steps_per_epoch)
     if name == "cosine_decay":
-        return lambda step: args["init_value"] * 0.5 * (1 + math.cos(math.pi * min(step, args["decay_steps"])
-                                                                     / args["decay_steps"]))
+        return lambda step: (
+            args["init_value"] * 0.5 * (1 + math.cos(math.pi * min(step, args["decay_steps"]) / args["decay_steps"]))
+        )
     warmup, decay = args["warmup_steps"], args["decay_steps"]
 
     def warmup_cosine(step):
@@ -415,8 +491,9 @@ def flax_run(model_name: str, steps: int) -> dict:
     net = flax_model(model_name)
     schedule = optax_schedule(config, len(loader))
     if peer_is_sgd(config):
-        tx = optax.chain(optax.add_decayed_weights(weight_decay(config)),
-                         optax.sgd(schedule, momentum=0.9, nesterov=True))
+        tx = optax.chain(
+            optax.add_decayed_weights(weight_decay(config)), optax.sgd(schedule, momentum=0.9, nesterov=True)
+        )
     else:
         tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.05))
     first = normalize(next(iter(loader.batches(0)))["input"])
@@ -436,14 +513,16 @@ def flax_run(model_name: str, steps: int) -> dict:
         return optax.apply_updates(params, updates), stats, opt_state, loss, jnp.mean(logits.argmax(-1) == y)
 
     for _, batch in zip(range(10), loader.batches(0)):  # compile and warm up
-        params, stats, opt_state, loss, accuracy = train_step(params, stats, opt_state, normalize(batch["input"]),
-                                                              batch["target"])
+        params, stats, opt_state, loss, accuracy = train_step(
+            params, stats, opt_state, normalize(batch["input"]), batch["target"]
+        )
     jax.block_until_ready(loss)
     start = time.perf_counter()
     total = jnp.zeros(2)
     for batch in loader.batches(1):
-        params, stats, opt_state, loss, accuracy = train_step(params, stats, opt_state, normalize(batch["input"]),
-                                                              batch["target"])
+        params, stats, opt_state, loss, accuracy = train_step(
+            params, stats, opt_state, normalize(batch["input"]), batch["target"]
+        )
         total = total + jnp.stack([loss, accuracy])
     jax.block_until_ready(total)
     seconds = time.perf_counter() - start
@@ -455,9 +534,18 @@ def torch_model(model_name: str):
     from torch import nn
 
     if model_name == "mnist_cnn":
-        return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                             nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 7 * 7, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
+        )
 
     class ChannelNorm(nn.LayerNorm):
         """LayerNorm over the channels of an NCHW tensor."""
@@ -481,9 +569,16 @@ def torch_model(model_name: str):
     class ConvNeXt(nn.Module):
         def __init__(self):
             super().__init__()
-            self.features = nn.Sequential(nn.Conv2d(1, 32, 4, 2, padding=1), ChannelNorm(32, eps=1e-6),
-                                          Block(32), Block(32), ChannelNorm(32, eps=1e-6), nn.Conv2d(32, 64, 2, 2),
-                                          Block(64), Block(64))
+            self.features = nn.Sequential(
+                nn.Conv2d(1, 32, 4, 2, padding=1),
+                ChannelNorm(32, eps=1e-6),
+                Block(32),
+                Block(32),
+                ChannelNorm(32, eps=1e-6),
+                nn.Conv2d(32, 64, 2, 2),
+                Block(64),
+                Block(64),
+            )
             self.norm, self.head = nn.LayerNorm(64, eps=1e-6), nn.Linear(64, 10)
 
         def forward(self, x):
@@ -492,11 +587,18 @@ def torch_model(model_name: str):
     class BasicBlock(nn.Module):
         def __init__(self, previous, width, stride):
             super().__init__()
-            self.body = nn.Sequential(nn.Conv2d(previous, width, 3, stride, padding=1, bias=False),
-                                      nn.BatchNorm2d(width), nn.ReLU(),
-                                      nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width))
-            self.shortcut = nn.Identity() if stride == 1 and previous == width else nn.Sequential(
-                nn.Conv2d(previous, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+            self.body = nn.Sequential(
+                nn.Conv2d(previous, width, 3, stride, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(),
+                nn.Conv2d(width, width, 3, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+            )
+            self.shortcut = (
+                nn.Identity()
+                if stride == 1 and previous == width
+                else nn.Sequential(nn.Conv2d(previous, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+            )
 
         def forward(self, x):
             return nn.functional.relu(self.body(x) + self.shortcut(x))
@@ -527,8 +629,9 @@ def torch_run(model_name: str, steps: int) -> dict:
     net = torch_model(model_name).train()
     sgd = peer_is_sgd(config)
     if sgd:
-        optimizer = torch.optim.SGD(net.parameters(), lr=1.0, momentum=0.9, nesterov=True,
-                                    weight_decay=weight_decay(config))
+        optimizer = torch.optim.SGD(
+            net.parameters(), lr=1.0, momentum=0.9, nesterov=True, weight_decay=weight_decay(config)
+        )
     else:
         optimizer = torch.optim.AdamW(net.parameters(), lr=1.0, weight_decay=0.05)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, peer_schedule(config, len(loader)))
@@ -554,8 +657,13 @@ def torch_run(model_name: str, steps: int) -> dict:
         total += step(batch)
     total.tolist()
     seconds = time.perf_counter() - start
-    return {"images_per_s": loader.num_examples / seconds, "seconds": seconds, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "params": sum(p.numel() for p in net.parameters())}
+    return {
+        "images_per_s": loader.num_examples / seconds,
+        "seconds": seconds,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in net.parameters()),
+    }
 
 
 def peak_run() -> dict:
@@ -571,16 +679,32 @@ def startup_run(model_name: str) -> dict:
     import signal
 
     with tempfile.TemporaryDirectory() as save_dir:
-        command = [sys.executable, "-X", "importtime", "train.py", "-c", "config.json", "--set",
-                   f"model.name={model_name}", "--set", "model.args={}", "--set", f"trainer.save_dir={save_dir}",
-                   "--epochs", "1"]
+        command = [
+            sys.executable,
+            "-X",
+            "importtime",
+            "train.py",
+            "-c",
+            "config.json",
+            "--set",
+            f"model.name={model_name}",
+            "--set",
+            "model.args={}",
+            "--set",
+            f"trainer.save_dir={save_dir}",
+            "--epochs",
+            "1",
+        ]
         process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         imported, found = set(), None
         for line in process.stdout:
             if line.startswith("import time:"):
                 imported.add(line.rsplit("|", 1)[-1].strip().split(".")[0])
-            found = re.search(r"first (\d+) training step\(s\) done ([\d.]+)s after start \(compiling the step "
-                              r"took ([\d.]+)s\)", line)
+            found = re.search(
+                r"first (\d+) training step\(s\) done ([\d.]+)s after start \(compiling the step "
+                r"took ([\d.]+)s\)",
+                line,
+            )
             if found:
                 break
         process.send_signal(signal.SIGINT)
@@ -588,8 +712,12 @@ def startup_run(model_name: str) -> dict:
     if not found:
         raise RuntimeError("train.py did not report its first steps")
     heavy = sorted(imported & {"tensorflow", "wandb", "onnx", "onnxruntime", "tf2onnx", "jax2onnx", "flax", "optax"})
-    return {"first_call_s": float(found.group(2)), "compile_s": float(found.group(3)),
-            "steps_in_first_call": int(found.group(1)), "heavy_imports": heavy}
+    return {
+        "first_call_s": float(found.group(2)),
+        "compile_s": float(found.group(3)),
+        "steps_in_first_call": int(found.group(1)),
+        "heavy_imports": heavy,
+    }
 
 
 def child(model_name: str, variant: str, steps: int) -> dict:
@@ -648,9 +776,16 @@ def machine() -> dict:
 
     from benchmarks.machine import cpu_model
 
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "python": host.python_version(),
-            "device": str(jax.devices()[0]), "cpu": cpu_model(), "cores": os.cpu_count(),
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), "date": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "python": host.python_version(),
+        "device": str(jax.devices()[0]),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def median(results: list[dict], key: str) -> float:
@@ -664,8 +799,11 @@ def peak_line(peaks: list[dict]) -> str:
         rates = [p[library] for p in peaks if library in p]
         if rates:
             parts.append(f"{library} {max(rates):.0f} ({min(rates):.0f}-{max(rates):.0f})")
-    return (f"matmul peak, 4096 x 4096 float32, best of 5 per round, best (range) of {len(peaks)} rounds, GFLOP/s: "
-            + ", ".join(parts) + "; 'of matmul peak' divides by the best JAX figure")
+    return (
+        f"matmul peak, 4096 x 4096 float32, best of 5 per round, best (range) of {len(peaks)} rounds, GFLOP/s: "
+        + ", ".join(parts)
+        + "; 'of matmul peak' divides by the best JAX figure"
+    )
 
 
 def report(model_name: str, results: dict[str, list[dict]], peak: float | None = None) -> str:
@@ -676,8 +814,12 @@ def report(model_name: str, results: dict[str, list[dict]], peak: float | None =
     fused = median(results["fused"], "images_per_s") if "fused" in results else None
     counted = [r["mflop_per_example"] for runs in results.values() for r in runs if r.get("mflop_per_example")]
     mflop = counted[0] if counted else None  # XLA's count for the network, the same for every variant
-    lines = [f"### {model_name}", "", "| variant | images/s (median) | range | runs | template / variant | "
-             "variant / fused | of matmul peak |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"### {model_name}",
+        "",
+        "| variant | images/s (median) | range | runs | template / variant | variant / fused | of matmul peak |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for variant, runs in results.items():
         if variant == "startup":
             continue
@@ -686,34 +828,47 @@ def report(model_name: str, results: dict[str, list[dict]], peak: float | None =
         bound = f"{rate / fused:.2f}" if fused else "-"
         share = f"{100 * fraction_of_peak(rate, mflop * 1e6, peak):.0f}%" if mflop and peak else "-"
         rates = [r["images_per_s"] for r in runs]
-        lines.append(f"| {variant} | {rate:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {len(runs)} | {ratio} | "
-                     f"{bound} | {share} |")
+        lines.append(
+            f"| {variant} | {rate:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {len(runs)} | {ratio} | "
+            f"{bound} | {share} |"
+        )
     if "template" in results:
         runs = results["template"]
         wait = statistics.median(r["data_wait_s"] / r["seconds"] for r in runs)
-        lines += ["", f"template: K = {runs[0]['steps_per_call']} steps per call, data wait {100 * wait:.1f}% of "
-                      f"the epoch, compile {median(runs, 'compile_s'):.1f} s, peak RSS "
-                      f"{median(runs, 'peak_rss_mb'):.0f} MB"]
+        lines += [
+            "",
+            f"template: K = {runs[0]['steps_per_call']} steps per call, data wait {100 * wait:.1f}% of "
+            f"the epoch, compile {median(runs, 'compile_s'):.1f} s, peak RSS "
+            f"{median(runs, 'peak_rss_mb'):.0f} MB",
+        ]
     if mflop:
-        lines.append(f"~{mflop:.1f} MFLOP per training example (XLA's count; 'of matmul peak' = images/s x that / "
-                     f"the JAX matmul peak)")
+        lines.append(
+            f"~{mflop:.1f} MFLOP per training example (XLA's count; 'of matmul peak' = images/s x that / "
+            f"the JAX matmul peak)"
+        )
     if "torch" in results:
-        lines.append(f"torch: PyTorch {results['torch'][0]['torch']} eager, {results['torch'][0]['threads']} "
-                     f"threads, {results['torch'][0]['params']:,} parameters")
+        lines.append(
+            f"torch: PyTorch {results['torch'][0]['torch']} eager, {results['torch'][0]['threads']} "
+            f"threads, {results['torch'][0]['params']:,} parameters"
+        )
     if "startup" in results:
         runs = results["startup"]
         first, compile_s = median(runs, "first_call_s"), median(runs, "compile_s")
-        lines.append(f"startup: `python train.py` to its first {runs[0]['steps_in_first_call']} steps done "
-                     f"{first:.1f} s = {first / compile_s:.2f} x the step's compile time ({compile_s:.1f} s); "
-                     f"TensorFlow/WandB/ONNX/Flax imported: {', '.join(runs[0]['heavy_imports']) or 'none'}")
+        lines.append(
+            f"startup: `python train.py` to its first {runs[0]['steps_in_first_call']} steps done "
+            f"{first:.1f} s = {first / compile_s:.2f} x the step's compile time ({compile_s:.1f} s); "
+            f"TensorFlow/WandB/ONNX/Flax imported: {', '.join(runs[0]['heavy_imports']) or 'none'}"
+        )
     return "\n".join(lines)
 
 
 def available(variants: list[str]) -> tuple[list[str], list[str]]:
     """The variants this machine can run, and a note for each one left out (torch when it is not installed)."""
     if "torch" in variants and importlib.util.find_spec("torch") is None:
-        return ([v for v in variants if v != "torch"],
-                ["torch: skipped, PyTorch is not installed (it is optional: `pip install torch` to compare)"])
+        return (
+            [v for v in variants if v != "torch"],
+            ["torch: skipped, PyTorch is not installed (it is optional: `pip install torch` to compare)"],
+        )
     return variants, []
 
 
@@ -743,25 +898,36 @@ def main(argv=None) -> int:
                 result = measure(model_name, variant, args.steps)
                 result["load"] = os.getloadavg()[0]
                 results[model_name][variant].append(result)
-                shown = (f"{result['images_per_s']:,.0f} images/s" if "images_per_s" in result
-                         else f"first call {result['first_call_s']:.1f} s, compile {result['compile_s']:.1f} s")
-                print(f"round {round_ + 1}/{args.rounds}  {model_name:15s} {variant:14s} {shown}  "
-                      f"(load {load_average()})", flush=True)
+                shown = (
+                    f"{result['images_per_s']:,.0f} images/s"
+                    if "images_per_s" in result
+                    else f"first call {result['first_call_s']:.1f} s, compile {result['compile_s']:.1f} s"
+                )
+                print(
+                    f"round {round_ + 1}/{args.rounds}  {model_name:15s} {variant:14s} {shown}  "
+                    f"(load {load_average()})",
+                    flush=True,
+                )
         load.append(os.getloadavg())
     info = machine()
     peak = max(p["jax"] for p in peaks) if peaks else None
-    print(f"\n{info['cpu']}, {info['cores']} cores; jax {info['jax']} (jaxlib {info['jaxlib']}), Python "
-          f"{info['python']}, {info['device']}, {info['date']}; XLA_FLAGS={info['xla_flags'] or '(none)'}; "
-          f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
-          f"{args.steps or 'all'} steps of {BATCH} per timed epoch, medians of {args.rounds} runs")
+    print(
+        f"\n{info['cpu']}, {info['cores']} cores; jax {info['jax']} (jaxlib {info['jaxlib']}), Python "
+        f"{info['python']}, {info['device']}, {info['date']}; XLA_FLAGS={info['xla_flags'] or '(none)'}; "
+        f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
+        f"{args.steps or 'all'} steps of {BATCH} per timed epoch, medians of {args.rounds} runs"
+    )
     if peaks:
         print(peak_line(peaks))
     print()
     for model_name in models:
         print(report(model_name, results[model_name], peak) + "\n")
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": info, "load": load, "args": vars(args), "peaks": peaks,
-                                              "results": results}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {"machine": info, "load": load, "args": vars(args), "peaks": peaks, "results": results}, indent=1
+            )
+        )
     return 0
 
 

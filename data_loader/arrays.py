@@ -10,6 +10,7 @@ just its rows, so a file larger than memory trains (the page cache keeps what fi
 Splits are a seeded partition of the rows (the same as the CSV loader's), or "all" for files already split.
 64-bit numbers become 32-bit per batch (int64 -> int32, float64 -> float32): JAX computes in 32 bits by default.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -59,8 +60,10 @@ def open_arrays(path: str | Path, names: list[str], mmap: bool = True) -> dict[s
         opener = lambda name: np.load(available[name], mmap_mode=mode, allow_pickle=False)  # noqa: E731
     elif path.is_file():
         if path.suffix == ".npy":
-            raise ValueError(f"{path}: a single .npy file holds one unnamed array; give the folder it is in (each "
-                             f"<name>.npy there is the array <name>) or an .npz file")
+            raise ValueError(
+                f"{path}: a single .npy file holds one unnamed array; give the folder it is in (each "
+                f"<name>.npy there is the array <name>) or an .npz file"
+            )
         try:
             archive = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError) as error:
@@ -88,8 +91,10 @@ def _open(path: Path, name: str, available, opener) -> np.ndarray:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise ValueError(f"{path}: cannot read array {name!r} ({error})") from None
     if array.dtype.kind not in "biuf" or array.ndim == 0:
-        raise ValueError(f"{path}: array {name!r} is {array.dtype} of shape {list(array.shape)}; expected "
-                         "numbers with a first axis of examples")
+        raise ValueError(
+            f"{path}: array {name!r} is {array.dtype} of shape {list(array.shape)}; expected "
+            "numbers with a first axis of examples"
+        )
     return array
 
 
@@ -101,8 +106,18 @@ def _narrow(array: np.ndarray) -> np.ndarray:
 class ArraysDataset:
     """One split of named arrays: each batch reads only its rows of the (memory-mapped) arrays."""
 
-    def __init__(self, path, input, target, split="all", validation_fraction=0.1, test_fraction=0.0,
-                 split_seed=0, mmap=True, classes=None):
+    def __init__(
+        self,
+        path,
+        input,
+        target,
+        split="all",
+        validation_fraction=0.1,
+        test_fraction=0.0,
+        split_seed=0,
+        mmap=True,
+        classes=None,
+    ):
         check_settings(input, target, split, validation_fraction, test_fraction, classes)
         if isinstance(input, str):
             inputs = input
@@ -115,16 +130,20 @@ class ArraysDataset:
         self.arrays = open_arrays(path, list(dict.fromkeys(names)), mmap)
         lengths = {name: len(a) for name, a in self.arrays.items()}
         if len(set(lengths.values())) != 1:
-            raise ValueError(f"{path}: the arrays have different numbers of rows: "
-                             + ", ".join(f"{n} {v}" for n, v in lengths.items()))
+            raise ValueError(
+                f"{path}: the arrays have different numbers of rows: "
+                + ", ".join(f"{n} {v}" for n, v in lengths.items())
+            )
         rows = next(iter(lengths.values()))
         if split == "all":
             self.rows = np.arange(rows)
         else:
             self.rows = split_rows(rows, validation_fraction, test_fraction, split_seed)[split]
         if not len(self.rows):
-            raise ValueError(f"{path}: the {split} split of {rows} rows is empty (validation_fraction "
-                             f"{validation_fraction}, test_fraction {test_fraction})")
+            raise ValueError(
+                f"{path}: the {split} split of {rows} rows is empty (validation_fraction "
+                f"{validation_fraction}, test_fraction {test_fraction})"
+            )
         self.inputs, self.target = inputs, target
         self.preprocessing = {"classes": list(classes)} if classes else {}
 
@@ -134,22 +153,27 @@ class ArraysDataset:
     def get_batch(self, indices):
         rows = self.rows[indices]
         read = lambda name: _narrow(np.asarray(self.arrays[name][rows]))  # noqa: E731
-        batch = {"input": read(self.inputs) if isinstance(self.inputs, str)
-                 else {key: read(name) for key, name in self.inputs.items()}}
+        batch = {
+            "input": read(self.inputs)
+            if isinstance(self.inputs, str)
+            else {key: read(name) for key, name in self.inputs.items()}
+        }
         if self.target is not None:
             batch["target"] = read(self.target)
         return batch
 
 
-def check_settings(input, target, split="all", validation_fraction=0.1, test_fraction=0.0,
-                   classes=None) -> None:
+def check_settings(input, target, split="all", validation_fraction=0.1, test_fraction=0.0, classes=None) -> None:
     """The settings, checked without reading anything."""
     ok_name = lambda v: isinstance(v, str) and v != ""  # noqa: E731
-    if not (ok_name(input) or (isinstance(input, list) and input and all(map(ok_name, input))
-                               and len(set(input)) == len(input))
-            or (isinstance(input, dict) and input and all(map(ok_name, input)) and all(map(ok_name, input.values())))):
-        raise ValueError(f"input: expected an array name, a list of names or {{\"input name\": \"array name\"}}, "
-                         f"got {input!r}")
+    if not (
+        ok_name(input)
+        or (isinstance(input, list) and input and all(map(ok_name, input)) and len(set(input)) == len(input))
+        or (isinstance(input, dict) and input and all(map(ok_name, input)) and all(map(ok_name, input.values())))
+    ):
+        raise ValueError(
+            f'input: expected an array name, a list of names or {{"input name": "array name"}}, got {input!r}'
+        )
     if target is not None and not ok_name(target):
         raise ValueError(f"target: expected an array name or null (no target), got {target!r}")
     if split not in SPLITS:
@@ -159,7 +183,8 @@ def check_settings(input, target, split="all", validation_fraction=0.1, test_fra
     if (split == "validation" and not validation_fraction) or (split == "test" and not test_fraction):
         raise ValueError(f"{split}_fraction: must be above 0 for the {split} split")
     if validation_fraction + test_fraction >= 1:
-        raise ValueError(f"validation_fraction: {validation_fraction} and test_fraction {test_fraction} leave no "
-                         "rows for training")
+        raise ValueError(
+            f"validation_fraction: {validation_fraction} and test_fraction {test_fraction} leave no rows for training"
+        )
     if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
         raise ValueError(f"classes: expected a list of class names, got {classes!r}")

@@ -24,6 +24,7 @@ unless given; its numbers are written into the run's ``preprocessing.json`` (``p
 Add an op by writing a factory here that returns an ``Op`` and listing it in ``__all__``: its keyword arguments are
 the config's ``args``, checked by the constructor (ValueError "name: ...") before any data is read.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,12 @@ def _per_channel(value, name: str, default: float, positive: bool = False) -> tu
     values = value if isinstance(value, (list, tuple)) else [value]
     if not values:
         raise ValueError(f"{name}: expected a number or a list of numbers (one per channel), got []")
-    return tuple(check_number(v, f"{name}.{i}" if isinstance(value, (list, tuple)) else name,
-                              0.0 if positive else None, open_low=True) for i, v in enumerate(values))
+    return tuple(
+        check_number(
+            v, f"{name}.{i}" if isinstance(value, (list, tuple)) else name, 0.0 if positive else None, open_low=True
+        )
+        for i, v in enumerate(values)
+    )
 
 
 # ------------------------------------------------------------------------------------------------------- the ops
@@ -88,7 +93,7 @@ def _log_gamma(u, alpha: float):
     tiny = jnp.finfo(u.dtype).tiny
     t = GAMMA_TRIES
     z = math.sqrt(2.0) * lax.erf_inv(jnp.clip(2.0 * u[..., :t] - 1.0, -1.0 + 1e-7, 1.0 - 1e-7))  # standard normal
-    accept_u = jnp.maximum(u[..., t:2 * t], tiny)
+    accept_u = jnp.maximum(u[..., t : 2 * t], tiny)
     v = (1.0 + c * z) ** 3
     safe_v = jnp.where(v > 0, v, 1.0)
     accept = (v > 0) & (jnp.log(accept_u) < 0.5 * z * z + d - d * safe_v + d * jnp.log(safe_v))
@@ -115,6 +120,7 @@ def _flip_batch(x):
 class Op:
     """One augmentation. ``random`` ops implement ``draw`` (per-example parameters from ``uniforms`` numbers each) and
     ``apply``; ``identity`` is what evaluation does (and what a deterministic op does in training too)."""
+
     random = True
     name = "op"
     image = True  # needs (batch, height, width, channels)
@@ -122,11 +128,15 @@ class Op:
     def check(self, batch: dict, pixels: Pixels, where: str) -> None:
         x = batch["input"]
         if isinstance(x, dict):
-            raise ValueError(f"{where}: {self.name} works on one input array, the data has several named inputs "
-                             f"({', '.join(sorted(x))})")
+            raise ValueError(
+                f"{where}: {self.name} works on one input array, the data has several named inputs "
+                f"({', '.join(sorted(x))})"
+            )
         if self.image and x.ndim != 4:
-            raise ValueError(f"{where}: {self.name} works on images (batch, height, width, channels), the input "
-                             f"has shape {list(x.shape)}")
+            raise ValueError(
+                f"{where}: {self.name} works on images (batch, height, width, channels), the input "
+                f"has shape {list(x.shape)}"
+            )
 
     uniforms = 0  # uniform numbers drawn per example
 
@@ -164,8 +174,10 @@ class RandomCrop(Op):
         super().check(batch, pixels, where)
         _, h, w, _ = batch["input"].shape
         if self.padding_mode == "reflect" and self.padding >= min(h, w):
-            raise ValueError(f"{where}.args.padding: reflect padding must be below the image's height and width "
-                             f"({h}x{w}), got {self.padding}")
+            raise ValueError(
+                f"{where}.args.padding: reflect padding must be below the image's height and width "
+                f"({h}x{w}), got {self.padding}"
+            )
 
     uniforms = 2
 
@@ -346,8 +358,10 @@ class RandomErasing(Op):
         if jnp.issubdtype(dtype, jnp.integer):
             info = jnp.iinfo(dtype)
             if not (float(self.value).is_integer() and info.min <= self.value <= info.max):
-                raise ValueError(f"{where}.args.value: the images are {dtype}, so the value must be an integer "
-                                 f"from {info.min} to {info.max}, got {self.value:g}")
+                raise ValueError(
+                    f"{where}.args.value: the images are {dtype}, so the value must be an integer "
+                    f"from {info.min} to {info.max}, got {self.value:g}"
+                )
 
     uniforms = 5
 
@@ -358,8 +372,13 @@ class RandomErasing(Op):
         aspect = jnp.exp(log_low + u[:, 2] * (log_high - log_low))
         height = jnp.clip(jnp.floor(jnp.sqrt(area / aspect) + 0.5), 1, h).astype(jnp.int32)
         width = jnp.clip(jnp.floor(jnp.sqrt(area * aspect) + 0.5), 1, w).astype(jnp.int32)
-        return {"erase": u[:, 0] < self.p, "height": height, "width": width,
-                "top": _index(u[:, 3], h - height + 1), "left": _index(u[:, 4], w - width + 1)}
+        return {
+            "erase": u[:, 0] < self.p,
+            "height": height,
+            "width": width,
+            "top": _index(u[:, 3], h - height + 1),
+            "left": _index(u[:, 4], w - width + 1),
+        }
 
     def apply(self, batch, params, pixels):
         x = batch["input"]
@@ -373,8 +392,7 @@ class RandomErasing(Op):
 
 
 @register("augment")
-def random_erasing(p: float = 0.5, scale: tuple = (0.02, 0.33), ratio: tuple = (0.3, 3.3),
-                   value: float = 0.0) -> Op:
+def random_erasing(p: float = 0.5, scale: tuple = (0.02, 0.33), ratio: tuple = (0.3, 3.3), value: float = 0.0) -> Op:
     """Cutout: with probability ``p`` fills a random box of ``scale`` (fraction of the area) and aspect ``ratio``
     (width / height, log-uniform) with ``value`` in every channel. After ``normalize``, 0 is the mean pixel."""
     return RandomErasing(p, scale, ratio, value)
@@ -393,8 +411,10 @@ def _soft_targets(batch: dict, pixels: Pixels, where: str, name: str):
         return jax.nn.one_hot(target, classes, dtype=jnp.float32)
     if target.ndim == 2 and (classes is None or target.shape[-1] == classes):
         return target.astype(jnp.float32)
-    raise ValueError(f"{where}: {name} mixes class labels: targets of class ids (batch,) or probabilities "
-                     f"(batch, classes), got {target.dtype} {list(target.shape)}")
+    raise ValueError(
+        f"{where}: {name} mixes class labels: targets of class ids (batch,) or probabilities "
+        f"(batch, classes), got {target.dtype} {list(target.shape)}"
+    )
 
 
 class Mix(Op):
@@ -487,8 +507,10 @@ class Normalize(Op):
         channels = batch["input"].shape[-1]
         for name, values in (("mean", self.mean), ("std", self.std)):
             if len(values) not in (1, channels):
-                raise ValueError(f"{where}.args.{name}: {len(values)} values, but the input has {channels} "
-                                 f"channel(s) (its last axis)")
+                raise ValueError(
+                    f"{where}.args.{name}: {len(values)} values, but the input has {channels} "
+                    f"channel(s) (its last axis)"
+                )
 
     def pixel_scale(self, pixels: Pixels) -> float:
         if self.scale is not None:
@@ -529,8 +551,10 @@ class Augment:
         self.where = where
         normalizing = [i for i, op in enumerate(self.ops) if isinstance(op, Normalize)]
         if len(normalizing) > 1:
-            raise ValueError(f"{where}.{normalizing[1]}: normalize appears twice (at {normalizing[0]} too); give it "
-                             "once, with the combined numbers")
+            raise ValueError(
+                f"{where}.{normalizing[1]}: normalize appears twice (at {normalizing[0]} too); give it "
+                "once, with the combined numbers"
+            )
 
     def __call__(self, batch: dict, key=None, *, train: bool, outputs=None) -> dict:
         if train and key is None:
@@ -547,7 +571,7 @@ class Augment:
         for position, op in enumerate(self.ops):
             op.check(batch, pixels, f"{self.where}.{position}")
             if train and op.random:
-                batch = op.apply(batch, op.draw(u[:, used:used + op.uniforms], batch), pixels)
+                batch = op.apply(batch, op.draw(u[:, used : used + op.uniforms], batch), pixels)
                 used += op.uniforms
             else:
                 batch = op.identity(batch, pixels)

@@ -1,4 +1,5 @@
 """Fetching dataset files when a network exists: mirrors in order, MD5 verified, atomic write, progress bar."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Reader for the IDX format used by MNIST, Fashion-MNIST and KMNIST (gzip or raw)."""
+
 from __future__ import annotations
 
 import gzip

@@ -19,6 +19,7 @@ split (none by default). Adding a file moves at most one other file
 between splits, and the split never depends on which files could be decoded. Unreadable or corrupt files stop the
 build with their path (`on_error` "fail"), or are left out with a warning that counts and names them ("skip").
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -62,36 +63,58 @@ def scan(root: str | Path, classes: list[str] | None = None) -> tuple[list[str],
     else:
         missing = [name for name in classes if name not in found]
         if missing:
-            raise ValueError(f"{root}: no folder for class {missing[0]!r}; class folders there: "
-                             f"{', '.join(found) or 'none'}")
+            raise ValueError(
+                f"{root}: no folder for class {missing[0]!r}; class folders there: {', '.join(found) or 'none'}"
+            )
     files, labels = [], []
     for label, name in enumerate(classes):
         folder = root / name
-        images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in SUFFIXES and p.is_file()
-                        and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+        images = sorted(
+            p
+            for p in folder.rglob("*")
+            if p.suffix.lower() in SUFFIXES
+            and p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        )
         if not images:
-            raise ValueError(f"{folder}: an empty class folder (no {', '.join(SUFFIXES)} files); add images to it "
-                             "or remove it")
+            raise ValueError(
+                f"{folder}: an empty class folder (no {', '.join(SUFFIXES)} files); add images to it or remove it"
+            )
         files += images
         labels += [label] * len(images)
     return list(classes), files, np.asarray(labels, np.int32)
 
 
-def split_rows(root: Path, files: list[Path], labels: np.ndarray, split: str, validation_fraction: float,
-               split_seed: int, test_fraction: float = 0.0) -> np.ndarray:
+def split_rows(
+    root: Path,
+    files: list[Path],
+    labels: np.ndarray,
+    split: str,
+    validation_fraction: float,
+    split_seed: int,
+    test_fraction: float = 0.0,
+) -> np.ndarray:
     """Indices into `files` of the split: per class, the files ranked first by hash(split_seed, path) are held out
     for validation, the next ones for test."""
     if split == "all":
         return np.arange(len(files))
-    rank = np.asarray([int.from_bytes(hashlib.sha256(f"{split_seed}:".encode() + os.fsencode(
-        p.relative_to(root).as_posix())).digest()[:8], "little") for p in files], np.uint64)
+    rank = np.asarray(
+        [
+            int.from_bytes(
+                hashlib.sha256(f"{split_seed}:".encode() + os.fsencode(p.relative_to(root).as_posix())).digest()[:8],
+                "little",
+            )
+            for p in files
+        ],
+        np.uint64,
+    )
     part = np.full(len(files), "train", dtype=object)
     for label in np.unique(labels):
         members = np.flatnonzero(labels == label)
         ranked = members[np.argsort(rank[members], kind="stable")]
         validation = round(len(members) * validation_fraction)
         part[ranked[:validation]] = "validation"
-        part[ranked[validation:validation + round(len(members) * test_fraction)]] = "test"
+        part[ranked[validation : validation + round(len(members) * test_fraction)]] = "test"
     return np.flatnonzero(part == split)
 
 
@@ -136,8 +159,10 @@ def image_size(path: Path) -> tuple[int, int]:
         with Image.open(path) as image:
             return image.size[1], image.size[0]
     except Exception as error:  # noqa: BLE001 (any failure is the file's)
-        raise ValueError(f"{path}: cannot read it as an image ({error}); give \"size\": [height, width] to "
-                         "choose the size without reading the first image") from None
+        raise ValueError(
+            f'{path}: cannot read it as an image ({error}); give "size": [height, width] to '
+            "choose the size without reading the first image"
+        ) from None
 
 
 def default_workers(num_files: int) -> int:
@@ -147,22 +172,24 @@ def default_workers(num_files: int) -> int:
     return 0 if num_files < MIN_FILES_PER_WORKER or cores <= 2 else min(cores, 8)
 
 
-def decode_into(out: np.ndarray, paths: list[str], size: tuple[int, int], channels: int, workers: int,
-                stop_on_error: bool) -> dict[int, str]:
+def decode_into(
+    out: np.ndarray, paths: list[str], size: tuple[int, int], channels: int, workers: int, stop_on_error: bool
+) -> dict[int, str]:
     """Decodes `paths` into rows of `out` (a memory map), in `workers` processes (0: this one); {row: error}."""
     errors: dict[int, str] = {}
     starts = range(0, len(paths), CHUNK)
     if workers <= 1:
-        results = (decode_chunk(paths[s:s + CHUNK], size, channels) for s in starts)
+        results = (decode_chunk(paths[s : s + CHUNK], size, channels) for s in starts)
         pool = None
     else:
         # spawn, not fork: the parent may already run JAX's threads, which a forked child would inherit locked
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        results = pool.map(decode_chunk, (paths[s:s + CHUNK] for s in starts), [size] * len(starts),
-                           [channels] * len(starts))
+        results = pool.map(
+            decode_chunk, (paths[s : s + CHUNK] for s in starts), [size] * len(starts), [channels] * len(starts)
+        )
     try:
         for start, (array, chunk_errors) in zip(starts, results):
-            out[start:start + len(array)] = array
+            out[start : start + len(array)] = array
             errors.update({start + i: message for i, message in chunk_errors})
             if errors and stop_on_error:
                 break
@@ -176,8 +203,13 @@ def decode_into(out: np.ndarray, paths: list[str], size: tuple[int, int], channe
 def cache_key(root: Path, files: list[Path], size: tuple[int, int], channels: int) -> tuple[str, str, list]:
     """(settings hash, contents hash, entries): the settings name the folder and decode options, the contents add
     every file's relative path, size and modification time."""
-    settings = {"version": CACHE_VERSION, "root": str(root.resolve()), "size": list(size), "channels": channels,
-                "resize": RESIZE}
+    settings = {
+        "version": CACHE_VERSION,
+        "root": str(root.resolve()),
+        "size": list(size),
+        "channels": channels,
+        "resize": RESIZE,
+    }
     entries = []
     for path in files:
         stat = path.stat()
@@ -200,8 +232,15 @@ def _previous(cache_dir: Path, settings_hash: str, name: str) -> list[tuple[Path
     return found
 
 
-def load_or_build(root: Path, files: list[Path], size: tuple[int, int], channels: int, cache_dir: Path,
-                  workers: int | None, on_error: str) -> tuple[np.ndarray, dict[int, str], dict]:
+def load_or_build(
+    root: Path,
+    files: list[Path],
+    size: tuple[int, int],
+    channels: int,
+    cache_dir: Path,
+    workers: int | None,
+    on_error: str,
+) -> tuple[np.ndarray, dict[int, str], dict]:
     """(memory-mapped uint8 images of every file, {row: error} of the unreadable ones, cache info for logs)."""
     settings_hash, contents_hash, entries = cache_key(root, files, size, channels)
     name = f"{settings_hash}-{contents_hash}"
@@ -221,8 +260,10 @@ def load_or_build(root: Path, files: list[Path], size: tuple[int, int], channels
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = str(writing.enter_context(atomic_path(data_path)))
     except OSError as error:
-        raise ValueError(f"{cache_dir}: cannot write the image cache there ({error.strerror or error}); set "
-                         "\"cache_dir\" to a writable folder") from None
+        raise ValueError(
+            f"{cache_dir}: cannot write the image cache there ({error.strerror or error}); set "
+            '"cache_dir" to a writable folder'
+        ) from None
     started = time.perf_counter()
     try:
         with writing:
@@ -255,8 +296,10 @@ def load_or_build(root: Path, files: list[Path], size: tuple[int, int], channels
                 todo = left
             count = default_workers(len(todo)) if workers is None else workers
             if todo:
-                log.info(f"{root}: decoding {len(todo)} images into the cache {data_path} ({count} worker processes; "
-                         "later loads memory-map it)")
+                log.info(
+                    f"{root}: decoding {len(todo)} images into the cache {data_path} ({count} worker processes; "
+                    "later loads memory-map it)"
+                )
                 # rows decoded into the cache itself, or (after a change) into a block copied in: in memory when
                 # small, else a memory map too, so a build never holds the folder in memory
                 if len(todo) == len(files):
@@ -264,10 +307,12 @@ def load_or_build(root: Path, files: list[Path], size: tuple[int, int], channels
                 elif len(todo) * int(np.prod(shape[1:])) < (1 << 28):
                     block = np.zeros((len(todo), *shape[1:]), np.uint8)
                 else:
-                    block = np.lib.format.open_memmap(tmp + ".rows", mode="w+", dtype=np.uint8,
-                                                      shape=(len(todo), *shape[1:]))
-                new_errors = decode_into(block, [str(files[r]) for r in todo], size, channels, count,
-                                         stop_on_error=on_error == "fail")
+                    block = np.lib.format.open_memmap(
+                        tmp + ".rows", mode="w+", dtype=np.uint8, shape=(len(todo), *shape[1:])
+                    )
+                new_errors = decode_into(
+                    block, [str(files[r]) for r in todo], size, channels, count, stop_on_error=on_error == "fail"
+                )
                 if block is not out:
                     out[todo] = block
                 del block
@@ -276,8 +321,15 @@ def load_or_build(root: Path, files: list[Path], size: tuple[int, int], channels
                 raise ValueError(_failure(errors))
             out.flush()
             del out
-        meta = {"version": CACHE_VERSION, "root": str(root.resolve()), "size": list(size), "channels": channels,
-                "resize": RESIZE, "entries": entries, "errors": {str(k): v for k, v in sorted(errors.items())}}
+        meta = {
+            "version": CACHE_VERSION,
+            "root": str(root.resolve()),
+            "size": list(size),
+            "channels": channels,
+            "resize": RESIZE,
+            "entries": entries,
+            "errors": {str(k): v for k, v in sorted(errors.items())},
+        }
         write_atomic(meta_path, json.dumps(meta).encode())
     except BaseException:
         if created:  # a failed first build leaves no empty cache folder behind
@@ -291,15 +343,21 @@ def load_or_build(root: Path, files: list[Path], size: tuple[int, int], channels
     for old_data, _ in previous:  # stale caches of this folder and settings
         old_data.unlink(missing_ok=True)
         old_data.with_suffix(".json").unlink(missing_ok=True)
-    info = {"path": data_path, "built": True, "decoded": len(todo), "reused": reused, "workers": count,
-            "seconds": time.perf_counter() - started}
+    info = {
+        "path": data_path,
+        "built": True,
+        "decoded": len(todo),
+        "reused": reused,
+        "workers": count,
+        "seconds": time.perf_counter() - started,
+    }
     return np.load(data_path, mmap_mode="r"), errors, info
 
 
 def _failure(errors: dict[int, str]) -> str:
     first = errors[min(errors)]
     more = f" (at least {len(errors) - 1} more unreadable files)" if len(errors) > 1 else ""
-    return f"{first}{more}; set \"on_error\": \"skip\" to leave unreadable files out"
+    return f'{first}{more}; set "on_error": "skip" to leave unreadable files out'
 
 
 # --------------------------------------------------------------------------------------------------------- dataset
@@ -307,18 +365,34 @@ class ImageFolderDataset:
     """One split of an image folder: `input` uint8 (N, height, width, channels) NHWC (or float32 in [0, 1] with
     `dtype` "float32"), `target` int32 class ids (N,). ``images`` is the cache's memory map, never read whole."""
 
-    def __init__(self, root, split="all", size=None, channels=3, classes=None, validation_fraction=0.1,
-                 split_seed=0, on_error="fail", cache_dir=None, workers=None, dtype="uint8", test_fraction=0.0):
-        check_settings(split, size, channels, classes, validation_fraction, split_seed, on_error, workers, dtype,
-                       test_fraction)
+    def __init__(
+        self,
+        root,
+        split="all",
+        size=None,
+        channels=3,
+        classes=None,
+        validation_fraction=0.1,
+        split_seed=0,
+        on_error="fail",
+        cache_dir=None,
+        workers=None,
+        dtype="uint8",
+        test_fraction=0.0,
+    ):
+        check_settings(
+            split, size, channels, classes, validation_fraction, split_seed, on_error, workers, dtype, test_fraction
+        )
         root = Path(root)
         self.classes, files, labels = scan(root, classes)
         size = (size, size) if isinstance(size, int) else tuple(size) if size is not None else image_size(files[0])
         cache_dir = Path(cache_dir) if cache_dir is not None else root / ".cache"
         self.images, errors, info = load_or_build(root, files, size, channels, cache_dir, workers, on_error)
         if info["built"]:
-            log.info(f"{root}: decoded {info['decoded']} images ({info['reused']} reused from a previous cache, "
-                     f"{info['workers']} worker processes) in {info['seconds']:.1f} s into {info['path']}")
+            log.info(
+                f"{root}: decoded {info['decoded']} images ({info['reused']} reused from a previous cache, "
+                f"{info['workers']} worker processes) in {info['seconds']:.1f} s into {info['path']}"
+            )
         if errors and on_error == "fail":
             raise ValueError(_failure(errors))
         rows = split_rows(root, files, labels, split, validation_fraction, split_seed, test_fraction)
@@ -328,13 +402,17 @@ class ImageFolderDataset:
             skipped = np.intersect1d(rows, bad)
             if len(skipped):
                 names = "; ".join(errors[int(r)] for r in skipped[:3])
-                log.warning(f"{root}: skipped {len(skipped)} unreadable file(s) of the {split} split: {names}"
-                            + (" ..." if len(skipped) > 3 else ""))
+                log.warning(
+                    f"{root}: skipped {len(skipped)} unreadable file(s) of the {split} split: {names}"
+                    + (" ..." if len(skipped) > 3 else "")
+                )
             rows = np.setdiff1d(rows, bad)
             self.skipped = len(skipped)
         if not len(rows):
-            raise ValueError(f"{root}: the {split} split is empty ({len(files)} files, validation_fraction "
-                             f"{validation_fraction}, test_fraction {test_fraction})")
+            raise ValueError(
+                f"{root}: the {split} split is empty ({len(files)} files, validation_fraction "
+                f"{validation_fraction}, test_fraction {test_fraction})"
+            )
         self.rows = rows
         self.labels = labels[rows]
         self.files = [files[r] for r in rows]
@@ -346,9 +424,15 @@ class ImageFolderDataset:
     @property
     def preprocessing(self) -> dict:
         """What a user of the trained model needs to turn a file into an input the way training did."""
-        return {"classes": self.classes, "input_size": list(self.size), "channels": self.channels, "layout": "NHWC",
-                "resize": RESIZE, "color": "L" if self.channels == 1 else "RGB",
-                "pixel_scale": 1.0 / 255.0 if self.dtype == "float32" else 1.0}
+        return {
+            "classes": self.classes,
+            "input_size": list(self.size),
+            "channels": self.channels,
+            "layout": "NHWC",
+            "resize": RESIZE,
+            "color": "L" if self.channels == 1 else "RGB",
+            "pixel_scale": 1.0 / 255.0 if self.dtype == "float32" else 1.0,
+        }
 
     def get_batch(self, indices):
         images = self.images[self.rows[indices]]
@@ -358,36 +442,53 @@ class ImageFolderDataset:
         return {"input": images, "target": self.labels[indices]}
 
 
-def check_settings(split="all", size=None, channels=3, classes=None, validation_fraction=0.1, split_seed=0,
-                   on_error="fail", workers=None, dtype="uint8", test_fraction=0.0) -> None:
+def check_settings(
+    split="all",
+    size=None,
+    channels=3,
+    classes=None,
+    validation_fraction=0.1,
+    split_seed=0,
+    on_error="fail",
+    workers=None,
+    dtype="uint8",
+    test_fraction=0.0,
+) -> None:
     """The image folder's settings, checked without reading anything."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {', '.join(map(repr, SPLITS))}, got {split!r}")
     if size is not None:
         sizes = [size] if isinstance(size, int) and not isinstance(size, bool) else size
-        if not isinstance(sizes, (list, tuple)) or len(sizes) not in (1, 2) or any(
-                isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 65535 for s in sizes):
-            raise ValueError(f"size: expected [height, width] (or one number for both) of integers from 1 to 65535, "
-                             f"got {size!r}")
+        if (
+            not isinstance(sizes, (list, tuple))
+            or len(sizes) not in (1, 2)
+            or any(isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 65535 for s in sizes)
+        ):
+            raise ValueError(
+                f"size: expected [height, width] (or one number for both) of integers from 1 to 65535, got {size!r}"
+            )
     if channels not in (1, 3) or isinstance(channels, bool):
         raise ValueError(f"channels: expected 1 (gray) or 3 (RGB), got {channels!r}")
-    if classes is not None and (not isinstance(classes, (list, tuple)) or not classes
-                                or not all(isinstance(c, str) and c for c in classes)
-                                or len(set(classes)) != len(classes)):
+    if classes is not None and (
+        not isinstance(classes, (list, tuple))
+        or not classes
+        or not all(isinstance(c, str) and c for c in classes)
+        or len(set(classes)) != len(classes)
+    ):
         raise ValueError(f"classes: expected a list of distinct folder names, got {classes!r}")
     for name, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
         check_range(value, name, 0, 1, open_high=True)
     if (split == "validation" and validation_fraction == 0) or (split == "test" and test_fraction == 0):
         raise ValueError(f"{split}_fraction: must be above 0 for the {split} split")
     if validation_fraction + test_fraction >= 1:
-        raise ValueError(f"validation_fraction: {validation_fraction} and test_fraction {test_fraction} leave no "
-                         "images for training")
+        raise ValueError(
+            f"validation_fraction: {validation_fraction} and test_fraction {test_fraction} leave no images for training"
+        )
     if isinstance(split_seed, bool) or not isinstance(split_seed, int) or split_seed < 0:
         raise ValueError(f"split_seed: must be an integer >= 0, got {split_seed!r}")
     if on_error not in ON_ERROR:
-        raise ValueError(f"on_error: expected \"fail\" or \"skip\", got {on_error!r}")
+        raise ValueError(f'on_error: expected "fail" or "skip", got {on_error!r}')
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= 256):
         raise ValueError(f"workers: expected null (automatic) or an integer from 0 to 256, got {workers!r}")
     if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected \"uint8\" (pixels as stored) or \"float32\" (scaled to [0, 1]), "
-                         f"got {dtype!r}")
+        raise ValueError(f'dtype: expected "uint8" (pixels as stored) or "float32" (scaled to [0, 1]), got {dtype!r}')

@@ -15,6 +15,7 @@ shape and dtype from it, never from literals.
 A dataset may also carry ``preprocessing``, a JSON-able dict of what a user of the trained model needs to prepare
 inputs and read outputs (class names, per-channel mean/std, a vocabulary); it travels with the run and the export.
 """
+
 from __future__ import annotations
 
 import queue
@@ -72,15 +73,17 @@ def check_batch(batch: Any, batch_size: int) -> None:
     """A dataset's batch as the loop needs it: a dict with "input", numeric numpy arrays, batch axis first."""
     if not isinstance(batch, dict) or "input" not in batch:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-        raise ValueError(f"get_batch must return a dict with an \"input\" entry (and optionally \"target\", "
-                         f"\"mask\"), got {keys}")
+        raise ValueError(
+            f'get_batch must return a dict with an "input" entry (and optionally "target", "mask"), got {keys}'
+        )
     for path, leaf in _paths(batch):
         if not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in "biuf":
             what = f"{type(leaf).__name__} of {leaf.dtype}" if isinstance(leaf, np.ndarray) else type(leaf).__name__
             raise ValueError(f"batch entry {path!r}: expected a numeric numpy array, got {what}")
         if leaf.ndim == 0 or len(leaf) != batch_size:
-            raise ValueError(f"batch entry {path!r}: shape {list(leaf.shape)} does not start with the batch size "
-                             f"{batch_size}")
+            raise ValueError(
+                f"batch entry {path!r}: shape {list(leaf.shape)} does not start with the batch size {batch_size}"
+            )
 
 
 class DataLoader:
@@ -93,8 +96,16 @@ class DataLoader:
     batch's shapes and dtypes the same from batch to batch (the step compiles once, from the first batch).
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, shuffle: bool = False, drop_last: bool = False,
-                 seed: int = 0, transform: Callable[..., dict] | None = None, prefetch: int = 2):
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        seed: int = 0,
+        transform: Callable[..., dict] | None = None,
+        prefetch: int = 2,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if drop_last and len(dataset) < batch_size:
@@ -150,7 +161,7 @@ class DataLoader:
         index, count = (0, 1) if whole else self.share
         rows = slice(index * self.batch_size // count, (index + 1) * self.batch_size // count)
         for b in range(start, len(self)):
-            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             real = len(idx)
             if real < self.batch_size:
                 # repeated cyclically: a split smaller than one batch still fills it
@@ -172,14 +183,16 @@ class DataLoader:
                 batch = self.transform(batch, epoch=epoch, index=b, rng=rng)
             yield batch
 
-    def chunks(self, epoch: int, steps_per_call: int, put: Callable = lambda b: b,
-               start: int = 0) -> Iterator[tuple[int, dict]]:
+    def chunks(
+        self, epoch: int, steps_per_call: int, put: Callable = lambda b: b, start: int = 0
+    ) -> Iterator[tuple[int, dict]]:
         """Stacks of `steps_per_call` batches (leading axis K) placed by `put`, prepared in a background thread.
 
         The last stack of an epoch is completed with copies of its final batch marked inactive (`active` = 0), so
         every call has the same shapes; the step leaves the training state untouched for inactive entries.
         Yields (number of real steps in the stack, stack).
         """
+
         def produce():
             batches = self.batches(epoch, start)
             while True:

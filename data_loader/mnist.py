@@ -1,4 +1,5 @@
 """MNIST and the data sets that share its IDX format (Fashion-MNIST, KMNIST), held in memory as uint8."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,36 +9,61 @@ import numpy as np
 from data_loader.download import download, md5sum
 from data_loader.idx import read_idx
 
-FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
 
 SOURCES = {
     "mnist": {
-        "mirrors": ["https://ossci-datasets.s3.amazonaws.com/mnist/",
-                    "https://storage.googleapis.com/cvdf-datasets/mnist/"],
-        "md5": {"train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-                "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
-                "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
-                "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"},
-        "mean": 0.1307, "std": 0.3081, "classes": [str(d) for d in range(10)],
+        "mirrors": [
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+        ],
+        "md5": {
+            "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+            "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+            "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+        },
+        "mean": 0.1307,
+        "std": 0.3081,
+        "classes": [str(d) for d in range(10)],
     },
     "fashion_mnist": {
         "mirrors": ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
-        "md5": {"train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-                "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
-                "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
-                "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310"},
-        "mean": 0.2860, "std": 0.3530,
-        "classes": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                    "Ankle boot"],
+        "md5": {
+            "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+            "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+            "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+        },
+        "mean": 0.2860,
+        "std": 0.3530,
+        "classes": [
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
+        ],
     },
     "kmnist": {
         "mirrors": ["http://codh.rois.ac.jp/kmnist/dataset/kmnist/"],
-        "md5": {"train-images-idx3-ubyte.gz": "bdb82020997e1d708af4cf47b453dcf7",
-                "train-labels-idx1-ubyte.gz": "e144d726b3acfaa3e44228e80efcd344",
-                "t10k-images-idx3-ubyte.gz": "5c965bf0a639b31b8f53240b1b52f4d7",
-                "t10k-labels-idx1-ubyte.gz": "7320c461ea6c1c855c0b718fb2a4b134"},
-        "mean": 0.1918, "std": 0.3483, "classes": ["o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"],
+        "md5": {
+            "train-images-idx3-ubyte.gz": "bdb82020997e1d708af4cf47b453dcf7",
+            "train-labels-idx1-ubyte.gz": "e144d726b3acfaa3e44228e80efcd344",
+            "t10k-images-idx3-ubyte.gz": "5c965bf0a639b31b8f53240b1b52f4d7",
+            "t10k-labels-idx1-ubyte.gz": "7320c461ea6c1c855c0b718fb2a4b134",
+        },
+        "mean": 0.1918,
+        "std": 0.3483,
+        "classes": ["o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"],
     },
 }
 SPLITS = ("train", "validation", "test")
@@ -47,13 +73,16 @@ TARGETS = ("label", "mask")
 def fixed_noise(ids: np.ndarray, size: int, seed: int) -> np.ndarray:
     """Standard normal noise (len(ids), size), a pure function of (seed, id, position): an example gets the same
     noise in every epoch and batch, and nothing is stored (a counter hashed by splitmix64, then Box-Muller)."""
-    counter = (ids.astype(np.uint64)[:, None] * np.uint64(2 * size) + np.arange(2 * size, dtype=np.uint64)
-               + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15))
+    counter = (
+        ids.astype(np.uint64)[:, None] * np.uint64(2 * size)
+        + np.arange(2 * size, dtype=np.uint64)
+        + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+    )
     z = counter ^ (counter >> np.uint64(30))
     z = z * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
-    uniform = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53  # in (0, 1): log never sees 0
+    uniform = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1): log never sees 0
     radius = np.sqrt(-2.0 * np.log(uniform[:, :size]))
     return (radius * np.cos(2 * np.pi * uniform[:, size:])).astype(np.float32)
 
@@ -66,16 +95,21 @@ def locate(dataset: str, data_dir: str | Path, split_file: str, download_missing
         if not download_missing:
             raise FileNotFoundError(
                 f"{path} not found. Put the four {dataset} IDX files ({', '.join(source['md5'])}) in "
-                f"{Path(data_dir).resolve()}, or set \"download\": true in the data loader's args to fetch them.")
+                f'{Path(data_dir).resolve()}, or set "download": true in the data loader\'s args to fetch them.'
+            )
         download(split_file, source["md5"][split_file], source["mirrors"], data_dir)
     actual = md5sum(path) if verify else None
     if verify and actual != source["md5"][split_file]:
         other = [name for name, s in SOURCES.items() if s["md5"].get(split_file) == actual]
         if other:  # a good file of another data set: the folder is wrong, not the file
-            raise ValueError(f"{path} is the {other[0]} file, not {dataset}'s: point data_dir at a folder of "
-                             f"{dataset} files (the {dataset} loader's default is data/{dataset})")
-        raise ValueError(f"{path}: checksum mismatch (md5 {actual}, expected {source['md5'][split_file]}); "
-                         "the file is corrupt or not the original: delete it and fetch it again")
+            raise ValueError(
+                f"{path} is the {other[0]} file, not {dataset}'s: point data_dir at a folder of "
+                f"{dataset} files (the {dataset} loader's default is data/{dataset})"
+            )
+        raise ValueError(
+            f"{path}: checksum mismatch (md5 {actual}, expected {source['md5'][split_file]}); "
+            "the file is corrupt or not the original: delete it and fetch it again"
+        )
     return path
 
 
@@ -91,8 +125,20 @@ class MnistDataset:
     a model has to denoise rather than threshold the pixels it is given.
     """
 
-    def __init__(self, data_dir="data/mnist", split="train", dataset="mnist", validation_size=5000, split_seed=0,
-                 normalize=True, download=False, verify=True, target="label", threshold=0.5, noise_std=0.0):
+    def __init__(
+        self,
+        data_dir="data/mnist",
+        split="train",
+        dataset="mnist",
+        validation_size=5000,
+        split_seed=0,
+        normalize=True,
+        download=False,
+        verify=True,
+        target="label",
+        threshold=0.5,
+        noise_std=0.0,
+    ):
         if dataset not in SOURCES:
             raise ValueError(f"unknown dataset {dataset!r}; available: {', '.join(SOURCES)}")
         if split not in SPLITS:
@@ -108,8 +154,10 @@ class MnistDataset:
         if images.ndim != 3 or not len(images):
             raise ValueError(f"{image_path}: expected images of shape (N, height, width), got {images.shape}")
         if labels.ndim != 1 or (len(labels) and not 0 <= labels.min() <= labels.max() < 10):
-            raise ValueError(f"{label_path}: expected labels 0-9 of shape (N,), got shape {labels.shape}"
-                             + (f", values {labels.min()}..{labels.max()}" if labels.ndim == 1 else ""))
+            raise ValueError(
+                f"{label_path}: expected labels 0-9 of shape (N,), got shape {labels.shape}"
+                + (f", values {labels.min()}..{labels.max()}" if labels.ndim == 1 else "")
+            )
         if len(images) != len(labels):
             raise ValueError(f"{image_path} holds {len(images)} images but {label_path} {len(labels)} labels")
         ids = np.arange(len(images))

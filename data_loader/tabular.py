@@ -5,6 +5,7 @@ loaded, so three loaders over one file never share a row. Features are standardi
 deviation of the train split only, whichever split is loaded: validation and test rows are scaled exactly as the model
 saw during training, and no statistic leaks from them. Targets keep their units, so losses and metrics read in them.
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,16 +23,23 @@ SPLITS = ("train", "validation", "test")
 def split_rows(num_rows: int, validation_fraction: float, test_fraction: float, split_seed: int) -> dict:
     """Row indices of each split: a function of (num_rows, fractions, split_seed) only, each split in file order."""
     if not (0 <= validation_fraction < 1 and 0 <= test_fraction < 1 and validation_fraction + test_fraction < 1):
-        raise ValueError(f"validation_fraction ({validation_fraction}) and test_fraction ({test_fraction}) must be "
-                         "in [0, 1) and leave rows for training")
+        raise ValueError(
+            f"validation_fraction ({validation_fraction}) and test_fraction ({test_fraction}) must be "
+            "in [0, 1) and leave rows for training"
+        )
     num_validation = round(num_rows * validation_fraction)
     num_test = round(num_rows * test_fraction)
     if num_validation + num_test >= num_rows:
-        raise ValueError(f"{num_rows} rows leave none for training with validation_fraction {validation_fraction} "
-                         f"and test_fraction {test_fraction}")
+        raise ValueError(
+            f"{num_rows} rows leave none for training with validation_fraction {validation_fraction} "
+            f"and test_fraction {test_fraction}"
+        )
     order = np.random.default_rng(split_seed).permutation(num_rows)
-    parts = {"validation": order[:num_validation], "test": order[num_validation:num_validation + num_test],
-             "train": order[num_validation + num_test:]}
+    parts = {
+        "validation": order[:num_validation],
+        "test": order[num_validation : num_validation + num_test],
+        "train": order[num_validation + num_test :],
+    }
     return {name: np.sort(rows) for name, rows in parts.items()}
 
 
@@ -49,8 +57,9 @@ def _read(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
             if not row:  # a blank line, e.g. a trailing newline
                 continue
             if len(row) != len(header):
-                raise ValueError(f"{path}: line {reader.line_num} has {len(row)} cells, the header has "
-                                 f"{len(header)} columns")
+                raise ValueError(
+                    f"{path}: line {reader.line_num} has {len(row)} cells, the header has {len(header)} columns"
+                )
             rows.append(row)
             lines.append(reader.line_num)
     duplicates = sorted({name for name in header if header.count(name) > 1})
@@ -70,8 +79,7 @@ def _column_indices(path: Path, header: list[str], names: list[str], what: str) 
     return [header.index(name) for name in names]
 
 
-def _numbers(path: Path, header: list[str], rows: list[list[str]], lines: list[int],
-             columns: list[int]) -> np.ndarray:
+def _numbers(path: Path, header: list[str], rows: list[list[str]], lines: list[int], columns: list[int]) -> np.ndarray:
     """The given columns as float64 (num_rows, len(columns)); a cell that is no finite number is named."""
     out = np.empty((len(rows), len(columns)), np.float64)
     for r, row in enumerate(rows):
@@ -83,8 +91,9 @@ def _numbers(path: Path, header: list[str], rows: list[list[str]], lines: list[i
                 value = None
             if value is None or not math.isfinite(value):
                 what = "an empty cell (a missing value)" if not cell.strip() else f"{cell!r}, not a finite number"
-                raise ValueError(f"{path}: data row {r + 1} (line {lines[r]}), column {header[column]!r}: "
-                                 f"{what}") from None
+                raise ValueError(
+                    f"{path}: data row {r + 1} (line {lines[r]}), column {header[column]!r}: {what}"
+                ) from None
             out[r, c] = value
     return out
 
@@ -96,8 +105,18 @@ class CsvDataset:
     `sha256` set the file's checksum is verified before it is read.
     """
 
-    def __init__(self, path, targets, features=None, split="train", validation_fraction=0.1, test_fraction=0.1,
-                 split_seed=0, standardize=True, sha256=None):
+    def __init__(
+        self,
+        path,
+        targets,
+        features=None,
+        split="train",
+        validation_fraction=0.1,
+        test_fraction=0.1,
+        split_seed=0,
+        standardize=True,
+        sha256=None,
+    ):
         path = Path(path)
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
@@ -105,8 +124,10 @@ class CsvDataset:
             raise FileNotFoundError(f"{path}: no such file")
         actual = checksum(path, "sha256") if sha256 is not None else None
         if sha256 is not None and actual != sha256.lower():
-            raise ValueError(f"{path}: checksum mismatch (sha256 {actual}, expected {sha256}); the file is not the "
-                             "one the config was written for")
+            raise ValueError(
+                f"{path}: checksum mismatch (sha256 {actual}, expected {sha256}); the file is not the "
+                "one the config was written for"
+            )
         targets = [targets] if isinstance(targets, str) else list(targets)
         if not targets:
             raise ValueError(f"{path}: no target columns given")
@@ -126,8 +147,10 @@ class CsvDataset:
         y = _numbers(path, header, rows, lines, target_columns)
         parts = split_rows(len(rows), validation_fraction, test_fraction, split_seed)
         if not len(parts[split]):
-            raise ValueError(f"{path}: the {split} split of {len(rows)} rows is empty (validation_fraction "
-                             f"{validation_fraction}, test_fraction {test_fraction})")
+            raise ValueError(
+                f"{path}: the {split} split of {len(rows)} rows is empty (validation_fraction "
+                f"{validation_fraction}, test_fraction {test_fraction})"
+            )
         if standardize:
             train = x[parts["train"]]
             mean, std = train.mean(axis=0), train.std(axis=0)
@@ -137,8 +160,13 @@ class CsvDataset:
         keep = parts[split]
         self.inputs = ((x[keep] - mean) / std).astype(np.float32)
         self.targets = y[keep].astype(np.float32)
-        self.preprocessing = {"task": "regression", "features": features, "targets": targets,
-                              "mean": [float(v) for v in mean], "std": [float(v) for v in std]}
+        self.preprocessing = {
+            "task": "regression",
+            "features": features,
+            "targets": targets,
+            "mean": [float(v) for v in mean],
+            "std": [float(v) for v in std],
+        }
 
     def __len__(self) -> int:
         return len(self.inputs)

@@ -1,4 +1,5 @@
 """Character-level text for language models: windows of a text file as token ids, the target shifted by one."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,10 @@ def read_text(path: str | Path, sha256: str | None = None) -> str:
         raise FileNotFoundError(f"{path}: no such text file")
     data = path.read_bytes()
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise ValueError(f"{path}: checksum mismatch (sha256 {hashlib.sha256(data).hexdigest()}, expected {sha256}); "
-                         "the file is corrupt or not the original")
+        raise ValueError(
+            f"{path}: checksum mismatch (sha256 {hashlib.sha256(data).hexdigest()}, expected {sha256}); "
+            "the file is corrupt or not the original"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -35,13 +38,15 @@ class CharDataset:
     (seed, epoch).
     """
 
-    def __init__(self, path, split="train", context=64, stride=None, windows=None, validation_fraction=0.1,
-                 sha256=None):
+    def __init__(
+        self, path, split="train", context=64, stride=None, windows=None, validation_fraction=0.1, sha256=None
+    ):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if context < 1 or not 0 < validation_fraction < 1:
-            raise ValueError(f"context must be >= 1 and validation_fraction in (0, 1), got {context} and "
-                             f"{validation_fraction}")
+            raise ValueError(
+                f"context must be >= 1 and validation_fraction in (0, 1), got {context} and {validation_fraction}"
+            )
         text = read_text(path, sha256)
         codes = np.frombuffer(text.encode("utf-32-le"), np.uint32)
         alphabet = np.unique(codes)
@@ -52,8 +57,9 @@ class CharDataset:
         self.context = context
         last = len(self.ids) - context - 1  # the last start with a full window and its next character
         if last < 0:
-            raise ValueError(f"{path}: the {split} split has {len(self.ids)} characters, fewer than a window of "
-                             f"{context} + 1")
+            raise ValueError(
+                f"{path}: the {split} split has {len(self.ids)} characters, fewer than a window of {context} + 1"
+            )
         if windows is not None:
             if windows < 1:
                 raise ValueError(f"windows must be >= 1, got {windows}")

@@ -20,6 +20,7 @@ Every option is checked against the model and the data before anything is export
 line (exit status 2): an --input example shape or dtype other than the data's is refused while the data validates
 the export (--val-examples 0 exports it on random inputs alone), and one the model cannot take is refused always.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,25 +48,45 @@ def parse_args(argv=None):
     parser.add_argument("-r", "--run", help="run folder saved/<name>/<run_id> (config, best checkpoint, input spec)")
     parser.add_argument("-c", "--config", help="config file (default: the checkpoint's run folder's config.json)")
     parser.add_argument("-w", "--weights", help="checkpoint file, e.g. saved/<name>/<run_id>/model_best.params")
-    parser.add_argument("--input", type=int, nargs="+", metavar="DIM",
-                        help="one input's shape with batch first, e.g. 1 28 28 1 (default: the data's, batch 1)")
+    parser.add_argument(
+        "--input",
+        type=int,
+        nargs="+",
+        metavar="DIM",
+        help="one input's shape with batch first, e.g. 1 28 28 1 (default: the data's, batch 1)",
+    )
     parser.add_argument("--input-dtype", default="float32", help="with --input: its dtype (default float32)")
     parser.add_argument("--name", required=True, help="export name: writes <output-dir>/<name>/<name>.*")
-    parser.add_argument("--output-dir", default=str(REPO / "exports"),
-                        help="where the <name> folder goes (default: exports/, which git ignores)")
+    parser.add_argument(
+        "--output-dir",
+        default=str(REPO / "exports"),
+        help="where the <name> folder goes (default: exports/, which git ignores)",
+    )
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of tflite,onnx,jax")
     parser.add_argument("--quantize", choices=("float16", "dynamic-int8"), help="quantize the TFLite model")
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch", type=int, help="fix the batch of every format at N")
     batch.add_argument("--dynamic-batch", action="store_true", help="symbolic batch in every format")
-    parser.add_argument("--onnx-via", choices=("jax2onnx", "tflite"), default="jax2onnx",
-                        help="ONNX route: jax2onnx (default) or tf2onnx from the .tflite")
+    parser.add_argument(
+        "--onnx-via",
+        choices=("jax2onnx", "tflite"),
+        default="jax2onnx",
+        help="ONNX route: jax2onnx (default) or tf2onnx from the .tflite",
+    )
     parser.add_argument("--atol", type=float, default=verify.ATOL, help=f"absolute tolerance (default {verify.ATOL})")
     parser.add_argument("--rtol", type=float, default=verify.RTOL, help=f"relative tolerance (default {verify.RTOL})")
-    parser.add_argument("--max-accuracy-drop", type=float, default=0.5,
-                        help="quantized TFLite: allowed loss of the task's accuracy in points (default 0.5)")
-    parser.add_argument("--val-examples", type=int, default=None,
-                        help="validation examples to check (default: the whole split; 0: random inputs only)")
+    parser.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=0.5,
+        help="quantized TFLite: allowed loss of the task's accuracy in points (default 0.5)",
+    )
+    parser.add_argument(
+        "--val-examples",
+        type=int,
+        default=None,
+        help="validation examples to check (default: the whole split; 0: random inputs only)",
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing <output-dir>/<name>")
     return parser.parse_args(argv)
 
@@ -117,8 +138,10 @@ def check_arguments(args, formats: list[str]) -> None:
             raise ConfigError(f"--input {dims}: expected a batch and a sample shape, e.g. --input 1 28 28 1")
         for axis, size in enumerate(args.input):
             if size < 1:
-                raise ConfigError(f"--input {dims}: axis {axis}{' (the batch)' if axis == 0 else ''} is {size}; "
-                                  "every size must be a positive integer")
+                raise ConfigError(
+                    f"--input {dims}: axis {axis}{' (the batch)' if axis == 0 else ''} is {size}; "
+                    "every size must be a positive integer"
+                )
         try:
             kind = np.dtype(args.input_dtype).kind
         except TypeError:
@@ -144,8 +167,10 @@ def input_spec(args, spec_loader, problem: str | None):
     elif spec_loader is not None:
         spec, batch = spec_loader.spec["input"], 1
     else:
-        raise ConfigError(f"the input spec comes from the data, which cannot be read ({problem}): "
-                          "give one input's shape with --input 1 28 28 1 [--input-dtype float32]")
+        raise ConfigError(
+            f"the input spec comes from the data, which cannot be read ({problem}): "
+            "give one input's shape with --input 1 28 28 1 [--input-dtype float32]"
+        )
     return spec, (batch if args.batch is None else args.batch)
 
 
@@ -158,8 +183,11 @@ def described(spec, batch: int) -> str:
 
 def same_examples(spec, data_spec) -> bool:
     """Whether one array spec's examples (all but the batch axis) have the data's shape and dtype."""
-    return not isinstance(data_spec, dict) and tuple(spec.shape[1:]) == tuple(data_spec.shape[1:]) \
+    return (
+        not isinstance(data_spec, dict)
+        and tuple(spec.shape[1:]) == tuple(data_spec.shape[1:])
         and np.dtype(spec.dtype) == np.dtype(data_spec.dtype)
+    )
 
 
 def check_input_against_data(args, spec, data_spec, validating: bool, split: str | None) -> None:
@@ -169,15 +197,19 @@ def check_input_against_data(args, spec, data_spec, validating: bool, split: str
         return
     asked = f"--input {' '.join(map(str, args.input))} ({described(spec, spec.shape[0])})"
     if isinstance(data_spec, dict):
-        raise ConfigError(f"{asked}: the data has several named inputs ({', '.join(sorted(data_spec))}), which "
-                          "--input cannot describe; leave --input out to export them")
+        raise ConfigError(
+            f"{asked}: the data has several named inputs ({', '.join(sorted(data_spec))}), which "
+            "--input cannot describe; leave --input out to export them"
+        )
     if validating:
         fix = " ".join(map(str, (spec.shape[0], *data_spec.shape[1:])))
         if np.dtype(data_spec.dtype) != np.dtype(spec.dtype):
             fix += f" --input-dtype {np.dtype(data_spec.dtype)}"
-        raise ConfigError(f"{asked}: the {split} data's examples are {described(data_spec, spec.shape[0])}, so they "
-                          f"cannot check this export; give --input {fix}, or --val-examples 0 to export this input "
-                          "checked on random inputs only")
+        raise ConfigError(
+            f"{asked}: the {split} data's examples are {described(data_spec, spec.shape[0])}, so they "
+            f"cannot check this export; give --input {fix}, or --val-examples 0 to export this input "
+            "checked on random inputs only"
+        )
 
 
 def main(argv=None) -> int:
@@ -212,21 +244,27 @@ def main(argv=None) -> int:
         template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), known))))
     except Exception as error:  # a shape error from deep inside a layer: its first line says what
         if data_spec is None:
-            fail(f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the data, "
-                 f"which would give the shape, cannot be read ({problem})")
+            fail(
+                f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the data, "
+                f"which would give the shape, cannot be read ({problem})"
+            )
         fail(f"config.json: model: cannot take the data's input {described(data_spec, 1)} ({first_line(error)})")
     try:
         tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
     except checkpoint.CheckpointError as error:
-        fail(str(error) + (f" (the model's shapes came from {asked}: the shape it was trained on?)"
-                           if data_spec is None else ""))
+        fail(
+            str(error)
+            + (f" (the model's shapes came from {asked}: the shape it was trained on?)" if data_spec is None else "")
+        )
     params, state = jax.device_put((tree["params"], tree["state"]))
     if data_spec is not None and not same_examples(spec, data_spec):  # --input of another shape, --val-examples 0
         try:
             jax.eval_shape(lambda x: model(params, state, x, train=False)[0], spec)
         except Exception as error:
-            fail(f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the "
-                 f"data's input is {described(data_spec, spec.shape[0])}")
+            fail(
+                f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the "
+                f"data's input is {described(data_spec, spec.shape[0])}"
+            )
 
     def fn(x):
         return model(params, state, x, train=False)[0]
@@ -234,10 +272,17 @@ def main(argv=None) -> int:
     forward = jax.jit(fn)
     inputs = Inputs(spec, batch)
     preprocessing = run_preprocessing(checkpoint_path, spec_loader)
-    task = task_of(config["loss"]["name"], spec_loader.spec if spec_loader is not None else {"input": spec},
-                   preprocessing)
-    options = Options(batch=batch, quantize=args.quantize, onnx_via=args.onnx_via, atol=args.atol, rtol=args.rtol,
-                      max_accuracy_drop=args.max_accuracy_drop)
+    task = task_of(
+        config["loss"]["name"], spec_loader.spec if spec_loader is not None else {"input": spec}, preprocessing
+    )
+    options = Options(
+        batch=batch,
+        quantize=args.quantize,
+        onnx_via=args.onnx_via,
+        atol=args.atol,
+        rtol=args.rtol,
+        max_accuracy_drop=args.max_accuracy_drop,
+    )
     if args.batch is not None or args.dynamic_batch:
         options.dynamic = {f: args.dynamic_batch for f in FORMATS}
 
@@ -252,24 +297,43 @@ def main(argv=None) -> int:
         except ExportError as error:
             fail(f"config.json: data_loader.{split}: {error}")
     if skipped:
-        print(f"validation: not checked ({skipped}); random inputs only"
-              + ("; the quantized model's accuracy is not checked" if args.quantize else ""))
+        print(
+            f"validation: not checked ({skipped}); random inputs only"
+            + ("; the quantized model's accuracy is not checked" if args.quantize else "")
+        )
     seen = validation.inputs if validation is not None else None
     if seen is None and spec_loader is not None and not args.input:  # ids of a training batch bound random ids
         seen = jax.tree.leaves(next(spec_loader.batches())["input"])
     id_bound = exporter.id_bounds(inputs, seen, preprocessing)
     measure = exporter.MEASURES.get(task)
-    jax_quality = exporter.quality(task, validation.outputs, validation.targets, validation.masks) \
-        if validation is not None else None
-    print(f"{checkpoint_path} (epoch {header.get('epoch')}), task {task}: inputs "
-          + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in inputs.described())
-          + f", {len(validation) if validation else 0} validation examples"
-          + (f", JAX {measure[1]} {100 * jax_quality:.2f}%" if jax_quality is not None else ""))
+    jax_quality = (
+        exporter.quality(task, validation.outputs, validation.targets, validation.masks)
+        if validation is not None
+        else None
+    )
+    print(
+        f"{checkpoint_path} (epoch {header.get('epoch')}), task {task}: inputs "
+        + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in inputs.described())
+        + f", {len(validation) if validation else 0} validation examples"
+        + (f", JAX {measure[1]} {100 * jax_quality:.2f}%" if jax_quality is not None else "")
+    )
 
     source = exporter.Source(config, checkpoint_path, preprocessing)
     try:
-        report = exporter.export_folder(target, formats, fn, forward, inputs, task, options, validation, skipped,
-                                        id_bound, source, validation_split=split)
+        report = exporter.export_folder(
+            target,
+            formats,
+            fn,
+            forward,
+            inputs,
+            task,
+            options,
+            validation,
+            skipped,
+            id_bound,
+            source,
+            validation_split=split,
+        )
     except ExportError as error:
         print(error, file=sys.stderr)
         return 1

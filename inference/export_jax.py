@@ -5,6 +5,7 @@ Reloading needs only JAX, not the model code:
     exported = jax.export.deserialize(bytearray(open("jax_mnist.jax", "rb").read()))
     outputs = exported.call(images)           # any batch size; several inputs: exported.call(a, b) in name order
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -19,8 +20,7 @@ from inference.predict import Runner
 PLATFORMS = ("cpu", "cuda")
 
 
-def export_jax(fn: Callable, specs: list, *, dynamic_batch: bool = True,
-               platforms: Sequence[str] = PLATFORMS) -> bytes:
+def export_jax(fn: Callable, specs: list, *, dynamic_batch: bool = True, platforms: Sequence[str] = PLATFORMS) -> bytes:
     """The serialised `jax.export.Exported` of fn(*inputs) for inputs like `specs` (one shared batch axis)."""
     if dynamic_batch:
         (batch,) = export.symbolic_shape("b")
@@ -40,8 +40,10 @@ class JaxModel(Runner):
         names = list(names) if names else [f"args[{i}]" for i in range(len(avals))]
         if len(names) != len(avals):
             raise ValueError(f"{len(names)} input names {names} for an artifact of {len(avals)} inputs")
-        self.inputs = [{"name": n, "shape": tuple(d if isinstance(d, int) else None for d in a.shape),
-                        "dtype": np.dtype(a.dtype)} for n, a in zip(names, avals)]
+        self.inputs = [
+            {"name": n, "shape": tuple(d if isinstance(d, int) else None for d in a.shape), "dtype": np.dtype(a.dtype)}
+            for n, a in zip(names, avals)
+        ]
         self.output_name = "result"
         self.output_shape = tuple(d if isinstance(d, int) else None for d in out.shape)
         self.platforms = tuple(self.exported.platforms)

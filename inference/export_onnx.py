@@ -8,6 +8,7 @@
   Select becomes an ONNX `Where`, which takes one branch per element. And a dynamic-batch .tflite computes reshape
   targets with UnsortedSegmentProd, whose generic lowering breaks batched matmuls (attention); see `_segment_prod`.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -20,8 +21,15 @@ import jax
 OPSET = 18
 
 
-def export_onnx(fn: Callable, specs: list, names: list[str], *, dynamic_batch: bool = True, opset: int = OPSET,
-                output_name: str = "outputs") -> bytes:
+def export_onnx(
+    fn: Callable,
+    specs: list,
+    names: list[str],
+    *,
+    dynamic_batch: bool = True,
+    opset: int = OPSET,
+    output_name: str = "outputs",
+) -> bytes:
     """The .onnx bytes of fn(*inputs) for inputs like `specs` (named `names`), via jax2onnx; the batch axis is "B"
     when dynamic_batch."""
     import jax2onnx
@@ -29,8 +37,9 @@ def export_onnx(fn: Callable, specs: list, names: list[str], *, dynamic_batch: b
     if opset < 18:
         raise ValueError(f"opset {opset}: jax2onnx needs 18 or later for valid normalisation and pooling graphs")
     shapes = [jax.ShapeDtypeStruct(("B", *s.shape[1:]) if dynamic_batch else tuple(s.shape), s.dtype) for s in specs]
-    model = jax2onnx.to_onnx(fn, shapes, model_name="model", opset=opset, input_names=list(names),
-                             output_names=[output_name])
+    model = jax2onnx.to_onnx(
+        fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=[output_name]
+    )
     return model.SerializeToString()
 
 
@@ -82,9 +91,14 @@ def tflite_to_onnx(tflite: bytes, names: list[str], *, opset: int = OPSET, outpu
         path = Path(folder) / "model.tflite"
         path.write_bytes(tflite)
         model, _ = tf2onnx.convert.from_tflite(
-            str(path), opset=opset,
-            custom_op_handlers={"Select": (_select_as_where, []), "SelectV2": (_select_as_where, []),
-                                "UnsortedSegmentProd": (_segment_prod, [])})
+            str(path),
+            opset=opset,
+            custom_op_handlers={
+                "Select": (_select_as_where, []),
+                "SelectV2": (_select_as_where, []),
+                "UnsortedSegmentProd": (_segment_prod, []),
+            },
+        )
     rename_io(model, names, output_name)
     return model.SerializeToString()
 

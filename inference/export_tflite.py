@@ -4,6 +4,7 @@ jax2tf embeds the model as one StableHLO `XlaCallModule` op, which the converter
 is fixed by default: LiteRT runs a fixed-batch model much faster than a dynamic one, whose graph is mostly shape
 arithmetic. TensorFlow is imported here and in the converter only, never on the training path.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,15 @@ def _tf():
     return tf
 
 
-def export_tflite(fn: Callable, specs: list, names: list[str], *, dynamic_batch: bool = False,
-                  quantize: str | None = None, output_name: str = "outputs") -> bytes:
+def export_tflite(
+    fn: Callable,
+    specs: list,
+    names: list[str],
+    *,
+    dynamic_batch: bool = False,
+    quantize: str | None = None,
+    output_name: str = "outputs",
+) -> bytes:
     """The .tflite bytes of fn(*inputs) for inputs like `specs` (named `names`; their batch axis left open when
     dynamic_batch), each with its own dtype.
 
@@ -32,8 +40,10 @@ def export_tflite(fn: Callable, specs: list, names: list[str], *, dynamic_batch:
     tf = _tf()
     if quantize not in (None, *QUANTIZATIONS):
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
-    signature = [tf.TensorSpec([None if dynamic_batch else s.shape[0], *s.shape[1:]], tf.as_dtype(s.dtype), name=n)
-                 for s, n in zip(specs, names)]
+    signature = [
+        tf.TensorSpec([None if dynamic_batch else s.shape[0], *s.shape[1:]], tf.as_dtype(s.dtype), name=n)
+        for s, n in zip(specs, names)
+    ]
     polymorphic = ["(b, ...)"] * len(specs) if dynamic_batch else None
     converted = jax2tf.convert(fn, polymorphic_shapes=polymorphic, with_gradient=False)
     tf_fn = tf.function(converted, autograph=False, input_signature=signature)

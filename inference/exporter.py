@@ -11,6 +11,7 @@ for sequences, the sign of each logit for multi-label outputs; regression is jud
 `export_folder` puts it together for the command: every format (with the other ONNX route when one fails), the files a
 deployment needs, and the report (what was checked, on what, and what was not), written all at once or not at all.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,11 @@ ROUTES = {
 LARGER_BATCH = 16  # the "larger size" a symbolic batch is checked at, besides 1
 OUTPUT_NAME = "outputs"
 # What "agreement" and "quality" mean per task: (agreement's name, quality's name).
-MEASURES = {"classification": ("top-1 agreement", "accuracy"), "sequence": ("top-1 agreement per position",
-                                                                            "token accuracy"),
-            "multilabel": ("sign agreement", "element accuracy")}
+MEASURES = {
+    "classification": ("top-1 agreement", "accuracy"),
+    "sequence": ("top-1 agreement per position", "token accuracy"),
+    "multilabel": ("sign agreement", "element accuracy"),
+}
 
 
 @dataclass
@@ -83,8 +86,10 @@ class Inputs:
         return flat[0] if self.single else dict(zip(self.names, flat))
 
     def described(self) -> list[dict]:
-        return [{"name": n, "shape": shape_text((None, *s.shape[1:])), "dtype": str(np.dtype(s.dtype))}
-                for n, s in zip(self.names, self.specs)]
+        return [
+            {"name": n, "shape": shape_text((None, *s.shape[1:])), "dtype": str(np.dtype(s.dtype))}
+            for n, s in zip(self.names, self.specs)
+        ]
 
 
 def shape_text(shape) -> str:
@@ -107,6 +112,7 @@ def random_inputs(inputs: Inputs, n: int, rng: np.random.Generator, id_bound: di
 @dataclass
 class Validation:
     """Real examples (inputs flat, in `Inputs.names` order), their targets and masks, and the JAX model's outputs."""
+
     inputs: list
     targets: np.ndarray | None
     masks: np.ndarray
@@ -127,11 +133,15 @@ def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Va
         take = np.flatnonzero(keep)[: None if limit is None else limit - seen]
         flat = jax.tree.leaves(batch["input"])
         if not flats:
-            got, want = ([f"{np.dtype(a.dtype)}{shape_text((None, *a.shape[1:]))}" for a in arrays]
-                         for arrays in (flat, inputs.specs))
+            got, want = (
+                [f"{np.dtype(a.dtype)}{shape_text((None, *a.shape[1:]))}" for a in arrays]
+                for arrays in (flat, inputs.specs)
+            )
             if got != want:
-                raise ExportError(f"the validation examples are {', '.join(got)}, the export's inputs "
-                                  f"{', '.join(want)}: they cannot check it")
+                raise ExportError(
+                    f"the validation examples are {', '.join(got)}, the export's inputs "
+                    f"{', '.join(want)}: they cannot check it"
+                )
         flats.append([leaf[take] for leaf in flat])
         targets.append(batch["target"][take] if "target" in batch else None)
         masks.append(mask[take])
@@ -187,20 +197,28 @@ def masked_mean(values: np.ndarray, mask: np.ndarray | None) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------- exporting
-def export_bytes(route: str, fn, inputs: Inputs, dynamic: bool, quantize: str | None = None,
-                 float_tflite=None) -> bytes:
+def export_bytes(
+    route: str, fn, inputs: Inputs, dynamic: bool, quantize: str | None = None, float_tflite=None
+) -> bytes:
     """One artifact's bytes by `route`; fn takes the input tree; float_tflite() gives the float32 .tflite that route
     "tflite" converts."""
     if route == "jax2tf":
         from inference.export_tflite import export_tflite
 
-        return export_tflite(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic,
-                             quantize=quantize, output_name=OUTPUT_NAME)
+        return export_tflite(
+            inputs.flat_fn(fn),
+            inputs.specs,
+            inputs.names,
+            dynamic_batch=dynamic,
+            quantize=quantize,
+            output_name=OUTPUT_NAME,
+        )
     if route == "jax2onnx":
         from inference.export_onnx import export_onnx
 
-        return export_onnx(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic,
-                           output_name=OUTPUT_NAME)
+        return export_onnx(
+            inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=OUTPUT_NAME
+        )
     if route == "tflite":
         from inference.export_onnx import tflite_to_onnx
 
@@ -229,8 +247,16 @@ def first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def check(runner, forward, inputs: Inputs, validation: Validation | None, task: str, options: Options,
-          quantized: bool, id_bound: dict) -> dict:
+def check(
+    runner,
+    forward,
+    inputs: Inputs,
+    validation: Validation | None,
+    task: str,
+    options: Options,
+    quantized: bool,
+    id_bound: dict,
+) -> dict:
     """Runs the loaded artifact against the JAX model; returns its report entry (raises ExportError on failure)."""
     got_inputs = {i["name"]: i for i in runner.inputs}
     if sorted(got_inputs) != sorted(inputs.names):
@@ -239,8 +265,10 @@ def check(runner, forward, inputs: Inputs, validation: Validation | None, task: 
     for name, spec in zip(inputs.names, inputs.specs):
         expected = (None if fixed is None else spec.shape[0], *spec.shape[1:])
         if tuple(got_inputs[name]["shape"]) != expected or got_inputs[name]["dtype"] != np.dtype(spec.dtype):
-            raise ExportError(f"input {name!r}: {got_inputs[name]['dtype']}{shape_text(got_inputs[name]['shape'])}, "
-                              f"expected {np.dtype(spec.dtype)}{shape_text(expected)}")
+            raise ExportError(
+                f"input {name!r}: {got_inputs[name]['dtype']}{shape_text(got_inputs[name]['shape'])}, "
+                f"expected {np.dtype(spec.dtype)}{shape_text(expected)}"
+            )
     sizes = [fixed] if fixed else sorted({1, options.batch, LARGER_BATCH})
     rng = np.random.default_rng(options.seed)
     tolerance = dict(atol=options.atol, rtol=options.rtol)
@@ -249,32 +277,47 @@ def check(runner, forward, inputs: Inputs, validation: Validation | None, task: 
         flat = random_inputs(inputs, n, rng, id_bound)
         want = np.asarray(forward(inputs.tree(flat)))
         got = runner(inputs.feed(flat))
-        comparisons.append(verify.compare(got, want, **tolerance,
-                                          what=f"output {runner.output_name!r}, random inputs, batch {n}"))
+        comparisons.append(
+            verify.compare(got, want, **tolerance, what=f"output {runner.output_name!r}, random inputs, batch {n}")
+        )
         agreements.append(agreement(task, got, want))
     random_result = verify.merge(comparisons)
-    entry = {"inputs": [{"name": i["name"], "shape": shape_text(i["shape"]), "dtype": str(i["dtype"])}
-                        for i in runner.inputs],
-             "output": {"name": runner.output_name, "shape": shape_text(runner.output_shape)},
-             "random": {"batch_sizes": sizes, **random_result.to_dict(),
-                        "agreement": None if agreements[0] is None else float(np.mean(agreements))}}
+    entry = {
+        "inputs": [
+            {"name": i["name"], "shape": shape_text(i["shape"]), "dtype": str(i["dtype"])} for i in runner.inputs
+        ],
+        "output": {"name": runner.output_name, "shape": shape_text(runner.output_shape)},
+        "random": {
+            "batch_sizes": sizes,
+            **random_result.to_dict(),
+            "agreement": None if agreements[0] is None else float(np.mean(agreements)),
+        },
+    }
     failures = [] if quantized or random_result.ok else [random_result.failure]
     if validation is None:
         entry["validation"] = None
     else:
         got = run_batched(runner, inputs.feed(validation.inputs))
-        result = verify.compare(got, validation.outputs, **tolerance,
-                                what=f"output {runner.output_name!r}, validation inputs")
-        measured, reference = (quality(task, o, validation.targets, validation.masks)
-                               for o in (got, validation.outputs))
-        entry["validation"] = {"examples": len(got), **result.to_dict(),
-                               "agreement": agreement(task, got, validation.outputs, validation.masks),
-                               "quality": measured, "jax_quality": reference}
+        result = verify.compare(
+            got, validation.outputs, **tolerance, what=f"output {runner.output_name!r}, validation inputs"
+        )
+        measured, reference = (
+            quality(task, o, validation.targets, validation.masks) for o in (got, validation.outputs)
+        )
+        entry["validation"] = {
+            "examples": len(got),
+            **result.to_dict(),
+            "agreement": agreement(task, got, validation.outputs, validation.masks),
+            "quality": measured,
+            "jax_quality": reference,
+        }
         if quantized:
             if measured is not None and 100.0 * (reference - measured) > options.max_accuracy_drop:
-                failures.append(f"quantized {MEASURES[task][1]} {100 * measured:.2f}% is "
-                                f"{100 * (reference - measured):.2f} points below the JAX model's "
-                                f"{100 * reference:.2f}% (allowed: {options.max_accuracy_drop})")
+                failures.append(
+                    f"quantized {MEASURES[task][1]} {100 * measured:.2f}% is "
+                    f"{100 * (reference - measured):.2f} points below the JAX model's "
+                    f"{100 * reference:.2f}% (allowed: {options.max_accuracy_drop})"
+                )
             if not np.isfinite(got).all():
                 failures.append("quantized model gives non-finite outputs")
         elif not result.ok:
@@ -284,8 +327,20 @@ def check(runner, forward, inputs: Inputs, validation: Validation | None, task: 
     return entry
 
 
-def export_format(fmt: str, fn, forward, inputs: Inputs, folder, name: str, validation, task: str,
-                  options: Options, id_bound: dict, log=print, threads: int | None = None) -> dict:
+def export_format(
+    fmt: str,
+    fn,
+    forward,
+    inputs: Inputs,
+    folder,
+    name: str,
+    validation,
+    task: str,
+    options: Options,
+    id_bound: dict,
+    log=print,
+    threads: int | None = None,
+) -> dict:
     """Exports one format into `folder`, reloads it and checks it; tries the other ONNX route if one fails."""
     if fmt == "onnx":
         routes = [options.onnx_via, "tflite" if options.onnx_via == "jax2onnx" else "jax2onnx"]
@@ -309,9 +364,16 @@ def export_format(fmt: str, fn, forward, inputs: Inputs, folder, name: str, vali
             if route != routes[-1]:
                 log(f"{fmt}: {message}\n{fmt}: trying {ROUTES[routes[routes.index(route) + 1]]} instead")
             continue
-        entry = {"format": fmt, "file": path.name, "bytes": path.stat().st_size, "route": ROUTES[route],
-                 "dynamic_batch": options.dynamic[fmt], "quantize": quantize, "export_seconds": round(seconds, 2),
-                 **entry}
+        entry = {
+            "format": fmt,
+            "file": path.name,
+            "bytes": path.stat().st_size,
+            "route": ROUTES[route],
+            "dynamic_batch": options.dynamic[fmt],
+            "quantize": quantize,
+            "export_seconds": round(seconds, 2),
+            **entry,
+        }
         if fmt == "jax":
             entry["platforms"] = list(runner.platforms)
         if errors:
@@ -334,17 +396,28 @@ def table(entries: list[dict], task: str) -> str:
     rows = []
     for e in entries:
         val = e.get("validation")
-        diffs = [max(e["random"]["max_abs_diff"], val["max_abs_diff"] if val else 0.0),
-                 max(e["random"]["max_rel_diff"], val["max_rel_diff"] if val else 0.0)]
+        diffs = [
+            max(e["random"]["max_abs_diff"], val["max_abs_diff"] if val else 0.0),
+            max(e["random"]["max_rel_diff"], val["max_rel_diff"] if val else 0.0),
+        ]
         label = e["format"] + (f" ({e['quantize']})" if e.get("quantize") else "")
-        row = [label, e["route"], fmt_size(e["bytes"]),
-               ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in e["inputs"]),
-               f"{e['output']['name']} {e['output']['shape']}", f"{diffs[0]:.1e}", f"{diffs[1]:.1e}"]
+        row = [
+            label,
+            e["route"],
+            fmt_size(e["bytes"]),
+            ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in e["inputs"]),
+            f"{e['output']['name']} {e['output']['shape']}",
+            f"{diffs[0]:.1e}",
+            f"{diffs[1]:.1e}",
+        ]
         if measures:
             agree = val["agreement"] if val else e["random"]["agreement"]
             row.append(f"{100 * agree:.2f}%" + ("" if val else " (random inputs)"))
-            row.append(f"{100 * val['quality']:.2f}% ({100 * val['jax_quality']:.2f}%)"
-                       if val and val["quality"] is not None else "-")
+            row.append(
+                f"{100 * val['quality']:.2f}% ({100 * val['jax_quality']:.2f}%)"
+                if val and val["quality"] is not None
+                else "-"
+            )
         rows.append(row)
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -359,11 +432,15 @@ def notes(report: dict) -> list[str]:
     """What the table alone does not say: what was not checked, and which axes are fixed."""
     lines = []
     if report["validation"] is None:
-        lines.append(f"Not checked on real data ({report['validation_skipped']}): the formats were compared with "
-                     "the JAX model on random inputs only.")
+        lines.append(
+            f"Not checked on real data ({report['validation_skipped']}): the formats were compared with "
+            "the JAX model on random inputs only."
+        )
     else:
-        lines.append(f"Checked on {report['validation']['examples']} real examples of the "
-                     f"{report['validation']['split']} split, and on random inputs.")
+        lines.append(
+            f"Checked on {report['validation']['examples']} real examples of the "
+            f"{report['validation']['split']} split, and on random inputs."
+        )
     fixed = ", ".join(f"{name} {shape_text(axes)}" for name, axes in report["fixed_axes"].items())
     lines.append(f"Only the batch axis can be symbolic (B); every other axis is fixed at the data's: {fixed}.")
     return lines
@@ -377,14 +454,28 @@ def markdown(report: dict) -> str:
 @dataclass
 class Source:
     """Where the exported model comes from: what its folder carries besides the artifacts."""
+
     config: dict
     checkpoint: Path
     preprocessing: dict
 
 
-def export_folder(target: Path, formats, fn, forward, inputs: Inputs, task: str, options: Options,
-                  validation: Validation | None, skipped: str | None, id_bound: dict, source: Source,
-                  validation_split: str | None = None, log=print, warn=None) -> dict:
+def export_folder(
+    target: Path,
+    formats,
+    fn,
+    forward,
+    inputs: Inputs,
+    task: str,
+    options: Options,
+    validation: Validation | None,
+    skipped: str | None,
+    id_bound: dict,
+    source: Source,
+    validation_split: str | None = None,
+    log=print,
+    warn=None,
+) -> dict:
     """Writes `target` (<output-dir>/<name>): each of `formats` exported, reloaded and checked (`export_format`),
     then config.json, a copy of model/, predict.py, preprocessing.json, report.json and report.md. Returns the report.
 
@@ -400,15 +491,18 @@ def export_folder(target: Path, formats, fn, forward, inputs: Inputs, task: str,
         entries, failed = [], []
         for fmt in formats:
             try:
-                entry = export_format(fmt, fn, forward, inputs, folder, name, validation, task, options, id_bound,
-                                      log=log)
+                entry = export_format(
+                    fmt, fn, forward, inputs, folder, name, validation, task, options, id_bound, log=log
+                )
             except ExportError as error:
                 failed.append(fmt)
                 warn(f"{fmt}: FAILED: {error}")
                 continue
             entries.append(entry)
-            log(f"{fmt}: {entry['file']} ({fmt_size(entry['bytes'])}, {entry['route']}): matches the JAX model"
-                + ("" if validation else " on random inputs only (no real data checked)"))
+            log(
+                f"{fmt}: {entry['file']} ({fmt_size(entry['bytes'])}, {entry['route']}): matches the JAX model"
+                + ("" if validation else " on random inputs only (no real data checked)")
+            )
         if failed:
             others = [f for f in formats if f not in failed]
             hints = [f"--formats {','.join(others)} exports the others"] if others else []
@@ -430,19 +524,38 @@ def export_folder(target: Path, formats, fn, forward, inputs: Inputs, task: str,
     return report
 
 
-def build_report(name: str, entries: list[dict], inputs: Inputs, task: str, options: Options,
-                 validation: Validation | None, skipped: str | None, split: str | None, source: Source) -> dict:
+def build_report(
+    name: str,
+    entries: list[dict],
+    inputs: Inputs,
+    task: str,
+    options: Options,
+    validation: Validation | None,
+    skipped: str | None,
+    split: str | None,
+    source: Source,
+) -> dict:
     versions = {"jax": jax.__version__}
     for package in ("tensorflow", "ai_edge_litert", "onnxruntime", "jax2onnx", "tf2onnx"):
         module = sys.modules.get(package)  # only the converters and runtimes this export used
         if module is not None:
             versions[package] = getattr(module, "__version__", None) or distribution_version(package)
     checked = None if validation is None else {"split": split or "validation", "examples": len(validation)}
-    return {"name": name, "checkpoint": str(source.checkpoint), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "task": task, "checked_on": jax.default_backend(), "validated_on_real_data": validation is not None,
-            "validation": checked, **({} if validation is not None else {"validation_skipped": skipped or "unknown"}),
-            "inputs": inputs.described(), "fixed_axes": fixed_axes(inputs),
-            "tolerance": {"atol": options.atol, "rtol": options.rtol}, "versions": versions, "formats": entries}
+    return {
+        "name": name,
+        "checkpoint": str(source.checkpoint),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "task": task,
+        "checked_on": jax.default_backend(),
+        "validated_on_real_data": validation is not None,
+        "validation": checked,
+        **({} if validation is not None else {"validation_skipped": skipped or "unknown"}),
+        "inputs": inputs.described(),
+        "fixed_axes": fixed_axes(inputs),
+        "tolerance": {"atol": options.atol, "rtol": options.rtol},
+        "versions": versions,
+        "formats": entries,
+    }
 
 
 def distribution_version(package: str) -> str:
@@ -461,8 +574,11 @@ def write_extras(folder: Path, report: dict, inputs: Inputs, task: str, source: 
     (folder / CONFIG).write_text(json.dumps(source.config, indent=2) + "\n")
     shutil.copytree(REPO / "model", folder / "model", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy2(Path(__file__).with_name("predict.py"), folder / "predict.py")
-    (folder / PREPROCESSING).write_text(json.dumps({
-        **source.preprocessing, "task": task, "inputs": inputs.described(), "output_name": OUTPUT_NAME,
-    }, indent=2) + "\n")
+    (folder / PREPROCESSING).write_text(
+        json.dumps(
+            {**source.preprocessing, "task": task, "inputs": inputs.described(), "output_name": OUTPUT_NAME}, indent=2
+        )
+        + "\n"
+    )
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (folder / "report.md").write_text(markdown(report))

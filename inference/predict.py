@@ -14,6 +14,7 @@ This file imports only numpy, Pillow (for images) and the runtime the model need
 no JAX, no TensorFlow. Copied with the export folder, it is all a deployment machine needs. The converter runs its
 parity checks through the same two runner classes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ import numpy as np
 CONFIG = "config.json"
 PREPROCESSING = "preprocessing.json"
 
-ONNX_DTYPES = {"tensor(float)": np.float32, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
-               "tensor(float16)": np.float16, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8}
+ONNX_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(float16)": np.float16,
+    "tensor(bool)": np.bool_,
+    "tensor(uint8)": np.uint8,
+}
 
 
 class Runner:
@@ -65,8 +72,14 @@ class OnnxModel(Runner):
         source = str(model) if isinstance(model, Path) else model
         self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         (out,) = self.session.get_outputs()
-        self.inputs = [{"name": i.name, "shape": tuple(d if isinstance(d, int) else None for d in i.shape),
-                        "dtype": np.dtype(ONNX_DTYPES[i.type])} for i in self.session.get_inputs()]
+        self.inputs = [
+            {
+                "name": i.name,
+                "shape": tuple(d if isinstance(d, int) else None for d in i.shape),
+                "dtype": np.dtype(ONNX_DTYPES[i.type]),
+            }
+            for i in self.session.get_inputs()
+        ]
         self.output_name = out.name
         self.output_shape = tuple(d if isinstance(d, int) else None for d in out.shape)
 
@@ -84,8 +97,15 @@ class TFLiteModel(Runner):
         self.interpreter = Interpreter(**source, num_threads=threads)
         (out,) = self.interpreter.get_output_details()
         details = self.interpreter.get_input_details()
-        self.inputs = [{"name": d["name"], "shape": tuple(int(n) if n >= 0 else None for n in d["shape_signature"]),
-                        "dtype": np.dtype(d["dtype"]), "index": d["index"]} for d in details]
+        self.inputs = [
+            {
+                "name": d["name"],
+                "shape": tuple(int(n) if n >= 0 else None for n in d["shape_signature"]),
+                "dtype": np.dtype(d["dtype"]),
+                "index": d["index"],
+            }
+            for d in details
+        ]
         self._out = out["index"]
         self.output_name = out["name"]
         self.output_shape = tuple(int(d) if d >= 0 else None for d in out["shape_signature"])
@@ -126,7 +146,7 @@ def run_batched(model, x, batch_size: int = 256) -> np.ndarray:
     step = fixed or batch_size
     outputs = []
     for start in range(0, rows, step):
-        chunk = {k: v[start:start + step] for k, v in named.items()}
+        chunk = {k: v[start : start + step] for k, v in named.items()}
         n = len(next(iter(chunk.values())))
         if fixed and n < fixed:
             chunk = {k: np.concatenate([v, np.zeros((fixed - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
@@ -204,8 +224,11 @@ def generate(model, vocabulary: str, prompt: str, tokens: int, temperature: floa
     of the input, padded on the right, and the next one comes from the logits at the last real position."""
     unknown = sorted(set(prompt) - set(vocabulary))
     if unknown or not prompt:
-        raise ValueError(f"--text: characters not in the vocabulary: {''.join(unknown)!r}" if unknown else
-                         "--text: give at least one character")
+        raise ValueError(
+            f"--text: characters not in the vocabulary: {''.join(unknown)!r}"
+            if unknown
+            else "--text: give at least one character"
+        )
     context = model.inputs[0]["shape"][1]
     batch = model.inputs[0]["shape"][0] or 1
     rng = np.random.default_rng(seed)
@@ -213,7 +236,7 @@ def generate(model, vocabulary: str, prompt: str, tokens: int, temperature: floa
     for _ in range(tokens):
         recent = ids[-context:]
         window = np.zeros((batch, context), model.inputs[0]["dtype"])
-        window[0, :len(recent)] = recent
+        window[0, : len(recent)] = recent
         logits = model(window)[0, len(recent) - 1].astype(np.float64)
         if temperature == 0:
             ids.append(int(logits.argmax()))
@@ -226,11 +249,16 @@ def generate(model, vocabulary: str, prompt: str, tokens: int, temperature: floa
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="an exported .onnx or .tflite file")
-    parser.add_argument("inputs", nargs="*",
-                        help="image files (PNG, JPEG, ...), .csv rows, .npy batches, or .npz files of named inputs")
-    parser.add_argument("--top", type=int, default=None,
-                        help="classes to print per input (default 3); multi-label: labels to print besides the "
-                             "predicted ones, which are always printed (default: every label)")
+    parser.add_argument(
+        "inputs", nargs="*", help="image files (PNG, JPEG, ...), .csv rows, .npy batches, or .npz files of named inputs"
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=None,
+        help="classes to print per input (default 3); multi-label: labels to print besides the "
+        "predicted ones, which are always printed (default: every label)",
+    )
     parser.add_argument("--invert", action="store_true", help="invert images (dark digit on a light background)")
     parser.add_argument("--text", help="language model: the text to continue")
     parser.add_argument("--tokens", type=int, default=100, help="language model: characters to generate")
@@ -238,10 +266,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="runtime threads (default: the runtime's)")
     args = parser.parse_args(argv)
-    checks = [(args.top is not None and args.top < 1, f"--top {args.top}: expected 1 or more"),
-              (args.tokens < 0, f"--tokens {args.tokens}: expected 0 or more"),
-              (not 0 <= args.temperature < float("inf"), f"--temperature {args.temperature}: expected a number >= 0"),
-              (args.threads is not None and args.threads < 1, f"--threads {args.threads}: expected 1 or more")]
+    checks = [
+        (args.top is not None and args.top < 1, f"--top {args.top}: expected 1 or more"),
+        (args.tokens < 0, f"--tokens {args.tokens}: expected 0 or more"),
+        (not 0 <= args.temperature < float("inf"), f"--temperature {args.temperature}: expected a number >= 0"),
+        (args.threads is not None and args.threads < 1, f"--threads {args.threads}: expected 1 or more"),
+    ]
     for bad, message in checks:
         if bad:
             print(f"error: {message}", file=sys.stderr)
@@ -286,23 +316,29 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
                     raise ValueError(f"{path}: no array {missing[0]!r}; the model takes {model.names()}")
                 named = {k: archive[k] for k in expected}
         elif len(model.inputs) > 1:
-            raise ValueError(f"{path}: the model takes {len(model.inputs)} named inputs {model.names()}: give .npz "
-                             "files with one array per name")
+            raise ValueError(
+                f"{path}: the model takes {len(model.inputs)} named inputs {model.names()}: give .npz "
+                "files with one array per name"
+            )
         elif path.suffix == ".npy":
             named = {model.inputs[0]["name"]: np.load(path)}
         elif path.suffix == ".csv":
             named = {model.inputs[0]["name"]: load_rows(path, preprocessing)}
         else:
             if not preprocessing:
-                raise ValueError(f"{path.parent / PREPROCESSING} not found: it says how to prepare images; "
-                                 "pass a preprocessed .npy batch instead")
+                raise ValueError(
+                    f"{path.parent / PREPROCESSING} not found: it says how to prepare images; "
+                    "pass a preprocessed .npy batch instead"
+                )
             named = {model.inputs[0]["name"]: load_image(path, model.inputs[0]["shape"][1:], preprocessing, invert)}
         # One example (the sample shape) or a batch of them.
         named = {k: v[None] if v.ndim == len(expected[k]["shape"]) - 1 else v for k, v in named.items()}
         for k, v in named.items():
             if v.shape[1:] != tuple(expected[k]["shape"][1:]):
-                raise ValueError(f"{path}: input {k!r} has shape {list(v.shape[1:])} per example, the model expects "
-                                 f"{list(expected[k]['shape'][1:])}")
+                raise ValueError(
+                    f"{path}: input {k!r} has shape {list(v.shape[1:])} per example, the model expects "
+                    f"{list(expected[k]['shape'][1:])}"
+                )
         rows = {len(v) for v in named.values()}
         if len(rows) > 1:
             raise ValueError(f"{path}: the arrays hold different numbers of examples {sorted(rows)}")
@@ -323,7 +359,7 @@ def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None
     if task == "classification":
         p = softmax(output)
         classes = preprocessing.get("classes") or [str(i) for i in range(len(p))]
-        return ", ".join(f"{classes[c]} ({p[c]:.3f})" for c in np.argsort(-p)[:top or 3])
+        return ", ".join(f"{classes[c]} ({p[c]:.3f})" for c in np.argsort(-p)[: top or 3])
     if task == "multilabel":
         p = 1.0 / (1.0 + np.exp(-output))
         if p.ndim == 1:
@@ -331,7 +367,7 @@ def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None
             order = np.argsort(-p)
             named = lambda cs: ", ".join(f"{labels[c]} ({p[c]:.3f})" for c in cs) or "none"  # noqa: E731
             predicted, others = order[p[order] > THRESHOLD], order[p[order] <= THRESHOLD]
-            others = others[:len(others) if top is None else top]
+            others = others[: len(others) if top is None else top]
             return f"predicted: {named(predicted)}" + (f"; below {THRESHOLD}: {named(others)}" if len(others) else "")
         return f"{int((p > THRESHOLD).sum())} of {p.size} elements positive (mean probability {p.mean():.3f})"
     names = preprocessing.get("targets") or [f"output {i}" for i in range(output.size)]

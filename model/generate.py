@@ -4,6 +4,7 @@ The model sees the last `context` characters; they sit at the start of a fixed (
 right, and the next character is drawn from the logits at the last real position (the model is causal, so the
 padding cannot change them): one compilation for any prompt and length.
 """
+
 from __future__ import annotations
 
 import jax
@@ -23,15 +24,16 @@ class Generator:
 
         self.next_logits = next_logits
 
-    def __call__(self, params, state, prompt: str, tokens: int, temperature: float = 0.8, top_k: int | None = None,
-                 seed: int = 0) -> str:
+    def __call__(
+        self, params, state, prompt: str, tokens: int, temperature: float = 0.8, top_k: int | None = None, seed: int = 0
+    ) -> str:
         """`prompt` and `tokens` characters after it; temperature 0: always the most likely one."""
         rng = np.random.default_rng(seed)
         ids = [self.vocabulary.index(c) for c in prompt]
         for _ in range(tokens):
-            recent = ids[-self.context:]
+            recent = ids[-self.context :]
             window = np.zeros((1, self.context), self.dtype)
-            window[0, :len(recent)] = recent
+            window[0, : len(recent)] = recent
             logits = np.asarray(self.next_logits(params, state, window, len(recent) - 1), np.float64)
             if temperature == 0:
                 ids.append(int(logits.argmax()))

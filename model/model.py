@@ -2,6 +2,7 @@
 
 Add a model by writing a function here that returns a Module.
 """
+
 from __future__ import annotations
 
 from model.modules.activations import Activation
@@ -22,18 +23,28 @@ from model.registry import register
 
 def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module:
     """ConvNeXt block: depthwise conv -> LayerNorm -> pointwise MLP with GELU, added to the input."""
-    return Residual(Sequential({
-        "dwconv": Conv2d(dim, kernel_size, groups=dim),
-        "norm": LayerNorm(eps=1e-6),
-        "fc1": Linear(mlp_ratio * dim),
-        "act": Activation("gelu"),
-        "fc2": Linear(dim),
-    }))
+    return Residual(
+        Sequential(
+            {
+                "dwconv": Conv2d(dim, kernel_size, groups=dim),
+                "norm": LayerNorm(eps=1e-6),
+                "fc1": Linear(mlp_ratio * dim),
+                "act": Activation("gelu"),
+                "fc2": Linear(dim),
+            }
+        )
+    )
 
 
 @register("model")
-def mnist_convnext(num_classes: int = 10, dims: tuple = (32, 64), depths: tuple = (2, 2), kernel_size: int = 7,
-                   mlp_ratio: int = 4, dropout: float = 0.0) -> Module:
+def mnist_convnext(
+    num_classes: int = 10,
+    dims: tuple = (32, 64),
+    depths: tuple = (2, 2),
+    kernel_size: int = 7,
+    mlp_ratio: int = 4,
+    dropout: float = 0.0,
+) -> Module:
     """A small ConvNeXt for 28x28 images: a stride-2 stem, stages of ConvNeXt blocks joined by stride-2
     downsampling (LayerNorm + 2x2 conv), global average pooling, LayerNorm and a linear classifier."""
     check_size(num_classes, "num_classes")
@@ -92,8 +103,9 @@ def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "re
 
 
 @register("model")
-def mnist_attention(num_classes: int = 10, dim: int = 32, num_heads: int = 4, depth: int = 1, mlp_ratio: int = 2,
-                    dropout: float = 0.1) -> Module:
+def mnist_attention(
+    num_classes: int = 10, dim: int = 32, num_heads: int = 4, depth: int = 1, mlp_ratio: int = 2, dropout: float = 0.1
+) -> Module:
     """A small conv + transformer hybrid: a stride-2 conv stem with BatchNorm, exact GELU and 2x2 max pooling turns
     28x28 images into 7x7 = 49 tokens; `depth` pre-norm blocks of self-attention and a GELU MLP; mean over tokens,
     LayerNorm, dropout and a linear classifier."""
@@ -103,16 +115,27 @@ def mnist_attention(num_classes: int = 10, dim: int = 32, num_heads: int = 4, de
     if dim % num_heads:
         raise ValueError(f"dim: {dim} is not divisible by num_heads {num_heads}")
     layers = {
-        "stem": Sequential({"conv": Conv2d(dim, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"),
-                            "pool": MaxPool2d(2)}),
+        "stem": Sequential(
+            {"conv": Conv2d(dim, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"), "pool": MaxPool2d(2)}
+        ),
         "tokens": Lambda(lambda x: x.reshape(x.shape[0], -1, x.shape[-1]), "to_tokens"),
     }
     for i in range(depth):
-        layers[f"block{i}"] = Sequential({
-            "attn": Residual(Sequential({"norm": LayerNorm(), "mha": MultiHeadAttention(num_heads)})),
-            "mlp": Residual(Sequential({"norm": LayerNorm(), "fc1": Linear(mlp_ratio * dim),
-                                        "act": Activation("gelu"), "fc2": Linear(dim)})),
-        })
+        layers[f"block{i}"] = Sequential(
+            {
+                "attn": Residual(Sequential({"norm": LayerNorm(), "mha": MultiHeadAttention(num_heads)})),
+                "mlp": Residual(
+                    Sequential(
+                        {
+                            "norm": LayerNorm(),
+                            "fc1": Linear(mlp_ratio * dim),
+                            "act": Activation("gelu"),
+                            "fc2": Linear(dim),
+                        }
+                    )
+                ),
+            }
+        )
     layers["pool"] = Lambda(lambda x: x.mean(axis=1), "mean_over_tokens")
     layers["norm"] = LayerNorm()
     if dropout:
@@ -134,26 +157,49 @@ def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module
         raise ValueError(f"channels must be (full resolution, half resolution) widths, got {list(channels)}")
     check_size(out_channels, "out_channels")
     full, half = channels
-    return Sequential({
-        "enc": Sequential({"conv0": Conv2d(full, 3), "act0": Activation("relu"),
-                           "conv1": Conv2d(full, 3), "act1": Activation("relu")}),
-        "skip": Residual(Sequential({
-            "down": Conv2d(half, 2, stride=2), "act0": Activation("relu"),
-            "conv0": Conv2d(half, 3), "act1": Activation("relu"),
-            "conv1": Conv2d(half, 3), "act2": Activation("relu"),
-            "up": ConvTranspose2d(full, 2, stride=2),
-        })),
-        "act": Activation("relu"),
-        "dec": Conv2d(full, 3),
-        "dec_act": Activation("relu"),
-        "head": Conv2d(out_channels, 1),
-    })
+    return Sequential(
+        {
+            "enc": Sequential(
+                {
+                    "conv0": Conv2d(full, 3),
+                    "act0": Activation("relu"),
+                    "conv1": Conv2d(full, 3),
+                    "act1": Activation("relu"),
+                }
+            ),
+            "skip": Residual(
+                Sequential(
+                    {
+                        "down": Conv2d(half, 2, stride=2),
+                        "act0": Activation("relu"),
+                        "conv0": Conv2d(half, 3),
+                        "act1": Activation("relu"),
+                        "conv1": Conv2d(half, 3),
+                        "act2": Activation("relu"),
+                        "up": ConvTranspose2d(full, 2, stride=2),
+                    }
+                )
+            ),
+            "act": Activation("relu"),
+            "dec": Conv2d(full, 3),
+            "dec_act": Activation("relu"),
+            "head": Conv2d(out_channels, 1),
+        }
+    )
 
 
 @register("model")
-def char_transformer(vocab_size: int, context: int, dim: int = 128, depth: int = 4, num_heads: int = 4,
-                     mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True,
-                     use_bias: bool = False) -> Module:
+def char_transformer(
+    vocab_size: int,
+    context: int,
+    dim: int = 128,
+    depth: int = 4,
+    num_heads: int = 4,
+    mlp_ratio: int = 4,
+    dropout: float = 0.0,
+    tie_weights: bool = True,
+    use_bias: bool = False,
+) -> Module:
     """A decoder-only transformer language model (nanoGPT's architecture): token ids (B, T) -> next-token logits
     (B, T, vocab_size), T <= context; learned positions, causal pre-norm blocks, the head tied to the token
     embedding unless ``tie_weights`` is false."""
@@ -163,10 +209,18 @@ def char_transformer(vocab_size: int, context: int, dim: int = 128, depth: int =
 def resnet_block(width: int, stride: int = 1, project: bool = False) -> Module:
     """A ResNet basic block: relu(bn(conv3x3(relu(bn(conv3x3(x))))) + shortcut(x)); the shortcut is the identity,
     or a strided 1x1 convolution with batch norm where the width or resolution changes (``project``)."""
-    body = Sequential({"conv1": Conv2d(width, 3, stride=stride, use_bias=False), "bn1": BatchNorm(),
-                       "relu": Activation("relu"), "conv2": Conv2d(width, 3, use_bias=False), "bn2": BatchNorm()})
-    shortcut = Sequential({"conv": Conv2d(width, 1, stride=stride, use_bias=False), "bn": BatchNorm()}) \
-        if project else None
+    body = Sequential(
+        {
+            "conv1": Conv2d(width, 3, stride=stride, use_bias=False),
+            "bn1": BatchNorm(),
+            "relu": Activation("relu"),
+            "conv2": Conv2d(width, 3, use_bias=False),
+            "bn2": BatchNorm(),
+        }
+    )
+    shortcut = (
+        Sequential({"conv": Conv2d(width, 1, stride=stride, use_bias=False), "bn": BatchNorm()}) if project else None
+    )
     return Sequential({"residual": Residual(body, shortcut), "relu": Activation("relu")})
 
 
@@ -182,14 +236,20 @@ def cifar_resnet(num_classes: int = 10, depth: int = 20, widths: tuple = (16, 32
     if (depth - 2) % 6:
         raise ValueError(f"depth: must be 6 n + 2 (20, 32, 44, 56, 110, ...), got {depth}")
     blocks = (depth - 2) // 6
-    layers = {"stem": Sequential({"conv": Conv2d(widths[0], 3, use_bias=False), "bn": BatchNorm(),
-                                  "relu": Activation("relu")})}
+    layers = {
+        "stem": Sequential(
+            {"conv": Conv2d(widths[0], 3, use_bias=False), "bn": BatchNorm(), "relu": Activation("relu")}
+        )
+    }
     previous = widths[0]
     for i, width in enumerate(widths):
         stride = 1 if i == 0 else 2
-        layers[f"stage{i}"] = Sequential([resnet_block(width, stride if b == 0 else 1,
-                                                       project=b == 0 and (stride != 1 or width != previous))
-                                          for b in range(blocks)])
+        layers[f"stage{i}"] = Sequential(
+            [
+                resnet_block(width, stride if b == 0 else 1, project=b == 0 and (stride != 1 or width != previous))
+                for b in range(blocks)
+            ]
+        )
         previous = width
     layers["pool"] = GlobalAvgPool()
     layers["head"] = Linear(num_classes)
@@ -211,9 +271,11 @@ def image_and_features(num_classes: int = 10, channels: tuple = (16, 32), hidden
         image.update({f"conv{i}": Conv2d(c, 3), f"relu{i}": Activation("relu"), f"pool{i}": MaxPool2d(2)})
     image["pool"] = GlobalAvgPool()
     features = Sequential({"fc": Linear(hidden), "relu": Activation("relu")})
-    return Sequential({
-        "branches": Branches({"image": Sequential(image), "features": features}),
-        "fc": Linear(width),
-        "relu": Activation("relu"),
-        "head": Linear(num_classes),
-    })
+    return Sequential(
+        {
+            "branches": Branches({"image": Sequential(image), "features": features}),
+            "fc": Linear(width),
+            "relu": Activation("relu"),
+            "head": Linear(num_classes),
+        }
+    )

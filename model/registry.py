@@ -14,6 +14,7 @@ with ``entries(kind)``. What else a component declares lives beside it, in the d
 The registry sits in the lowest layer (model) so that models, training components and data loaders all register
 the same way; it imports a kind's module (``KINDS``) only when that kind is first looked up.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -55,6 +56,7 @@ def register(kind: str, *, check: Callable | None = None, task: str | None = Non
     def add(fn: Callable) -> Callable:
         _REGISTERED[kind][fn.__name__] = Entry(fn, check, task)
         return fn
+
     return add
 
 

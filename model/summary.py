@@ -1,4 +1,5 @@
 """Model summary: layer path, output shape and parameter count per layer, and the totals."""
+
 from __future__ import annotations
 
 import math
@@ -22,9 +23,11 @@ def summary_rows(model: Module, params, state, x, prefix: str = "") -> list[tupl
             x = output_shape(layer, params[name], state[name], x)
         return rows
     if isinstance(model, Branches):
-        return [row for name, branch in model.branches.items()
-                for row in summary_rows(branch, params[name], state[name], x[name],
-                                        f"{prefix}.{name}" if prefix else name)]
+        return [
+            row
+            for name, branch in model.branches.items()
+            for row in summary_rows(branch, params[name], state[name], x[name], f"{prefix}.{name}" if prefix else name)
+        ]
     count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
     return [(prefix or type(model).__name__, tuple(output_shape(model, params, state, x).shape), count)]
 

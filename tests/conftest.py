@@ -1,4 +1,5 @@
 """Shared fixtures: tiny MNIST-format data sets written as real IDX files, so tests never need the real data."""
+
 from __future__ import annotations
 
 import atexit
@@ -34,7 +35,7 @@ def make_idx_dataset(folder: Path, n_train: int = 300, n_test: int = 100, seed: 
         labels = rng.integers(0, 10, n).astype(np.uint8)
         images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
         for i, label in enumerate(labels):
-            images[i, 2 + 2 * label: 4 + 2 * label, :] = 255
+            images[i, 2 + 2 * label : 4 + 2 * label, :] = 255
         for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
             name = f"{split}-{kind}-ubyte.gz"
             write_idx(folder / name, array)

@@ -1,5 +1,6 @@
 """JAX for the machine's accelerator, checked without one: a fake `nvidia-smi` on PATH stands for an NVIDIA driver.
 The Makefile's dry run (`make -n`) shows what it would install; train.py warns when JAX ignores the accelerator."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ def make_dry_run(*args, path=None) -> subprocess.CompletedProcess:
 
 
 def pip_installs(output: str) -> list[str]:
-    return [line.split("pip install --quiet ", 1)[1] for line in output.splitlines()
-            if "pip install --quiet -r" in line]
+    return [
+        line.split("pip install --quiet ", 1)[1] for line in output.splitlines() if "pip install --quiet -r" in line
+    ]
 
 
 @needs_make
@@ -99,8 +101,10 @@ def test_train_warns_when_jax_ignores_a_visible_gpu(tmp_path, data_dir, fake_gpu
     result = run("train.py", "-c", config, "--fast-dev-run", env={"PATH": fake_gpu_path, "JAX_PLATFORMS": ""})
     assert result.returncode == 0, result.stderr  # the CPU run goes on
     warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == [f"warning: this machine shows an NVIDIA GPU but JAX runs on the CPU only; install JAX for "
-                        f"it: {sys.executable} -m pip install -r requirements-cuda12.txt"]
+    assert warnings == [
+        f"warning: this machine shows an NVIDIA GPU but JAX runs on the CPU only; install JAX for "
+        f"it: {sys.executable} -m pip install -r requirements-cuda12.txt"
+    ]
     assert "devices: cpu:0;" in result.stdout and "fast dev run passed" in result.stdout
     plain = run("train.py", "-c", config, "--fast-dev-run", env={"JAX_PLATFORMS": ""})
     assert plain.returncode == 0, plain.stderr

@@ -1,4 +1,5 @@
 """Activations against scipy/numpy/jax.nn, their gradients, stability at |x| = 1000, and the Activation layer."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,8 +102,12 @@ def test_gelu_tanh_approximation_matches_references():
 @pytest.mark.parametrize("axis", [0, 1])
 def test_softmax_axes(axis):
     np.testing.assert_allclose(A.softmax(jnp.asarray(X), axis=axis), _np_softmax(X, axis), rtol=2e-6, atol=1e-7)
-    np.testing.assert_allclose(A.log_softmax(jnp.asarray(X), axis=axis),
-                               scipy.special.log_softmax(X.astype(np.float64), axis=axis), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(
+        A.log_softmax(jnp.asarray(X), axis=axis),
+        scipy.special.log_softmax(X.astype(np.float64), axis=axis),
+        rtol=2e-6,
+        atol=2e-6,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(NUMPY_REFERENCES) + ["gelu_tanh"])

@@ -1,6 +1,7 @@
 """The arrays data set: .npz files and folders of .npy files mapped to input/target (several inputs as a dict),
 memory-mapped rather than read (a file far larger than what the test lets the loader read), seeded splits, and the
 errors a wrong name or file gives."""
+
 from __future__ import annotations
 
 import resource
@@ -18,10 +19,12 @@ from tests.test_data_faults import train_error
 @pytest.fixture
 def data():
     rng = np.random.default_rng(0)
-    return {"images": rng.integers(0, 256, (50, 4, 4, 3), dtype=np.uint8),
-            "features": rng.standard_normal((50, 5)),               # float64: read as float32
-            "labels": rng.integers(0, 7, 50),                       # int64: read as int32
-            "fortran": np.asfortranarray(rng.standard_normal((50, 3)).astype(np.float32))}
+    return {
+        "images": rng.integers(0, 256, (50, 4, 4, 3), dtype=np.uint8),
+        "features": rng.standard_normal((50, 5)),  # float64: read as float32
+        "labels": rng.integers(0, 7, 50),  # int64: read as int32
+        "fortran": np.asfortranarray(rng.standard_normal((50, 3)).astype(np.float32)),
+    }
 
 
 @pytest.mark.parametrize("kind", ["npz", "npz_compressed", "npy_folder"])
@@ -56,9 +59,19 @@ def test_named_arrays_become_input_and_target(tmp_path, data, kind):
 def test_loader_batches_splits_and_preprocessing(tmp_path, data):
     path = tmp_path / "data.npz"
     np.savez(path, **data)
-    loaders = {split: arrays(str(path), "images", "labels", split=split, validation_fraction=0.2, test_fraction=0.1,
-                             batch_size=16, classes=[str(i) for i in range(7)])
-               for split in ("train", "validation", "test")}
+    loaders = {
+        split: arrays(
+            str(path),
+            "images",
+            "labels",
+            split=split,
+            validation_fraction=0.2,
+            test_fraction=0.1,
+            batch_size=16,
+            classes=[str(i) for i in range(7)],
+        )
+        for split in ("train", "validation", "test")
+    }
     parts = split_rows(50, 0.2, 0.1, 0)
     for split, loader in loaders.items():
         assert np.array_equal(loader.dataset.rows, parts[split])
@@ -105,8 +118,11 @@ def test_npz_member_offsets_are_found_in_zip64_archives_too(tmp_path, data):
 def test_errors_name_the_file_and_what_exists(tmp_path, data):
     path = tmp_path / "data.npz"
     np.savez(path, **data)
-    with pytest.raises(ValueError, match=r"data.npz: no array 'label'; available: images, features, labels, fortran. "
-                                         r"Did you mean 'labels'\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.npz: no array 'label'; available: images, features, labels, fortran. "
+        r"Did you mean 'labels'\?",
+    ):
         ArraysDataset(path, "images", "label")
     np.savez(tmp_path / "short.npz", a=np.zeros((5, 2)), b=np.zeros(4))
     with pytest.raises(ValueError, match="different numbers of rows: a 5, b 4"):
@@ -124,21 +140,31 @@ def test_errors_name_the_file_and_what_exists(tmp_path, data):
         ArraysDataset(tmp_path / "single.npy", "a", "b")
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"input": "images"}, "data_loader.train.args: missing argument 'target'"),
-    ({"input": "images", "target": "labels", "split": "val"}, "args.split: expected one of 'all', 'train'"),
-    ({"input": ["images", "images"], "target": "labels"}, "args.input: expected an array name, a list of names"),
-    ({"input": "images", "target": "labels", "validation_fraction": 0.6, "test_fraction": 0.5},
-     "leave no rows for training"),
-    ({"input": "images", "target": "labels", "mmaap": False}, "args.mmaap: unknown argument. Did you mean 'mmap'?"),
-    ({"input": "images", "target": "labls"}, "data.npz: no array 'labls'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"input": "images"}, "data_loader.train.args: missing argument 'target'"),
+        ({"input": "images", "target": "labels", "split": "val"}, "args.split: expected one of 'all', 'train'"),
+        ({"input": ["images", "images"], "target": "labels"}, "args.input: expected an array name, a list of names"),
+        (
+            {"input": "images", "target": "labels", "validation_fraction": 0.6, "test_fraction": 0.5},
+            "leave no rows for training",
+        ),
+        ({"input": "images", "target": "labels", "mmaap": False}, "args.mmaap: unknown argument. Did you mean 'mmap'?"),
+        ({"input": "images", "target": "labls"}, "data.npz: no array 'labls'"),
+    ],
+)
 def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch, data, args, message):
     np.savez(tmp_path / "data.npz", **data)
-    config = {"name": "arrays", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [8], "num_classes": 7}},
-              "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
-              "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-              "data_loader": {"train": {"name": "arrays", "args": {"path": str(tmp_path / "data.npz"), **args}}},
-              "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"}}
+    config = {
+        "name": "arrays",
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [8], "num_classes": 7}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {"train": {"name": "arrays", "args": {"path": str(tmp_path / "data.npz"), **args}}},
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"},
+    }
     line = train_error(tmp_path, capsys, monkeypatch, config)
     assert message in line, line

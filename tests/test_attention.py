@@ -1,4 +1,5 @@
 """MultiHeadAttention against a numpy softmax(QK^T/sqrt(d))V and flax.linen.MultiHeadDotProductAttention."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -48,8 +49,10 @@ def _np_attention(params, x, context, heads, mask=None):
 
 def _flax_attention(params, heads, x, context, mask=None, **config):
     def dense(name, out_shape):
-        return {"kernel": np.asarray(params[name]["weight"]).reshape(out_shape),
-                "bias": np.asarray(params[name]["bias"]).reshape(out_shape[1:] if name != "out" else (-1,))}
+        return {
+            "kernel": np.asarray(params[name]["weight"]).reshape(out_shape),
+            "bias": np.asarray(params[name]["bias"]).reshape(out_shape[1:] if name != "out" else (-1,)),
+        }
 
     qkv = params["query"]["weight"].shape[1]
     d = qkv // heads

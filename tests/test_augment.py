@@ -1,6 +1,7 @@
 """data_loader/augment.py: each op against a numpy reference written per example (same drawn parameters), the
 draws themselves, determinism for a key, per-example keys, evaluation mode, the config checks, mixup/cutmix with the
 loss and metrics, and the preprocessing that predict.py repeats."""
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ def batch_of(x, target=None):
 
 def draw(op, batch, seed=0):
     """The op's per-example parameters, from per-example keys, as numpy arrays (one jitted call: one compile)."""
+
     def run(key, batch):
         return op.draw(aug.uniforms(key, len(batch["input"]), op.uniforms), batch)
 
@@ -55,9 +57,13 @@ def ref_crop(x, top, left, p, mode, value):
     out = np.empty_like(x)
     for b in range(len(x)):
         kwargs = {"constant_values": value} if mode == "constant" else {}
-        padded = np.pad(x[b], ((p, p), (p, p), (0, 0)), mode={"edge": "edge", "reflect": "reflect",
-                                                              "constant": "constant"}[mode], **kwargs)
-        out[b] = padded[top[b]:top[b] + x.shape[1], left[b]:left[b] + x.shape[2]]
+        padded = np.pad(
+            x[b],
+            ((p, p), (p, p), (0, 0)),
+            mode={"edge": "edge", "reflect": "reflect", "constant": "constant"}[mode],
+            **kwargs,
+        )
+        out[b] = padded[top[b] : top[b] + x.shape[1], left[b] : left[b] + x.shape[2]]
     return out
 
 
@@ -75,14 +81,18 @@ def ref_bilinear_crop(x, top, left, height, width):
                 x0 = int(np.floor(sx))
                 x1, fx = min(x0 + 1, w - 1), sx - x0
                 img = x[b].astype(np.float64)
-                out[b, i, j] = ((1 - fy) * ((1 - fx) * img[y0, x0] + fx * img[y0, x1])
-                                + fy * ((1 - fx) * img[y1, x0] + fx * img[y1, x1]))
+                out[b, i, j] = (1 - fy) * ((1 - fx) * img[y0, x0] + fx * img[y0, x1]) + fy * (
+                    (1 - fx) * img[y1, x0] + fx * img[y1, x1]
+                )
     return out
 
 
 def ref_gray(img):
-    return img[..., :1] if img.shape[-1] == 1 else (0.299 * img[..., 0] + 0.587 * img[..., 1]
-                                                    + 0.114 * img[..., 2])[..., None]
+    return (
+        img[..., :1]
+        if img.shape[-1] == 1
+        else (0.299 * img[..., 0] + 0.587 * img[..., 1] + 0.114 * img[..., 2])[..., None]
+    )
 
 
 def ref_jitter(x, factor, kind, max_value):
@@ -105,7 +115,7 @@ def ref_erase(x, erase, top, left, height, width, value):
     out = x.copy()
     for b in range(len(x)):
         if erase[b]:
-            out[b, top[b]:top[b] + height[b], left[b]:left[b] + width[b], :] = value
+            out[b, top[b] : top[b] + height[b], left[b] : left[b] + width[b], :] = value
     return out
 
 
@@ -140,8 +150,12 @@ def test_random_resized_crop_matches_numpy():
     assert np.all(params["left"] >= 0) and np.all(params["left"] + params["width"] <= W + 1e-4)
     got = applied(op, batch, params)["input"]
     assert got.dtype == np.float32
-    np.testing.assert_allclose(got, ref_bilinear_crop(x, params["top"], params["left"], params["height"],
-                                                      params["width"]), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(
+        got,
+        ref_bilinear_crop(x, params["top"], params["left"], params["height"], params["width"]),
+        rtol=1e-5,
+        atol=1e-3,
+    )
     # the whole image as the box is the image itself
     whole = {"top": np.zeros(B), "left": np.zeros(B), "height": np.full(B, float(H)), "width": np.full(B, float(W))}
     np.testing.assert_allclose(applied(op, batch, whole)["input"], x, atol=1e-3)
@@ -160,8 +174,10 @@ def test_flips_match_numpy(name, axis):
     assert 0 < params["flip"].sum() < B
 
 
-@pytest.mark.parametrize("kind, dtype", [("brightness", np.float32), ("brightness", np.uint8),
-                                         ("contrast", np.uint8), ("saturation", np.uint8)])
+@pytest.mark.parametrize(
+    "kind, dtype",
+    [("brightness", np.float32), ("brightness", np.uint8), ("contrast", np.uint8), ("saturation", np.uint8)],
+)
 def test_color_jitter_matches_numpy(kind, dtype):
     x = images(dtype)
     op = getattr(aug, kind)(strength=0.8)
@@ -181,8 +197,9 @@ def test_contrast_of_gray_images_and_saturation_needs_rgb():
     op = aug.contrast(0.5)
     batch = batch_of(x)
     params = draw(op, batch)
-    np.testing.assert_allclose(applied(op, batch, params)["input"], ref_jitter(x, params["factor"], "contrast", 255),
-                               rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(
+        applied(op, batch, params)["input"], ref_jitter(x, params["factor"], "contrast", 255), rtol=1e-5, atol=1e-3
+    )
     augment = Augment([aug.saturation(0.5)], "config.json: data_loader.train.augment")
     with pytest.raises(ValueError, match=r"augment\.0: saturation needs RGB images \(3 channels\), the input has 1"):
         augment(batch, jax.random.PRNGKey(0), train=True)
@@ -218,8 +235,7 @@ def test_mixup_matches_numpy_and_its_targets_are_soft():
     for b in range(B):
         partner = B - 1 - b
         np.testing.assert_allclose(got["input"][b], lam[b] * x[b] + (1 - lam[b]) * x[partner], rtol=1e-5, atol=1e-3)
-        np.testing.assert_allclose(got["target"][b], lam[b] * one_hot[b] + (1 - lam[b]) * one_hot[partner],
-                                   atol=1e-6)
+        np.testing.assert_allclose(got["target"][b], lam[b] * one_hot[b] + (1 - lam[b]) * one_hot[partner], atol=1e-6)
     np.testing.assert_allclose(got["target"].sum(axis=1), 1.0, atol=1e-6)
     off = draw(aug.mixup(alpha=0.4, p=0.0), batch)["lam"]
     np.testing.assert_array_equal(off, 1.0)
@@ -232,8 +248,11 @@ def test_beta_and_gamma_draws_follow_their_distributions():
 
     u = jax.random.uniform(jax.random.PRNGKey(1), (20000, aug.BETA_UNIFORMS))
     alphas = (0.2, 2.0)  # the boosted shape (alpha < 1) and the plain one
-    draws = jax.device_get(jax.jit(lambda u: [(aug._log_gamma(u[:, :aug.BETA_UNIFORMS // 2], a),
-                                               aug.beta_from_uniform(u, a)) for a in alphas])(u))
+    draws = jax.device_get(
+        jax.jit(
+            lambda u: [(aug._log_gamma(u[:, : aug.BETA_UNIFORMS // 2], a), aug.beta_from_uniform(u, a)) for a in alphas]
+        )(u)
+    )
     for alpha, (log_gamma, lam) in zip(alphas, draws):
         assert stats.kstest(log_gamma.astype(np.float64), stats.loggamma(alpha).cdf).pvalue > 0.01, alpha
         if alpha < 0.4:  # Beta(0.2, 0.2) puts mass closer to 1 than float32 resolves: its log gamma draws tell
@@ -279,18 +298,32 @@ def test_normalize_matches_numpy_and_applies_in_evaluation():
 
 
 # ----------------------------------------------------------------------------------------- the list as a whole
-PIPELINE = [{"name": "random_crop", "args": {"padding": 2}}, {"name": "flip_horizontal"},
-            {"name": "random_resized_crop", "args": {"scale": [0.5, 1.0]}}, {"name": "brightness"},
-            {"name": "contrast"}, {"name": "saturation"}, {"name": "random_erasing"},
-            {"name": "normalize", "args": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]}},
-            {"name": "mixup"}, {"name": "cutmix", "args": {"p": 0.5}}]
+PIPELINE = [
+    {"name": "random_crop", "args": {"padding": 2}},
+    {"name": "flip_horizontal"},
+    {"name": "random_resized_crop", "args": {"scale": [0.5, 1.0]}},
+    {"name": "brightness"},
+    {"name": "contrast"},
+    {"name": "saturation"},
+    {"name": "random_erasing"},
+    {"name": "normalize", "args": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]}},
+    {"name": "mixup"},
+    {"name": "cutmix", "args": {"p": 0.5}},
+]
 
 
 def config_with(ops, split="train"):
-    return {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"}, "trainer": {"monitor": "off"},
-            "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
-            "data_loader": {split: {"name": "mnist", "augment": ops}, **({"train": {"name": "mnist"}}
-                                                                         if split != "train" else {})}}
+    return {
+        "name": "t",
+        "model": {"name": "mlp"},
+        "loss": {"name": "cross_entropy"},
+        "trainer": {"monitor": "off"},
+        "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
+        "data_loader": {
+            split: {"name": "mnist", "augment": ops},
+            **({"train": {"name": "mnist"}} if split != "train" else {}),
+        },
+    }
 
 
 def test_whole_list_is_deterministic_per_key_and_per_example():
@@ -351,9 +384,19 @@ for name in single:
     np.testing.assert_allclose(sharded[name], single[name], rtol=1e-6, atol=1e-5)
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-                               "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "JAX_PLATFORMS": "cpu",
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+        },
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
@@ -369,8 +412,12 @@ def test_soft_targets_with_the_loss_and_metrics():
 
     def run(batch, logits):
         target = augment(batch, jax.random.PRNGKey(0), train=True, outputs=OUTPUTS)["target"]
-        return (target, losses.cross_entropy(logits, target), metrics.compute(metrics.accuracy(), logits, target),
-                metrics.compute(metrics.confusion_matrix(), logits, target))
+        return (
+            target,
+            losses.cross_entropy(logits, target),
+            metrics.compute(metrics.accuracy(), logits, target),
+            metrics.compute(metrics.confusion_matrix(), logits, target),
+        )
 
     target, loss, accuracy, matrix = jax.device_get(jax.jit(run)(batch, logits))
     soft = target.astype(np.float64)
@@ -394,26 +441,43 @@ def test_mixup_refuses_targets_it_cannot_mix():
 
 
 # ---------------------------------------------------------------------------------------------- config checks
-@pytest.mark.parametrize("ops, message", [
-    ([{"name": "flip_horizntal"}], "augment.0.name: unknown augment 'flip_horizntal'; available: brightness, "
-                                   "contrast, cutmix, flip_horizontal, flip_vertical, mixup, normalize, random_crop, "
-                                   "random_erasing, random_resized_crop, saturation. Did you mean 'flip_horizontal'?"),
-    ([{"name": "random_crop", "args": {"pading": 4}}], "augment.0.args.pading: unknown argument. Did you mean "
-                                                       "'padding'? Accepted: random_crop(padding"),
-    ([{"name": "random_crop", "args": {"padding": -1}}], "augment.0.args.padding: must be an integer >= 0"),
-    ([{"name": "random_crop", "args": {"padding_mode": "wrap"}}], "padding_mode: expected one of constant, reflect"),
-    ([{"name": "flip_horizontal", "args": {"p": 1.5}}], "augment.0.args.p: must be a number >= 0 and <= 1, got 1.5"),
-    ([{"name": "flip_vertical", "args": {"p": "often"}}], "augment.0.args.p: expected float"),
-    ([{"name": "random_resized_crop", "args": {"scale": [0.9, 0.1]}}], "args.scale: min 0.9 is above max 0.1"),
-    ([{"name": "random_resized_crop", "args": {"ratio": [0, 1]}}], "args.ratio.0: must be a number > 0"),
-    ([{"name": "brightness", "args": {"strength": -0.1}}], "augment.0.args.strength: must be a number >= 0"),
-    ([{"name": "mixup", "args": {"alpha": 0}}], "augment.0.args.alpha: must be a number > 0"),
-    ([{"name": "normalize", "args": {"std": [0.2, 0]}}], "augment.0.args.std.1: must be a number > 0, got 0"),
-    ([{"name": "normalize", "args": {"mean": [1, 2], "std": [1, 2, 3]}}], "std: 3 values, but mean has 2"),
-    ([{"name": "normalize"}, {"name": "flip_vertical"}, {"name": "normalize"}], "augment.2: normalize appears twice"),
-    ({"name": "random_crop"}, "data_loader.train.augment: expected a list of"),
-    (["random_crop", 3], "augment.1: expected {\"name\": ..., \"args\": {...}}, got 3"),
-])
+@pytest.mark.parametrize(
+    "ops, message",
+    [
+        (
+            [{"name": "flip_horizntal"}],
+            "augment.0.name: unknown augment 'flip_horizntal'; available: brightness, "
+            "contrast, cutmix, flip_horizontal, flip_vertical, mixup, normalize, random_crop, "
+            "random_erasing, random_resized_crop, saturation. Did you mean 'flip_horizontal'?",
+        ),
+        (
+            [{"name": "random_crop", "args": {"pading": 4}}],
+            "augment.0.args.pading: unknown argument. Did you mean 'padding'? Accepted: random_crop(padding",
+        ),
+        ([{"name": "random_crop", "args": {"padding": -1}}], "augment.0.args.padding: must be an integer >= 0"),
+        (
+            [{"name": "random_crop", "args": {"padding_mode": "wrap"}}],
+            "padding_mode: expected one of constant, reflect",
+        ),
+        (
+            [{"name": "flip_horizontal", "args": {"p": 1.5}}],
+            "augment.0.args.p: must be a number >= 0 and <= 1, got 1.5",
+        ),
+        ([{"name": "flip_vertical", "args": {"p": "often"}}], "augment.0.args.p: expected float"),
+        ([{"name": "random_resized_crop", "args": {"scale": [0.9, 0.1]}}], "args.scale: min 0.9 is above max 0.1"),
+        ([{"name": "random_resized_crop", "args": {"ratio": [0, 1]}}], "args.ratio.0: must be a number > 0"),
+        ([{"name": "brightness", "args": {"strength": -0.1}}], "augment.0.args.strength: must be a number >= 0"),
+        ([{"name": "mixup", "args": {"alpha": 0}}], "augment.0.args.alpha: must be a number > 0"),
+        ([{"name": "normalize", "args": {"std": [0.2, 0]}}], "augment.0.args.std.1: must be a number > 0, got 0"),
+        ([{"name": "normalize", "args": {"mean": [1, 2], "std": [1, 2, 3]}}], "std: 3 values, but mean has 2"),
+        (
+            [{"name": "normalize"}, {"name": "flip_vertical"}, {"name": "normalize"}],
+            "augment.2: normalize appears twice",
+        ),
+        ({"name": "random_crop"}, "data_loader.train.augment: expected a list of"),
+        (["random_crop", 3], 'augment.1: expected {"name": ..., "args": {...}}, got 3'),
+    ],
+)
 def test_config_errors_name_their_place(ops, message):
     with pytest.raises(ConfigError) as error:
         build_augment(config_with(ops), "cfg.json")
@@ -423,8 +487,11 @@ def test_config_errors_name_their_place(ops, message):
 def test_validation_refuses_augment_outside_the_train_split_and_checks_ops():
     from utils import validate
 
-    with pytest.raises(ConfigError, match=r"data_loader\.validation\.augment: augmentation belongs to the train "
-                                          r"split"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data_loader\.validation\.augment: augmentation belongs to the train "
+        r"split",
+    ):
         validate(config_with([{"name": "flip_horizontal"}], split="validation"))
     with pytest.raises(ConfigError, match=r"train\.augment\.0\.name: unknown augment"):
         validate(config_with([{"name": "flip"}]))
@@ -437,20 +504,29 @@ def test_a_bad_op_stops_train_py_before_the_data(tmp_path):
     config = config_with([{"name": "random_crop", "args": {"padding": 4}}, {"name": "flip_horizntal"}])
     config["data_loader"]["train"]["args"] = {"data_dir": str(tmp_path / "missing")}
     (tmp_path / "c.json").write_text(json.dumps(config))
-    done = subprocess.run([sys.executable, "train.py", "-c", str(tmp_path / "c.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "train.py", "-c", str(tmp_path / "c.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
         "error: c.json: data_loader.train.augment.1.name: unknown augment 'flip_horizntal'; available: brightness, "
         "contrast, cutmix, flip_horizontal, flip_vertical, mixup, normalize, random_crop, random_erasing, "
-        "random_resized_crop, saturation. Did you mean 'flip_horizontal'?"]
+        "random_resized_crop, saturation. Did you mean 'flip_horizontal'?"
+    ]
 
 
 def test_a_channel_mismatch_is_one_line_at_its_place():
     augment = build_augment(config_with([{"name": "normalize", "args": {"mean": [0.5, 0.5, 0.5]}}]), "cfg.json")
     gray = jax.ShapeDtypeStruct((B, H, W, 1), jnp.uint8)
-    with pytest.raises(ValueError, match=r"^cfg\.json: data_loader\.train\.augment\.0\.args\.mean: 3 values, but the "
-                                         r"input has 1 channel"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cfg\.json: data_loader\.train\.augment\.0\.args\.mean: 3 values, but the "
+        r"input has 1 channel",
+    ):
         augment.spec({"input": gray})
 
 
@@ -460,22 +536,36 @@ def test_preprocessing_folds_normalisation_into_what_predict_py_computes():
 
     x = images()
     spec = {"input": jax.ShapeDtypeStruct(x.shape, x.dtype)}
-    augment = build_augment(config_with([{"name": "flip_horizontal"},
-                                       {"name": "normalize", "args": {"mean": [0.4, 0.5, 0.6],
-                                                                      "std": [0.2, 0.25, 0.3]}}]))
+    augment = build_augment(
+        config_with(
+            [
+                {"name": "flip_horizontal"},
+                {"name": "normalize", "args": {"mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]}},
+            ]
+        )
+    )
     model_input = np.asarray(augment(batch_of(x), None, train=False)["input"])
-    for data in ({"classes": ["a", "b"], "pixel_scale": 1.0},  # uint8 pixels as stored
-                 {"classes": ["a", "b"], "pixel_scale": 0.5, "mean": 10.0, "std": 4.0}):  # a data set's own scaling
+    for data in (
+        {"classes": ["a", "b"], "pixel_scale": 1.0},  # uint8 pixels as stored
+        {"classes": ["a", "b"], "pixel_scale": 0.5, "mean": 10.0, "std": 4.0},
+    ):  # a data set's own scaling
         raw = x if "mean" not in data else x.astype(np.float32)
         source = (raw * data["pixel_scale"] - data.get("mean", 0.0)) / data.get("std", 1.0)
         prepared = augment(batch_of(source.astype(np.float32) if "mean" in data else x), None, train=False)["input"]
-        folded = augment.preprocessing(data, spec if "mean" not in data else
-                                       {"input": jax.ShapeDtypeStruct(x.shape, jnp.float32)})
+        folded = augment.preprocessing(
+            data, spec if "mean" not in data else {"input": jax.ShapeDtypeStruct(x.shape, jnp.float32)}
+        )
         assert folded["classes"] == ["a", "b"]
         json.dumps(folded)  # JSON-able
-        np.testing.assert_allclose(normalised(x.astype(np.float32) * np.asarray(folded["pixel_scale"]), folded),
-                                   np.asarray(prepared), rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(model_input, normalised(x / 255.0, {"mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]}),
-                               rtol=1e-5, atol=1e-5)
-    assert build_augment(config_with([{"name": "flip_horizontal"}])).preprocessing({"classes": ["a"]}, spec) == \
-        {"classes": ["a"]}
+        np.testing.assert_allclose(
+            normalised(x.astype(np.float32) * np.asarray(folded["pixel_scale"]), folded),
+            np.asarray(prepared),
+            rtol=1e-5,
+            atol=1e-4,
+        )
+    np.testing.assert_allclose(
+        model_input, normalised(x / 255.0, {"mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]}), rtol=1e-5, atol=1e-5
+    )
+    assert build_augment(config_with([{"name": "flip_horizontal"}])).preprocessing({"classes": ["a"]}, spec) == {
+        "classes": ["a"]
+    }

@@ -1,5 +1,6 @@
 """Batches as pytrees through the real loader and Trainer: dict inputs, integer inputs, per-element masks,
 targets of any shape or none, and the specs every shape and dtype comes from."""
+
 from __future__ import annotations
 
 import json
@@ -64,13 +65,24 @@ class Dense(Module):
 
 
 def config_for(tmp_path, loss, metrics=(), monitor="min val/loss", epochs=2, steps_per_call=1):
-    return validate({
-        "name": "t", "seed": 0, "model": {"name": "mlp"}, "loss": {"name": loss},
-        "metrics": [{"name": m} for m in metrics], "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-        "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
-        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "monitor": monitor,
-                    "save_dir": str(tmp_path)},
-    })
+    return validate(
+        {
+            "name": "t",
+            "seed": 0,
+            "model": {"name": "mlp"},
+            "loss": {"name": loss},
+            "metrics": [{"name": m} for m in metrics],
+            "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+            "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+            "trainer": {
+                "epochs": epochs,
+                "steps_per_call": steps_per_call,
+                "log_every": 1,
+                "monitor": monitor,
+                "save_dir": str(tmp_path),
+            },
+        }
+    )
 
 
 def fit(tmp_path, config, model, train, valid, run="r"):
@@ -91,8 +103,10 @@ def rows(trainer):
 def test_dict_inputs_stack_place_and_train(tmp_path):
     rng = np.random.default_rng(0)
     n = 50
-    inputs = {"image": rng.standard_normal((n, 4, 4, 1)).astype(np.float32),
-              "features": rng.standard_normal((n, 3)).astype(np.float32)}
+    inputs = {
+        "image": rng.standard_normal((n, 4, 4, 1)).astype(np.float32),
+        "features": rng.standard_normal((n, 3)).astype(np.float32),
+    }
     target = (inputs["features"].argmax(1)).astype(np.int32)
     train = DataLoader(ArrayDataset(input=inputs, target=target), 8, shuffle=True)
     valid = DataLoader(ArrayDataset(input={k: v[:20] for k, v in inputs.items()}, target=target[:20]), 8)
@@ -149,17 +163,21 @@ def test_regression_targets_and_no_target(tmp_path):
     assert task_of("mse", train.spec) == "regression"
     # an autoencoder: no target, the loss compares the outputs with the input
     train = DataLoader(ArrayDataset(input=x), 16, shuffle=True)
-    trainer = fit(tmp_path, config_for(tmp_path, "mse", epochs=2), Dense(5), train,
-                  DataLoader(ArrayDataset(input=x), 16), "auto")
+    trainer = fit(
+        tmp_path, config_for(tmp_path, "mse", epochs=2), Dense(5), train, DataLoader(ArrayDataset(input=x), 16), "auto"
+    )
     assert "target" not in train.spec and np.isfinite(rows(trainer)[-1]["val/loss"])
 
 
-@pytest.mark.parametrize("batch, message", [
-    ([1, 2], "must return a dict"),
-    ({"target": np.zeros(4)}, "must return a dict with an \"input\""),
-    ({"input": np.array(["a"] * 4, object)}, "'input': expected a numeric numpy array"),
-    ({"input": {"a": np.zeros((4, 2)), "b": np.zeros((3, 2))}}, "'input.b': shape [3, 2] does not start with"),
-])
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        ([1, 2], "must return a dict"),
+        ({"target": np.zeros(4)}, 'must return a dict with an "input"'),
+        ({"input": np.array(["a"] * 4, object)}, "'input': expected a numeric numpy array"),
+        ({"input": {"a": np.zeros((4, 2)), "b": np.zeros((3, 2))}}, "'input.b': shape [3, 2] does not start with"),
+    ],
+)
 def test_bad_batches_are_named(batch, message):
     class Bad:
         def __len__(self):
@@ -190,19 +208,36 @@ def test_loss_with_per_element_mask_matches_numpy():
 
 
 def base_config(**optimizer):
-    return {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"},
-            "optimizer": {"name": "adamw", **optimizer}, "data_loader": {"train": {"name": "mnist"}},
-            "trainer": {"epochs": 4, "monitor": "off"}}
+    return {
+        "name": "t",
+        "model": {"name": "mlp"},
+        "loss": {"name": "cross_entropy"},
+        "optimizer": {"name": "adamw", **optimizer},
+        "data_loader": {"train": {"name": "mnist"}},
+        "trainer": {"epochs": 4, "monitor": "off"},
+    }
 
 
 def test_schedule_in_args_in_epochs_and_all():
-    config = validate(base_config(args={"lr": {"name": "cosine_decay", "args": {"init_value": 0.1,
-                                                                               "decay_steps": "all"}}}))
+    config = validate(
+        base_config(args={"lr": {"name": "cosine_decay", "args": {"init_value": 0.1, "decay_steps": "all"}}})
+    )
     _, lr = build_optimizer(config, steps_per_epoch=25)
     assert float(lr(0)) == pytest.approx(0.1) and float(lr(100)) == pytest.approx(0.0, abs=1e-9)
     assert float(lr(50)) == pytest.approx(0.05, rel=1e-5)  # halfway through the 4 x 25 steps of the run
-    config = validate(base_config(schedule={"name": "warmup_cosine_decay", "args": {
-        "init_value": 0.0, "peak_value": 1.0, "warmup_steps": {"epochs": 0.5}, "decay_steps": {"epochs": 2}}}))
+    config = validate(
+        base_config(
+            schedule={
+                "name": "warmup_cosine_decay",
+                "args": {
+                    "init_value": 0.0,
+                    "peak_value": 1.0,
+                    "warmup_steps": {"epochs": 0.5},
+                    "decay_steps": {"epochs": 2},
+                },
+            }
+        )
+    )
     _, lr = build_optimizer(config, steps_per_epoch=10)
     assert float(lr(5)) == pytest.approx(1.0) and float(lr(20)) == pytest.approx(0.0, abs=1e-9)
     _, lr = build_optimizer(validate(base_config(args={"lr": 0.003})))
@@ -212,8 +247,9 @@ def test_schedule_in_args_in_epochs_and_all():
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("path", ["config.json", *sorted(p.relative_to(ROOT).as_posix()
-                                                         for p in (ROOT / "configs").glob("*.json"))])
+@pytest.mark.parametrize(
+    "path", ["config.json", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.json"))]
+)
 def test_every_shipped_schedule_ends_with_the_run_whatever_its_length(path):
     """`python train.py -c config.json --epochs 1` (a first try) must still anneal its learning rate: a schedule
     length fixed in steps for the config's own epochs never decays in a shorter run (nor ends before a longer one)."""
@@ -229,27 +265,41 @@ def test_every_shipped_schedule_ends_with_the_run_whatever_its_length(path):
             continue
         last = steps_per_epoch * epochs - 1
         peak = max(float(lr(step)) for step in range(0, last + 1, 10))
-        assert abs(float(lr(last)) - float(lr(100 * last))) <= 0.01 * peak, \
-            f"{path} --epochs {epochs}: lr {float(lr(last)):.3g} at the last step, the schedule ends at " \
-            f"{float(lr(100 * last)):.3g}: give its length as \"all\" or in epochs"
+        assert abs(float(lr(last)) - float(lr(100 * last))) <= 0.01 * peak, (
+            f"{path} --epochs {epochs}: lr {float(lr(last)):.3g} at the last step, the schedule ends at "
+            f'{float(lr(100 * last)):.3g}: give its length as "all" or in epochs'
+        )
         halfway = float(lr(last // 2))
         assert halfway > float(lr(last)) or peak == float(lr(last)), f"{path}: decays before the run's middle"
 
 
-@pytest.mark.parametrize("config, message", [
-    (base_config(args={"lr": {"name": "cosine_decay", "args": {"init_value": 0.1, "decay_steps": "most"}}}),
-     "decay_steps: expected int"),
-    (base_config(schedule={"name": "cosine_decay", "args": {"init_value": 1, "decay_steps": {"epoch": 2}}}),
-     "decay_steps: expected a number of steps, {\"epochs\": N} or \"all\""),
-    ({**base_config(args={"lr": 0.1}), "optimizer": {"name": "trace", "args": {"momentum": 0.9}}},
-     "unknown optimizer 'trace'"),
-    ({**base_config(args={"lr": 0.1}), "optimizer": {"name": "chain"}}, "unknown optimizer 'chain'"),
-    (base_config(args={"lr": 0.1}, transforms=[{"name": "adam", "args": {"lr": 1}}]), "unknown transforms 'adam'"),
-    ({**base_config(args={"lr": 0.1}), "loss": {"name": "mse", "schedule": {"name": "constant"}}},
-     "loss: unexpected key 'schedule'"),
-    ({**base_config(args={"lr": 0.1}), "loss": {"name": "mse", "args": {"mask": [1]}}},
-     "loss.args.mask: set by the trainer"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            base_config(args={"lr": {"name": "cosine_decay", "args": {"init_value": 0.1, "decay_steps": "most"}}}),
+            "decay_steps: expected int",
+        ),
+        (
+            base_config(schedule={"name": "cosine_decay", "args": {"init_value": 1, "decay_steps": {"epoch": 2}}}),
+            'decay_steps: expected a number of steps, {"epochs": N} or "all"',
+        ),
+        (
+            {**base_config(args={"lr": 0.1}), "optimizer": {"name": "trace", "args": {"momentum": 0.9}}},
+            "unknown optimizer 'trace'",
+        ),
+        ({**base_config(args={"lr": 0.1}), "optimizer": {"name": "chain"}}, "unknown optimizer 'chain'"),
+        (base_config(args={"lr": 0.1}, transforms=[{"name": "adam", "args": {"lr": 1}}]), "unknown transforms 'adam'"),
+        (
+            {**base_config(args={"lr": 0.1}), "loss": {"name": "mse", "schedule": {"name": "constant"}}},
+            "loss: unexpected key 'schedule'",
+        ),
+        (
+            {**base_config(args={"lr": 0.1}), "loss": {"name": "mse", "args": {"mask": [1]}}},
+            "loss.args.mask: set by the trainer",
+        ),
+    ],
+)
 def test_optimizer_names_and_schedule_forms_are_checked(config, message):
     with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")):
         validate(config)

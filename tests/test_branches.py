@@ -1,5 +1,6 @@
 """Models of named inputs: the Branches combinator against the same layers applied by hand, and a dict batch end to
 end through train.py, test.py, the export and predict.py, as a user runs them."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,10 @@ def test_branches_apply_one_module_per_input_and_join_them():
     rng = np.random.default_rng(0)
     x = {k: rng.standard_normal(s.shape).astype(np.float32) for k, s in SPEC.items()}
     y, _ = model(params, state, x)
-    by_hand = [image(params["image"], state["image"], x["image"])[0].reshape(4, -1),
-               features(params["features"], state["features"], x["features"])[0]]
+    by_hand = [
+        image(params["image"], state["image"], x["image"])[0].reshape(4, -1),
+        features(params["features"], state["features"], x["features"])[0],
+    ]
     np.testing.assert_array_equal(np.asarray(y), np.concatenate([np.asarray(a) for a in by_hand], axis=1))
     assert y.shape == (4, 6 * 6 * 5 + 2)
     # each branch has its own random stream: the same layer in two branches starts from other weights
@@ -61,23 +64,36 @@ def write_pair_data(folder):
     """Named inputs a model can learn from: the class shifts both the image and the features."""
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 96)
-    np.savez(folder / "pair.npz", label=labels,
-             pixels=(rng.standard_normal((96, 8, 8, 1)) + labels[:, None, None, None]).astype(np.float32),
-             side=(rng.standard_normal((96, 3)) + labels[:, None]).astype(np.float32))
+    np.savez(
+        folder / "pair.npz",
+        label=labels,
+        pixels=(rng.standard_normal((96, 8, 8, 1)) + labels[:, None, None, None]).astype(np.float32),
+        side=(rng.standard_normal((96, 3)) + labels[:, None]).astype(np.float32),
+    )
     return folder / "pair.npz"
 
 
 def pair_config(tmp_path, **trainer) -> Path:
     path = write_pair_data(tmp_path)
-    split = {"path": str(path), "input": {"image": "pixels", "features": "side"}, "target": "label",
-             "validation_fraction": 0.25, "test_fraction": 0.25, "classes": ["a", "b", "c"]}
+    split = {
+        "path": str(path),
+        "input": {"image": "pixels", "features": "side"},
+        "target": "label",
+        "validation_fraction": 0.25,
+        "test_fraction": 0.25,
+        "classes": ["a", "b", "c"],
+    }
     config = {
-        "name": "pair", "seed": 0,
+        "name": "pair",
+        "seed": 0,
         "model": {"name": "image_and_features", "args": {"num_classes": 3, "channels": [4], "hidden": 8, "width": 16}},
-        "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
         "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-        "data_loader": {s: {"name": "arrays", "args": {**split, "split": s, "batch_size": 16, "shuffle": s == "train"}}
-                        for s in ("train", "validation", "test")},
+        "data_loader": {
+            s: {"name": "arrays", "args": {**split, "split": s, "batch_size": 16, "shuffle": s == "train"}}
+            for s in ("train", "validation", "test")
+        },
         "trainer": {"epochs": 3, "save_dir": str(tmp_path / "saved"), "monitor": "max val/accuracy", **trainer},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -97,8 +113,17 @@ def test_named_inputs_through_train_test_export_and_predict(tmp_path):
     assert tested.returncode == 0, tested.stderr
     assert "test split, 24 examples, task: classification" in tested.stdout and "confusion matrix" in tested.stdout
 
-    exported = run("inference/convert_tflite.py", "-r", run_dir, "--name", "pair", "--output-dir", tmp_path / "out",
-                   "--formats", "onnx,jax")
+    exported = run(
+        "inference/convert_tflite.py",
+        "-r",
+        run_dir,
+        "--name",
+        "pair",
+        "--output-dir",
+        tmp_path / "out",
+        "--formats",
+        "onnx,jax",
+    )
     assert exported.returncode == 0, exported.stderr
     report = json.loads((tmp_path / "out/pair/report.json").read_text())
     assert [i["name"] for i in report["inputs"]] == ["features", "image"]

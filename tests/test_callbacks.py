@@ -1,5 +1,6 @@
 """Callbacks: the parameter average (against a numpy recursion, evaluated, exported, resumed exactly), the learning-rate
 finder, text generation, and their config errors."""
+
 from __future__ import annotations
 
 import csv
@@ -18,17 +19,25 @@ from utils import ConfigError, assemble, build, validate
 
 
 def make_trainer(tmp_path, run, callbacks=(), epochs=2, steps_per_call=2, train=None, model=None):
-    config = validate({
-        "name": "t", "seed": 2,
-        "model": model or {"name": "mlp", "args": {"num_classes": 5, "hidden": [16], "dropout": 0.1}},
-        "loss": {"name": "cross_entropy"},
-        "metrics": [{"name": "accuracy"}],
-        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-        "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
-        "callbacks": list(callbacks),
-        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path),
-                    "monitor": "min val/loss"},
-    })
+    config = validate(
+        {
+            "name": "t",
+            "seed": 2,
+            "model": model or {"name": "mlp", "args": {"num_classes": 5, "hidden": [16], "dropout": 0.1}},
+            "loss": {"name": "cross_entropy"},
+            "metrics": [{"name": "accuracy"}],
+            "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+            "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+            "callbacks": list(callbacks),
+            "trainer": {
+                "epochs": epochs,
+                "steps_per_call": steps_per_call,
+                "log_every": 1,
+                "save_dir": str(tmp_path),
+                "monitor": "min val/loss",
+            },
+        }
+    )
     if train is None:
         rng = np.random.default_rng(0)
         x = rng.standard_normal((100, 4, 4, 1)).astype(np.float32)
@@ -135,8 +144,10 @@ def test_generate_text_writes_a_sample_each_epoch(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("to be or not to be, that is the question. " * 20)
     train = char_text(text, context=16, batch_size=8, stride=16, prefetch=0)
-    model = {"name": "char_transformer", "args": {"vocab_size": len(set(text.read_text())), "context": 16, "dim": 16,
-                                                  "depth": 1, "num_heads": 2}}
+    model = {
+        "name": "char_transformer",
+        "args": {"vocab_size": len(set(text.read_text())), "context": 16, "dim": 16, "depth": 1, "num_heads": 2},
+    }
     spec = {"name": "generate_text", "args": {"prompt": "to ", "tokens": 12, "temperature": 0}}
     trainer = make_trainer(tmp_path, "lm", [spec], epochs=2, train=train, model=model)
     trainer.callbacks[0].check(train)
@@ -148,25 +159,37 @@ def test_generate_text_writes_a_sample_each_epoch(tmp_path):
     assert generated.startswith("to ") and len(generated) == 15 and set(generated) <= set(text.read_text())
 
 
-@pytest.mark.parametrize("callbacks, message", [
-    ([{"name": "emma"}], "callbacks.0.name: unknown callbacks 'emma'; available: ema, generate_text, lr_finder. Did you mean 'ema'"),
-    ([{"name": "ema", "args": {"decay": 1.0}}], r"decay: expected a number in \[0, 1\)"),
-    ([{"name": "ema", "args": {"rate": 0.9}}], r"callbacks.0.args.rate: unknown argument\. Accepted: ema\(decay"),
-    ([{"name": "ema"}, {"name": "ema"}], "callbacks.1: ema is listed twice"),
-    ([{"name": "lr_finder", "args": {"min_lr": 1.0, "max_lr": 0.1}}], "must be above min_lr"),
-    ({"name": "ema"}, "callbacks: expected a list"),
-])
+@pytest.mark.parametrize(
+    "callbacks, message",
+    [
+        (
+            [{"name": "emma"}],
+            "callbacks.0.name: unknown callbacks 'emma'; available: ema, generate_text, lr_finder. Did you mean 'ema'",
+        ),
+        ([{"name": "ema", "args": {"decay": 1.0}}], r"decay: expected a number in \[0, 1\)"),
+        ([{"name": "ema", "args": {"rate": 0.9}}], r"callbacks.0.args.rate: unknown argument\. Accepted: ema\(decay"),
+        ([{"name": "ema"}, {"name": "ema"}], "callbacks.1: ema is listed twice"),
+        ([{"name": "lr_finder", "args": {"min_lr": 1.0, "max_lr": 0.1}}], "must be above min_lr"),
+        ({"name": "ema"}, "callbacks: expected a list"),
+    ],
+)
 def test_bad_callbacks_are_config_errors(callbacks, message):
-    config = {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"},
-              "optimizer": {"name": "sgd", "args": {"lr": 0.1}}, "data_loader": {"train": {"name": "mnist"}},
-              "callbacks": callbacks}
+    config = {
+        "name": "t",
+        "model": {"name": "mlp"},
+        "loss": {"name": "cross_entropy"},
+        "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
+        "data_loader": {"train": {"name": "mnist"}},
+        "callbacks": callbacks,
+    }
     with pytest.raises(ConfigError, match=message):
         validate(config)
 
 
 def test_generate_text_needs_a_vocabulary():
     rng = np.random.default_rng(0)
-    loader = DataLoader(ArrayDataset(input=rng.standard_normal((8, 3)).astype(np.float32),
-                                     target=np.zeros(8, np.int32)), 4)
+    loader = DataLoader(
+        ArrayDataset(input=rng.standard_normal((8, 3)).astype(np.float32), target=np.zeros(8, np.int32)), 4
+    )
     with pytest.raises(ValueError, match="needs a language model's data"):
         build({"name": "generate_text"}, "callbacks").check(loader)

@@ -1,5 +1,6 @@
 """Checkpoints that are corrupt, cut short, hand-edited or diverged are refused with a CheckpointError naming the
 file and what is wrong; none loads silently and none ends in a traceback of another kind."""
+
 from __future__ import annotations
 
 import json
@@ -13,18 +14,31 @@ from safetensors.numpy import save as safetensors_bytes
 from training import checkpoint
 from training.checkpoint import CheckpointError
 
-HEADER = {"epoch": 2, "step": 20, "best": 0.9, "best_epoch": 2, "bad_epochs": 0, "monitor": "max val/accuracy",
-          "config_hash": "abc", "data_seed": 1, "min_loss": 0.1, "row": {"epoch": 2, "val/accuracy": 0.9}}
+HEADER = {
+    "epoch": 2,
+    "step": 20,
+    "best": 0.9,
+    "best_epoch": 2,
+    "bad_epochs": 0,
+    "monitor": "max val/accuracy",
+    "config_hash": "abc",
+    "data_seed": 1,
+    "min_loss": 0.1,
+    "row": {"epoch": 2, "val/accuracy": 0.9},
+}
 
 
 def small_tree() -> dict:
     rng = np.random.default_rng(0)
-    return {"params": {"conv1": {"w": rng.normal(size=(3, 4)).astype(np.float32),
-                                 "b": np.zeros((0, 3), np.float32)},
-                       "head": {"w": rng.normal(size=(2, 2)).astype(np.float16)}},
-            "state": {"count": np.array(7, np.int64), "mask": np.array([True, False, True])},
-            "opt_state": {"mu": rng.normal(size=(5,)), "ids": np.arange(6, dtype=np.uint8)},
-            "rng": np.array([1, 2], np.uint32)}
+    return {
+        "params": {
+            "conv1": {"w": rng.normal(size=(3, 4)).astype(np.float32), "b": np.zeros((0, 3), np.float32)},
+            "head": {"w": rng.normal(size=(2, 2)).astype(np.float16)},
+        },
+        "state": {"count": np.array(7, np.int64), "mask": np.array([True, False, True])},
+        "opt_state": {"mu": rng.normal(size=(5,)), "ids": np.arange(6, dtype=np.uint8)},
+        "rng": np.array([1, 2], np.uint32),
+    }
 
 
 @pytest.fixture
@@ -88,7 +102,7 @@ def test_any_value_at_the_end_of_the_header_is_refused(saved, tmp_path):
     """safetensors pads its JSON with spaces, where a tab or a newline would still parse."""
     payload = saved.read_bytes()
     start = data_start(payload)
-    assert payload[start - 2:start] == b"  "  # this file has padding to test
+    assert payload[start - 2 : start] == b"  "  # this file has padding to test
     bad = tmp_path / "bad.params"
     for i in range(start - 8, start):
         for value in set(range(256)) - {payload[i]}:
@@ -100,7 +114,7 @@ def test_any_value_at_the_end_of_the_header_is_refused(saved, tmp_path):
 
 def test_a_data_flip_names_the_array(saved, tmp_path):
     payload = saved.read_bytes()
-    layout = json.loads(payload[8:data_start(payload)])
+    layout = json.loads(payload[8 : data_start(payload)])
     begin, end = layout["params.conv1.w"]["data_offsets"]
     flipped = bytearray(payload)
     flipped[data_start(payload) + (begin + end) // 2] ^= 0x10
@@ -124,8 +138,12 @@ def test_changed_dtype_shape_or_name_with_the_same_bytes_is_refused(saved, tmp_p
     text = saved.read_bytes()
     start = data_start(text)
     head = text[8:start].decode()
-    for old, new in (('"dtype":"U8"', '"dtype":"I8"'), ('"dtype":"F16"', '"dtype":"I16"'),
-                     ('"shape":[0,3]', '"shape":[0,4]'), ('"params.conv1.w"', '"params.conv1.v"')):
+    for old, new in (
+        ('"dtype":"U8"', '"dtype":"I8"'),
+        ('"dtype":"F16"', '"dtype":"I16"'),
+        ('"shape":[0,3]', '"shape":[0,4]'),
+        ('"params.conv1.w"', '"params.conv1.v"'),
+    ):
         assert head.count(old) == 1, old
         edited = head.replace(old, new).encode()
         (tmp_path / "bad.params").write_bytes(len(edited).to_bytes(8, "little") + edited + text[start:])
@@ -133,12 +151,34 @@ def test_changed_dtype_shape_or_name_with_the_same_bytes_is_refused(saved, tmp_p
 
 
 WRONG_FIELDS = [
-    ("epoch", "3"), ("epoch", -1), ("epoch", 1.5), ("epoch", True), ("epoch", None), ("epoch", [1]),
-    ("epoch", 10 ** 30), ("step", {"a": 1}), ("step", -5), ("best", "high"), ("best", float("nan")),
-    ("best", float("inf")), ("best", [0.9]), ("best_epoch", "2"), ("bad_epochs", -1), ("bad_epochs", 0.5),
-    ("monitor", 3), ("monitor", None), ("config_hash", 12), ("data_seed", "1"), ("data_seed", 2.0),
-    ("min_loss", float("-inf")), ("row", [1, 2]), ("treedef", 5),
-    ("format_version", "2"), ("format_version", 3), ("format_version", 0), ("format_version", None),
+    ("epoch", "3"),
+    ("epoch", -1),
+    ("epoch", 1.5),
+    ("epoch", True),
+    ("epoch", None),
+    ("epoch", [1]),
+    ("epoch", 10**30),
+    ("step", {"a": 1}),
+    ("step", -5),
+    ("best", "high"),
+    ("best", float("nan")),
+    ("best", float("inf")),
+    ("best", [0.9]),
+    ("best_epoch", "2"),
+    ("bad_epochs", -1),
+    ("bad_epochs", 0.5),
+    ("monitor", 3),
+    ("monitor", None),
+    ("config_hash", 12),
+    ("data_seed", "1"),
+    ("data_seed", 2.0),
+    ("min_loss", float("-inf")),
+    ("row", [1, 2]),
+    ("treedef", 5),
+    ("format_version", "2"),
+    ("format_version", 3),
+    ("format_version", 0),
+    ("format_version", None),
 ]
 
 
@@ -156,14 +196,26 @@ def test_missing_required_field_is_refused(saved, tmp_path, field):
     refused(tmp_path / "bad.params", f"'{field}'")
 
 
-@pytest.mark.parametrize("text", [
-    "[1, 2, 3]", '"a string"', "3", "null", "NaN", "{", "", "[" * 100_000, '{"epoch": ' + "1" * 5000 + "}",
-    '{"epoch": 1, "step": 1e400}', '{"epoch": {"a": [[[{"b": null}]]]}, "step": 2}',
-    '{"format_version": 1, "epoch": 1, "step": 1, "best": NaN}',
-    '{"format_version": 2, "epoch": 1, "step": 1}',  # version 2 without its array checksums
-    '{"format_version": 1, "epoch": 1, "step": 1, "arrays": [1]}',  # checksums present whatever the version
-    '{"format_version": 1, "epoch": 1, "step": 1, "arrays": {}}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2, 3]",
+        '"a string"',
+        "3",
+        "null",
+        "NaN",
+        "{",
+        "",
+        "[" * 100_000,
+        '{"epoch": ' + "1" * 5000 + "}",
+        '{"epoch": 1, "step": 1e400}',
+        '{"epoch": {"a": [[[{"b": null}]]]}, "step": 2}',
+        '{"format_version": 1, "epoch": 1, "step": 1, "best": NaN}',
+        '{"format_version": 2, "epoch": 1, "step": 1}',  # version 2 without its array checksums
+        '{"format_version": 1, "epoch": 1, "step": 1, "arrays": [1]}',  # checksums present whatever the version
+        '{"format_version": 1, "epoch": 1, "step": 1, "arrays": {}}',
+    ],
+)
 def test_any_header_text_is_an_error_not_a_traceback(saved, tmp_path, text):
     arrays, _ = checkpoint.read(saved)
     rewrite(tmp_path / "bad.params", arrays, text)
@@ -240,8 +292,14 @@ def test_unreadable_paths_are_checkpoint_errors(tmp_path):
 
 def test_remove_stale_temps_removes_only_interrupted_writes(tmp_path):
     stale = [tmp_path / ".checkpoint-latest.params.k2j_9x0a.tmp", tmp_path / ".metrics.jsonl.abc123.tmp"]
-    kept = [tmp_path / "checkpoint-latest.params", tmp_path / ".tmp", tmp_path / ".x.tmp", tmp_path / "a.b.tmp",
-            tmp_path / ".checkpoint-latest.params.k2j_9x0a.tmp.bak", tmp_path / "notes.tmp"]
+    kept = [
+        tmp_path / "checkpoint-latest.params",
+        tmp_path / ".tmp",
+        tmp_path / ".x.tmp",
+        tmp_path / "a.b.tmp",
+        tmp_path / ".checkpoint-latest.params.k2j_9x0a.tmp.bak",
+        tmp_path / "notes.tmp",
+    ]
     for p in stale + kept:
         p.write_bytes(b"x")
     (tmp_path / ".folder.abcdefgh.tmp").mkdir()
@@ -254,6 +312,7 @@ def test_remove_stale_temps_removes_only_interrupted_writes(tmp_path):
 
 def test_remove_stale_temps_matches_what_write_atomic_leaves(tmp_path, monkeypatch):
     """A kill between the temporary file's write and its rename, as write_atomic names it."""
+
     def killed(src, dst):
         raise KeyboardInterrupt
 

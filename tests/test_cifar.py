@@ -1,5 +1,6 @@
 """CIFAR-10/100 from their binary format, on small files written here in that format: the record layout (planes to
 NHWC), labels (CIFAR-100's coarse and fine), splits, checksums, and `download: true` through a local mirror."""
+
 from __future__ import annotations
 
 import hashlib
@@ -118,16 +119,25 @@ def test_download_fetches_verifies_and_extracts_the_archive(tmp_path, monkeypatc
         evil.size = 4
         tar.addfile(evil, io.BytesIO(b"evil"))
     data = archive.read_bytes()
-    files = {name: hashlib.sha256((tmp_path / "staging" / "cifar-10-batches-bin" / name).read_bytes()).hexdigest()
-             for name in written}
-    monkeypatch.setitem(cifar.SOURCES, "cifar10", {
-        **cifar.SOURCES["cifar10"], "mirrors": [(tmp_path / "offline").as_uri(), source.as_uri()],
-        "md5": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest(), "files": files})
+    files = {
+        name: hashlib.sha256((tmp_path / "staging" / "cifar-10-batches-bin" / name).read_bytes()).hexdigest()
+        for name in written
+    }
+    monkeypatch.setitem(
+        cifar.SOURCES,
+        "cifar10",
+        {
+            **cifar.SOURCES["cifar10"],
+            "mirrors": [(tmp_path / "offline").as_uri(), source.as_uri()],
+            "md5": hashlib.md5(data).hexdigest(),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "files": files,
+        },
+    )
     target = tmp_path / "data" / "cifar10"
     loader = cifar10("test", data_dir=str(target), download=True)  # verify: every file's SHA-256 too
     np.testing.assert_array_equal(loader.dataset.images, written["test_batch.bin"][0])
-    assert sorted(p.name for p in (target / "cifar-10-batches-bin").iterdir()) == sorted([*written,
-                                                                                          "batches.meta.txt"])
+    assert sorted(p.name for p in (target / "cifar-10-batches-bin").iterdir()) == sorted([*written, "batches.meta.txt"])
     assert not (tmp_path / "data" / "evil.txt").exists()
     assert len(cifar10("train", data_dir=str(target), download=True, validation_size=10).dataset) == 50
     # a corrupt archive already in the folder is refused by its checksum, not extracted
@@ -144,19 +154,27 @@ def test_published_checksums_are_well_formed():
         assert set(source["files"]) == {*source["train"], *source["test"]}
 
 
-@pytest.mark.parametrize("name, args, message", [
-    ("cifar10", {"split": "all"}, "args.split: expected \"train\", \"validation\" or \"test\""),
-    ("cifar100", {"label": "medium"}, "args.label: cifar100 has 'coarse' or 'fine' labels, got 'medium'"),
-    ("cifar10", {"validation_sise": 10}, "args.validation_sise: unknown argument. Did you mean 'validation_size'?"),
-    ("cifar10", {"dtype": "int8"}, "args.dtype: expected \"uint8\""),
-    ("cifar10", {"data_dir": "NOWHERE"}, "data_batch_1.bin not found"),
-])
+@pytest.mark.parametrize(
+    "name, args, message",
+    [
+        ("cifar10", {"split": "all"}, 'args.split: expected "train", "validation" or "test"'),
+        ("cifar100", {"label": "medium"}, "args.label: cifar100 has 'coarse' or 'fine' labels, got 'medium'"),
+        ("cifar10", {"validation_sise": 10}, "args.validation_sise: unknown argument. Did you mean 'validation_size'?"),
+        ("cifar10", {"dtype": "int8"}, 'args.dtype: expected "uint8"'),
+        ("cifar10", {"data_dir": "NOWHERE"}, "data_batch_1.bin not found"),
+    ],
+)
 def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch, name, args, message):
-    config = {"name": "cifar", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [8]}},
-              "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
-              "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-              "data_loader": {"train": {"name": name, "args": {"split": "train", **args}}},
-              "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"}}
+    config = {
+        "name": "cifar",
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [8]}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {"train": {"name": name, "args": {"split": "train", **args}}},
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"},
+    }
     if args.get("data_dir") == "NOWHERE":
         config["data_loader"]["train"]["args"]["data_dir"] = str(tmp_path / "nowhere")
     line = train_error(tmp_path, capsys, monkeypatch, config)

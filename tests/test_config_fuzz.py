@@ -8,6 +8,7 @@ generator knows to be invalid is asserted on: some leaf changes are legitimately
 those are left out by name in VALID. The bulk runs in-process (train.main, with the Trainer replaced by a sentinel so
 that an accepted config stops before compiling); a few run as real processes. `pytest -s` prints the counts.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,8 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 20240611
 SOURCE = "cfg.json"
 
-GARBAGE = {"list": [1], "dict": {"x": 1}, "true": True, "null": None, "string": "text", "negative": -1, "zero": 0,
-           "huge": 1e30, "fraction": 2.5}
+GARBAGE = {
+    "list": [1],
+    "dict": {"x": 1},
+    "true": True,
+    "null": None,
+    "string": "text",
+    "negative": -1,
+    "zero": 0,
+    "huge": 1e30,
+    "fraction": 2.5,
+}
 # Every leaf of the base config, with the garbage that is a valid setting there (not asserted on).
 LEAVES = {
     "name": {"string"},
@@ -80,28 +90,124 @@ LEAVES = {
     "wandb.mode": set(),
     "tensorboard.enabled": {"true"},
 }
-NUMERIC = [path for path in LEAVES if path.split(".")[-1] in (
-    "seed", "num_classes", "0", "dropout", "label_smoothing", "k", "b1", "b2", "eps", "weight_decay", "init_value",
-    "peak_value", "warmup_steps", "decay_steps", "max_norm", "batch_size", "validation_size", "epochs",
-    "save_period", "early_stop", "log_every")]
-SECTIONS = ["model", "loss", "metrics", "optimizer", "data_loader", "trainer", "wandb", "tensorboard", "model.args",
-            "loss.args", "metrics.0", "metrics.1.args", "optimizer.args", "optimizer.schedule",
-            "optimizer.schedule.args", "optimizer.transforms", "optimizer.transforms.0", "data_loader.train",
-            "data_loader.train.args", "data_loader.validation"]
-REQUIRED = ["name", "model", "loss", "optimizer", "data_loader", "data_loader.train", "model.name", "loss.name",
-            "metrics.0.name", "optimizer.name", "optimizer.schedule.name", "optimizer.schedule.args.decay_steps",
-            "optimizer.transforms.0.name", "data_loader.train.name"]
-EXTRA = ["", "model", "model.args", "loss", "loss.args", "metrics.0", "metrics.1.args", "optimizer", "optimizer.args",
-         "optimizer.schedule", "optimizer.schedule.args", "optimizer.transforms.0.args", "data_loader",
-         "data_loader.train", "data_loader.train.args", "trainer", "wandb", "tensorboard"]
-FOLDER_NAMES = ["..", ".", "../../escape", "/abs/path", "a/b", "a\\b", "a\x00b", "x" * 300, "", "a\nb", "tab\there",
-                "\x1b[31mred", " ", "-x", "--help", " lead", "trail "]
+NUMERIC = [
+    path
+    for path in LEAVES
+    if path.split(".")[-1]
+    in (
+        "seed",
+        "num_classes",
+        "0",
+        "dropout",
+        "label_smoothing",
+        "k",
+        "b1",
+        "b2",
+        "eps",
+        "weight_decay",
+        "init_value",
+        "peak_value",
+        "warmup_steps",
+        "decay_steps",
+        "max_norm",
+        "batch_size",
+        "validation_size",
+        "epochs",
+        "save_period",
+        "early_stop",
+        "log_every",
+    )
+]
+SECTIONS = [
+    "model",
+    "loss",
+    "metrics",
+    "optimizer",
+    "data_loader",
+    "trainer",
+    "wandb",
+    "tensorboard",
+    "model.args",
+    "loss.args",
+    "metrics.0",
+    "metrics.1.args",
+    "optimizer.args",
+    "optimizer.schedule",
+    "optimizer.schedule.args",
+    "optimizer.transforms",
+    "optimizer.transforms.0",
+    "data_loader.train",
+    "data_loader.train.args",
+    "data_loader.validation",
+]
+REQUIRED = [
+    "name",
+    "model",
+    "loss",
+    "optimizer",
+    "data_loader",
+    "data_loader.train",
+    "model.name",
+    "loss.name",
+    "metrics.0.name",
+    "optimizer.name",
+    "optimizer.schedule.name",
+    "optimizer.schedule.args.decay_steps",
+    "optimizer.transforms.0.name",
+    "data_loader.train.name",
+]
+EXTRA = [
+    "",
+    "model",
+    "model.args",
+    "loss",
+    "loss.args",
+    "metrics.0",
+    "metrics.1.args",
+    "optimizer",
+    "optimizer.args",
+    "optimizer.schedule",
+    "optimizer.schedule.args",
+    "optimizer.transforms.0.args",
+    "data_loader",
+    "data_loader.train",
+    "data_loader.train.args",
+    "trainer",
+    "wandb",
+    "tensorboard",
+]
+FOLDER_NAMES = [
+    "..",
+    ".",
+    "../../escape",
+    "/abs/path",
+    "a/b",
+    "a\\b",
+    "a\x00b",
+    "x" * 300,
+    "",
+    "a\nb",
+    "tab\there",
+    "\x1b[31mred",
+    " ",
+    "-x",
+    "--help",
+    " lead",
+    "trail ",
+]
 # Flags argparse used to let through (prefix matching) or answer with a usage block: (label, args, word in the line).
-FLAGS = [("--epoch 3", ["--epoch", "3"], "--epochs"), ("--run x", ["--run", "x"], "--run-id"),
-         ("--weight w", ["--weight", "w"], "--weights"), ("--epochs abc", ["--epochs", "abc"], "--epochs"),
-         ("--epochs 1e3", ["--epochs", "1e3"], "--epochs"), ("--bs 1.5", ["--bs", "1.5"], "--bs"),
-         ("--lr abc", ["--lr", "abc"], "--lr"), ("--limit-batches x", ["--limit-batches", "x"], "--limit-batches"),
-         ("--set without a value", ["--set"], "--set"), ("--no-such-flag", ["--no-such-flag"], "--no-such-flag")]
+FLAGS = [
+    ("--epoch 3", ["--epoch", "3"], "--epochs"),
+    ("--run x", ["--run", "x"], "--run-id"),
+    ("--weight w", ["--weight", "w"], "--weights"),
+    ("--epochs abc", ["--epochs", "abc"], "--epochs"),
+    ("--epochs 1e3", ["--epochs", "1e3"], "--epochs"),
+    ("--bs 1.5", ["--bs", "1.5"], "--bs"),
+    ("--lr abc", ["--lr", "abc"], "--lr"),
+    ("--limit-batches x", ["--limit-batches", "x"], "--limit-batches"),
+    ("--set without a value", ["--set"], "--set"),
+    ("--no-such-flag", ["--no-such-flag"], "--no-such-flag"),
+]
 
 
 def base_config(data_dir: Path, save_dir: Path) -> dict:
@@ -112,17 +218,29 @@ def base_config(data_dir: Path, save_dir: Path) -> dict:
         "model": {"name": "mlp", "args": {"num_classes": 10, "hidden": [8], "dropout": 0.0}},
         "loss": {"name": "cross_entropy", "args": {"label_smoothing": 0.1}},
         "metrics": [{"name": "accuracy"}, {"name": "top_k_accuracy", "args": {"k": 3}}],
-        "optimizer": {"name": "adamw", "args": {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.05},
-                      "schedule": {"name": "warmup_cosine_decay",
-                                   "args": {"init_value": 0.0, "peak_value": 0.004, "warmup_steps": 2,
-                                            "decay_steps": 10}},
-                      "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}]},
+        "optimizer": {
+            "name": "adamw",
+            "args": {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.05},
+            "schedule": {
+                "name": "warmup_cosine_decay",
+                "args": {"init_value": 0.0, "peak_value": 0.004, "warmup_steps": 2, "decay_steps": 10},
+            },
+            "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}],
+        },
         "data_loader": {
             "train": {"name": "mnist", "args": {**loader, "split": "train", "batch_size": 32, "shuffle": True}},
             "validation": {"name": "mnist", "args": {**loader, "split": "validation", "batch_size": 40}},
         },
-        "trainer": {"epochs": 1, "save_dir": str(save_dir), "save_period": 1, "monitor": "max val/accuracy",
-                    "early_stop": 0, "log_every": 50, "steps_per_call": "auto", "run_id": "r1"},
+        "trainer": {
+            "epochs": 1,
+            "save_dir": str(save_dir),
+            "save_period": 1,
+            "monitor": "max val/accuracy",
+            "early_stop": 0,
+            "log_every": 50,
+            "steps_per_call": "auto",
+            "run_id": "r1",
+        },
         "wandb": {"enabled": False, "project": "jax-template", "mode": "offline"},
         "tensorboard": {"enabled": False},
     }
@@ -141,6 +259,7 @@ def put(dotted: str, value):
     def mutate(config):
         node, key = _parent(config, dotted)
         node[key] = value
+
     return mutate
 
 
@@ -148,6 +267,7 @@ def delete(dotted: str):
     def mutate(config):
         node, key = _parent(config, dotted)
         del node[key]
+
     return mutate
 
 
@@ -155,6 +275,7 @@ def add_key(dotted: str):
     def mutate(config):
         node = _parent(config, f"{dotted}.x")[0] if dotted else config
         node["unexpected_key"] = 1
+
     return mutate
 
 
@@ -204,29 +325,49 @@ def generate() -> list[Case]:
     for path in REQUIRED:
         cases.append(Case("structure", f"missing {path}", delete(path), section=top(path)))
     for path in EXTRA:
-        cases.append(Case("structure", f"extra key in {path or 'top level'}", add_key(path),
-                          section=top(path) if path else "unexpected_key"))
+        cases.append(
+            Case(
+                "structure",
+                f"extra key in {path or 'top level'}",
+                add_key(path),
+                section=top(path) if path else "unexpected_key",
+            )
+        )
     for value in ({"steps": 0}, {"minutes": -1}, {"keep": -1}, {"steps": 2.5}, {"x": 1}, {}, [], 5, "often"):
-        cases.append(Case("structure", f"checkpoint_every={json.dumps(value)}", put("trainer.checkpoint_every", value),
-                          section="checkpoint_every"))
+        cases.append(
+            Case(
+                "structure",
+                f"checkpoint_every={json.dumps(value)}",
+                put("trainer.checkpoint_every", value),
+                section="checkpoint_every",
+            )
+        )
 
     noise = bytes(rng.randrange(256) for _ in range(512))
 
     def recoded(encoding, prefix=b""):
         return lambda text: prefix + text.replace('"fuzz"', '"caf\u00e9 \u20ac"').encode(encoding, "replace")
-    for label, raw in (("utf-16", recoded("utf-16")), ("utf-16-le", recoded("utf-16-le")),
-                       ("utf-16-be", recoded("utf-16-be")), ("utf-32", recoded("utf-32")),
-                       ("latin-1", recoded("latin-1")), ("cp1252", recoded("cp1252")),
-                       ("utf-8 bom + latin-1", recoded("latin-1", b"\xef\xbb\xbf")),
-                       ("utf-16 bom + utf-8", recoded("utf-8", b"\xff\xfe")),
-                       ("utf-8 bom + utf-16", recoded("utf-16-le", b"\xef\xbb\xbf")),
-                       ("nul byte", lambda text: text.encode().replace(b'"fuzz"', b'"fu\x00zz"')),
-                       ("lone surrogate", lambda text: text.encode().replace(b'"fuzz"', b'"\xed\xa0\x80"')),
-                       ("binary", lambda text: noise),
-                       ("empty", lambda text: b""), ("whitespace", lambda text: b" \n\t\n"),
-                       ("truncated", lambda text: text.encode()[:len(text) // 2]),
-                       ("top-level list", lambda text: b"[" + text.encode() + b"]"),
-                       ("top-level string", lambda text: b'"config"'), ("top-level null", lambda text: b"null")):
+
+    for label, raw in (
+        ("utf-16", recoded("utf-16")),
+        ("utf-16-le", recoded("utf-16-le")),
+        ("utf-16-be", recoded("utf-16-be")),
+        ("utf-32", recoded("utf-32")),
+        ("latin-1", recoded("latin-1")),
+        ("cp1252", recoded("cp1252")),
+        ("utf-8 bom + latin-1", recoded("latin-1", b"\xef\xbb\xbf")),
+        ("utf-16 bom + utf-8", recoded("utf-8", b"\xff\xfe")),
+        ("utf-8 bom + utf-16", recoded("utf-16-le", b"\xef\xbb\xbf")),
+        ("nul byte", lambda text: text.encode().replace(b'"fuzz"', b'"fu\x00zz"')),
+        ("lone surrogate", lambda text: text.encode().replace(b'"fuzz"', b'"\xed\xa0\x80"')),
+        ("binary", lambda text: noise),
+        ("empty", lambda text: b""),
+        ("whitespace", lambda text: b" \n\t\n"),
+        ("truncated", lambda text: text.encode()[: len(text) // 2]),
+        ("top-level list", lambda text: b"[" + text.encode() + b"]"),
+        ("top-level string", lambda text: b'"config"'),
+        ("top-level null", lambda text: b"null"),
+    ):
         cases.append(Case("encoding", label, raw=raw))
 
     for path in NUMERIC:
@@ -234,8 +375,9 @@ def generate() -> list[Case]:
             cases.append(Case("non-finite", f"{path}={value}", **literal(path, value), section=top(path)))
     for path in ("optimizer.args.b1", "trainer.epochs", "seed", "model.args.hidden"):
         for value in ("NaN", "Infinity", "1e400", "[NaN]", '{"a": -Infinity}'):
-            cases.append(Case("non-finite", f"--set {path}={value}", args=["--set", f"{path}={value}"],
-                              section=top(path)))
+            cases.append(
+                Case("non-finite", f"--set {path}={value}", args=["--set", f"{path}={value}"], section=top(path))
+            )
 
     for value in FOLDER_NAMES:
         cases.append(Case("folder names", f"run_id={value!r}", put("trainer.run_id", value), section="run_id"))
@@ -244,65 +386,122 @@ def generate() -> list[Case]:
             cases.append(Case("folder names", f"--run-id {value!r}", args=[f"--run-id={value}"], section="run_id"))
     cases.append(Case("folder names", "run_id=5", put("trainer.run_id", 5), section="run_id"))
     cases.append(Case("folder names", "run_id=[]", put("trainer.run_id", []), section="run_id"))
-    for label, save_dir in (("save_dir under a file", lambda folder: str(folder / SOURCE / "saved")),
-                            ("save_dir is a file", lambda folder: str(folder / SOURCE)),
-                            ("empty save_dir", lambda folder: ""), ("NUL in save_dir", lambda folder: "sa\x00ved")):
-        cases.append(Case("folder names", label, section="save_dir",
-                          path=lambda folder, s=save_dir: _with(folder, {"trainer.save_dir": s(folder)})))
-    cases.append(Case("folder names", "run folder is a file", section="save_dir",
-                      path=lambda folder: _with(folder, {"trainer.save_dir": str(folder)}, name=SOURCE)))
+    for label, save_dir in (
+        ("save_dir under a file", lambda folder: str(folder / SOURCE / "saved")),
+        ("save_dir is a file", lambda folder: str(folder / SOURCE)),
+        ("empty save_dir", lambda folder: ""),
+        ("NUL in save_dir", lambda folder: "sa\x00ved"),
+    ):
+        cases.append(
+            Case(
+                "folder names",
+                label,
+                section="save_dir",
+                path=lambda folder, s=save_dir: _with(folder, {"trainer.save_dir": s(folder)}),
+            )
+        )
+    cases.append(
+        Case(
+            "folder names",
+            "run folder is a file",
+            section="save_dir",
+            path=lambda folder: _with(folder, {"trainer.save_dir": str(folder)}, name=SOURCE),
+        )
+    )
 
-    for label, old, new in (("top level", '"seed": 1', '"seed": 1, "seed": 2'),
-                            ("same value twice", '"seed": 1', '"seed": 1, "seed": 1'),
-                            ("optimizer.args", '"b1": 0.9', '"b1": 0.9, "b1": 0.8'),
-                            ("trainer", '"epochs": 1', '"epochs": 1, "epochs": 2'),
-                            ("model", '"name": "mlp"', '"name": "mlp", "name": "mlp"'),
-                            ("metrics.1.args", '"k": 3', '"k": 3, "k": 2'),
-                            ("data_loader.train.args", '"batch_size": 32', '"batch_size": 32, "batch_size": 16'),
-                            ("case differs only", '"seed": 1', '"seed": 1, "seed": 1, "Seed": 1')):
-        cases.append(Case("duplicate keys", f"twice in {label}",
-                          text=lambda text, old=old, new=new: text.replace(old, new, 1)))
+    for label, old, new in (
+        ("top level", '"seed": 1', '"seed": 1, "seed": 2'),
+        ("same value twice", '"seed": 1', '"seed": 1, "seed": 1'),
+        ("optimizer.args", '"b1": 0.9', '"b1": 0.9, "b1": 0.8'),
+        ("trainer", '"epochs": 1', '"epochs": 1, "epochs": 2'),
+        ("model", '"name": "mlp"', '"name": "mlp", "name": "mlp"'),
+        ("metrics.1.args", '"k": 3', '"k": 3, "k": 2'),
+        ("data_loader.train.args", '"batch_size": 32', '"batch_size": 32, "batch_size": 16'),
+        ("case differs only", '"seed": 1', '"seed": 1, "seed": 1, "Seed": 1'),
+    ):
+        cases.append(
+            Case("duplicate keys", f"twice in {label}", text=lambda text, old=old, new=new: text.replace(old, new, 1))
+        )
     cases.append(Case("duplicate keys", "--set value", args=["--set", 'optimizer.args={"lr": 1, "lr": 2}']))
 
     for depth in (40, 1000, 10_000, 100_000):
         for path in ("seed", "model.args.hidden", "optimizer.args"):
             cases.append(Case("deep nesting", f"{path} [x{depth}", **literal(path, "[" * depth + "]" * depth)))
-        cases.append(Case("deep nesting", f"objects x{depth}", **literal("model.args", '{"a": ' * depth + "1"
-                                                                         + "}" * depth)))
+        cases.append(
+            Case("deep nesting", f"objects x{depth}", **literal("model.args", '{"a": ' * depth + "1" + "}" * depth))
+        )
         cases.append(Case("deep nesting", f"--set [x{depth}", args=["--set", "seed=" + "[" * depth + "]" * depth]))
 
-    for path in ("seed", "trainer.epochs", "data_loader.train.args.batch_size", "metrics.1.args.k",
-                 "model.args.num_classes", "model.args.hidden.0", "optimizer.args.b1",
-                 "optimizer.schedule.args.warmup_steps", "loss.args.label_smoothing"):
-        for label, digits in (("10**30", "1" + "0" * 30), ("400 digits", "9" * 400), ("5000 digits", "9" * 5000),
-                              ("100000 digits", "1" * 100_000), ("-5000 digits", "-" + "9" * 5000)):
+    for path in (
+        "seed",
+        "trainer.epochs",
+        "data_loader.train.args.batch_size",
+        "metrics.1.args.k",
+        "model.args.num_classes",
+        "model.args.hidden.0",
+        "optimizer.args.b1",
+        "optimizer.schedule.args.warmup_steps",
+        "loss.args.label_smoothing",
+    ):
+        for label, digits in (
+            ("10**30", "1" + "0" * 30),
+            ("400 digits", "9" * 400),
+            ("5000 digits", "9" * 5000),
+            ("100000 digits", "1" * 100_000),
+            ("-5000 digits", "-" + "9" * 5000),
+        ):
             cases.append(Case("huge integers", f"{path}={label}", **literal(path, digits), section=top(path)))
     cases.append(Case("huge integers", "--set 5000 digits", args=["--set", "seed=" + "9" * 5000], section="seed"))
 
     for path, label in rng.sample(invalid, 40):
-        cases.append(Case("overrides", f"--set {path}={label}", args=["--set", f"{path}={json.dumps(GARBAGE[label])}"],
-                          section=top(path)))
-    for label, override in (("a value is no section", "seed.x=1"), ("no such list index", "metrics.9.name=x"),
-                            ("no '='", "seed"), ("section replaced", "trainer=5"), ("empty key", "=3"),
-                            ("control character in key", "see\nd=1"), ("list index of a dict", "model.0=1")):
+        cases.append(
+            Case(
+                "overrides",
+                f"--set {path}={label}",
+                args=["--set", f"{path}={json.dumps(GARBAGE[label])}"],
+                section=top(path),
+            )
+        )
+    for label, override in (
+        ("a value is no section", "seed.x=1"),
+        ("no such list index", "metrics.9.name=x"),
+        ("no '='", "seed"),
+        ("section replaced", "trainer=5"),
+        ("empty key", "=3"),
+        ("control character in key", "see\nd=1"),
+        ("list index of a dict", "model.0=1"),
+    ):
         cases.append(Case("overrides", label, args=["--set", override]))
-    for label, args in (("--epochs 0", ["--epochs", "0"]), ("--bs -4", ["--bs", "-4"]), ("--lr nan", ["--lr", "nan"]),
-                        ("--lr inf", ["--lr", "inf"]), ("--lr -1", ["--lr", "-1"]), ("--epochs 10**7", ["--epochs",
-                                                                                           "10000000"])):
+    for label, args in (
+        ("--epochs 0", ["--epochs", "0"]),
+        ("--bs -4", ["--bs", "-4"]),
+        ("--lr nan", ["--lr", "nan"]),
+        ("--lr inf", ["--lr", "inf"]),
+        ("--lr -1", ["--lr", "-1"]),
+        ("--epochs 10**7", ["--epochs", "10000000"]),
+    ):
         cases.append(Case("overrides", label, args=args))
 
     for label, args, word in FLAGS:
         cases.append(Case("flags", label, args=args, section=word))
     # a step stacks accumulate_steps batches: more than an epoch has would allocate them all
     for value in (4, 1000, 10**9, 2**31 - 1):
-        cases.append(Case("sizes", f"accumulate_steps={value}", put("trainer.accumulate_steps", value),
-                          section="accumulate_steps"))
+        cases.append(
+            Case(
+                "sizes", f"accumulate_steps={value}", put("trainer.accumulate_steps", value), section="accumulate_steps"
+            )
+        )
 
     for i in range(40):
         picks = rng.sample(invalid, rng.randint(2, 4))
         mutations = [put(path, GARBAGE[label]) for path, label in picks]
-        cases.append(Case("combined", f"#{i}: " + ", ".join(f"{p}={l}" for p, l in picks),
-                          lambda config, ms=mutations: [m(config) for m in ms]))
+        cases.append(
+            Case(
+                "combined",
+                f"#{i}: " + ", ".join(f"{p}={l}" for p, l in picks),
+                lambda config, ms=mutations: [m(config) for m in ms],
+            )
+        )
 
     cases.append(Case("files", "a folder", path=lambda folder: _mkdir(folder / "a_folder.json")))
     cases.append(Case("files", "no such file", path=lambda folder: folder / "missing.json"))
@@ -476,8 +675,17 @@ def test_counts_per_class():
 
 
 # A few as real processes: the exit status and stderr of the interpreter itself, platform set-up included.
-PROCESS_CASES = ["utf-16", "optimizer.args.b1=NaN", "--run-id '../../escape'", "seed [x100000",
-                 "twice in optimizer.args", "--epoch 3", "--epochs abc", "--run-id ' '", "accumulate_steps=1000"]
+PROCESS_CASES = [
+    "utf-16",
+    "optimizer.args.b1=NaN",
+    "--run-id '../../escape'",
+    "seed [x100000",
+    "twice in optimizer.args",
+    "--epoch 3",
+    "--epochs abc",
+    "--run-id ' '",
+    "accumulate_steps=1000",
+]
 
 
 @pytest.mark.parametrize("label", PROCESS_CASES)
@@ -485,7 +693,13 @@ def test_bad_config_as_a_process(world, tmp_path, label):
     case = next(c for c in CASES if c.label == label)
     path = case.write(tmp_path, BASE_FOR_PATHS["base"])
     before = snapshot(world)
-    result = subprocess.run([sys.executable, "train.py", "-c", str(path), *case.args], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    result = subprocess.run(
+        [sys.executable, "train.py", "-c", str(path), *case.args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert check_outcome(result.returncode, result.stderr, case.section) == [], result.stderr
     assert snapshot(world) == before and set(tmp_path.iterdir()) == {path}

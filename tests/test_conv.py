@@ -1,4 +1,5 @@
 """Conv2d / ConvTranspose2d against lax and flax.linen, and the custom-VJP gradient against autodiff."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -45,8 +46,15 @@ def _as_pair(v):
 
 
 def _reference(x, w, kernel, stride, padding, dilation, groups):
-    return lax.conv_general_dilated(x, w, _as_pair(stride), _lax_padding(padding), rhs_dilation=_as_pair(dilation),
-                                    dimension_numbers=DIMS, feature_group_count=groups)
+    return lax.conv_general_dilated(
+        x,
+        w,
+        _as_pair(stride),
+        _lax_padding(padding),
+        rhs_dilation=_as_pair(dilation),
+        dimension_numbers=DIMS,
+        feature_group_count=groups,
+    )
 
 
 def _inputs(cfg, dtype=np.float32, seed=0):
@@ -74,8 +82,15 @@ def test_conv2d_matches_lax_and_flax(name):
     assert set(shapes) == ({"weight", "bias"} if use_bias else {"weight"})
     params = _random_params(shapes, seed=8)
 
-    flax_conv = nn.Conv(cout, _as_pair(kernel), _as_pair(stride), _lax_padding(padding), kernel_dilation=dilation,
-                        feature_group_count=groups, use_bias=use_bias)
+    flax_conv = nn.Conv(
+        cout,
+        _as_pair(kernel),
+        _as_pair(stride),
+        _lax_padding(padding),
+        kernel_dilation=dilation,
+        feature_group_count=groups,
+        use_bias=use_bias,
+    )
     flax_params = {"kernel": params["weight"], **({"bias": params["bias"]} if use_bias else {})}
 
     @jax.jit  # one compilation per config instead of one per eager op
@@ -101,10 +116,12 @@ def test_custom_vjp_equals_autodiff_float64(name):
         def loss(conv):
             return lambda x, w: jnp.vdot(conv(x, w), cotangent)
 
-        ours = jax.jit(jax.grad(loss(
-            lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True)), (0, 1)))(x, w)
-        autodiff = jax.jit(jax.grad(loss(
-            lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups)), (0, 1)))(x, w)
+        ours = jax.jit(
+            jax.grad(loss(lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True)), (0, 1))
+        )(x, w)
+        autodiff = jax.jit(
+            jax.grad(loss(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups)), (0, 1))
+        )(x, w)
     assert ours[0].dtype == jnp.float64
     np.testing.assert_allclose(ours[0], autodiff[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ours[1], autodiff[1], rtol=1e-12, atol=1e-12)
@@ -116,19 +133,31 @@ def test_custom_vjp_float32_inside_scan():
     def grads(conv, x, w, cotangent):
         def body(carry, _):
             return carry, jax.grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))(x, w)
+
         return lax.scan(body, 0.0, None, length=2)[1]
 
-    for name in ["k3_s2_same_even", "k2x3_s2x1_valid_remainder", "k3_s2_explicit_pad", "k3_pad4_beyond_kernel",
-                 "depthwise", "depthwise_x2", "k3_s3_dil2_groups2_same"]:
+    for name in [
+        "k3_s2_same_even",
+        "k2x3_s2x1_valid_remainder",
+        "k3_s2_explicit_pad",
+        "k3_pad4_beyond_kernel",
+        "depthwise",
+        "depthwise_x2",
+        "k3_s3_dil2_groups2_same",
+    ]:
         cfg = CONFIGS[name]
         kernel, stride, padding, dilation, groups = cfg[:5]
         x, w = _inputs(cfg, seed=3)
         out = jax.eval_shape(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w)
         cotangent = np.random.default_rng(4).normal(size=out.shape).astype(np.float32)
-        ours = jax.jit(lambda x, w, c: grads(
-            lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True), x, w, c))(x, w, cotangent)
-        ref = jax.jit(lambda x, w, c: grads(
-            lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w, c))(x, w, cotangent)
+        ours = jax.jit(
+            lambda x, w, c: grads(
+                lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True), x, w, c
+            )
+        )(x, w, cotangent)
+        ref = jax.jit(
+            lambda x, w, c: grads(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w, c)
+        )(x, w, cotangent)
         for a, b in zip(ours, ref):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()), err_msg=name)
 
@@ -201,7 +230,8 @@ def test_conv_transpose_matches_flax(cfg):
     flax_layer = nn.ConvTranspose(5, _as_pair(kernel), _as_pair(stride), padding, use_bias=use_bias)
     flax_params = {"kernel": params["weight"], **({"bias": params["bias"]} if use_bias else {})}
     y, expected = jax.jit(lambda p, fp, x: (layer(p, state, x)[0], flax_layer.apply({"params": fp}, x)))(
-        params, flax_params, x)
+        params, flax_params, x
+    )
     assert y.shape == expected.shape
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
 
@@ -215,8 +245,11 @@ def test_conv_transpose_gradients(cfg):
         w = rng.normal(size=(*_as_pair(kernel), 3, 2))
         ref = lambda x, w: lax.conv_transpose(x, w, _as_pair(stride), padding, dimension_numbers=DIMS)
         cotangent = rng.normal(size=ref(x, w).shape)
-        ours = jax.jit(jax.grad(lambda x, w: jnp.vdot(conv_transpose2d(x, w, stride, padding, cpu_kernels=True),
-                                                      cotangent), (0, 1)))(x, w)
+        ours = jax.jit(
+            jax.grad(
+                lambda x, w: jnp.vdot(conv_transpose2d(x, w, stride, padding, cpu_kernels=True), cotangent), (0, 1)
+            )
+        )(x, w)
         autodiff = jax.jit(jax.grad(lambda x, w: jnp.vdot(ref(x, w), cotangent), (0, 1)))(x, w)
         layer = ConvTranspose2d(2, kernel, stride, padding, use_bias)
         shapes, state = jax.eval_shape(layer.init, jax.random.key(3), x)
@@ -257,8 +290,9 @@ def test_depthwise_path_matches_lax_float64(name):
         ours = lambda x, w: conv2d(x, w, 1, padding, 1, 3, cpu_kernels=True)
         ref = lambda x, w: _reference(x, w, kernel, 1, padding, 1, 3)
         cotangent = np.random.default_rng(13).normal(size=jax.eval_shape(ref, x, w).shape)
-        value_and_grads = lambda conv: jax.jit(jax.value_and_grad(lambda x, w: jnp.vdot(conv(x, w), cotangent),
-                                                                  (0, 1)))(x, w)
+        value_and_grads = lambda conv: jax.jit(
+            jax.value_and_grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))
+        )(x, w)
         (v, (dx, dw)), (v_ref, (dx_ref, dw_ref)) = value_and_grads(ours), value_and_grads(ref)
         np.testing.assert_allclose(v, v_ref, rtol=1e-12)
         np.testing.assert_allclose(dx, dx_ref, rtol=1e-12, atol=1e-12)
@@ -274,6 +308,7 @@ def test_depthwise_path_float32_inside_scan():
     def grads(conv):
         def body(carry, _):
             return carry, jax.grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))(x, w)
+
         return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
 
     ours = grads(lambda x, w: conv2d(x, w, groups=3, cpu_kernels=True))

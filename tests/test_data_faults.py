@@ -1,5 +1,6 @@
 """Damaged data files: every way an IDX file can fail to read is a ValueError naming the file and what is wrong, and
 train.py / test.py turn it into one `error:` line (exit status 2), never a traceback."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -43,7 +44,7 @@ def refused(path, *words):
 def test_a_truncated_gzip_file_is_named(idx_file, fraction):
     path, _ = idx_file
     data = path.read_bytes()
-    path.write_bytes(data[:int(len(data) * fraction)] if fraction else b"")
+    path.write_bytes(data[: int(len(data) * fraction)] if fraction else b"")
     refused(path, "truncated", "empty")
 
 
@@ -163,19 +164,26 @@ def test_train_and_test_py_report_a_damaged_file_in_one_line(tmp_path, capsys, m
     path = folder / IMAGES
     data = path.read_bytes()
     if damage == "truncate":
-        path.write_bytes(data[:len(data) // 2])
+        path.write_bytes(data[: len(data) // 2])
     elif damage == "flip":
         path.write_bytes(data[:-6] + bytes([data[-6] ^ 0xFF]) + data[-5:])  # the CRC
     else:
         path.unlink()
         path.mkdir()
     loader = {"name": "mnist", "args": {"data_dir": str(folder), "verify": False, "validation_size": 5}}
-    config = {"name": "faults", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [8]}},
-              "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
-              "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-              "data_loader": {"train": {**loader, "args": {**loader["args"], "split": "train"}},
-                              "validation": {**loader, "args": {**loader["args"], "split": "validation"}}},
-              "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved")}}
+    config = {
+        "name": "faults",
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [8]}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {
+            "train": {**loader, "args": {**loader["args"], "split": "train"}},
+            "validation": {**loader, "args": {**loader["args"], "split": "validation"}},
+        },
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved")},
+    }
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(config))
 
@@ -191,4 +199,3 @@ def test_train_and_test_py_report_a_damaged_file_in_one_line(tmp_path, capsys, m
         load_test_script().main(["-r", str(tmp_path / "model_best.params"), "--split", "validation"])
     assert exit_info.value.code == 2
     assert str(path) in one_error_line(capsys)
-

@@ -12,9 +12,11 @@ from data_loader.loader import ArrayDataset, DataLoader
 
 def test_idx_round_trip_gz_and_raw(tmp_path):
     rng = np.random.default_rng(0)
-    for name, array in (("a.gz", rng.integers(0, 255, (5, 3, 4)).astype(np.uint8)),
-                        ("b", rng.standard_normal((7, 2)).astype(np.float32)),
-                        ("c.gz", rng.integers(-5, 5, (9,)).astype(np.int32))):
+    for name, array in (
+        ("a.gz", rng.integers(0, 255, (5, 3, 4)).astype(np.uint8)),
+        ("b", rng.standard_normal((7, 2)).astype(np.float32)),
+        ("c.gz", rng.integers(-5, 5, (9,)).astype(np.int32)),
+    ):
         write_idx(tmp_path / name, array)
         back = read_idx(tmp_path / name)
         assert back.dtype == array.dtype and np.array_equal(back, array)
@@ -133,6 +135,7 @@ def test_a_split_smaller_than_one_batch_is_padded_to_the_batch():
 def test_a_good_file_of_another_data_set_is_named_as_such(tiny_mnist):
     # the folder holds (tiny) MNIST files registered as the real ones; asking for Fashion-MNIST from that folder must
     # say the folder is wrong, not that the file is corrupt
-    with pytest.raises(ValueError, match="is the mnist file, not fashion_mnist's: point data_dir at a folder of "
-                                         "fashion_mnist files"):
+    with pytest.raises(
+        ValueError, match="is the mnist file, not fashion_mnist's: point data_dir at a folder of fashion_mnist files"
+    ):
         mnist(data_dir=str(tiny_mnist), dataset="fashion_mnist")

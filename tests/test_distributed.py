@@ -1,6 +1,7 @@
 """Several processes and sharded parameters (training/distributed.py), proven by simulation on one machine: CPU
 devices multiplied with --xla_force_host_platform_device_count, processes joined by jax.distributed on localhost
 (gloo collectives)."""
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,27 @@ from utils import ConfigError, validate
 def test_cluster_from_flags_slurm_or_nothing():
     assert distributed.cluster_of(None, None, None, environ={}) == distributed.SINGLE
     cluster = distributed.cluster_of("node7:29500", 4, 3, environ={})
-    assert (cluster.process_id, cluster.num_processes, cluster.coordinator, cluster.source) == \
-        (3, 4, "node7:29500", "flags")
+    assert (cluster.process_id, cluster.num_processes, cluster.coordinator, cluster.source) == (
+        3,
+        4,
+        "node7:29500",
+        "flags",
+    )
     assert distributed.cluster_of("localhost:1234", 1, 0, environ={}) == distributed.SINGLE
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_NODES": "2",
-             "SLURM_STEP_NODELIST": "gpu[007-008],cpu1", "SLURM_LOCALID": "0"}
+    slurm = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NODELIST": "gpu[007-008],cpu1",
+        "SLURM_LOCALID": "0",
+    }
     cluster = distributed.cluster_of(None, None, None, environ=slurm)
     assert cluster == distributed.Cluster(1, 2, f"gpu007:{61440 + 4242 % 4096}", "slurm", None)
     # several tasks on a node: one device each
-    cluster = distributed.cluster_of(None, None, None, environ={**slurm, "SLURM_STEP_NUM_NODES": "1",
-                                                                 "SLURM_LOCALID": "1"})
+    cluster = distributed.cluster_of(
+        None, None, None, environ={**slurm, "SLURM_STEP_NUM_NODES": "1", "SLURM_LOCALID": "1"}
+    )
     assert cluster.local_device_ids == (1,)
     assert distributed.cluster_of(None, None, None, environ={**slurm, "SLURM_NTASKS": "1"}) == distributed.SINGLE
     batch_shell = {k: v for k, v in slurm.items() if k != "SLURM_STEP_NODELIST"}  # sbatch's script, not srun
@@ -46,14 +58,17 @@ def test_cluster_from_flags_slurm_or_nothing():
     assert distributed.cluster_of("auto", None, None, environ={}).source == "auto"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (("localhost:1234", 2, None), "missing --process-id"),
-    (("localhost", 2, 0), "--coordinator: expected HOST:PORT"),
-    (("localhost:99999", 2, 0), "--coordinator: expected HOST:PORT"),
-    (("localhost:1234", 2, 2), "--process-id: expected 0 to 1"),
-    (("localhost:1234", 0, 0), "--num-processes: expected a number >= 1"),
-    (("auto", 2, None), "--coordinator auto detects"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("localhost:1234", 2, None), "missing --process-id"),
+        (("localhost", 2, 0), "--coordinator: expected HOST:PORT"),
+        (("localhost:99999", 2, 0), "--coordinator: expected HOST:PORT"),
+        (("localhost:1234", 2, 2), "--process-id: expected 0 to 1"),
+        (("localhost:1234", 0, 0), "--num-processes: expected a number >= 1"),
+        (("auto", 2, None), "--coordinator auto detects"),
+    ],
+)
 def test_bad_flags_are_one_clear_error(flags, message):
     with pytest.raises(distributed.DistributedError, match=message):
         distributed.cluster_of(*flags, environ={})
@@ -65,27 +80,36 @@ def test_heartbeat_timeout_checked():
 
 
 def test_train_py_reports_bad_flags_in_one_line(tmp_path):
-    result = run("train.py", "-c", tmp_path / "unread.json", "--coordinator", "localhost:1234", "--num-processes",
-                 "2")
+    result = run("train.py", "-c", tmp_path / "unread.json", "--coordinator", "localhost:1234", "--num-processes", "2")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: several processes need --coordinator HOST:PORT, --num-processes N and --process-id I together; "
-        "missing --process-id"]
+        "missing --process-id"
+    ]
 
 
 def minimal_config(**extra) -> dict:
-    return {"name": "m", "model": {"name": "mlp", "args": {"hidden": [8]}}, "loss": {"name": "cross_entropy"},
-            "optimizer": {"name": "sgd", "args": {"lr": 0.1}}, "trainer": {"monitor": "off"},
-            "data_loader": {"train": {"name": "mnist", "args": {"data_dir": "unused"}}}, **extra}
+    return {
+        "name": "m",
+        "model": {"name": "mlp", "args": {"hidden": [8]}},
+        "loss": {"name": "cross_entropy"},
+        "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
+        "trainer": {"monitor": "off"},
+        "data_loader": {"train": {"name": "mnist", "args": {"data_dir": "unused"}}},
+        **extra,
+    }
 
 
-@pytest.mark.parametrize("mesh, message", [
-    ({"dta": 2}, "config.json: mesh.dta: unknown mesh axis. Did you mean 'data'? Axes: data, fsdp"),
-    ({"fsdp": 0}, "config.json: mesh.fsdp: expected a device count >= 1, or -1"),
-    ({"fsdp": 1.5}, "config.json: mesh.fsdp: expected a device count"),
-    ({"data": -1, "fsdp": -1}, "config.json: mesh: only one axis may be -1"),
-    ([2, 2], "config.json: mesh: expected an object like"),
-])
+@pytest.mark.parametrize(
+    "mesh, message",
+    [
+        ({"dta": 2}, "config.json: mesh.dta: unknown mesh axis. Did you mean 'data'? Axes: data, fsdp"),
+        ({"fsdp": 0}, "config.json: mesh.fsdp: expected a device count >= 1, or -1"),
+        ({"fsdp": 1.5}, "config.json: mesh.fsdp: expected a device count"),
+        ({"data": -1, "fsdp": -1}, "config.json: mesh: only one axis may be -1"),
+        ([2, 2], "config.json: mesh: expected an object like"),
+    ],
+)
 def test_mesh_section_validated(mesh, message):
     with pytest.raises(ConfigError) as error:
         validate(minimal_config(mesh=mesh))
@@ -108,10 +132,10 @@ def test_fsdp_rule_largest_divisible_axis_else_replicated():
     from jax.sharding import PartitionSpec as P
 
     rule = distributed.fsdp_spec
-    assert rule((784, 64), 4) == P("fsdp")          # the largest axis
+    assert rule((784, 64), 4) == P("fsdp")  # the largest axis
     assert rule((3, 3, 16, 32), 4) == P(None, None, None, "fsdp")
-    assert rule((10, 64), 4) == P(None, "fsdp")     # 10 is not divisible: the next largest that is
-    assert rule((64, 64), 4) == P("fsdp")           # ties: the first
+    assert rule((10, 64), 4) == P(None, "fsdp")  # 10 is not divisible: the next largest that is
+    assert rule((64, 64), 4) == P("fsdp")  # ties: the first
     assert rule((10,), 4) == P() and rule((), 4) == P() and rule((2,), 4) == P()
     assert rule((784, 64), 1) == P()
 
@@ -150,10 +174,29 @@ def start_processes(count: int, devices: int, *args, heartbeat: int = 60) -> lis
     """`count` train.py processes joined on localhost, `devices` simulated CPU devices each."""
     port = free_port()
     env = {**os.environ, **devices_env(devices)}
-    return [subprocess.Popen([sys.executable, "train.py", *map(str, args), "--coordinator", f"localhost:{port}",
-                              "--num-processes", str(count), "--process-id", str(i), "--heartbeat-timeout",
-                              str(heartbeat)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for i in range(count)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "train.py",
+                *map(str, args),
+                "--coordinator",
+                f"localhost:{port}",
+                "--num-processes",
+                str(count),
+                "--process-id",
+                str(i),
+                "--heartbeat-timeout",
+                str(heartbeat),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
 
 
 def finish(processes, timeout=300) -> list[tuple[int, str, str]]:
@@ -182,8 +225,17 @@ def test_processes_agree_on_stops_and_share_the_run_folder():
     decision; process 0's run folder reaches process 1; both end through the final barrier."""
     port = free_port()
     env = {**os.environ, **devices_env(1)}
-    children = [subprocess.Popen([sys.executable, "-c", AGREE_CHILD, str(port), str(i)], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", AGREE_CHILD, str(port), str(i)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outputs = [c.communicate(timeout=120) for c in children]
     for child, (_out, err) in zip(children, outputs):
         assert child.returncode == 0, err
@@ -203,9 +255,11 @@ def data_dir(tmp_path_factory):
 def tiny_config(folder: Path, data_dir: Path, validation: bool = True, **changes) -> Path:
     loader = {"name": "mnist", "args": {"data_dir": str(data_dir), "verify": False, "validation_size": 32}}
     config = {
-        "name": "tiny", "seed": 1,
+        "name": "tiny",
+        "seed": 1,
         "model": {"name": "mlp", "args": {"hidden": [64], "dropout": 0.1}},
-        "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
         # momentum, not Adam: Adam divides a near-zero gradient by its own size, so the last-bit differences of
         # another summation order (4 devices, 2 processes) grow to ~1e-4 in the weights of a pixel that is ~never lit
         "optimizer": {"name": "sgd", "args": {"lr": 0.05, "momentum": 0.9}},
@@ -213,8 +267,14 @@ def tiny_config(folder: Path, data_dir: Path, validation: bool = True, **changes
             "train": {**loader, "args": {**loader["args"], "split": "train", "batch_size": 32, "shuffle": True}},
             "validation": {**loader, "args": {**loader["args"], "split": "validation", "batch_size": 16}},
         },
-        "trainer": {"epochs": 2, "save_dir": str(folder / "saved"), "save_period": 1, "steps_per_call": 2,
-                    "monitor": "min val/loss", "log_every": 1},
+        "trainer": {
+            "epochs": 2,
+            "save_dir": str(folder / "saved"),
+            "save_period": 1,
+            "steps_per_call": 2,
+            "monitor": "min val/loss",
+            "log_every": 1,
+        },
     }
     if not validation:  # one compilation less
         del config["data_loader"]["validation"]
@@ -306,16 +366,24 @@ FSDP_CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_fsdp4_equals_fsdp1_with_a_quarter_of_the_memory_per_device(tmp_path, data_dir):
     tiny_config(tmp_path, data_dir, validation=False, trainer__epochs=1)
-    child = subprocess.run([sys.executable, "-c", FSDP_CHILD, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                           env={**os.environ, **devices_env(4)}, timeout=300)
+    child = subprocess.run(
+        [sys.executable, "-c", FSDP_CHILD, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **devices_env(4)},
+        timeout=300,
+    )
     assert child.returncode == 0, child.stderr
     out = json.loads(child.stdout.strip().splitlines()[-1])
     replicated, sharded = out["1"], out["4"]
     assert replicated["mesh"] == {"data": 4, "fsdp": 1} and sharded["mesh"] == {"data": 1, "fsdp": 4}
     assert sharded["specs"] == {"weight": ["fsdp"], "bias": ["fsdp"]}  # (784, 64): its largest axis
     ratio = replicated["max_device_bytes"] / sharded["max_device_bytes"]
-    print(f"per-device parameter + optimizer bytes: fsdp 1 {replicated['max_device_bytes']:,}, fsdp 4 "
-          f"{sharded['max_device_bytes']:,} ({ratio:.3f}x less)")
+    print(
+        f"per-device parameter + optimizer bytes: fsdp 1 {replicated['max_device_bytes']:,}, fsdp 4 "
+        f"{sharded['max_device_bytes']:,} ({ratio:.3f}x less)"
+    )
     assert 3.9 < ratio <= 4.0, ratio  # only head.bias (10 values) and its momentum stay whole
     assert sharded["after"] == sharded["max_device_bytes"]  # the step keeps the state sharded
     a, b = np.load(tmp_path / "fsdp1.npz"), np.load(tmp_path / "fsdp4.npz")
@@ -352,8 +420,9 @@ def test_a_dead_process_ends_the_others_in_bounded_time(tmp_path, data_dir, vict
     if victim == 1:  # the watchdog of process 0: one clear line, exit status 1
         lines = [line for line in err.splitlines() if not line.startswith("[Gloo]")]
         assert survivor.returncode == 1 and len(lines) == 1, err[-3000:]
-        assert lines[0].startswith("error: process 1 of 2 gave no sign of life for 4 s: it died or hangs; process 0 "
-                                   "stops too (exit status 1)"), err[-3000:]
+        assert lines[0].startswith(
+            "error: process 1 of 2 gave no sign of life for 4 s: it died or hangs; process 0 stops too (exit status 1)"
+        ), err[-3000:]
         assert took < 4 + 10, took
     else:  # the coordinator itself is gone: JAX's agent aborts process 1 at once with its own message
         assert survivor.returncode == -signal.SIGABRT, err[-3000:]
@@ -370,10 +439,21 @@ def test_language_model_two_processes_equal_one_device(tmp_path):
     text.write_text("the quick brown fox jumps over the lazy dog; " * 40)
     loader = {"name": "char_text", "args": {"path": str(text), "context": 16, "stride": 16}}
     config = {
-        "name": "lm", "seed": 3,
-        "model": {"name": "char_transformer", "args": {"vocab_size": len(set(text.read_text())), "context": 16,
-                                                       "dim": 16, "depth": 1, "num_heads": 2, "dropout": 0.1}},
-        "loss": {"name": "cross_entropy"}, "metrics": [{"name": "perplexity"}],
+        "name": "lm",
+        "seed": 3,
+        "model": {
+            "name": "char_transformer",
+            "args": {
+                "vocab_size": len(set(text.read_text())),
+                "context": 16,
+                "dim": 16,
+                "depth": 1,
+                "num_heads": 2,
+                "dropout": 0.1,
+            },
+        },
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "perplexity"}],
         "optimizer": {"name": "sgd", "args": {"lr": 0.3, "momentum": 0.9}},
         "data_loader": {
             "train": {**loader, "args": {**loader["args"], "split": "train", "batch_size": 8, "shuffle": True}},
@@ -387,7 +467,11 @@ def test_language_model_two_processes_equal_one_device(tmp_path):
     for status, _out, err in finish(start_processes(2, 2, "-c", path, "--run-id", "two")):
         assert status == 0, err
     saved = tmp_path / "saved/lm"
-    rows = lambda name: np.array([[r["train/loss"], r["val/loss"], r["val/perplexity"]] for r in map(
-        json.loads, (saved / name / "metrics.jsonl").read_text().splitlines())])
+    rows = lambda name: np.array(
+        [
+            [r["train/loss"], r["val/loss"], r["val/perplexity"]]
+            for r in map(json.loads, (saved / name / "metrics.jsonl").read_text().splitlines())
+        ]
+    )
     np.testing.assert_allclose(rows("two"), rows("one"), rtol=0, atol=1e-5)
     assert_close_states(saved / "two" / "checkpoint-latest.params", saved / "one" / "checkpoint-latest.params")

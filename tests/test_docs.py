@@ -1,5 +1,6 @@
 """The docs say what the code does: every name they list is registered and every registered name is listed, the README
 stays short, and every relative link leads to a file that exists."""
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,11 @@ def names_table() -> dict[str, list[str]]:
     """docs/config.md's "Names available" table: {kind: the backticked names of its names column}."""
     text = (ROOT / "docs" / "config.md").read_text()
     section = text.split("## Names available", 1)[1].split("\n## ", 1)[0]
-    rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")]
-            for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| ---")
+    ]
     header, *body = rows
     names = header.index("names")
     return {row[0]: re.findall(r"`([^`]+)`", row[names]) for row in body}
@@ -38,7 +42,8 @@ def test_the_names_listed_are_the_registered_ones():
         registered = set(utils.available(kind))
         assert set(names) == registered, (
             f"docs/config.md, {kind}: listed but not registered {sorted(set(names) - registered)}, "
-            f"registered but not listed {sorted(registered - set(names))}")
+            f"registered but not listed {sorted(registered - set(names))}"
+        )
 
 
 def test_the_readme_is_short():
@@ -58,6 +63,7 @@ def test_relative_links_lead_to_files_that_exist(document):
 
 def test_anchors_within_the_docs_exist():
     """A link to `file.md#section` (or `#section`) names a heading of that file, as GitHub spells the anchor."""
+
     def anchors(path: Path) -> set[str]:
         headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
         return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
@@ -68,8 +74,13 @@ def test_anchors_within_the_docs_exist():
         for href in LINK.findall(text):
             path, _, anchor = href.partition("#")
             target = (document.parent / path) if path else document
-            if anchor and "://" not in href and target.suffix == ".md" and target.is_file() \
-                    and anchor not in anchors(target):
+            if (
+                anchor
+                and "://" not in href
+                and target.suffix == ".md"
+                and target.is_file()
+                and anchor not in anchors(target)
+            ):
                 dead.append(f"{document.relative_to(ROOT)}: {href}")
     assert not dead, dead
 
@@ -78,20 +89,25 @@ def test_train_py_lists_every_registered_component():
     import subprocess
     import sys
 
-    listed = subprocess.run([sys.executable, "train.py", "--list"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
+    listed = subprocess.run(
+        [sys.executable, "train.py", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert listed.returncode == 0, listed.stderr
     names = {line.split("(")[0].strip() for line in listed.stdout.splitlines() if line.startswith("  ")}
     for kind in utils.COMPONENT_MODULES:
         assert f"{kind}:" in listed.stdout.splitlines()
         assert set(utils.available(kind)) <= names, kind
     assert "  huber(*, delta: float = 1.0)  [task: regression]" in listed.stdout.splitlines()
-    one = subprocess.run([sys.executable, "train.py", "--list", "schedule"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    one = subprocess.run(
+        [sys.executable, "train.py", "--list", "schedule"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert one.stdout.splitlines()[0] == "schedule:" and len(one.stdout.splitlines()) == 1 + len(
-        utils.available("schedule"))
-    bad = subprocess.run([sys.executable, "train.py", "--list", "lossses"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+        utils.available("schedule")
+    )
+    bad = subprocess.run(
+        [sys.executable, "train.py", "--list", "lossses"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: model, loss, metrics, optimizer, transforms, "
-        "schedule, data_loader, augment, callbacks"]
+        "schedule, data_loader, augment, callbacks"
+    ]

@@ -1,4 +1,5 @@
 """Dropout (eval identity, keep statistics, scaling, keys) and Embedding (vs flax.linen.Embed and numpy)."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ KEY = jax.random.PRNGKey(0)
 
 
 # Dropout
+
 
 def test_dropout_is_identity_in_eval_and_at_rate_zero():
     x = jnp.asarray(RNG.standard_normal((4, 5)), jnp.float32)
@@ -87,6 +89,7 @@ def test_dropout_layers_in_sequential_get_independent_keys():
 
 # Embedding
 
+
 def test_embedding_matches_flax_and_numpy():
     layer = Embedding(num_embeddings=11, features=6)
     ids = jnp.asarray(RNG.integers(0, 11, (3, 4)), jnp.int32)
@@ -136,5 +139,4 @@ def test_embedding_gradient_scatters_into_used_rows():
     np.testing.assert_allclose(g, expected, rtol=1e-6)
     with jax.enable_x64(True):
         table = jnp.asarray(RNG.standard_normal((7, 3)))
-        check_grads(lambda t: layer({"embedding": t}, {}, jnp.asarray(ids))[0], (table,), order=1,
-                    modes=("fwd", "rev"))
+        check_grads(lambda t: layer({"embedding": t}, {}, jnp.asarray(ids))[0], (table,), order=1, modes=("fwd", "rev"))

@@ -1,5 +1,6 @@
 """test.py when its inputs or its output folder fail: one `error:` line, no traceback. Bad input (checkpoint, config,
 --out) exits 2 before anything is evaluated; a file that cannot be written after the results were printed exits 1."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,12 +26,19 @@ def run_template(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
     make_idx_dataset(root / "mnist", n_train=40, n_test=20)
     loader = {"name": "mnist", "args": {"data_dir": str(root / "mnist"), "verify": False, "validation_size": 10}}
-    config = {"name": "tiny", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [8]}},
-              "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
-              "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-              "data_loader": {"train": {**loader, "args": {**loader["args"], "split": "train"}},
-                              "test": {**loader, "args": {**loader["args"], "split": "test"}}},
-              "trainer": {"epochs": 1, "monitor": "off", "save_dir": str(root / "saved")}}
+    config = {
+        "name": "tiny",
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [8]}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {
+            "train": {**loader, "args": {**loader["args"], "split": "train"}},
+            "test": {**loader, "args": {**loader["args"], "split": "test"}},
+        },
+        "trainer": {"epochs": 1, "monitor": "off", "save_dir": str(root / "saved")},
+    }
     run = root / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(config))
@@ -79,8 +87,10 @@ def test_a_read_only_output_folder_exits_1_after_the_results(run_dir, tmp_path, 
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(disk)], capture_output=True)
     if mounted.returncode:
-        pytest.skip(f"cannot mount a read-only tmpfs here ({mounted.stderr.decode().strip() or 'no permission'}); "
-                    "the directory case above covers the same path")
+        pytest.skip(
+            f"cannot mount a read-only tmpfs here ({mounted.stderr.decode().strip() or 'no permission'}); "
+            "the directory case above covers the same path"
+        )
     try:
         status, out, err = evaluate(capsys, "-r", run_dir, "--out", disk / "figures")
     finally:
@@ -100,7 +110,7 @@ def test_out_under_a_regular_file_is_refused_before_evaluating(run_dir, tmp_path
 def test_a_corrupt_checkpoint_is_one_line(run_dir, capsys, damage):
     path = run_dir / "model_best.params"
     data = path.read_bytes()
-    path.write_bytes({"truncated": data[:len(data) // 2], "garbage": b"\x07" * 64, "empty": b""}[damage])
+    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x07" * 64, "empty": b""}[damage])
     status, out, err = evaluate(capsys, "-r", run_dir)
     assert (status, out) == (2, "") and err.startswith(f"error: {path}:"), err
 

@@ -1,5 +1,6 @@
 """inference/convert_tflite.py's arguments checked against themselves, the model and the data before anything is
 exported: each bad one is one `error:` line (exit status 2), no traceback, nothing written."""
+
 from __future__ import annotations
 
 import json
@@ -26,37 +27,49 @@ def refused(capsys, tmp_path, *args) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--input", 1, -28, 28, 1], "error: --input 1 -28 28 1: axis 1 is -28; every size must be a positive integer"),
-    (["--input", 0, 28, 28, 1], "error: --input 0 28 28 1: axis 0 (the batch) is 0;"),
-    (["--input", 28], "error: --input 28: expected a batch and a sample shape"),
-    (["--input", 1, 28, 28, 1, "--input-dtype", "float99"], "error: --input-dtype float99: expected a numeric dtype"),
-    (["--input", 1, 28, 28, 1, "--input-dtype", "str"], "error: --input-dtype str: expected a numeric dtype"),
-    (["--batch", 0], "error: --batch 0: expected a batch size of at least 1"),
-    (["--batch", -2, "--input", 1, 28, 28, 1], "error: --batch -2: expected a batch size of at least 1"),
-    (["--val-examples", -1], "error: --val-examples -1: expected 0"),
-    (["--atol", "nan"], "error: --atol nan: expected a finite number >= 0"),
-    (["--rtol", -1], "error: --rtol -1.0: expected a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--input", 1, -28, 28, 1], "error: --input 1 -28 28 1: axis 1 is -28; every size must be a positive integer"),
+        (["--input", 0, 28, 28, 1], "error: --input 0 28 28 1: axis 0 (the batch) is 0;"),
+        (["--input", 28], "error: --input 28: expected a batch and a sample shape"),
+        (
+            ["--input", 1, 28, 28, 1, "--input-dtype", "float99"],
+            "error: --input-dtype float99: expected a numeric dtype",
+        ),
+        (["--input", 1, 28, 28, 1, "--input-dtype", "str"], "error: --input-dtype str: expected a numeric dtype"),
+        (["--batch", 0], "error: --batch 0: expected a batch size of at least 1"),
+        (["--batch", -2, "--input", 1, 28, 28, 1], "error: --batch -2: expected a batch size of at least 1"),
+        (["--val-examples", -1], "error: --val-examples -1: expected 0"),
+        (["--atol", "nan"], "error: --atol nan: expected a finite number >= 0"),
+        (["--rtol", -1], "error: --rtol -1.0: expected a finite number >= 0"),
+    ],
+)
 def test_bad_arguments_are_one_line(run_dir, tmp_path, capsys, args, message):  # noqa: F811
     assert refused(capsys, tmp_path, "-r", run_dir, *args).startswith(message)
 
 
-@pytest.mark.parametrize("args, data", [
-    (["--input", 1, 32, 32, 1], "float32[1,28,28,1]"),
-    (["--input", 4, 28, 28], "float32[4,28,28,1]"),
-    (["--input", 1, 28, 28, 1, "--input-dtype", "int32"], "float32[1,28,28,1]"),
-])
+@pytest.mark.parametrize(
+    "args, data",
+    [
+        (["--input", 1, 32, 32, 1], "float32[1,28,28,1]"),
+        (["--input", 4, 28, 28], "float32[4,28,28,1]"),
+        (["--input", 1, 28, 28, 1, "--input-dtype", "int32"], "float32[1,28,28,1]"),
+    ],
+)
 def test_an_input_the_data_cannot_check_is_refused_early(run_dir, tmp_path, capsys, args, data):  # noqa: F811
     line = refused(capsys, tmp_path, "-r", run_dir, *args)
     assert f"the validation data's examples are {data}, so they cannot check this export" in line
     assert "--val-examples 0" in line and "JAX accuracy" not in line
 
 
-@pytest.mark.parametrize("args, asked", [
-    (["--input", 1, 32, 32, 1], "float32[1,32,32,1]"),  # the classifier's Linear expects 28x28's features
-    (["--input", 1, 28, 28], "float32[1,28,28]"),  # a rank the convolution cannot take
-])
+@pytest.mark.parametrize(
+    "args, asked",
+    [
+        (["--input", 1, 32, 32, 1], "float32[1,32,32,1]"),  # the classifier's Linear expects 28x28's features
+        (["--input", 1, 28, 28], "float32[1,28,28]"),  # a rank the convolution cannot take
+    ],
+)
 def test_an_input_the_model_cannot_take_names_both_shapes(run_dir, tmp_path, capsys, args, asked):  # noqa: F811
     line = refused(capsys, tmp_path, "-r", run_dir, *args, "--val-examples", 0)
     assert line.startswith(f"error: --input {' '.join(map(str, args[1:]))}: the model cannot take {asked} (")
@@ -81,14 +94,37 @@ def test_an_input_of_another_shape_exports_when_the_model_takes_it(run_dir, tmp_
     run = tmp_path / "convnext"
     run.mkdir()
     data_dir = load_config(run_dir / "config.json")["data_loader"]["validation"]["args"]["data_dir"]
-    config_path = write_config(run, data_dir, {"name": "mnist_convnext",
-                                               "args": {"dims": [4, 8], "depths": [1, 1], "kernel_size": 3}})
+    config_path = write_config(
+        run, data_dir, {"name": "mnist_convnext", "args": {"dims": [4, 8], "depths": [1, 1], "kernel_size": 3}}
+    )
     model = build(load_config(config_path)["model"], "model")
     params, state = model.init(jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1, 28, 28, 1), jnp.float32))
     checkpoint.save(run / "model_best.params", {"params": params, "state": state}, {"epoch": 1, "step": 1})
-    assert convert_tflite.main([str(a) for a in ("-r", run, "--name", "c", "--output-dir", tmp_path / "out",
-                                                 "--formats", "jax", "--input", 1, 32, 32, 1,
-                                                 "--val-examples", 0)]) == 0
+    assert (
+        convert_tflite.main(
+            [
+                str(a)
+                for a in (
+                    "-r",
+                    run,
+                    "--name",
+                    "c",
+                    "--output-dir",
+                    tmp_path / "out",
+                    "--formats",
+                    "jax",
+                    "--input",
+                    1,
+                    32,
+                    32,
+                    1,
+                    "--val-examples",
+                    0,
+                )
+            ]
+        )
+        == 0
+    )
     assert "validation: not checked (--val-examples 0)" in capsys.readouterr().out
     report = json.loads((tmp_path / "out" / "c" / "report.json").read_text())
     assert report["inputs"][0]["shape"] == "[B,32,32,1]" and report["validated_on_real_data"] is False

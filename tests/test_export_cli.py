@@ -3,6 +3,7 @@
 The run folder (config, checkpoint) and its MNIST-format data are built here in a temporary folder. The exported
 files are checked with the runtimes' own APIs, independently of the converter's runner classes.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,14 +29,21 @@ N_VAL = 40
 
 
 def write_config(folder: Path, data_dir: Path, model: dict, loader: str = "mnist", loss: str = "cross_entropy") -> Path:
-    loader = {"name": loader, "args": {"data_dir": str(data_dir), "verify": False, "validation_size": N_VAL,
-                                       "batch_size": 16}}
+    loader = {
+        "name": loader,
+        "args": {"data_dir": str(data_dir), "verify": False, "validation_size": N_VAL, "batch_size": 16},
+    }
     config = {
-        "name": "tiny", "seed": 0, "model": model,
-        "loss": {"name": loss}, "metrics": [{"name": "accuracy"}],
+        "name": "tiny",
+        "seed": 0,
+        "model": model,
+        "loss": {"name": loss},
+        "metrics": [{"name": "accuracy"}],
         "optimizer": {"name": "adamw", "args": {"lr": 1e-3}},
-        "data_loader": {"train": {**loader, "args": {**loader["args"], "split": "train"}},
-                        "validation": {**loader, "args": {**loader["args"], "split": "validation"}}},
+        "data_loader": {
+            "train": {**loader, "args": {**loader["args"], "split": "train"}},
+            "validation": {**loader, "args": {**loader["args"], "split": "validation"}},
+        },
         "trainer": {"epochs": 1, "save_dir": str(folder)},
     }
     path = folder / "config.json"
@@ -82,8 +90,16 @@ def exported(run_dir, tmp_path_factory):
 
 def test_writes_every_format_and_report(exported, run_dir):
     files = {p.name for p in exported.iterdir()}
-    assert {"tiny_mnist.tflite", "tiny_mnist.onnx", "tiny_mnist.jax", "config.json", "model", "report.json",
-            "predict.py", "preprocessing.json"} <= files
+    assert {
+        "tiny_mnist.tflite",
+        "tiny_mnist.onnx",
+        "tiny_mnist.jax",
+        "config.json",
+        "model",
+        "report.json",
+        "predict.py",
+        "preprocessing.json",
+    } <= files
     assert (exported / "model" / "model.py").is_file()
     assert not [p for p in exported.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
     report = json.loads((exported / "report.json").read_text())
@@ -129,9 +145,9 @@ def test_artifacts_equal_the_model_in_their_own_runtimes(exported, run_dir):
     interpreter.allocate_tensors()
     (inp,), (out,) = interpreter.get_input_details(), interpreter.get_output_details()
     for row in range(len(x)):  # batch 1
-        interpreter.set_tensor(inp["index"], x[row:row + 1])
+        interpreter.set_tensor(inp["index"], x[row : row + 1])
         interpreter.invoke()
-        np.testing.assert_allclose(interpreter.get_tensor(out["index"]), want[row:row + 1], atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(interpreter.get_tensor(out["index"]), want[row : row + 1], atol=1e-4, rtol=1e-4)
 
 
 def test_existing_folder_needs_force(exported, run_dir):
@@ -144,8 +160,23 @@ def test_existing_folder_needs_force(exported, run_dir):
 
 
 def test_force_replaces_and_config_weights_input_interface(run_dir, tmp_path):
-    args = ["-c", run_dir / "config.json", "-w", run_dir / "model_best.params", "--input", 1, 28, 28, 1,
-            "--name", "m", "--output-dir", tmp_path, "--val-examples", 8]
+    args = [
+        "-c",
+        run_dir / "config.json",
+        "-w",
+        run_dir / "model_best.params",
+        "--input",
+        1,
+        28,
+        28,
+        1,
+        "--name",
+        "m",
+        "--output-dir",
+        tmp_path,
+        "--val-examples",
+        8,
+    ]
     assert convert(*args, "--formats", "jax") == 0
     assert convert(*args, "--formats", "tflite", "--dynamic-batch", "--force") == 0
     files = {p.name for p in (tmp_path / "m").iterdir()}
@@ -155,24 +186,69 @@ def test_force_replaces_and_config_weights_input_interface(run_dir, tmp_path):
 
 
 def test_batch_fixes_every_format(run_dir, tmp_path):
-    assert convert("-r", run_dir, "--name", "b", "--output-dir", tmp_path, "--batch", 4, "--formats", "onnx,jax",
-                   "--val-examples", 10) == 0
+    assert (
+        convert(
+            "-r",
+            run_dir,
+            "--name",
+            "b",
+            "--output-dir",
+            tmp_path,
+            "--batch",
+            4,
+            "--formats",
+            "onnx,jax",
+            "--val-examples",
+            10,
+        )
+        == 0
+    )
     entries = json.loads((tmp_path / "b" / "report.json").read_text())["formats"]
     assert [e["inputs"][0]["shape"] for e in entries] == ["[4,28,28,1]", "[4,28,28,1]"]
     assert all(e["validation"]["examples"] == 10 for e in entries)  # 10 examples in batches of 4: padding dropped
 
 
 def test_onnx_via_tflite_has_a_symbolic_batch(run_dir, tmp_path):
-    assert convert("-r", run_dir, "--name", "v", "--output-dir", tmp_path, "--formats", "onnx",
-                   "--onnx-via", "tflite", "--val-examples", 8) == 0
+    assert (
+        convert(
+            "-r",
+            run_dir,
+            "--name",
+            "v",
+            "--output-dir",
+            tmp_path,
+            "--formats",
+            "onnx",
+            "--onnx-via",
+            "tflite",
+            "--val-examples",
+            8,
+        )
+        == 0
+    )
     (entry,) = json.loads((tmp_path / "v" / "report.json").read_text())["formats"]
     assert entry["route"].startswith("tf2onnx") and entry["inputs"][0]["shape"] == "[B,28,28,1]"
     assert (entry["inputs"][0]["name"], entry["output"]["name"]) == ("input", "outputs")
 
 
 def test_quantized_tflite_reports_drift(exported, run_dir, tmp_path):
-    assert convert("-r", run_dir, "--name", "q", "--output-dir", tmp_path, "--formats", "tflite",
-                   "--quantize", "dynamic-int8", "--max-accuracy-drop", 100) == 0
+    assert (
+        convert(
+            "-r",
+            run_dir,
+            "--name",
+            "q",
+            "--output-dir",
+            tmp_path,
+            "--formats",
+            "tflite",
+            "--quantize",
+            "dynamic-int8",
+            "--max-accuracy-drop",
+            100,
+        )
+        == 0
+    )
     (entry,) = json.loads((tmp_path / "q" / "report.json").read_text())["formats"]
     float_entry = json.loads((exported / "report.json").read_text())["formats"][0]
     assert entry["quantize"] == "dynamic-int8" and entry["bytes"] < float_entry["bytes"]
@@ -186,8 +262,12 @@ def test_mismatch_fails_names_the_place_and_writes_nothing(run_dir, tmp_path, mo
         return original(route, (lambda x: fn(x) + 1e-2) if route == "jax2tf" else fn, *args, **kwargs)
 
     monkeypatch.setattr(exporter, "export_bytes", off_by_a_bit)
-    assert convert("-r", run_dir, "--name", "bad", "--output-dir", tmp_path, "--formats", "jax,tflite",
-                   "--val-examples", 4) == 1
+    assert (
+        convert(
+            "-r", run_dir, "--name", "bad", "--output-dir", tmp_path, "--formats", "jax,tflite", "--val-examples", 4
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "tflite: FAILED" in err and "output 'outputs'" in err and "worst at example" in err
     assert "--formats jax" in err  # the format that did pass
@@ -203,17 +283,21 @@ def test_onnx_falls_back_to_the_other_route(run_dir, tmp_path, monkeypatch, caps
         return original(route, *args, **kwargs)
 
     monkeypatch.setattr(exporter, "export_bytes", no_jax2onnx)
-    assert convert("-r", run_dir, "--name", "f", "--output-dir", tmp_path, "--formats", "onnx",
-                   "--val-examples", 4) == 0
+    assert (
+        convert("-r", run_dir, "--name", "f", "--output-dir", tmp_path, "--formats", "onnx", "--val-examples", 4) == 0
+    )
     assert "trying tf2onnx" in capsys.readouterr().out
     (entry,) = json.loads((tmp_path / "f" / "report.json").read_text())["formats"]
     assert entry["route"].startswith("tf2onnx") and "unsupported primitive" in entry["failed_routes"][0]
 
 
 def test_usage_errors(run_dir, tmp_path):
-    for args in (["--name", "x"], ["-r", run_dir, "--name", "x", "--formats", "tflite,pt"],
-                 ["-r", run_dir, "--name", "x", "--formats", "onnx", "--quantize", "float16"],
-                 ["-r", tmp_path / "nothing", "--name", "x"]):
+    for args in (
+        ["--name", "x"],
+        ["-r", run_dir, "--name", "x", "--formats", "tflite,pt"],
+        ["-r", run_dir, "--name", "x", "--formats", "onnx", "--quantize", "float16"],
+        ["-r", tmp_path / "nothing", "--name", "x"],
+    ):
         with pytest.raises(SystemExit) as exit_info:
             convert(*args, "--output-dir", tmp_path)
         assert exit_info.value.code == 2
@@ -233,11 +317,20 @@ def bn_attention_net(num_classes: int = 10):
     from model.modules.residual import Residual
     from model.modules.sequential import Sequential
 
-    return Sequential({
-        "conv": Conv2d(8, 3, stride=2), "bn": BatchNorm(), "act": Activation("gelu"), "pool": MaxPool2d(2),
-        "tokens": Lambda(lambda x: x.reshape(x.shape[0], -1, x.shape[-1]), "tokens"),
-        "attn": Residual(MultiHeadAttention(2)), "norm": LayerNorm(), "drop": Dropout(0.3),
-        "flatten": Flatten(), "head": Linear(num_classes)})
+    return Sequential(
+        {
+            "conv": Conv2d(8, 3, stride=2),
+            "bn": BatchNorm(),
+            "act": Activation("gelu"),
+            "pool": MaxPool2d(2),
+            "tokens": Lambda(lambda x: x.reshape(x.shape[0], -1, x.shape[-1]), "tokens"),
+            "attn": Residual(MultiHeadAttention(2)),
+            "norm": LayerNorm(),
+            "drop": Dropout(0.3),
+            "flatten": Flatten(),
+            "head": Linear(num_classes),
+        }
+    )
 
 
 def test_command_on_a_batchnorm_attention_gelu_dropout_model(run_dir, tmp_path, monkeypatch):
@@ -264,12 +357,18 @@ def test_command_on_a_batchnorm_attention_gelu_dropout_model(run_dir, tmp_path, 
 
 def run_predict(*args) -> str:
     """predict.py in a fresh interpreter in which importing JAX or TensorFlow fails."""
-    code = ("import runpy, sys\n"
-            "for name in ('jax', 'tensorflow', 'tf2onnx', 'jax2onnx'): sys.modules[name] = None\n"
-            "sys.argv = sys.argv[1:]\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    done = subprocess.run([sys.executable, "-c", code, str(REPO / "inference" / "predict.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import runpy, sys\n"
+        "for name in ('jax', 'tensorflow', 'tf2onnx', 'jax2onnx'): sys.modules[name] = None\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "inference" / "predict.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -293,15 +392,16 @@ def test_predict_on_images_and_npy(exported, run_dir, tmp_path, suffix):
     lines = [line for line in out.splitlines() if line.startswith(str(tmp_path))]
     assert len(lines) == 4
     for line, p in zip(lines, probabilities):
-        printed = [(int(item.split(" (")[0]), float(item.split(" (")[1].rstrip(")")))
-                   for item in line.split(": ", 1)[1].split(", ")]
+        printed = [
+            (int(item.split(" (")[0]), float(item.split(" (")[1].rstrip(")")))
+            for item in line.split(": ", 1)[1].split(", ")
+        ]
         assert [c for c, _ in printed] == list(np.argsort(-p)[:2])
         np.testing.assert_allclose([q for _, q in printed], p[np.argsort(-p)[:2]], atol=2e-3)
 
 
 def test_without_real_data_the_report_says_so(run_dir, tmp_path, capsys):
-    assert convert("-r", run_dir, "--name", "r", "--output-dir", tmp_path, "--formats", "jax",
-                   "--val-examples", 0) == 0
+    assert convert("-r", run_dir, "--name", "r", "--output-dir", tmp_path, "--formats", "jax", "--val-examples", 0) == 0
     assert "validation: not checked (--val-examples 0); random inputs only" in capsys.readouterr().out
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["validated_on_real_data"] is False and report["validation"] is None
@@ -314,8 +414,13 @@ def test_segmentation_is_judged_by_logit_signs_and_predict_summarises_masks(run_
     run = tmp_path / "run"
     run.mkdir()
     data_dir = load_config(run_dir / "config.json")["data_loader"]["validation"]["args"]["data_dir"]
-    config_path = write_config(run, Path(data_dir), {"name": "mnist_segmenter", "args": {"channels": [4, 8]}},
-                               loader="mnist_segmentation", loss="binary_cross_entropy")
+    config_path = write_config(
+        run,
+        Path(data_dir),
+        {"name": "mnist_segmenter", "args": {"channels": [4, 8]}},
+        loader="mnist_segmentation",
+        loss="binary_cross_entropy",
+    )
     model = build(load_config(config_path)["model"], "model")
     params, state = model.init(jax.random.PRNGKey(4), jax.ShapeDtypeStruct((1, 28, 28, 1), jnp.float32))
     checkpoint.save(run / "model_best.params", {"params": params, "state": state}, {"epoch": 1, "step": 1})
@@ -360,10 +465,13 @@ def pair_data(split="train", batch_size=8, seed=0):
     from data_loader.loader import ArrayDataset, DataLoader
 
     rng = np.random.default_rng(0 if split == "train" else 1)
-    inputs = {"image": rng.standard_normal((24, 4, 4, 1)).astype(np.float32),
-              "features": rng.standard_normal((24, 3)).astype(np.float32)}
-    dataset = ArrayDataset(input=inputs, target=rng.integers(0, 2, 24).astype(np.int32),
-                           preprocessing={"classes": ["no", "yes"]})
+    inputs = {
+        "image": rng.standard_normal((24, 4, 4, 1)).astype(np.float32),
+        "features": rng.standard_normal((24, 3)).astype(np.float32),
+    }
+    dataset = ArrayDataset(
+        input=inputs, target=rng.integers(0, 2, 24).astype(np.int32), preprocessing={"classes": ["no", "yes"]}
+    )
     return DataLoader(dataset, batch_size, seed=seed)
 
 
@@ -379,10 +487,15 @@ def register_run(folder: Path, monkeypatch, loader, model, spec, loss: str = "cr
         monkeypatch.setitem(registry._REGISTERED[kind], function.__name__, registry.Entry(function))
     folder.mkdir()
     args = {"batch_size": 8}
-    config = {"name": folder.name, "seed": 0, "model": {"name": model.__name__, "args": {}}, "loss": {"name": loss},
-              "optimizer": {"name": "adam", "args": {"lr": 1e-3}}, "trainer": {"monitor": "off"},
-              "data_loader": {s: {"name": loader.__name__, "args": {**args, "split": s}}
-                              for s in ("train", "validation")}}
+    config = {
+        "name": folder.name,
+        "seed": 0,
+        "model": {"name": model.__name__, "args": {}},
+        "loss": {"name": loss},
+        "optimizer": {"name": "adam", "args": {"lr": 1e-3}},
+        "trainer": {"monitor": "off"},
+        "data_loader": {s: {"name": loader.__name__, "args": {**args, "split": s}} for s in ("train", "validation")},
+    }
     (folder / "config.json").write_text(json.dumps(config))
     net = model()
     params, state = net.init(jax.random.PRNGKey(0), spec)
@@ -411,8 +524,11 @@ def test_named_inputs_end_to_end_and_predict_reads_npz(tmp_path, monkeypatch):
     np.savez(tmp_path / "pair.npz", image=data["image"][:3], features=data["features"][:3])
     want = np.asarray(jax.nn.softmax(model({k: v[:3] for k, v in data.items()})))
     for suffix in (".onnx", ".tflite"):
-        lines = [line for line in run_predict(out / f"pair{suffix}", tmp_path / "pair.npz", "--top", 1).splitlines()
-                 if "pair.npz[" in line]
+        lines = [
+            line
+            for line in run_predict(out / f"pair{suffix}", tmp_path / "pair.npz", "--top", 1).splitlines()
+            if "pair.npz[" in line
+        ]
         assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == [["no", "yes"][c] for c in want.argmax(1)]
 
 
@@ -440,10 +556,12 @@ def rgb_mlp():
 def test_per_channel_normalisation_end_to_end(tmp_path, monkeypatch):
     from PIL import Image
 
-    model = register_run(tmp_path / "rgb_run", monkeypatch, rgb_data, rgb_mlp,
-                         jax.ShapeDtypeStruct((1, 6, 5, 3), jnp.float32))
-    assert convert("-r", tmp_path / "rgb_run", "--name", "rgb", "--output-dir", tmp_path / "out",
-                   "--formats", "onnx") == 0
+    model = register_run(
+        tmp_path / "rgb_run", monkeypatch, rgb_data, rgb_mlp, jax.ShapeDtypeStruct((1, 6, 5, 3), jnp.float32)
+    )
+    assert (
+        convert("-r", tmp_path / "rgb_run", "--name", "rgb", "--output-dir", tmp_path / "out", "--formats", "onnx") == 0
+    )
     out = tmp_path / "out" / "rgb"
     prep = json.loads((out / "preprocessing.json").read_text())
     assert (prep["mean"], prep["std"], prep["task"]) == (MEAN, STD, "classification")
@@ -452,8 +570,11 @@ def test_per_channel_normalisation_end_to_end(tmp_path, monkeypatch):
     Image.fromarray(pixels).save(tmp_path / "colour.png")  # twice the model's size: predict.py resizes it
     resized = np.asarray(Image.fromarray(pixels).resize((5, 6), Image.BILINEAR), np.float32)
     want = np.asarray(jax.nn.softmax(model(((resized / 255.0 - MEAN) / STD)[None].astype(np.float32))))[0]
-    (line,) = [x for x in run_predict(out / "rgb.onnx", tmp_path / "colour.png", "--top", 3).splitlines()
-               if x.startswith(str(tmp_path))]
+    (line,) = [
+        x
+        for x in run_predict(out / "rgb.onnx", tmp_path / "colour.png", "--top", 3).splitlines()
+        if x.startswith(str(tmp_path))
+    ]
     printed = [item.split(" (") for item in line.split(": ", 1)[1].split(", ")]
     assert [name for name, _ in printed] == [["red", "green", "blue"][c] for c in np.argsort(-want)]
     np.testing.assert_allclose([float(p.rstrip(")")) for _, p in printed], np.sort(want)[::-1], atol=2e-3)
@@ -472,8 +593,9 @@ def test_onnx_from_tflite_keeps_short_input_names_apart():
 
     specs = [jax.ShapeDtypeStruct((1, 3), jnp.float32), jax.ShapeDtypeStruct((1, 3), jnp.int32)]
     names = ["e", "ef"]
-    session = ort.InferenceSession(tflite_to_onnx(export_tflite(fn, specs, names), names),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        tflite_to_onnx(export_tflite(fn, specs, names), names), providers=["CPUExecutionProvider"]
+    )
     assert [(i.name, i.type) for i in session.get_inputs()] == [("e", "tensor(float)"), ("ef", "tensor(int32)")]
     e, ef = np.ones((1, 3), np.float32), np.array([[1, 2, 3]], np.int32)
     np.testing.assert_array_equal(session.run(["outputs"], {"e": e, "ef": ef})[0], [[3.0, 4.0, 5.0]])

@@ -6,6 +6,7 @@ at their batch size, dynamic ones at 1 and a larger size; the check is numpy's a
 finite outputs wherever JAX's are finite. Parameters are perturbed away from their initial values (unit scales,
 zero biases) so that every parameter matters.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,8 @@ from model.modules.sequential import Sequential
 from model.modules.transformer import TransformerBlock
 from utils import available
 
-FIXED = 2          # batch of the fixed-batch exports
-DYNAMIC = (1, 5)   # batches a symbolic-batch export runs at
+FIXED = 2  # batch of the fixed-batch exports
+DYNAMIC = (1, 5)  # batches a symbolic-batch export runs at
 ATOL = RTOL = 1e-4
 IMAGE = (8, 8, 4)  # (H, W, C) for the image layers
 
@@ -75,8 +76,10 @@ CASES = {
     "attention_cross_features": (MultiHeadAttention(2, qkv_features=12, out_features=5), (6, 8), "normal"),
     "residual": (Residual(Sequential([Linear(5), Activation("gelu")])), (4, 5), "normal"),
     "flatten": (Sequential([Flatten(), Linear(3)]), IMAGE, "normal"),
-    **{f"act_{name}": (Activation(name), (4, 6), "wide")
-       for name in ("relu", "gelu", "silu", "hard_swish", "sigmoid", "tanh", "softmax", "log_softmax")},
+    **{
+        f"act_{name}": (Activation(name), (4, 6), "wide")
+        for name in ("relu", "gelu", "silu", "hard_swish", "sigmoid", "tanh", "softmax", "log_softmax")
+    },
     "act_gelu_tanh": (Activation("gelu", approximate=True), (4, 6), "wide"),
     # A batched matmul: with a dynamic batch, TFLite computes its reshape targets with UnsortedSegmentProd.
     "batched_matmul": (Lambda(lambda x: x @ jnp.swapaxes(x, 1, 2)), (4, 6), "normal"),
@@ -93,11 +96,13 @@ CASES = {
     "causal_attention": (MultiHeadAttention(2, use_bias=False, causal=True), (6, 8), "normal"),
     "transformer_block": (TransformerBlock(2, mlp_ratio=2, dropout=0.1), (6, 8), "normal"),
     # int32 token ids in, logits per position out; the position slice and the tied head in every route.
-    "char_transformer": (samples.char_transformer(vocab_size=11, context=8, dim=16, depth=2, num_heads=2), (8,),
-                         "ids"),
+    "char_transformer": (samples.char_transformer(vocab_size=11, context=8, dim=16, depth=2, num_heads=2), (8,), "ids"),
     # named inputs: one sample shape per input, each a named input of the export
-    "image_and_features": (samples.image_and_features(num_classes=3, channels=(4,), hidden=8, width=8),
-                           {"image": IMAGE, "features": (5,)}, "normal"),
+    "image_and_features": (
+        samples.image_and_features(num_classes=3, channels=(4,), hidden=8, width=8),
+        {"image": IMAGE, "features": (5,)},
+        "normal",
+    ),
 }
 
 ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
@@ -113,8 +118,9 @@ def setup(case):
     """(fn, the inputs at the fixed batch, input generator) for a case, with perturbed params and state."""
     module, sample, kind = CASES[case]
     dtype = jnp.int32 if kind == "ids" else jnp.float32
-    spec = jax.tree.map(lambda shape: jax.ShapeDtypeStruct((FIXED, *shape), dtype), sample,
-                        is_leaf=lambda node: isinstance(node, tuple))
+    spec = jax.tree.map(
+        lambda shape: jax.ShapeDtypeStruct((FIXED, *shape), dtype), sample, is_leaf=lambda node: isinstance(node, tuple)
+    )
     key = jax.random.PRNGKey(len(case))
     params, state = module.init(key, spec)
     # Away from unit scales, zero biases and (0, 1) batch statistics, so that every leaf matters; variances stay > 0.
@@ -134,8 +140,11 @@ def setup(case):
         if kind == "ids":
             vocabulary = getattr(module, "num_embeddings", None) or module.vocab_size
             return rng.integers(0, vocabulary, (n, *sample)).astype(np.int32)
-        return jax.tree.map(lambda shape: (rng.standard_normal((n, *shape)) * (3.0 if kind == "wide" else 1.0))
-                            .astype(np.float32), sample, is_leaf=lambda node: isinstance(node, tuple))
+        return jax.tree.map(
+            lambda shape: (rng.standard_normal((n, *shape)) * (3.0 if kind == "wide" else 1.0)).astype(np.float32),
+            sample,
+            is_leaf=lambda node: isinstance(node, tuple),
+        )
 
     return fn, Inputs(spec, FIXED), inputs
 
@@ -153,8 +162,9 @@ def load(case, route):
     if route == "onnx":
         return OnnxModel(export_onnx(inputs.flat_fn(fn), inputs.specs, inputs.names, output_name="output"))
     if route in ("onnx_via_tflite", "onnx_via_tflite_dynamic"):
-        return OnnxModel(tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), inputs.names,
-                                        output_name="output"))
+        return OnnxModel(
+            tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), inputs.names, output_name="output")
+        )
     return JaxModel(export_jax(inputs.flat_fn(fn), inputs.specs), inputs.names)
 
 
@@ -208,8 +218,12 @@ def test_every_layer_is_in_the_matrix():
             covered.add(type(layer).__name__)
             stack += list(layer.children().values()) + ([layer.body] if isinstance(layer, Residual) else [])
     files = [importlib.import_module(f"model.modules.{info.name}") for info in pkgutil.iter_modules(modules.__path__)]
-    layers = {name for file in (*files, samples) for name, obj in vars(file).items()
-              if inspect.isclass(obj) and issubclass(obj, Module) and obj.__module__ == file.__name__}
+    layers = {
+        name
+        for file in (*files, samples)
+        for name, obj in vars(file).items()
+        if inspect.isclass(obj) and issubclass(obj, Module) and obj.__module__ == file.__name__
+    }
     missing = layers - covered - set(NOT_IN_MATRIX) - {"Module"}
     assert not missing, f"layers not in the export matrix (add a case, or a reason to NOT_IN_MATRIX): {sorted(missing)}"
 
@@ -218,6 +232,7 @@ def test_every_sample_model_is_in_the_matrix():
     """A model a config can name (registered in model/model.py) must be a case of its own, under its own name, or in
     NOT_IN_MATRIX with a reason."""
     missing = set(available("model")) - set(CASES) - set(NOT_IN_MATRIX)
-    assert not missing, f"sample models not in the export matrix (add a case, or a reason to NOT_IN_MATRIX): " \
-                        f"{sorted(missing)}"
+    assert not missing, (
+        f"sample models not in the export matrix (add a case, or a reason to NOT_IN_MATRIX): {sorted(missing)}"
+    )
     assert all(reason.strip() for reason in NOT_IN_MATRIX.values()), "every NOT_IN_MATRIX entry needs its reason"

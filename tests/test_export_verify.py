@@ -1,4 +1,5 @@
 """inference/verify.py against numpy's isclose, and inference/predict.py's batching, on random data."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -67,6 +68,7 @@ def test_agreement_and_quality_follow_the_task():
 
 class FixedBatch:
     """A model that only accepts batches of 4 and records what it was given."""
+
     inputs = [{"name": "input", "shape": (4, 3)}]
 
     def __init__(self):
@@ -128,7 +130,9 @@ def test_runners_take_one_array_or_named_arrays():
     specs = [jax.ShapeDtypeStruct((1, 3), np.float32), jax.ShapeDtypeStruct((1, 3), np.int32)]
     model = JaxModel(export_jax(fn, specs), ["features", "ids"])
     assert [(i["name"], i["shape"], i["dtype"]) for i in model.inputs] == [
-        ("features", (None, 3), np.float32), ("ids", (None, 3), np.int32)]
+        ("features", (None, 3), np.float32),
+        ("ids", (None, 3), np.int32),
+    ]
     x = {"ids": np.arange(6).reshape(2, 3), "features": np.ones((2, 3))}  # any order; cast to the inputs' dtypes
     np.testing.assert_array_equal(model(x), 2.0 + np.arange(6).reshape(2, 3))
     with pytest.raises(ValueError, match=r"missing inputs \['ids'\]"):

@@ -1,5 +1,6 @@
 """utils.fit: a config trained from Python, as a notebook would, returns the rows train.py logs, with the numbers of
 the same config trained by train.py."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ def test_fit_from_python_gives_train_py_s_rows(tmp_path, data_dir):
 
 def test_fit_refuses_a_bad_config_before_reading_data(tmp_path):
     with pytest.raises(ConfigError, match="config: model.name: unknown model 'mlpp'"):
-        fit({"name": "t", "model": {"name": "mlpp"}, "loss": {"name": "cross_entropy"},
-             "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-             "data_loader": {"train": {"name": "mnist", "args": {"data_dir": str(tmp_path / "none")}}}},
-            run_dir=tmp_path / "never")
+        fit(
+            {
+                "name": "t",
+                "model": {"name": "mlpp"},
+                "loss": {"name": "cross_entropy"},
+                "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+                "data_loader": {"train": {"name": "mnist", "args": {"data_dir": str(tmp_path / "none")}}},
+            },
+            run_dir=tmp_path / "never",
+        )
     assert not (tmp_path / "never").exists()

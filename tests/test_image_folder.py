@@ -1,6 +1,7 @@
 """The image-folder data set: decoding every mode and format the way predict.py does, stable seeded splits, the
 disk cache (built once, memory-mapped, invalidated by a changed file, atomic), corrupt files and empty class folders,
 config errors through train.py, and a tiny end-to-end run."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -58,8 +59,15 @@ def test_pixels_labels_classes_and_batch_format(tmp_path):
     for path, (image, label) in rows_of(data).items():
         np.testing.assert_array_equal(image, pixels[path])  # no resize: the exact pixels written
         assert data.classes[label] == path.parent.name
-    assert data.preprocessing == {"classes": ["c0", "c1", "c2"], "input_size": [6, 7], "channels": 3,
-                                  "layout": "NHWC", "resize": "bilinear", "color": "RGB", "pixel_scale": 1.0}
+    assert data.preprocessing == {
+        "classes": ["c0", "c1", "c2"],
+        "input_size": [6, 7],
+        "channels": 3,
+        "layout": "NHWC",
+        "resize": "bilinear",
+        "color": "RGB",
+        "pixel_scale": 1.0,
+    }
     scaled = ImageFolderDataset(tmp_path / "data", cache_dir=tmp_path / "cache", dtype="float32")
     x = scaled.get_batch(np.arange(3))["input"]
     assert x.dtype == np.float32
@@ -125,8 +133,10 @@ def test_split_is_a_stable_stratified_partition(tmp_path):
     before = {files[i] for i in validation}
     after = {files2[i] for i in split_rows(root, files2, labels2, "validation", 0.2, 0)}
     assert len(before - after) <= 1 and len(after - before) <= 1
-    loaders = [image_folder(str(root), split=s, validation_fraction=0.2, cache_dir=str(tmp_path / "c"),
-                            batch_size=8) for s in ("train", "validation")]
+    loaders = [
+        image_folder(str(root), split=s, validation_fraction=0.2, cache_dir=str(tmp_path / "c"), batch_size=8)
+        for s in ("train", "validation")
+    ]
     assert {len(loader.dataset) for loader in loaders} == {49, 12}
     assert not set(loaders[0].dataset.files) & set(loaders[1].dataset.files)
     # a test split: the next files of each class's ranking, so the validation split stays the same
@@ -195,7 +205,7 @@ def test_corrupt_files_fail_by_path_or_are_skipped_and_counted(tmp_path, caplog)
     write_folder(root)
     (root / "c0" / "zero.png").write_bytes(b"")
     good = (root / "c1" / "00.png").read_bytes()
-    (root / "c1" / "cut.png").write_bytes(good[:len(good) // 2])
+    (root / "c1" / "cut.png").write_bytes(good[: len(good) // 2])
     (root / "c2" / "text.jpg").write_text("hello")
     with pytest.raises(ValueError) as error:
         ImageFolderDataset(root, cache_dir=tmp_path / "cache")
@@ -227,20 +237,27 @@ def test_folder_errors(tmp_path):
     with pytest.raises(ValueError, match="no folder for class 'c9'; class folders there: c0, c1, c2, empty"):
         ImageFolderDataset(root, classes=["c0", "c9"], cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="the validation split is empty"):
-        ImageFolderDataset(root, classes=["c0"], split="validation", validation_fraction=0.1,
-                           cache_dir=tmp_path / "cache")
+        ImageFolderDataset(
+            root, classes=["c0"], split="validation", validation_fraction=0.1, cache_dir=tmp_path / "cache"
+        )
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"sizes": [8, 8]}, "data_loader.train.args.sizes: unknown argument. Did you mean 'size'?"),
-    ({"size": [8, 0]}, "data_loader.train.args.size: expected [height, width]"),
-    ({"channels": 4}, "data_loader.train.args.channels: expected 1 (gray) or 3 (RGB), got 4"),
-    ({"split": "val"}, "data_loader.train.args.split: expected one of 'all', 'train', 'validation', 'test', got 'val'"),
-    ({"on_error": "ignore"}, "data_loader.train.args.on_error: expected \"fail\" or \"skip\""),
-    ({"root": "MISSING"}, "data_loader.train: MISSING: no such folder"),
-    ({"dtype": "float16"}, "data_loader.train.args.dtype: expected \"uint8\""),
-    ({"root": "CORRUPT"}, "c1/bad.png: cannot decode it as an image"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"sizes": [8, 8]}, "data_loader.train.args.sizes: unknown argument. Did you mean 'size'?"),
+        ({"size": [8, 0]}, "data_loader.train.args.size: expected [height, width]"),
+        ({"channels": 4}, "data_loader.train.args.channels: expected 1 (gray) or 3 (RGB), got 4"),
+        (
+            {"split": "val"},
+            "data_loader.train.args.split: expected one of 'all', 'train', 'validation', 'test', got 'val'",
+        ),
+        ({"on_error": "ignore"}, 'data_loader.train.args.on_error: expected "fail" or "skip"'),
+        ({"root": "MISSING"}, "data_loader.train: MISSING: no such folder"),
+        ({"dtype": "float16"}, 'data_loader.train.args.dtype: expected "uint8"'),
+        ({"root": "CORRUPT"}, "c1/bad.png: cannot decode it as an image"),
+    ],
+)
 def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch, args, message):
     root = tmp_path / "data"
     write_folder(root)
@@ -251,11 +268,16 @@ def test_config_errors_are_one_line_with_status_2(tmp_path, capsys, monkeypatch,
     elif args.get("root") == "CORRUPT":  # a file that fails to decode: named, and no cache folder left
         loader_args["root"] = str(root)
         (root / "c1" / "bad.png").write_bytes(b"\x89PNG broken")
-    config = {"name": "folder", "seed": 0, "model": {"name": "mlp", "args": {"hidden": [8], "num_classes": 3}},
-              "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
-              "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-              "data_loader": {"train": {"name": "image_folder", "args": loader_args}},
-              "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"}}
+    config = {
+        "name": "folder",
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [8], "num_classes": 3}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {"train": {"name": "image_folder", "args": loader_args}},
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"},
+    }
     line = train_error(tmp_path, capsys, monkeypatch, config)
     assert message in line, line
     assert not (tmp_path / "saved").exists() and not (root / ".cache").exists()
@@ -271,16 +293,30 @@ def test_train_py_from_an_image_folder(tmp_path):
         for i in range(24):
             value = 40 + 150 * k + i
             Image.fromarray(np.full((12, 10), value, np.uint8), "L").save(root / name / f"{i}.png")
-    loader = {"root": str(root), "size": [8, 8], "channels": 1, "dtype": "float32", "validation_fraction": 0.25,
-              "test_fraction": 0.25, "cache_dir": str(tmp_path / "cache"), "batch_size": 8}
-    config = {"name": "folder", "seed": 0,
-              "model": {"name": "mnist_cnn", "args": {"num_classes": 2, "channels": [4], "hidden": 8}},
-              "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}],
-              "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-              "data_loader": {"train": {"name": "image_folder", "args": {**loader, "split": "train", "shuffle": True}},
-                              "validation": {"name": "image_folder", "args": {**loader, "split": "validation"}},
-                              "test": {"name": "image_folder", "args": {**loader, "split": "test"}}},
-              "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "log_every": 1}}
+    loader = {
+        "root": str(root),
+        "size": [8, 8],
+        "channels": 1,
+        "dtype": "float32",
+        "validation_fraction": 0.25,
+        "test_fraction": 0.25,
+        "cache_dir": str(tmp_path / "cache"),
+        "batch_size": 8,
+    }
+    config = {
+        "name": "folder",
+        "seed": 0,
+        "model": {"name": "mnist_cnn", "args": {"num_classes": 2, "channels": [4], "hidden": 8}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {
+            "train": {"name": "image_folder", "args": {**loader, "split": "train", "shuffle": True}},
+            "validation": {"name": "image_folder", "args": {**loader, "split": "validation"}},
+            "test": {"name": "image_folder", "args": {**loader, "split": "test"}},
+        },
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "log_every": 1},
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     result = run("train.py", "-c", tmp_path / "config.json", "--run-id", "r")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,5 @@
 """Initialisers against jax.nn.initializers (same key, same algorithm) or by their statistics."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,9 +38,17 @@ def test_fans_of_dense_and_hwio_kernels():
     assert initializers.fans(()) == (1, 1)
 
 
-@pytest.mark.parametrize("name, scale, mode", [
-    ("he_normal", 2.0, "fan_in"), ("he_uniform", 2.0, "fan_in"), ("glorot_normal", 1.0, "fan_avg"),
-    ("glorot_uniform", 1.0, "fan_avg"), ("lecun_normal", 1.0, "fan_in"), ("lecun_uniform", 1.0, "fan_in")])
+@pytest.mark.parametrize(
+    "name, scale, mode",
+    [
+        ("he_normal", 2.0, "fan_in"),
+        ("he_uniform", 2.0, "fan_in"),
+        ("glorot_normal", 1.0, "fan_avg"),
+        ("glorot_uniform", 1.0, "fan_avg"),
+        ("lecun_normal", 1.0, "fan_in"),
+        ("lecun_uniform", 1.0, "fan_in"),
+    ],
+)
 def test_variance_scaling_statistics_on_hwio(name, scale, mode):
     shape = (5, 5, 32, 64)  # 51,200 samples: std estimate within ~1%
     fan_in, fan_out = 5 * 5 * 32, 5 * 5 * 64
@@ -56,10 +65,12 @@ def test_variance_scaling_statistics_on_hwio(name, scale, mode):
 
 def test_normal_equals_jax_and_uniform_statistics():
     key = jax.random.key(2)
-    np.testing.assert_allclose(initializers.get("normal")(key, (100, 10)),
-                               jax.nn.initializers.normal(0.01)(key, (100, 10)), rtol=1e-6)
-    np.testing.assert_allclose(initializers.normal(0.5)(key, (4, 4)), jax.nn.initializers.normal(0.5)(key, (4, 4)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        initializers.get("normal")(key, (100, 10)), jax.nn.initializers.normal(0.01)(key, (100, 10)), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        initializers.normal(0.5)(key, (4, 4)), jax.nn.initializers.normal(0.5)(key, (4, 4)), rtol=1e-6
+    )
     # jax.nn.initializers.uniform samples [0, scale); ours is symmetric [-scale, scale): compare statistics.
     w = np.asarray(initializers.uniform(0.2)(key, (200, 200)))
     assert w.min() >= -0.2 and w.max() <= 0.2

@@ -1,4 +1,5 @@
 """Linear against numpy on rank-1, rank-2 and rank-3 inputs."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

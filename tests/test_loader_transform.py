@@ -1,6 +1,7 @@
 """The DataLoader's `transform` hook: called per host batch with the epoch, the batch's index and a numpy Generator
 seeded by (seed, epoch, index) only, so a random host transform is reproducible and a mid-epoch resume sees the same
 numbers as an uninterrupted epoch."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,12 +30,14 @@ def test_transform_gets_epoch_index_and_a_reproducible_generator():
         np.testing.assert_array_equal(a["input"], b["input"])
     # the transform saw the padded last batch with its mask (20 = 3 x 6 + 2)
     assert epoch[-1]["mask"].tolist() == [1, 1, 0, 0, 0, 0]
+
     # other epochs and seeds draw other numbers; the noise is not the shuffling's stream
     def noise(seed, epoch):
         plain = make(seed)
         plain.transform = None
-        return np.concatenate([t["input"] - p["input"] for t, p in zip(make(seed).batches(epoch),
-                                                                        plain.batches(epoch))])
+        return np.concatenate(
+            [t["input"] - p["input"] for t, p in zip(make(seed).batches(epoch), plain.batches(epoch))]
+        )
 
     n3 = noise(0, 3)
     assert np.all(np.abs(n3) <= 1) and n3.std() > 0.3

@@ -1,4 +1,5 @@
 """Long runs: step checkpoints with rotation, resume from any of them, `-r auto` for requeued jobs, debug modes."""
+
 from __future__ import annotations
 
 import json
@@ -93,7 +94,8 @@ def test_resume_auto_needs_a_run_name(tmp_path, data_dir):
     result = run("train.py", "-r", "auto", "-c", fault_config(tmp_path, data_dir))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: -r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it"]
+        "error: -r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it"
+    ]
 
 
 def test_fast_dev_run_checks_everything_and_leaves_nothing(tmp_path, data_dir):
@@ -118,7 +120,8 @@ def test_limit_and_overfit_batches(tmp_path, data_dir):
     assert rows[-1]["step"] == 25 and rows[-1]["val/loss"] < 0.01, rows[-1]
     bad = run("train.py", "-c", config, "--overfit-batches", "0")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "error: --overfit-batches: expected a number of batches >= 1, got 0"]
+        "error: --overfit-batches: expected a number of batches >= 1, got 0"
+    ]
 
 
 def test_detect_nans_names_the_first_bad_operation(tmp_path, data_dir):
@@ -127,13 +130,28 @@ def test_detect_nans_names_the_first_bad_operation(tmp_path, data_dir):
     it. Which operation that is depends on the CPU's kernels (the loss's sub on some, the model's dot_general on
     others), so the test checks that a real line of this project is named, not which one."""
     config = fault_config(tmp_path, data_dir)
-    result = run("train.py", "-c", config, "--detect-nans", "--set", "optimizer.args.lr=1e30", "--set",
-                 "trainer.steps_per_call=1", "--limit-batches", "3", "--run-id", "n")
+    result = run(
+        "train.py",
+        "-c",
+        config,
+        "--detect-nans",
+        "--set",
+        "optimizer.args.lr=1e30",
+        "--set",
+        "trainer.steps_per_call=1",
+        "--limit-batches",
+        "3",
+        "--run-id",
+        "n",
+    )
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("--detect-nans:")]
     assert len(lines) == 1, result.stdout
-    found = re.fullmatch(r"--detect-nans: invalid value \(nan\) encountered in (\w+) at ([\w/]+\.py):(\d+) "
-                         r"\((.+)\); training stopped", lines[0])
+    found = re.fullmatch(
+        r"--detect-nans: invalid value \(nan\) encountered in (\w+) at ([\w/]+\.py):(\d+) "
+        r"\((.+)\); training stopped",
+        lines[0],
+    )
     assert found, lines[0]
     source = ROOT / found[2]
     assert source.is_file() and ".venv" not in source.parts, lines[0]

@@ -1,4 +1,5 @@
 """Losses against optax and numpy on random data, with masks, extreme logits and numerical gradients."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,8 +41,10 @@ def test_cross_entropy_integer_labels(smoothing):
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
 def test_cross_entropy_soft_labels(smoothing):
     logits, probs = _logits(B, C), _probs(B, C)
-    _close(losses.cross_entropy(logits, probs, label_smoothing=smoothing),
-           optax.softmax_cross_entropy(logits, optax.smooth_labels(probs, smoothing)))
+    _close(
+        losses.cross_entropy(logits, probs, label_smoothing=smoothing),
+        optax.softmax_cross_entropy(logits, optax.smooth_labels(probs, smoothing)),
+    )
 
 
 def test_cross_entropy_one_hot_equals_ids_and_sequence_is_mean_over_positions():
@@ -62,8 +65,10 @@ def test_binary_cross_entropy():
     logits, labels = _logits(B, 4), jnp.asarray(rng.random((B, 4)), jnp.float32)
     _close(losses.binary_cross_entropy(logits, labels), optax.sigmoid_binary_cross_entropy(logits, labels).mean(1))
     hard = (labels > 0.5).astype(jnp.int32)
-    _close(losses.binary_cross_entropy(logits, hard),
-           optax.sigmoid_binary_cross_entropy(logits, hard.astype(jnp.float32)).mean(1))
+    _close(
+        losses.binary_cross_entropy(logits, hard),
+        optax.sigmoid_binary_cross_entropy(logits, hard.astype(jnp.float32)).mean(1),
+    )
 
 
 def test_regression_losses():
@@ -96,8 +101,7 @@ def test_kl_divergence():
     reference = np.where(t > 0, t * (np.log(np.where(t > 0, t, 1)) - lp), 0).sum(1)
     _close(losses.kl_divergence(log_predictions, targets), reference)
     logits = _logits(B, C)
-    _close(losses.kl_divergence_with_logits(logits, targets),
-           optax.kl_divergence(jax.nn.log_softmax(logits), targets))
+    _close(losses.kl_divergence_with_logits(logits, targets), optax.kl_divergence(jax.nn.log_softmax(logits), targets))
     _close(losses.kl_divergence(jnp.log(targets + 1e-30), targets), np.zeros(B), atol=1e-6)
 
 
@@ -126,14 +130,19 @@ def _stability_cases():
     soft, bits = _probs(B, C), jnp.asarray(rng.integers(0, 2, (B, C)), jnp.float32)
     smoothed = optax.smooth_labels(jax.nn.one_hot(ids, C), 0.1)
     return {  # name: (loss, optax reference)
-        "cross_entropy_ids": (lambda x: losses.cross_entropy(x, ids, label_smoothing=0.1),
-                              lambda x: optax.softmax_cross_entropy(x, smoothed)),
-        "cross_entropy_soft": (lambda x: losses.cross_entropy(x, soft),
-                               lambda x: optax.softmax_cross_entropy(x, soft)),
-        "binary_cross_entropy": (lambda x: losses.binary_cross_entropy(x, bits),
-                                 lambda x: optax.sigmoid_binary_cross_entropy(x, bits).mean(1)),
-        "kl_divergence_with_logits": (lambda x: losses.kl_divergence_with_logits(x, soft),
-                                      lambda x: optax.kl_divergence(jax.nn.log_softmax(x), soft)),
+        "cross_entropy_ids": (
+            lambda x: losses.cross_entropy(x, ids, label_smoothing=0.1),
+            lambda x: optax.softmax_cross_entropy(x, smoothed),
+        ),
+        "cross_entropy_soft": (lambda x: losses.cross_entropy(x, soft), lambda x: optax.softmax_cross_entropy(x, soft)),
+        "binary_cross_entropy": (
+            lambda x: losses.binary_cross_entropy(x, bits),
+            lambda x: optax.sigmoid_binary_cross_entropy(x, bits).mean(1),
+        ),
+        "kl_divergence_with_logits": (
+            lambda x: losses.kl_divergence_with_logits(x, soft),
+            lambda x: optax.kl_divergence(jax.nn.log_softmax(x), soft),
+        ),
     }
 
 
@@ -151,8 +160,19 @@ def test_stable_at_large_logits(name):
     _close(grad, jax.grad(lambda x: reference(x).sum())(logits))
 
 
-@pytest.mark.parametrize("name", ["cross_entropy", "cross_entropy_soft", "binary_cross_entropy", "mse", "l1", "huber",
-                                  "kl_divergence", "kl_divergence_with_logits"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cross_entropy",
+        "cross_entropy_soft",
+        "binary_cross_entropy",
+        "mse",
+        "l1",
+        "huber",
+        "kl_divergence",
+        "kl_divergence_with_logits",
+    ],
+)
 def test_gradients(name):
     x = _logits(4, 3, scale=1.0)
     ids, soft, other = jnp.asarray(rng.integers(0, 3, 4)), _probs(4, 3), _logits(4, 3, scale=1.0)
@@ -169,7 +189,13 @@ def test_gradients(name):
     check_grads(fn, (x,), order=1, modes=("fwd", "rev"))
 
 
-
 def test_config_names_only_losses():
-    assert set(available("loss")) == {"cross_entropy", "binary_cross_entropy", "mse", "l1", "huber", "kl_divergence",
-                                   "kl_divergence_with_logits"}
+    assert set(available("loss")) == {
+        "cross_entropy",
+        "binary_cross_entropy",
+        "mse",
+        "l1",
+        "huber",
+        "kl_divergence",
+        "kl_divergence_with_logits",
+    }

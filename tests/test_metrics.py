@@ -1,4 +1,5 @@
 """Metrics against numpy references (sklearn definitions, zero_division=0) on random, masked and ragged batches."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +14,7 @@ rng = np.random.default_rng(0)
 
 
 # ---- numpy references, written from the definitions on the examples left after masking ----
+
 
 def np_classes(outputs, targets):
     if outputs.shape[-1] == 1:
@@ -54,11 +56,17 @@ def np_metric(name, outputs, targets):
 
 
 FACTORIES = {
-    "accuracy": metrics.accuracy, "top_2_accuracy": lambda: metrics.top_k_accuracy(2),
-    "precision": metrics.precision, "recall": metrics.recall, "f1": metrics.f1,
-    "precision_none": lambda: metrics.precision("none"), "recall_none": lambda: metrics.recall("none"),
-    "f1_none": lambda: metrics.f1("none"), "confusion_matrix": metrics.confusion_matrix,
-    "mae": metrics.mae, "rmse": metrics.rmse,
+    "accuracy": metrics.accuracy,
+    "top_2_accuracy": lambda: metrics.top_k_accuracy(2),
+    "precision": metrics.precision,
+    "recall": metrics.recall,
+    "f1": metrics.f1,
+    "precision_none": lambda: metrics.precision("none"),
+    "recall_none": lambda: metrics.recall("none"),
+    "f1_none": lambda: metrics.f1("none"),
+    "confusion_matrix": metrics.confusion_matrix,
+    "mae": metrics.mae,
+    "rmse": metrics.rmse,
 }
 REGRESSION = ("mae", "rmse")
 
@@ -120,8 +128,10 @@ def test_zero_division_convention():
     # Every example is predicted as class 0; classes 1 and 2 occur only as targets; class 3 occurs nowhere.
     outputs = np.eye(C, dtype=np.float32)[[0, 0, 0, 0]]
     targets = np.array([0, 1, 1, 2])
-    p, r, f = (np.asarray(metrics.compute(m("none"), outputs, targets))
-               for m in (metrics.precision, metrics.recall, metrics.f1))
+    p, r, f = (
+        np.asarray(metrics.compute(m("none"), outputs, targets))
+        for m in (metrics.precision, metrics.recall, metrics.f1)
+    )
     np.testing.assert_array_equal(p, [0.25, 0, 0, 0])  # classes 1-3 never predicted
     np.testing.assert_array_equal(r, [1, 0, 0, 0])  # classes 1, 2 missed; class 3 has no support
     _close(f, [0.4, 0, 0, 0])
@@ -150,6 +160,7 @@ def test_values_names_and_errors():
 # Each reference receives the whole data and a boolean ``keep`` of its unit shape (the ids' shape for perplexity and
 # mean_iou, the outputs' shape for the element-wise metrics) and looks at the kept units only, so garbage elsewhere
 # never reaches it.
+
 
 def np_perplexity(outputs, targets, keep):
     log_p = log_softmax(outputs[keep].astype(np.float64), axis=-1)
@@ -185,8 +196,9 @@ def np_mean_iou(outputs, targets, keep, average="macro"):
     tgt = targets.reshape(keep.shape)[keep] if outputs.shape[-1] == 1 else targets[keep]
     pred, true = np_classes(out, tgt)
     num_classes = max(outputs.shape[-1], 2)
-    scores = np.array([np.sum((pred == c) & (true == c)) / max(np.sum((pred == c) | (true == c)), 1)
-                       for c in range(num_classes)])
+    scores = np.array(
+        [np.sum((pred == c) & (true == c)) / max(np.sum((pred == c) | (true == c)), 1) for c in range(num_classes)]
+    )
     present = np.isin(np.arange(num_classes), np.union1d(pred, true))
     return scores if average == "none" else np_macro(scores, present)
 
@@ -228,27 +240,48 @@ def _segment_one_hot(n):
 
 
 def _multilabel_refs(threshold=0.5):
-    return [(lambda which=which, average=average: getattr(metrics, f"multilabel_{which}")(average, threshold),
-             lambda o, t, k, which=which, average=average: np_multilabel(o, t, k, which, average, threshold))
-            for which in ("precision", "recall", "f1") for average in ("macro", "none")]
+    return [
+        (
+            lambda which=which, average=average: getattr(metrics, f"multilabel_{which}")(average, threshold),
+            lambda o, t, k, which=which, average=average: np_multilabel(o, t, k, which, average, threshold),
+        )
+        for which in ("precision", "recall", "f1")
+        for average in ("macro", "none")
+    ]
 
 
-MEAN_IOU = [(metrics.mean_iou, np_mean_iou),
-            (lambda: metrics.mean_iou("none"), lambda o, t, k: np_mean_iou(o, t, k, "none"))]
+MEAN_IOU = [
+    (metrics.mean_iou, np_mean_iou),
+    (lambda: metrics.mean_iou("none"), lambda o, t, k: np_mean_iou(o, t, k, "none")),
+]
 
 # data name: (data(n) -> (outputs, targets), unit, [(factory, reference(outputs, targets, keep)), ...]); the unit is
 # what a mask entry covers: "ids" the outputs' shape without the class axis, "outputs" every element.
 GROUPS = {
-    "tokens": (_tokens, "ids", [(metrics.perplexity, np_perplexity),
-                                (metrics.accuracy, lambda o, t, k: np_metric("accuracy", o[k], t[k]))]),
+    "tokens": (
+        _tokens,
+        "ids",
+        [(metrics.perplexity, np_perplexity), (metrics.accuracy, lambda o, t, k: np_metric("accuracy", o[k], t[k]))],
+    ),
     "soft_tokens": (_soft_tokens, "ids", [(metrics.perplexity, np_perplexity)]),
-    "labels": (_labels, "outputs", [
-        (metrics.binary_accuracy, np_binary_accuracy),
-        (lambda: metrics.binary_accuracy(0.7), lambda o, t, k: np_binary_accuracy(o, t, k, 0.7)),
-        *_multilabel_refs(), *_multilabel_refs(0.3)[-2:]]),
-    "segmentation_masks": (_masks, "outputs", [
-        (metrics.binary_accuracy, np_binary_accuracy),  # pixel accuracy
-        (metrics.multilabel_f1, lambda o, t, k: np_multilabel(o, t, k, "f1"))]),  # Dice of the foreground
+    "labels": (
+        _labels,
+        "outputs",
+        [
+            (metrics.binary_accuracy, np_binary_accuracy),
+            (lambda: metrics.binary_accuracy(0.7), lambda o, t, k: np_binary_accuracy(o, t, k, 0.7)),
+            *_multilabel_refs(),
+            *_multilabel_refs(0.3)[-2:],
+        ],
+    ),
+    "segmentation_masks": (
+        _masks,
+        "outputs",
+        [
+            (metrics.binary_accuracy, np_binary_accuracy),  # pixel accuracy
+            (metrics.multilabel_f1, lambda o, t, k: np_multilabel(o, t, k, "f1")),
+        ],
+    ),  # Dice of the foreground
     "segmentation_masks_as_classes": (_masks, "ids", MEAN_IOU),  # background and foreground
     "segment_ids": (_segment_ids, "ids", MEAN_IOU),
     "segment_one_hot": (_segment_one_hot, "ids", MEAN_IOU),
@@ -269,7 +302,7 @@ def _with_garbage(outputs, targets, keep, nan):
     outputs = np.where(_spread(keep, outputs.shape), outputs, np.nan if nan else 1e6).astype(np.float32)
     if np.issubdtype(targets.dtype, np.integer):
         return outputs, np.where(keep, targets, -3 if nan else 10**6)
-    keep = _spread(keep.reshape(keep.shape[:targets.ndim]), targets.shape)
+    keep = _spread(keep.reshape(keep.shape[: targets.ndim]), targets.shape)
     return outputs, np.where(keep, targets, 1.0 if nan else np.nan).astype(np.float32)
 
 
@@ -288,7 +321,7 @@ def test_elementwise_metrics_masked_ragged_epoch_under_jit(group, per):
         # per element: the unit's shape, or (B, H, W) for masks (B, H, W, 1), fewer axes than the unit
         mask_shape = (n,) if per == "example" else shape[:3] if len(shape) == 4 else shape
         mask = (rng.random(mask_shape) < (1.0 if per == "example" else 0.7)).astype(np.float32)
-        mask[n - padding:] = 0
+        mask[n - padding :] = 0
         keep = _spread(mask, shape) > 0
         batches.append((*_with_garbage(outputs, targets, keep, nan), mask))
         kept.append((outputs, targets, keep))
@@ -355,8 +388,14 @@ def test_names_of_averages_and_thresholds():
     per_label = metrics.multilabel_f1("none")
     results = metrics.values([per_label], {per_label.name: per_label.stats(outputs, targets)})
     assert list(results) == ["multilabel_f1_per_label"] and len(results["multilabel_f1_per_label"]) == 5
-    for name in ("perplexity", "binary_accuracy", "multilabel_f1", "multilabel_precision", "multilabel_recall",
-                 "mean_iou"):
+    for name in (
+        "perplexity",
+        "binary_accuracy",
+        "multilabel_f1",
+        "multilabel_precision",
+        "multilabel_recall",
+        "mean_iou",
+    ):
         assert name in available("metrics")
 
 
@@ -373,10 +412,13 @@ def test_top_k_larger_than_the_class_count_fails_at_trace_time():
         jax.jit(metrics.top_k_accuracy(C + 1).stats)(outputs, targets, np.ones(6, np.float32))
 
 
-THRESHOLDED = [metrics.binary_accuracy, lambda threshold: metrics.multilabel_f1(threshold=threshold),
-               lambda threshold: metrics.multilabel_precision(threshold=threshold),
-               lambda threshold: metrics.multilabel_recall(threshold=threshold),
-               lambda threshold: metrics.mean_iou(threshold=threshold)]
+THRESHOLDED = [
+    metrics.binary_accuracy,
+    lambda threshold: metrics.multilabel_f1(threshold=threshold),
+    lambda threshold: metrics.multilabel_precision(threshold=threshold),
+    lambda threshold: metrics.multilabel_recall(threshold=threshold),
+    lambda threshold: metrics.mean_iou(threshold=threshold),
+]
 
 
 @pytest.mark.parametrize("threshold", [0, 1, 0.0, 1.0, -0.2, 1.5, float("nan"), "0.5", True, None])
@@ -387,8 +429,7 @@ def test_thresholds_must_be_probabilities(factory, threshold):
 
 
 def test_bad_averages_and_shapes():
-    for factory in (metrics.multilabel_f1, metrics.multilabel_precision, metrics.multilabel_recall,
-                    metrics.mean_iou):
+    for factory in (metrics.multilabel_f1, metrics.multilabel_precision, metrics.multilabel_recall, metrics.mean_iou):
         with pytest.raises(ValueError, match="'macro' or 'none'"):
             factory("micro")
     outputs, targets = _labels(4)

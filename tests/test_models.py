@@ -1,4 +1,5 @@
 """Sample models, Sequential/Residual combinators, summaries and init determinism."""
+
 from __future__ import annotations
 
 import math
@@ -37,7 +38,7 @@ def test_sample_models_init_forward_and_determinism(name):
     assert weights and all(not np.array_equal(a[k], c[k]) for k in weights)
     # no two weight tensors of the same shape are equal: every layer draws from its own stream
     for i, k1 in enumerate(weights):
-        for k2 in weights[i + 1:]:
+        for k2 in weights[i + 1 :]:
             if a[k1].shape == a[k2].shape:
                 assert not np.allclose(a[k1], a[k2]), (k1, k2)
     x = jax.random.normal(jax.random.PRNGKey(2), SPEC.shape)
@@ -49,8 +50,13 @@ def test_readable_key_paths():
     net = models.mnist_convnext(depths=(2, 1), dims=(8, 16))
     params, _ = net.init(jax.random.PRNGKey(0), SPEC)
     paths = set(leaves_with_paths(params))
-    assert {"stem.conv.weight", "stage0.1.dwconv.weight", "stage0.1.norm.scale", "down1.conv.bias",
-            "head.weight"} <= paths
+    assert {
+        "stem.conv.weight",
+        "stage0.1.dwconv.weight",
+        "stage0.1.norm.scale",
+        "down1.conv.bias",
+        "head.weight",
+    } <= paths
 
 
 def test_identical_layers_get_different_streams():

@@ -1,5 +1,6 @@
 """new_project.py: what a new project holds and leaves out, its README and docs, its one commit, and that its own
 tests and first sample run from inside it."""
+
 from __future__ import annotations
 
 import ast
@@ -15,26 +16,52 @@ import pytest
 import new_project
 from tests.test_train import ROOT
 
-LIBRARY = ("train.py", "test.py", "sample.py", "sweep.py", "utils.py", "Makefile", "requirements.txt",
-           "requirements-dev.txt", "pytest.ini", "logger_config.json", ".gitignore", ".ci/run", "model/model.py",
-           "training/trainer.py", "training/sweeps.py", "data_loader/data_loaders.py", "inference/exporter.py",
-           "tests/conftest.py", "tests/test_train.py", "tests/test_sweep.py")
+LIBRARY = (
+    "train.py",
+    "test.py",
+    "sample.py",
+    "sweep.py",
+    "utils.py",
+    "Makefile",
+    "requirements.txt",
+    "requirements-dev.txt",
+    "pytest.ini",
+    "logger_config.json",
+    ".gitignore",
+    ".ci/run",
+    "model/model.py",
+    "training/trainer.py",
+    "training/sweeps.py",
+    "data_loader/data_loaders.py",
+    "inference/exporter.py",
+    "tests/conftest.py",
+    "tests/test_train.py",
+    "tests/test_sweep.py",
+)
 
 
 def files_of(folder: Path) -> set[str]:
-    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-            if p.is_file() and ".git" not in p.relative_to(folder).parts}
+    return {
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(folder).parts
+    }
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--samples", "mnist,shakespear_char"],
-     "unknown sample 'shakespear_char'; available: mnist, shakespeare_char, tabular_regression, mnist_segmentation, "
-     "cifar10_resnet. "
-     "Did you mean 'shakespeare_char'?"),
-    (["--samples", ","], "--samples: name at least one of"),
-    (["--samples", "mnist,mnist"], "a sample is named twice"),
-    (["--name", "my project"], "--name 'my project': expected letters, digits"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--samples", "mnist,shakespear_char"],
+            "unknown sample 'shakespear_char'; available: mnist, shakespeare_char, tabular_regression, mnist_segmentation, "
+            "cifar10_resnet. "
+            "Did you mean 'shakespeare_char'?",
+        ),
+        (["--samples", ","], "--samples: name at least one of"),
+        (["--samples", "mnist,mnist"], "a sample is named twice"),
+        (["--name", "my project"], "--name 'my project': expected letters, digits"),
+    ],
+)
 def test_bad_arguments_are_one_error_line_and_write_nothing(tmp_path, capsys, args, message):
     assert new_project.main([str(tmp_path / "p"), *args]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -60,8 +87,13 @@ def test_a_project_of_two_samples(tmp_path, capsys):
     assert "note:" not in err or "git" in err  # only git's own situation may add a note
     files = files_of(target)
     assert set(LIBRARY) <= files
-    assert not {f for f in files if f.startswith(("benchmarks/", "saved/", ".venv/", "inference/jax_"))
-                or "__pycache__" in f or f.endswith(".pyc")}
+    assert not {
+        f
+        for f in files
+        if f.startswith(("benchmarks/", "saved/", ".venv/", "inference/jax_"))
+        or "__pycache__" in f
+        or f.endswith(".pyc")
+    }
     assert "new_project.py" not in files and "tests/test_new_project.py" not in files
     # benchmarks/ stays behind, and so do the tests of it (a shared file keeps its other tests)
     for test in (target / "tests").glob("*.py"):
@@ -74,8 +106,9 @@ def test_a_project_of_two_samples(tmp_path, capsys):
     assert json.loads((target / "config.json").read_text()) == template
     assert {f for f in files if f.startswith("configs/")} == {"configs/shakespeare_char.json"}
     assert {f.split("/")[1] for f in files if f.startswith("data/")} == {"README.md", "regression", "tinyshakespeare"}
-    assert (target / "data/regression/regression.csv").read_bytes() == (ROOT / "data/regression/regression.csv")\
-        .read_bytes()
+    assert (target / "data/regression/regression.csv").read_bytes() == (
+        ROOT / "data/regression/regression.csv"
+    ).read_bytes()
     data_readme = (target / "data" / "README.md").read_text()
     assert "`mnist/`" not in data_readme and "`tinyshakespeare/input.txt`" in data_readme
     assert "(`config.json`)" in data_readme  # the tabular sample's config moved
@@ -93,14 +126,23 @@ def test_a_project_of_two_samples(tmp_path, capsys):
     assert readme.startswith("# my_project\n")
     template_readme = (ROOT / "README.md").read_text()
     assert readme.count("\n") < template_readme.count("\n")
-    for part in ("make train", "make test", "## Adding a component", "## Your own task", "## Folders",
-                 "| `tabular_regression` |", "`python train.py -c config.json` |",  # the first sample is config.json
-                 "`python train.py -c configs/shakespeare_char.json` |", "[docs/config.md](docs/config.md"):
+    for part in (
+        "make train",
+        "make test",
+        "## Adding a component",
+        "## Your own task",
+        "## Folders",
+        "| `tabular_regression` |",
+        "`python train.py -c config.json` |",  # the first sample is config.json
+        "`python train.py -c configs/shakespeare_char.json` |",
+        "[docs/config.md](docs/config.md",
+    ):
         assert part in readme, part
     for gone in ("| `mnist` |", "mnist_segmentation", "cifar10_resnet", "new_project", "benchmarks"):
         assert gone not in readme, gone
     assert {f for f in files if f.startswith("docs/") and f.endswith(".md")} == {
-        f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - {"docs/new_project.md"}
+        f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")
+    } - {"docs/new_project.md"}
     for doc in [target / "README.md", *(target / "docs").glob("*.md")]:
         for href in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
             path = href.split("#")[0]
@@ -118,19 +160,42 @@ def test_a_project_of_two_samples(tmp_path, capsys):
 def test_runs_notes_caches_and_exports_stay_behind_and_git_is_optional(tmp_path, monkeypatch):
     template = tmp_path / "template"
     for name, text in {
-        "train.py": "", "config.json": '{"name": "mnist_convnext"}', "data/mnist/train.gz": "x",
-        "data/tinyshakespeare/input.txt": "x", "data/fashion_mnist/x.gz": "downloaded", "README.md": "# t\n",
-        "model/model.py": "", "model/__pycache__/model.cpython-311.pyc": "", "training/x.pyc": "",
-        "NOTES.md": "", "notes/plan.md": "", "saved/run/config.json": "", "benchmarks/b.py": "", ".venv/bin/python": "",
-        ".git/HEAD": "", "inference/exporter.py": "", "inference/jax_mnist/jax_mnist.onnx": "", "wandb/run/x": "",
-        ".pytest_cache/x": "", "tests/test_new_project.py": "", "tests/test_x.py": "",
+        "train.py": "",
+        "config.json": '{"name": "mnist_convnext"}',
+        "data/mnist/train.gz": "x",
+        "data/tinyshakespeare/input.txt": "x",
+        "data/fashion_mnist/x.gz": "downloaded",
+        "README.md": "# t\n",
+        "model/model.py": "",
+        "model/__pycache__/model.cpython-311.pyc": "",
+        "training/x.pyc": "",
+        "NOTES.md": "",
+        "notes/plan.md": "",
+        "saved/run/config.json": "",
+        "benchmarks/b.py": "",
+        ".venv/bin/python": "",
+        ".git/HEAD": "",
+        "inference/exporter.py": "",
+        "inference/jax_mnist/jax_mnist.onnx": "",
+        "wandb/run/x": "",
+        ".pytest_cache/x": "",
+        "tests/test_new_project.py": "",
+        "tests/test_x.py": "",
     }.items():
         (template / name).parent.mkdir(parents=True, exist_ok=True)
         (template / name).write_text(text)
     monkeypatch.setattr(new_project.shutil, "which", lambda name: None)
     notes = new_project.create(tmp_path / "p", "p", ["mnist"], template=template)
-    assert files_of(tmp_path / "p") == {"train.py", "config.json", "configs/README.md", "data/mnist/train.gz",
-                                        "README.md", "model/model.py", "inference/exporter.py", "tests/test_x.py"}
+    assert files_of(tmp_path / "p") == {
+        "train.py",
+        "config.json",
+        "configs/README.md",
+        "data/mnist/train.gz",
+        "README.md",
+        "model/model.py",
+        "inference/exporter.py",
+        "tests/test_x.py",
+    }
     assert not (tmp_path / "p" / ".git").exists() and any("git is not installed" in n for n in notes)
     assert (tmp_path / "p" / "README.md").read_text() == "# p\n"  # any README makes a project: its title is renamed
 
@@ -138,18 +203,46 @@ def test_runs_notes_caches_and_exports_stay_behind_and_git_is_optional(tmp_path,
 @pytest.mark.slow
 def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path):
     target = tmp_path / "fresh"
-    made = subprocess.run([sys.executable, "new_project.py", str(target), "--samples",
-                           "tabular_regression,shakespeare_char"], cwd=ROOT, capture_output=True, text=True)
+    made = subprocess.run(
+        [sys.executable, "new_project.py", str(target), "--samples", "tabular_regression,shakespeare_char"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert made.returncode == 0, made.stderr
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-                            "tests/test_samples_language_model.py", "tests/test_samples_regression_segmentation.py",
-                            "tests/test_sweep.py", "tests/test_docs.py", "tests/test_performance.py"],
-                           cwd=target, env=env, capture_output=True, text=True, timeout=600)
+    tests = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not slow",
+            "tests/test_samples_language_model.py",
+            "tests/test_samples_regression_segmentation.py",
+            "tests/test_sweep.py",
+            "tests/test_docs.py",
+            "tests/test_performance.py",
+        ],
+        cwd=target,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "error" not in tests.stdout.splitlines()[-1]
-    trained = subprocess.run([sys.executable, "train.py", "-c", "config.json", "--epochs", "3", "--run-id", "first"],
-                             cwd=target, env=env, capture_output=True, text=True, timeout=600)
+    trained = subprocess.run(
+        [sys.executable, "train.py", "-c", "config.json", "--epochs", "3", "--run-id", "first"],
+        cwd=target,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert trained.returncode == 0, trained.stderr
     rows = (target / "saved" / "tabular_regression" / "first" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 3 and "val/rmse" in json.loads(rows[-1])

@@ -1,4 +1,5 @@
 """LayerNorm, RMSNorm, GroupNorm and BatchNorm against flax.linen (params copied) and numpy, in both modes."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -100,8 +101,10 @@ def test_batch_norm_train_matches_flax_and_numpy(x):
     np.testing.assert_array_equal(state["mean"], 0.0)
     np.testing.assert_array_equal(state["var"], 1.0)
     params = _random_affine(params)
-    state = {"mean": jnp.asarray(RNG.standard_normal(x.shape[-1]), jnp.float32),
-             "var": jnp.asarray(RNG.uniform(0.5, 2.0, x.shape[-1]), jnp.float32)}
+    state = {
+        "mean": jnp.asarray(RNG.standard_normal(x.shape[-1]), jnp.float32),
+        "var": jnp.asarray(RNG.uniform(0.5, 2.0, x.shape[-1]), jnp.float32),
+    }
     y, new_state = layer(params, state, jnp.asarray(x), train=True)
 
     flax_bn = nn.BatchNorm(use_running_average=False, momentum=0.9, epsilon=1e-5)
@@ -123,8 +126,10 @@ def test_batch_norm_eval_uses_running_stats_and_keeps_state():
     layer = BatchNorm()
     params, _ = layer.init(jax.random.PRNGKey(0), X4)
     params = _random_affine(params)
-    state = {"mean": jnp.asarray(RNG.standard_normal(8), jnp.float32),
-             "var": jnp.asarray(RNG.uniform(0.5, 2.0, 8), jnp.float32)}
+    state = {
+        "mean": jnp.asarray(RNG.standard_normal(8), jnp.float32),
+        "var": jnp.asarray(RNG.uniform(0.5, 2.0, 8), jnp.float32),
+    }
     y, same_state = layer(params, state, jnp.asarray(X4), train=False)
     assert same_state is state
     variables = {**_flax_params(params), "batch_stats": {k: np.asarray(v) for k, v in state.items()}}
@@ -193,8 +198,12 @@ def test_normalize_derivative_equals_autodiff_of_the_two_pass_formula_float64():
         cot = [jnp.asarray(rng.standard_normal(s)) for s in ((4, 5, 3, 6), (1, 1, 1, 6), (1, 1, 1, 6))]
         tangent = jnp.asarray(rng.standard_normal(x.shape))
         for axes in ((0, 1, 2), (3,), (1, 2)):
-            cots = [c if c.shape == x.shape else jnp.asarray(rng.standard_normal(
-                tuple(1 if a in axes else d for a, d in enumerate(x.shape)))) for c in cot]
+            cots = [
+                c
+                if c.shape == x.shape
+                else jnp.asarray(rng.standard_normal(tuple(1 if a in axes else d for a, d in enumerate(x.shape))))
+                for c in cot
+            ]
             for f in (normalize, plain):
                 assert all(np.isfinite(np.asarray(v)).all() for v in f(x, axes, 1e-5))
             ours = jax.vjp(lambda x: normalize(x, axes, 1e-5), x)[1](tuple(cots))[0]

@@ -1,4 +1,5 @@
 """Optimizers against optax: 200 steps of random gradients on a small nested params tree, compared at every step."""
+
 import functools
 
 import jax
@@ -27,8 +28,10 @@ PARAMS = {
     "blocks": {"1": {"norm": {"scale": 1 + 0.1 * normal(4)}, "dense": {"weight": normal(4, 3), "bias": normal(3)}}},
 }
 # Leaves with ndim > 1, written out by hand: the "default" weight-decay mask.
-DEFAULT_MASK = {"conv": {"weight": True, "bias": False},
-                "blocks": {"1": {"norm": {"scale": False}, "dense": {"weight": True, "bias": False}}}}
+DEFAULT_MASK = {
+    "conv": {"weight": True, "bias": False},
+    "blocks": {"1": {"norm": {"scale": False}, "dense": {"weight": True, "bias": False}}},
+}
 # Normal gradients for every step, stacked along a leading axis; each step scaled by ~0.05x to 20x so that gradient
 # norms vary widely (both branches of global-norm clipping occur).
 _SCALES = np.exp(1.5 * normal(STEPS))
@@ -59,6 +62,7 @@ def max_rel_diff(got, want):
     Normwise per leaf rather than elementwise: with weight decay an update element can be a near-cancellation of
     the Adam step and the decay term, where float32 rounding alone gives large elementwise ratios.
     """
+
     def leaf(a, b):
         a, b = np.asarray(a).reshape(len(b), -1), np.asarray(b).reshape(len(b), -1)
         return np.max(np.abs(a - b).max(1) / np.abs(b).max(1))
@@ -82,38 +86,59 @@ CASES = {
     "adamw": (opt.adamw(1e-2, weight_decay=0.1), optax.adamw(1e-2, weight_decay=0.1, mask=DEFAULT_MASK)),
     "adamw_all": (opt.adamw(1e-2, weight_decay=0.1, mask="all"), optax.adamw(1e-2, weight_decay=0.1)),
     "rmsprop": (opt.rmsprop(1e-2), optax.rmsprop(1e-2)),
-    "rmsprop_momentum": (opt.rmsprop(1e-2, decay=0.95, eps=1e-6, momentum=0.9),
-                         optax.rmsprop(1e-2, decay=0.95, eps=1e-6, momentum=0.9)),
-    "rmsprop_centered": (opt.rmsprop(1e-2, centered=True, momentum=0.5),
-                         optax.rmsprop(1e-2, centered=True, momentum=0.5)),
+    "rmsprop_momentum": (
+        opt.rmsprop(1e-2, decay=0.95, eps=1e-6, momentum=0.9),
+        optax.rmsprop(1e-2, decay=0.95, eps=1e-6, momentum=0.9),
+    ),
+    "rmsprop_centered": (
+        opt.rmsprop(1e-2, centered=True, momentum=0.5),
+        optax.rmsprop(1e-2, centered=True, momentum=0.5),
+    ),
     "adagrad": (opt.adagrad(0.1), optax.adagrad(0.1)),
-    "adagrad_args": (opt.adagrad(0.1, initial_accumulator_value=0.0, eps=1e-5),
-                     optax.adagrad(0.1, initial_accumulator_value=0.0, eps=1e-5)),
+    "adagrad_args": (
+        opt.adagrad(0.1, initial_accumulator_value=0.0, eps=1e-5),
+        optax.adagrad(0.1, initial_accumulator_value=0.0, eps=1e-5),
+    ),
     "lion": (opt.lion(1e-3), optax.lion(1e-3, weight_decay=0.0)),
-    "lion_decay": (opt.lion(1e-3, b1=0.8, b2=0.95, weight_decay=0.5),
-                   optax.lion(1e-3, b1=0.8, b2=0.95, weight_decay=0.5, mask=DEFAULT_MASK)),
+    "lion_decay": (
+        opt.lion(1e-3, b1=0.8, b2=0.95, weight_decay=0.5),
+        optax.lion(1e-3, b1=0.8, b2=0.95, weight_decay=0.5, mask=DEFAULT_MASK),
+    ),
     "clip_by_global_norm": (opt.clip_by_global_norm(3.0), optax.clip_by_global_norm(3.0)),
     "clip_by_value": (opt.clip_by_value(0.5), optax.clip(0.5)),
     "add_decayed_weights": (opt.add_decayed_weights(0.3), optax.add_decayed_weights(0.3, mask=DEFAULT_MASK)),
-    "clip_adamw_chain": (opt.chain(opt.clip_by_global_norm(2.0), opt.adamw(1e-2, weight_decay=0.05)),
-                         optax.chain(optax.clip_by_global_norm(2.0),
-                                     optax.adamw(1e-2, weight_decay=0.05, mask=DEFAULT_MASK))),
-    "clip_value_sgd_chain": (opt.chain(opt.clip_by_value(1.0), opt.sgd(0.05, momentum=0.9)),
-                             optax.chain(optax.clip(1.0), optax.sgd(0.05, momentum=0.9))),
+    "clip_adamw_chain": (
+        opt.chain(opt.clip_by_global_norm(2.0), opt.adamw(1e-2, weight_decay=0.05)),
+        optax.chain(optax.clip_by_global_norm(2.0), optax.adamw(1e-2, weight_decay=0.05, mask=DEFAULT_MASK)),
+    ),
+    "clip_value_sgd_chain": (
+        opt.chain(opt.clip_by_value(1.0), opt.sgd(0.05, momentum=0.9)),
+        optax.chain(optax.clip(1.0), optax.sgd(0.05, momentum=0.9)),
+    ),
     # Hyperparameters driven by schedules, against optax driven by its own schedule of the same meaning.
-    "adam_warmup_cosine": (opt.adam(schedules.warmup_cosine_decay(1e-4, 1e-2, 20, 150, 1e-4)),
-                           optax.adam(optax.warmup_cosine_decay_schedule(1e-4, 1e-2, 20, 150, 1e-4))),
-    "sgd_one_cycle": (opt.sgd(schedules.one_cycle(180, 0.1), momentum=0.9),
-                      optax.sgd(optax.cosine_onecycle_schedule(180, 0.1), momentum=0.9)),
+    "adam_warmup_cosine": (
+        opt.adam(schedules.warmup_cosine_decay(1e-4, 1e-2, 20, 150, 1e-4)),
+        optax.adam(optax.warmup_cosine_decay_schedule(1e-4, 1e-2, 20, 150, 1e-4)),
+    ),
+    "sgd_one_cycle": (
+        opt.sgd(schedules.one_cycle(180, 0.1), momentum=0.9),
+        optax.sgd(optax.cosine_onecycle_schedule(180, 0.1), momentum=0.9),
+    ),
     "adamw_scheduled_decay": (
-        opt.adamw(schedules.piecewise_constant(1e-2, {"50": 0.3, "120": 0.3}),
-                  weight_decay=schedules.linear(0.2, 0.0, 150)),
-        optax.adamw(optax.piecewise_constant_schedule(1e-2, {50: 0.3, 120: 0.3}),
-                    weight_decay=optax.linear_schedule(0.2, 0.0, 150), mask=DEFAULT_MASK)),
+        opt.adamw(
+            schedules.piecewise_constant(1e-2, {"50": 0.3, "120": 0.3}), weight_decay=schedules.linear(0.2, 0.0, 150)
+        ),
+        optax.adamw(
+            optax.piecewise_constant_schedule(1e-2, {50: 0.3, 120: 0.3}),
+            weight_decay=optax.linear_schedule(0.2, 0.0, 150),
+            mask=DEFAULT_MASK,
+        ),
+    ),
     # optax's trace takes no schedule; inject_hyperparams feeds it one, read at the same step count.
     "sgd_scheduled_momentum": (
         opt.sgd(0.05, momentum=schedules.linear(0.5, 0.95, 100)),
-        optax.inject_hyperparams(optax.sgd)(0.05, momentum=optax.linear_schedule(0.5, 0.95, 100))),
+        optax.inject_hyperparams(optax.sgd)(0.05, momentum=optax.linear_schedule(0.5, 0.95, 100)),
+    ),
 }
 
 
@@ -129,6 +154,7 @@ def test_global_norm_clipping_both_branches_occur():
 
 
 # Weight-decay masks.
+
 
 def test_default_mask_selects_matrices_and_kernels():
     assert opt.decay_mask(PARAMS) == DEFAULT_MASK
@@ -151,8 +177,13 @@ def test_function_mask_sees_dotted_paths():
 
     ours = opt.adamw(1e-2, weight_decay=0.1, mask=no_bias_no_norm)
     assert_matches(ours, CASES["adamw"][1])  # optax.adamw(1e-2, weight_decay=0.1, mask=DEFAULT_MASK)
-    assert set(seen) == {"conv.weight", "conv.bias", "blocks.1.norm.scale", "blocks.1.dense.weight",
-                         "blocks.1.dense.bias"}
+    assert set(seen) == {
+        "conv.weight",
+        "conv.bias",
+        "blocks.1.norm.scale",
+        "blocks.1.dense.weight",
+        "blocks.1.dense.bias",
+    }
 
 
 def test_pytree_prefix_mask():
@@ -169,6 +200,7 @@ def test_bad_mask_and_missing_params_raise():
 
 
 # State, dtypes, helpers.
+
 
 def test_state_is_a_pytree_of_arrays_with_int32_counts():
     clip_adamw = CASES["clip_adamw_chain"][0]
@@ -206,13 +238,16 @@ def test_key_path_str():
 
 # A small model trains: a two-layer MLP on a fixed three-class problem.
 
+
 def make_problem():
     rng = np.random.default_rng(42)
     centers = 2 * rng.standard_normal((3, 8))
     labels = rng.integers(0, 3, 96)
     x = (centers[labels] + rng.standard_normal((96, 8))).astype(np.float32)
-    params = {"hidden": {"weight": rng.standard_normal((8, 32)) / np.sqrt(8), "bias": np.zeros(32)},
-              "out": {"weight": rng.standard_normal((32, 3)) / np.sqrt(32), "bias": np.zeros(3)}}
+    params = {
+        "hidden": {"weight": rng.standard_normal((8, 32)) / np.sqrt(8), "bias": np.zeros(32)},
+        "out": {"weight": rng.standard_normal((32, 3)) / np.sqrt(32), "bias": np.zeros(3)},
+    }
     return x, labels.astype(np.int32), jax.tree.map(lambda a: a.astype(np.float32), params)
 
 

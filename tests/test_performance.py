@@ -1,6 +1,7 @@
 """The speed features keep results exact: K steps per call equal one per call on conv models, "auto" picks K as
 documented, nothing recompiles after the first epoch, and the platform defaults apply only where they should.
 (Speed itself is measured in benchmarks/, not here.)"""
+
 from __future__ import annotations
 
 import json
@@ -44,16 +45,26 @@ class StepLosses:
 
 def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
     """7 full batches of 16 and one of 5: a padded last batch, and with K = 3 a last call with 2 of 3 steps."""
-    config = validate({
-        "name": "perf", "seed": 1, "model": model, "loss": {"name": "cross_entropy"},
-        "metrics": [{"name": "accuracy"}],
-        "optimizer": {"name": "adamw", "args": {"weight_decay": 0.05},
-                      "schedule": {"name": "warmup_cosine_decay", "args": {"init_value": 0.0, "peak_value": 0.004,
-                                                                           "warmup_steps": 3, "decay_steps": 16}},
-                      "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}]},
-        "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
-        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path)},
-    })
+    config = validate(
+        {
+            "name": "perf",
+            "seed": 1,
+            "model": model,
+            "loss": {"name": "cross_entropy"},
+            "metrics": [{"name": "accuracy"}],
+            "optimizer": {
+                "name": "adamw",
+                "args": {"weight_decay": 0.05},
+                "schedule": {
+                    "name": "warmup_cosine_decay",
+                    "args": {"init_value": 0.0, "peak_value": 0.004, "warmup_steps": 3, "decay_steps": 16},
+                },
+                "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}],
+            },
+            "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+            "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path)},
+        }
+    )
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, 28, 28, 1)).astype(np.float32)
     y = (x[:, ::3, ::3, 0].reshape(n, -1)[:, :10].argmax(1)).astype(np.int32)
@@ -100,24 +111,33 @@ def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
     assert compiles == [] and trainer.epoch == 3
 
 
-@pytest.mark.parametrize("steps, batch_bytes, backend, expected", [
-    (430, 401_920, "cpu", 10),        # MNIST's 55,000 / 128: 10 divides the epoch, no padded step
-    (469, 401_920, "cpu", 10),        # 60,000 / 128 = 469 = 7 * 67: K = 10 leaves one padded step, the least
-    (16 * 9, 401_920, "cpu", 16),     # several K divide the epoch: the largest
-    (5, 401_920, "cpu", 5),           # a short epoch in one call
-    (430, AUTO_STACK_BYTES // 4, "cpu", 4),  # big batches: the prefetched stack stays within its cap
-    (430, AUTO_STACK_BYTES * 2, "cpu", 1),
-    (430, 401_920, "gpu", 1),         # not measured on accelerators: one step per call
-    (430, 401_920, "tpu", 1),
-])
+@pytest.mark.parametrize(
+    "steps, batch_bytes, backend, expected",
+    [
+        (430, 401_920, "cpu", 10),  # MNIST's 55,000 / 128: 10 divides the epoch, no padded step
+        (469, 401_920, "cpu", 10),  # 60,000 / 128 = 469 = 7 * 67: K = 10 leaves one padded step, the least
+        (16 * 9, 401_920, "cpu", 16),  # several K divide the epoch: the largest
+        (5, 401_920, "cpu", 5),  # a short epoch in one call
+        (430, AUTO_STACK_BYTES // 4, "cpu", 4),  # big batches: the prefetched stack stays within its cap
+        (430, AUTO_STACK_BYTES * 2, "cpu", 1),
+        (430, 401_920, "gpu", 1),  # not measured on accelerators: one step per call
+        (430, 401_920, "tpu", 1),
+    ],
+)
 def test_auto_steps_per_call(steps, batch_bytes, backend, expected):
     assert auto_steps_per_call(steps, batch_bytes, backend) == expected
 
 
 def test_auto_is_the_default_and_bad_values_are_named():
-    base = {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"}, "metrics": [],
-            "optimizer": {"name": "adam", "args": {"lr": 0.1}}, "data_loader": {"train": {"name": "mnist"}},
-            "trainer": {"monitor": "off"}}
+    base = {
+        "name": "t",
+        "model": {"name": "mlp"},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [],
+        "optimizer": {"name": "adam", "args": {"lr": 0.1}},
+        "data_loader": {"train": {"name": "mnist"}},
+        "trainer": {"monitor": "off"},
+    }
     assert validate(base)["trainer"]["steps_per_call"] == "auto"
     with pytest.raises(ConfigError, match='steps_per_call: expected int or "auto", got "fast"'):
         validate({**base, "trainer": {"monitor": "off", "steps_per_call": "fast"}})
@@ -214,8 +234,12 @@ def test_single_channel_conv_inside_scan_float32_and_check_grads():
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
     with jax.enable_x64(True):
-        check_grads(lambda x, w: conv.conv2d(x, w, padding=1, cpu_kernels=True),
-                    (x[:2, :5, :5].astype(np.float64), w.astype(np.float64)), order=1, modes=("rev",))
+        check_grads(
+            lambda x, w: conv.conv2d(x, w, padding=1, cpu_kernels=True),
+            (x[:2, :5, :5].astype(np.float64), w.astype(np.float64)),
+            order=1,
+            modes=("rev",),
+        )
     # Inference (and so every export) keeps the plain convolution.
     assert "conv_general_dilated" in str(jax.make_jaxpr(lambda x: conv.conv2d(x, w, cpu_kernels=True))(x))
 
@@ -224,9 +248,11 @@ def test_single_channel_conv_inside_scan_float32_and_check_grads():
 def test_cpu_model_names_the_processor_and_its_vector_extensions():
     from benchmarks.machine import cpu_model
 
-    cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
-               "model name\t: Intel(R) Xeon(R) Platinum 8480C\nflags\t\t: fpu avx2 avx512f amx_tile\n\n"
-               "processor\t: 1\nmodel name\t: other\n")
+    cpuinfo = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+        "model name\t: Intel(R) Xeon(R) Platinum 8480C\nflags\t\t: fpu avx2 avx512f amx_tile\n\n"
+        "processor\t: 1\nmodel name\t: other\n"
+    )
     assert cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8480C (family 6 model 143, avx2+avx512f+amx_tile)"
     assert cpu_model("model name\t: AMD EPYC\nflags\t: sse2\n") == "AMD EPYC (no avx2)"
     assert cpu_model() and cpu_model() != "x86_64" or sys.platform != "linux"
@@ -257,9 +283,20 @@ def test_torch_variant_is_skipped_with_a_note_without_torch(monkeypatch):
 def test_report_gives_every_variant_its_fraction_of_the_peak():
     from benchmarks import train_benchmark
 
-    runs = {"template": [{"images_per_s": 2000.0, "seconds": 1.0, "data_wait_s": 0.0, "compile_s": 1.0,
-                          "steps_per_call": 10, "peak_rss_mb": 1.0, "mflop_per_example": 25.0}],
-            "torch": [{"images_per_s": 1000.0, "torch": "2", "threads": 2, "params": 3}]}
+    runs = {
+        "template": [
+            {
+                "images_per_s": 2000.0,
+                "seconds": 1.0,
+                "data_wait_s": 0.0,
+                "compile_s": 1.0,
+                "steps_per_call": 10,
+                "peak_rss_mb": 1.0,
+                "mflop_per_example": 25.0,
+            }
+        ],
+        "torch": [{"images_per_s": 1000.0, "torch": "2", "threads": 2, "params": 3}],
+    }
     table = train_benchmark.report("mnist_cnn", runs, peak=100.0)
     assert "| template | 2,000 | 2,000-2,000 | 1 | 1.00 | - | 50% |" in table
     assert "| torch | 1,000 | 1,000-1,000 | 1 | 2.00 | - | 25% |" in table
@@ -288,5 +325,8 @@ def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch)
             assert float(flax_peer(step)) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7)
     cifar = train_benchmark.bench_config("cifar_resnet", steps=2)
     assert train_benchmark.peer_is_sgd(cifar) and train_benchmark.weight_decay(cifar) == 0.0005
-    assert [op["name"] for op in cifar["data_loader"]["train"]["augment"]] == ["random_crop", "flip_horizontal",
-                                                                              "normalize"]
+    assert [op["name"] for op in cifar["data_loader"]["train"]["augment"]] == [
+        "random_crop",
+        "flip_horizontal",
+        "normalize",
+    ]

@@ -1,5 +1,6 @@
 """Run figures: the curves drawn are the numbers in metrics.jsonl, the PNGs have the expected size and are not blank,
 and `python utils.py plot` writes curves.png or fails with one line."""
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,22 @@ def make_rows(epochs: int = 4, validation: bool = True, seed: int = 0) -> list[d
     rng = np.random.default_rng(seed)
     rows = []
     for epoch in range(1, epochs + 1):
-        row = {"epoch": epoch, "step": 9 * epoch, "train/loss": float(rng.uniform(0, 2)),
-               "train/accuracy": float(rng.uniform()), "train/top_3_accuracy": float(rng.uniform())}
+        row = {
+            "epoch": epoch,
+            "step": 9 * epoch,
+            "train/loss": float(rng.uniform(0, 2)),
+            "train/accuracy": float(rng.uniform()),
+            "train/top_3_accuracy": float(rng.uniform()),
+        }
         if validation:
-            row.update({"val/loss": float(rng.uniform(0, 2)), "val/accuracy": float(rng.uniform()),
-                        "val/top_3_accuracy": float(rng.uniform()), "val/recall": rng.uniform(size=3).tolist()})
+            row.update(
+                {
+                    "val/loss": float(rng.uniform(0, 2)),
+                    "val/accuracy": float(rng.uniform()),
+                    "val/top_3_accuracy": float(rng.uniform()),
+                    "val/recall": rng.uniform(size=3).tolist(),
+                }
+            )
         row.update({"time/epoch_s": 1.0, "time/examples_per_s": 300.0, "lr": 0.1 / epoch})
         rows.append(row)
     return rows
@@ -65,8 +77,10 @@ def test_runs_without_validation_or_without_any_curve():
 @pytest.mark.parametrize("panels, size", [(4, (1200, 600)), (2, (800, 300)), (7, (1200, 900))])
 def test_curves_png_has_the_expected_size_and_is_drawn(tmp_path, panels, size):
     metrics = [f"m{i}" for i in range(panels - 1)]  # + the loss panel (no lr in these rows)
-    rows = [{"epoch": e, "train/loss": 1.0 / e, **{f"val/{m}": math.sin(e + i) for i, m in enumerate(metrics)}}
-            for e in range(1, 6)]
+    rows = [
+        {"epoch": e, "train/loss": 1.0 / e, **{f"val/{m}": math.sin(e + i) for i, m in enumerate(metrics)}}
+        for e in range(1, 6)
+    ]
     path = save_curves(rows, tmp_path / "curves.png")
     image = np.asarray(Image.open(path).convert("RGB"))
     assert image.shape[1::-1] == size

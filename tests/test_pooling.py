@@ -1,4 +1,5 @@
 """MaxPool2d / AvgPool2d / GlobalAvgPool against flax.linen's reduce_window pools and numpy."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -36,8 +37,12 @@ def _run(layer, flax_fn, x):
     @jax.jit
     def run(x, cotangent):
         ours = lambda x: layer({}, {}, x)[0]
-        return (ours(x), flax_fn(x), jax.grad(lambda x: jnp.vdot(ours(x), cotangent))(x),
-                jax.grad(lambda x: jnp.vdot(flax_fn(x), cotangent))(x))
+        return (
+            ours(x),
+            flax_fn(x),
+            jax.grad(lambda x: jnp.vdot(ours(x), cotangent))(x),
+            jax.grad(lambda x: jnp.vdot(flax_fn(x), cotangent))(x),
+        )
 
     shape = jax.eval_shape(flax_fn, x).shape
     return run(x, np.random.default_rng(1).normal(size=shape).astype(x.dtype))
@@ -49,7 +54,8 @@ def test_max_pool_matches_flax(cfg):
     x = np.random.default_rng(0).normal(size=(2, *hw, 3)).astype(np.float32)
     layer = MaxPool2d(kernel, stride, padding)
     y, expected, grad, expected_grad = _run(
-        layer, lambda x: nn.max_pool(x, _pair(kernel), _pair(stride), _flax_padding(padding)), x)
+        layer, lambda x: nn.max_pool(x, _pair(kernel), _pair(stride), _flax_padding(padding)), x
+    )
     assert y.shape == expected.shape
     np.testing.assert_array_equal(y, expected)
     # Random inputs have no ties, so every window's gradient goes to its single maximum in both.
@@ -62,8 +68,13 @@ def test_avg_pool_matches_flax(cfg, count_include_pad):
     kernel, stride, padding, hw = cfg
     x = np.random.default_rng(2).normal(size=(2, *hw, 3)).astype(np.float32)
     layer = AvgPool2d(kernel, stride, padding, count_include_pad=count_include_pad)
-    y, expected, grad, expected_grad = _run(layer, lambda x: nn.avg_pool(
-        x, _pair(kernel), _pair(stride), _flax_padding(padding), count_include_pad=count_include_pad), x)
+    y, expected, grad, expected_grad = _run(
+        layer,
+        lambda x: nn.avg_pool(
+            x, _pair(kernel), _pair(stride), _flax_padding(padding), count_include_pad=count_include_pad
+        ),
+        x,
+    )
     assert y.shape == expected.shape
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-6)
@@ -74,8 +85,14 @@ def test_avg_pool_same_counts_only_valid_elements():
     x = np.random.default_rng(3).normal(size=(1, 5, 5, 2)).astype(np.float32)
     y = AvgPool2d(3, 2, "SAME")({}, {}, x)[0]
     padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=np.nan)
-    expected = np.array([[[np.nanmean(padded[0, 2 * i:2 * i + 3, 2 * j:2 * j + 3], axis=(0, 1))
-                           for j in range(3)] for i in range(3)]])
+    expected = np.array(
+        [
+            [
+                [np.nanmean(padded[0, 2 * i : 2 * i + 3, 2 * j : 2 * j + 3], axis=(0, 1)) for j in range(3)]
+                for i in range(3)
+            ]
+        ]
+    )
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -83,8 +100,13 @@ def test_max_pool_numpy_loop_and_finite_padding():
     x = np.random.default_rng(4).normal(size=(2, 5, 5, 3)).astype(np.float32) - 1e3
     y = MaxPool2d(3, 2, "SAME")({}, {}, x)[0]
     padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
-    expected = np.stack([np.stack([padded[:, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max((1, 2)) for j in range(3)], 1)
-                         for i in range(3)], 1)
+    expected = np.stack(
+        [
+            np.stack([padded[:, 2 * i : 2 * i + 3, 2 * j : 2 * j + 3].max((1, 2)) for j in range(3)], 1)
+            for i in range(3)
+        ],
+        1,
+    )
     np.testing.assert_array_equal(y, expected)
     # Padding uses the dtype's lowest finite value, never -inf (-inf * 0 becomes NaN in some exporters).
     jaxpr = str(jax.make_jaxpr(lambda x: MaxPool2d(3, 2, "SAME")({}, {}, x)[0])(x))
@@ -93,8 +115,10 @@ def test_max_pool_numpy_loop_and_finite_padding():
 
 def test_default_stride_is_kernel_and_no_reduce_window():
     x = np.random.default_rng(5).normal(size=(1, 6, 6, 2)).astype(np.float32)
-    for layer, flax_fn in [(MaxPool2d(3), lambda x: nn.max_pool(x, (3, 3), (3, 3))),
-                           (AvgPool2d(2), lambda x: nn.avg_pool(x, (2, 2), (2, 2)))]:
+    for layer, flax_fn in [
+        (MaxPool2d(3), lambda x: nn.max_pool(x, (3, 3), (3, 3))),
+        (AvgPool2d(2), lambda x: nn.avg_pool(x, (2, 2), (2, 2))),
+    ]:
         np.testing.assert_allclose(layer({}, {}, x)[0], flax_fn(x), rtol=1e-6)
     # reduce_window / select_and_scatter are slow to differentiate on XLA:CPU and break exporters.
     for layer in [MaxPool2d(2), MaxPool2d(3, 2, "SAME"), AvgPool2d(3, 1, "SAME")]:
@@ -102,8 +126,11 @@ def test_default_stride_is_kernel_and_no_reduce_window():
         assert "reduce_window" not in jaxpr and "select_and_scatter" not in jaxpr, layer
 
 
-@pytest.mark.parametrize("layer", [MaxPool2d(2), MaxPool2d(3, 2, "SAME"), AvgPool2d(2, padding="SAME"),
-                                   AvgPool2d(3, 2, "SAME"), GlobalAvgPool()], ids=repr)
+@pytest.mark.parametrize(
+    "layer",
+    [MaxPool2d(2), MaxPool2d(3, 2, "SAME"), AvgPool2d(2, padding="SAME"), AvgPool2d(3, 2, "SAME"), GlobalAvgPool()],
+    ids=repr,
+)
 def test_pool_check_grads(layer):
     with jax.enable_x64(True):
         # Distinct, well separated values keep max pooling away from ties, where it is not differentiable.

@@ -1,6 +1,7 @@
 """Faults during a run: kill -9 and SIGTERM at start-up, mid-epoch and at every write of an epoch's commit, a second
 process on the same run folder, read-only and full disks. After each, the run folder is consistent and a resume
 ends bitwise identical to a run that was never interrupted."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from training import checkpoint, memory, run_folder
 # Runs train.main with one fault injected where FAULT says: "replace:<file name>:<nth>:<before|after>" (around the
 # atomic rename of that file), "row:<epoch>" (before the epoch's metrics row), "step:<n>:<signal>" (after the
 # training step n is checked), "init:<signal>" (before the state is initialised).
-FAULTY_TRAIN = r'''
+FAULTY_TRAIN = r"""
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, os.getcwd())
@@ -72,15 +73,21 @@ elif kind == "init":
     trainer.Trainer.init_state = init_state
 import train
 sys.exit(train.main(sys.argv[1:]))
-'''
+"""
 
 EPOCHS = 3
 
 
 def run_faulty(fault: str, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "FAULT": fault}
-    return subprocess.run([sys.executable, "-c", FAULTY_TRAIN, *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", FAULTY_TRAIN, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +100,14 @@ def data_dir(tmp_path_factory):
 def fault_config(tmp_path: Path, data_dir: Path) -> Path:
     # val/loss keeps falling on the toy task, so model_best is rewritten at every epoch's commit; 2 steps per call
     # give step boundaries inside the 9-step epochs
-    return make_config(tmp_path, data_dir, trainer__epochs=EPOCHS, trainer__monitor="min val/loss",
-                       trainer__log_every=3, trainer__steps_per_call=2)
+    return make_config(
+        tmp_path,
+        data_dir,
+        trainer__epochs=EPOCHS,
+        trainer__monitor="min val/loss",
+        trainer__log_every=3,
+        trainer__steps_per_call=2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +178,7 @@ def test_kill_9_anywhere_leaves_a_consistent_folder_and_an_exact_resume(tmp_path
 
 
 @pytest.mark.parametrize("signame, status", [("SIGTERM", 143), ("SIGINT", 130), ("SIGUSR1", 138)])
-def test_a_signal_mid_epoch_saves_the_position_and_the_resume_is_exact(tmp_path, data_dir, reference, signame,
-                                                                       status):
+def test_a_signal_mid_epoch_saves_the_position_and_the_resume_is_exact(tmp_path, data_dir, reference, signame, status):
     """The signal arrives while steps 12-13 are checked, with the call of steps 14-15 under way (2 steps per
     call): the loop saves after step 15, 6 of 9 steps into epoch 2, and the resumed run goes on with the 7th batch
     of the same order."""
@@ -176,8 +188,10 @@ def test_a_signal_mid_epoch_saves_the_position_and_the_resume_is_exact(tmp_path,
     assert "Traceback" not in stopped.stderr
     run_dir = tmp_path / "saved/tiny/t"
     latest = run_dir / "checkpoint-latest.params"
-    assert f"stopped by {signame} (saved at step 15 (6 of 9 into epoch 2)); continue with: python train.py -r " \
-           f"{latest}" in stopped.stdout, stopped.stdout[-3000:]
+    assert (
+        f"stopped by {signame} (saved at step 15 (6 of 9 into epoch 2)); continue with: python train.py -r "
+        f"{latest}" in stopped.stdout
+    ), stopped.stdout[-3000:]
     assert checkpoint.read(latest)[1]["position"] == 6
     assert_consistent(run_dir)
     assert run("train.py", "-r", run_dir / "checkpoint-latest.params").returncode == 0
@@ -190,7 +204,8 @@ def test_a_signal_at_start_up_writes_nothing(tmp_path, data_dir, signame, status
     assert result.returncode == status, result.stderr
     if status > 0:
         assert result.stderr.strip().splitlines() == [
-            f"error: stopped by {signame} before training started; nothing was written"]
+            f"error: stopped by {signame} before training started; nothing was written"
+        ]
     assert not (tmp_path / "saved").exists()
 
 
@@ -203,8 +218,14 @@ def test_external_sigterm_never_aborts(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir, trainer__epochs=5000, trainer__steps_per_call=1)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     for delay in (0.5, 0.8, 1.1, 1.5, 2.0, 3.0, 5.0):
-        process = subprocess.Popen([sys.executable, "train.py", "-c", str(config)], cwd=ROOT, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "train.py", "-c", str(config)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(delay)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=120)
@@ -262,7 +283,8 @@ def test_a_held_run_folder_refuses_a_second_process(tmp_path, data_dir):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {run_dir}: in use by process {os.getpid()} (another train.py is training in it); "
-        f"wait for it to end or stop it"]
+        f"wait for it to end or stop it"
+    ]
     assert files() == before
 
 
@@ -293,7 +315,10 @@ def test_reconcile_repairs_what_a_kill_left(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"epoch": 5, "st')
     repaired = run_folder.reconcile(tmp_path, tmp_path / "checkpoint-latest.params", header, save_period=5)
     assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
-        {"epoch": 1}, {"epoch": 2}, header["row"]]
+        {"epoch": 1},
+        {"epoch": 2},
+        header["row"],
+    ]
     assert not list(tmp_path.glob(".*.tmp"))
     assert checkpoint.read(tmp_path / "model_best.params")[1]["epoch"] == 3
     assert len(repaired) == 6, repaired
@@ -317,13 +342,15 @@ def test_read_only_save_dir_is_one_error_line(tmp_path, data_dir, small_disk):
     result = run("train.py", "-c", make_config(tmp_path, data_dir, trainer__save_dir=str(small_disk / "saved")))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: cannot create a run folder in {small_disk / 'saved/tiny'}: Read-only file system"]
+        f"error: cannot create a run folder in {small_disk / 'saved/tiny'}: Read-only file system"
+    ]
 
 
 def test_full_disk_stops_with_one_error_line_and_keeps_the_last_checkpoint(tmp_path, data_dir, small_disk):
     """~0.6 MB per checkpoint (an MLP with Adam): epoch 1 writes three, epoch 2 finds the 2 MiB disk full."""
-    config = make_config(tmp_path, data_dir, trainer__epochs=3, trainer__save_dir=str(small_disk / "saved"),
-                         model__args__hidden=[64])
+    config = make_config(
+        tmp_path, data_dir, trainer__epochs=3, trainer__save_dir=str(small_disk / "saved"), model__args__hidden=[64]
+    )
     result = run("train.py", "-c", config, "--run-id", "full")
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr + result.stdout
@@ -344,8 +371,17 @@ def test_a_failed_resume_or_fine_tune_changes_nothing(tmp_path, data_dir):
     before = files()
     (tmp_path / "other").mkdir()
     other = make_config(tmp_path / "other", data_dir, model__args__hidden=[16])
-    result = run("train.py", "-r", run_dir / "checkpoint-latest.params", "-c", other, "--epochs", "7",
-                 "--set", "optimizer.args.lr=0.5")
+    result = run(
+        "train.py",
+        "-r",
+        run_dir / "checkpoint-latest.params",
+        "-c",
+        other,
+        "--epochs",
+        "7",
+        "--set",
+        "optimizer.args.lr=0.5",
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "does not match the model/optimizer of this config" in result.stderr
     assert files() == before
@@ -361,7 +397,8 @@ def test_a_read_only_run_folder_refuses_a_resume_cleanly(tmp_path, data_dir, sma
     result = run("train.py", "-r", run_dir / "checkpoint-latest.params", "--epochs", "2")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {run_dir}: cannot write in the run folder (Read-only file system); nothing was changed"]
+        f"error: {run_dir}: cannot write in the run folder (Read-only file system); nothing was changed"
+    ]
 
 
 # ------------------------------------------------------------------------------------- edges a hostile user tries
@@ -390,8 +427,12 @@ def test_a_symlinked_run_folder_is_refused(tmp_path, data_dir, linked):
 @pytest.fixture
 def special_files(tmp_path):
     """A FIFO, a link to /dev/zero, a 40 GB sparse file, and one whose safetensors header describes its 40 GB."""
-    files = {"fifo": tmp_path / "fifo.params", "zero": tmp_path / "zero.params", "sparse": tmp_path / "sparse.params",
-             "described": tmp_path / "described.params"}
+    files = {
+        "fifo": tmp_path / "fifo.params",
+        "zero": tmp_path / "zero.params",
+        "sparse": tmp_path / "sparse.params",
+        "described": tmp_path / "described.params",
+    }
     os.mkfifo(files["fifo"])
     files["zero"].symlink_to("/dev/zero")
     with open(files["sparse"], "wb") as f:
@@ -404,13 +445,16 @@ def special_files(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["--weights", "-r", "test.py -r"])
-@pytest.mark.parametrize("kind, message", [
-    ("fifo", "not a regular file"), ("zero", "not a regular file"),
-    ("sparse", "not a readable checkpoint (truncated or corrupt?): 42,949,672,960 bytes, without a header"),
-    ("described", "40.0 GiB, more than the"),
-])
-def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir, special_files, command, kind,
-                                                             message):
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("fifo", "not a regular file"),
+        ("zero", "not a regular file"),
+        ("sparse", "not a readable checkpoint (truncated or corrupt?): 42,949,672,960 bytes, without a header"),
+        ("described", "40.0 GiB, more than the"),
+    ],
+)
+def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir, special_files, command, kind, message):
     """Each within seconds, before anything is read into memory: a FIFO used to block (past SIGTERM), /dev/zero and
     a sparse file to be read until memory ran out."""
     path = special_files[kind]
@@ -426,13 +470,26 @@ def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir,
     assert tree_of(tmp_path) == before
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"model__args__hidden": [1000000, 1000000]}, (r"this run needs 14.6 TiB before any activation \(parameters "
-                                                   r"3.6 TiB, their gradients 3.6 TiB, optimizer state 7.3 TiB, .*\), "
-                                                   r"more than the .* of .*: make the model smaller")),
-    ({"trainer__accumulate_steps": 10**9}, ("config.json: trainer.accumulate_steps: 1,000,000,000 batches per step, "
-                                            "but an epoch of the train split has 9; at most 9")),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"model__args__hidden": [1000000, 1000000]},
+            (
+                r"this run needs 14.6 TiB before any activation \(parameters "
+                r"3.6 TiB, their gradients 3.6 TiB, optimizer state 7.3 TiB, .*\), "
+                r"more than the .* of .*: make the model smaller"
+            ),
+        ),
+        (
+            {"trainer__accumulate_steps": 10**9},
+            (
+                "config.json: trainer.accumulate_steps: 1,000,000,000 batches per step, "
+                "but an epoch of the train split has 9; at most 9"
+            ),
+        ),
+    ],
+)
 def test_a_run_that_cannot_fit_is_refused_before_anything_is_allocated(tmp_path, data_dir, change, message):
     """10**12 parameters used to compile and then stall at the memory limit; 10**9 accumulated batches to be
     OOM-killed at 14 GB. Both are known from shapes alone."""
@@ -448,12 +505,17 @@ def test_a_checkpoint_past_the_configured_end_is_refused(tmp_path, data_dir):
     assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
     latest = tmp_path / "saved/tiny/r/checkpoint-latest.params"
     arrays, header = checkpoint.read(latest)
-    checkpoint.save(latest, arrays, {**{k: v for k, v in header.items() if k not in ("arrays", "format_version",
-                                                                                      "treedef")}, "epoch": 99})
+    checkpoint.save(
+        latest,
+        arrays,
+        {**{k: v for k, v in header.items() if k not in ("arrays", "format_version", "treedef")}, "epoch": 99},
+    )
     before = tree_of(tmp_path)
     line = refused(run("train.py", "-r", latest, "--epochs", "2"))
-    assert line == (f"error: {latest}: saved at the end of epoch 99, past trainer.epochs 2: nothing to train; "
-                    f"continue it with --epochs N, N > 99")
+    assert line == (
+        f"error: {latest}: saved at the end of epoch 99, past trainer.epochs 2: nothing to train; "
+        f"continue it with --epochs N, N > 99"
+    )
     assert tree_of(tmp_path) == before
 
 

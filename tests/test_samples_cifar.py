@@ -2,6 +2,7 @@
 computation, gradients), and end to end on generated CIFAR-10 *binary* files with its own config: a run stopped
 mid-epoch and resumed ends bit-identical to one never stopped (augmentation on), test.py, the export's parity, and
 predict.py on a PNG of another size prepared exactly as training prepared its images."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,8 @@ def random_init(module, spec, seed=0):
     rng = np.random.default_rng(seed)
     fill = lambda path, leaf: jnp.asarray(  # noqa: E731
         rng.uniform(0.5, 1.5, leaf.shape) if path[-1].key == "var" else 0.3 * rng.standard_normal(leaf.shape),
-        leaf.dtype)
+        leaf.dtype,
+    )
     return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
@@ -91,8 +93,7 @@ def test_residual_shortcut_equals_its_explicit_computation_with_gradients():
     plain, _ = random_init(resnet_block(4), jax.ShapeDtypeStruct((1, 8, 8, 4), jnp.float32))
     assert set(plain["residual"]) == {"conv1", "bn1", "relu", "conv2", "bn2"}
     with pytest.raises(ValueError, match="child named 'shortcut'"):
-        random_init(Residual(Sequential({"shortcut": Linear(3)}), Linear(3)),
-                    jax.ShapeDtypeStruct((1, 3), jnp.float32))
+        random_init(Residual(Sequential({"shortcut": Linear(3)}), Linear(3)), jax.ShapeDtypeStruct((1, 3), jnp.float32))
 
 
 # ------------------------------------------------------------------------------------------------- end to end
@@ -106,7 +107,7 @@ def write_cifar10(folder: Path, per_file: int = 24, seed: int = 0) -> None:
         labels = rng.integers(0, 10, per_file).astype(np.uint8)
         images = rng.integers(0, 90, (per_file, 32, 32, 3)).astype(np.uint8)
         for i, label in enumerate(labels):
-            images[i, 3 * label: 3 * label + 3, :, :] = 250
+            images[i, 3 * label : 3 * label + 3, :, :] = 250
         planes = images.transpose(0, 3, 1, 2).reshape(per_file, -1)
         (folder / name).write_bytes(np.concatenate([labels[:, None], planes], axis=1).tobytes())
     (folder / "batches.meta.txt").write_text("\n".join(CLASSES) + "\n\n")
@@ -117,12 +118,10 @@ def sample_config(tmp_path: Path, data_dir: Path) -> Path:
     mixup added to the sample's crop + flip + normalize (soft targets through the whole loop)."""
     config = json.loads((ROOT / "configs" / "cifar10_resnet.json").read_text())
     for _split, loader in config["data_loader"].items():
-        loader["args"].update(data_dir=str(data_dir), download=False, verify=False, validation_size=24,
-                              batch_size=16)
+        loader["args"].update(data_dir=str(data_dir), download=False, verify=False, validation_size=24, batch_size=16)
     config["data_loader"]["train"]["augment"].append({"name": "mixup", "args": {"alpha": 0.4, "p": 0.5}})
     config["model"]["args"].update(depth=8, widths=[4, 8])
-    config["trainer"].update(epochs=1, save_dir=str(tmp_path / "saved"), log_every=1, steps_per_call=2,
-                             save_period=1)
+    config["trainer"].update(epochs=1, save_dir=str(tmp_path / "saved"), log_every=1, steps_per_call=2, save_period=1)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config, indent=2))
     return path
@@ -131,8 +130,14 @@ def sample_config(tmp_path: Path, data_dir: Path) -> Path:
 def run(*args, env=None) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+    )
 
 
 @pytest.mark.slow
@@ -159,8 +164,10 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
     assert header["step"] == want_header["step"] == 6 and set(got) == set(want)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    rows_of = lambda run_dir: [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}  # noqa
-                               for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows_of = lambda run_dir: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}  # noqa
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     rows = rows_of(ref_dir)
     assert rows == rows_of(cut_dir)
     assert all(math.isfinite(rows[0][k]) for k in ("train/loss", "train/accuracy", "val/loss", "val/accuracy"))
@@ -178,8 +185,9 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
     assert (ref_dir / "confusion_matrix.png").is_file()
 
     out = tmp_path / "inference"
-    exported = run("inference/convert_tflite.py", "-r", ref_dir, "--name", "cifar", "--output-dir", out,
-                   "--formats", "onnx,jax")
+    exported = run(
+        "inference/convert_tflite.py", "-r", ref_dir, "--name", "cifar", "--output-dir", out, "--formats", "onnx,jax"
+    )
     assert exported.returncode == 0, exported.stderr + exported.stdout
     report = json.loads((out / "cifar" / "report.json").read_text())
     assert report["validated_on_real_data"] and report["validation"]["examples"] == 24

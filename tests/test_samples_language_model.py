@@ -1,5 +1,6 @@
 """The language-model sample end to end on a tiny text: real train.py, test.py and sample.py subprocesses; and every
 shipped sample config validates and names data that is there."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ def test_char_language_model_trains_samples_and_evaluates(tmp_path):
     config = load_config(ROOT / "configs" / "shakespeare_char.json")
     loader = {"name": "char_text", "args": {"path": str(text), "context": 16, "batch_size": 8}}
     config["model"]["args"].update(vocab_size=len(set(TEXT)), context=16, dim=32, depth=1, num_heads=2)
-    config["data_loader"] = {"train": {**loader, "args": {**loader["args"], "split": "train", "shuffle": True}},
-                             "validation": {**loader, "args": {**loader["args"], "split": "validation"}}}
+    config["data_loader"] = {
+        "train": {**loader, "args": {**loader["args"], "split": "train", "shuffle": True}},
+        "validation": {**loader, "args": {**loader["args"], "split": "validation"}},
+    }
     config["trainer"].update(epochs=2, save_dir=str(tmp_path / "saved"), log_every=10)
     config["optimizer"]["schedule"]["args"]["warmup_steps"] = {"epochs": 0.2}
     path = tmp_path / "config.json"
@@ -43,8 +46,9 @@ def test_char_language_model_trains_samples_and_evaluates(tmp_path):
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("First") and len(sampled.stdout.rstrip("\n")) == 35
     bad = run("sample.py", "-r", run_dir, "--prompt", "Zebra")
-    assert bad.returncode == 2 and bad.stderr.strip() == \
-        "error: --prompt: characters not in the model's vocabulary: 'Zb'"
+    assert (
+        bad.returncode == 2 and bad.stderr.strip() == "error: --prompt: characters not in the model's vocabulary: 'Zb'"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.json")) + ["../config.json"])

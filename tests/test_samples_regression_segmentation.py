@@ -1,5 +1,6 @@
 """The regression and segmentation samples end to end: real `train.py` and `test.py` subprocesses on tiny data
 written in a temp folder (a CSV with a known signal; MNIST-format IDX files), with the samples' own configs."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def test_mnist_segmenter_shapes_paths_and_receptive_field():
     net = mnist_segmenter(channels=(4, 8))
     spec = jax.ShapeDtypeStruct((2, 28, 28, 1), jnp.float32)
     params, state = net.init(jax.random.PRNGKey(0), spec)
-    paths = {jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in
-             jax.tree_util.tree_flatten_with_path(params)[0]}
+    paths = {
+        jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
     assert {"enc.conv0.weight", "skip.down.weight", "skip.up.weight", "head.weight", "head.bias"} <= paths
     assert params["skip"]["up"]["weight"].shape == (2, 2, 8, 4)
     x = jax.random.normal(jax.random.PRNGKey(1), spec.shape)
@@ -60,10 +62,14 @@ def test_tabular_regression_sample(tmp_path):
     y = np.sin(z[:, 0]) + 0.5 * z[:, 1] - z[:, 2] ** 2 / 2 + 0.1 * rng.standard_normal(400)
     lines = ["u,v,w,label"] + [",".join(f"{value:.6g}" for value in row) for row in np.column_stack([x, y])]
     (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
-    config = sample_config("tabular_regression", tmp_path,
-                           {"path": str(tmp_path / "rows.csv"), "targets": ["label"], "sha256": None,
-                            "batch_size": 40},
-                           trainer__epochs=6, trainer__save_period=6, model__args__hidden=[32, 32])
+    config = sample_config(
+        "tabular_regression",
+        tmp_path,
+        {"path": str(tmp_path / "rows.csv"), "targets": ["label"], "sha256": None, "batch_size": 40},
+        trainer__epochs=6,
+        trainer__save_period=6,
+        model__args__hidden=[32, 32],
+    )
     result = run("train.py", "-c", config, "--run-id", "r")
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "saved" / "tabular_regression" / "r"
@@ -84,8 +90,9 @@ def test_tabular_regression_sample(tmp_path):
 
 def test_tabular_regression_reports_a_missing_column(tmp_path):
     (tmp_path / "rows.csv").write_text("a,b,target\n1,2,3\n4,5,6\n")
-    config = sample_config("tabular_regression", tmp_path,
-                           {"path": str(tmp_path / "rows.csv"), "targets": ["y"], "sha256": None})
+    config = sample_config(
+        "tabular_regression", tmp_path, {"path": str(tmp_path / "rows.csv"), "targets": ["y"], "sha256": None}
+    )
     result = run("train.py", "-c", config)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "target column 'y' not found; available: a, b, target" in result.stderr
@@ -96,16 +103,28 @@ def test_tabular_regression_reports_a_missing_column(tmp_path):
 def test_mnist_segmentation_sample(tmp_path):
     data_dir = tmp_path / "mnist"
     make_idx_dataset(data_dir, n_train=200, n_test=40)
-    config = sample_config("mnist_segmentation", tmp_path,
-                           {"data_dir": str(data_dir), "verify": False, "validation_size": 40, "batch_size": 40},
-                           trainer__epochs=3, trainer__save_period=3, model__args__channels=[4, 8])
+    config = sample_config(
+        "mnist_segmentation",
+        tmp_path,
+        {"data_dir": str(data_dir), "verify": False, "validation_size": 40, "batch_size": 40},
+        trainer__epochs=3,
+        trainer__save_period=3,
+        model__args__channels=[4, 8],
+    )
     result = run("train.py", "-c", config, "--run-id", "s")
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "saved" / "mnist_segmentation" / "s"
     rows = epochs_of(run_dir)
     assert len(rows) == 3
-    for key in ("train/loss", "train/binary_accuracy", "train/mean_iou", "val/loss", "val/binary_accuracy",
-                "val/mean_iou", "val/iou_per_class"):
+    for key in (
+        "train/loss",
+        "train/binary_accuracy",
+        "train/mean_iou",
+        "val/loss",
+        "val/binary_accuracy",
+        "val/mean_iou",
+        "val/iou_per_class",
+    ):
         assert all(finite(r[key]) for r in rows), key
     assert rows[-1]["train/loss"] < rows[0]["train/loss"] and rows[-1]["val/loss"] < rows[0]["val/loss"]
     assert rows[-1]["val/mean_iou"] > rows[0]["val/mean_iou"]

@@ -1,5 +1,6 @@
 """Sweeps: argument checks, deterministic draws, the ledger, pruning; and real sweeps of train.py processes on tiny
 generated IDX data that are killed and restarted, have failing trials, prune, and reproduce their best trial."""
+
 from __future__ import annotations
 
 import csv
@@ -42,30 +43,39 @@ def rows_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--grid", "optimizer.args.lr=0.1"], "--grid optimizer.args.lr=0.1: expected KEY.PATH=[v1, v2, ...]"),
-    (["--grid", "optimizer.args.lr=[]"], "a non-empty JSON list"),
-    (["--grid", "=[1]"], "--grid =[1]: expected KEY.PATH="),
-    (["--sample", "optimizer.args.lr=normal:0:1"], "unknown distribution 'normal'; expected uniform:LOW:HIGH"),
-    (["--sample", "optimizer.args.lr=loguniform:0:1"], "loguniform needs 0 < LOW"),
-    (["--sample", "optimizer.args.lr=uniform:1"], "expected uniform:LOW:HIGH with two numbers"),
-    (["--sample", "model.args.hidden.0=int:8:x"], "expected int:LOW:HIGH with two integers"),
-    (["--grid", "optimizer.schedule.args.peak_value=[0.1]"],
-     "optimizer.schedule.args.peak_value: no such key in config.json (optimizer has no 'schedule')"),
-    (["--grid", "trainer.epochz=[1]"], "no such key in config.json (trainer has no 'epochz')"),
-    (["--grid", "optimizer.args.lrr=[0.1]"], "--grid optimizer.args.lrr=0.1: config.json: optimizer.args.lrr: "
-                                             "unknown argument"),
-    (["--grid", "optimizer.args.lr=[0.01,-1]"], "--grid optimizer.args.lr=-1: config.json: optimizer.args.lr: must "
-                                                "be >= 0.0"),
-    (["--grid", "optimizer.args.lr=[0.1]", "--set", "optimizer.args.lr=0.2"], "already given by --set"),
-    (["--grid", 'name=["a","b"]'], "--grid name: the sweep names each trial's folder"),
-    (["--grid", "optimizer.args.lr=[0.1]", "--prune", "mean"], "--prune mean: expected median[:WARMUP_EPOCHS"),
-    (["--grid", "optimizer.args.lr=[0.1]", "--trials", "2"], "the grid has 1 point; add --sample"),
-    (["--grid", "optimizer.args.lr=[0.1]", "--sampler", "grid"], "--sampler grid: expected random or optuna:tpe"),
-    (["--grid", "optimizer.args.lr=[0.1]", "--parallel", "0"], "--parallel 0: expected at least 1"),
-    (["--grid", "optimizer.args.lr=[0.1]", "--set", "trainer.monitor=off"], "trainer.monitor is off"),
-    ([], "nothing to sweep"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grid", "optimizer.args.lr=0.1"], "--grid optimizer.args.lr=0.1: expected KEY.PATH=[v1, v2, ...]"),
+        (["--grid", "optimizer.args.lr=[]"], "a non-empty JSON list"),
+        (["--grid", "=[1]"], "--grid =[1]: expected KEY.PATH="),
+        (["--sample", "optimizer.args.lr=normal:0:1"], "unknown distribution 'normal'; expected uniform:LOW:HIGH"),
+        (["--sample", "optimizer.args.lr=loguniform:0:1"], "loguniform needs 0 < LOW"),
+        (["--sample", "optimizer.args.lr=uniform:1"], "expected uniform:LOW:HIGH with two numbers"),
+        (["--sample", "model.args.hidden.0=int:8:x"], "expected int:LOW:HIGH with two integers"),
+        (
+            ["--grid", "optimizer.schedule.args.peak_value=[0.1]"],
+            "optimizer.schedule.args.peak_value: no such key in config.json (optimizer has no 'schedule')",
+        ),
+        (["--grid", "trainer.epochz=[1]"], "no such key in config.json (trainer has no 'epochz')"),
+        (
+            ["--grid", "optimizer.args.lrr=[0.1]"],
+            "--grid optimizer.args.lrr=0.1: config.json: optimizer.args.lrr: unknown argument",
+        ),
+        (
+            ["--grid", "optimizer.args.lr=[0.01,-1]"],
+            "--grid optimizer.args.lr=-1: config.json: optimizer.args.lr: must be >= 0.0",
+        ),
+        (["--grid", "optimizer.args.lr=[0.1]", "--set", "optimizer.args.lr=0.2"], "already given by --set"),
+        (["--grid", 'name=["a","b"]'], "--grid name: the sweep names each trial's folder"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--prune", "mean"], "--prune mean: expected median[:WARMUP_EPOCHS"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--trials", "2"], "the grid has 1 point; add --sample"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--sampler", "grid"], "--sampler grid: expected random or optuna:tpe"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--parallel", "0"], "--parallel 0: expected at least 1"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--set", "trainer.monitor=off"], "trainer.monitor is off"),
+        ([], "nothing to sweep"),
+    ],
+)
 def test_bad_arguments_are_one_error_line_before_any_trial(tmp_path, data_dir, capsys, args, message):
     config = make_config(tmp_path, data_dir)
     with pytest.raises(SystemExit) as exit:
@@ -77,9 +87,12 @@ def test_bad_arguments_are_one_error_line_before_any_trial(tmp_path, data_dir, c
 
 
 def test_draws_depend_on_the_seed_and_the_trial_only():
-    params = [parse_grid("optimizer.args.weight_decay=[0,0.05]"),
-              parse_sample("optimizer.schedule.args.peak_value=loguniform:1e-4:1e-2"),
-              parse_sample("model.args.hidden.0=int:8:64"), parse_sample("model.args.dropout=choice:[0.0,0.1]")]
+    params = [
+        parse_grid("optimizer.args.weight_decay=[0,0.05]"),
+        parse_sample("optimizer.schedule.args.peak_value=loguniform:1e-4:1e-2"),
+        parse_sample("model.args.hidden.0=int:8:64"),
+        parse_sample("model.args.dropout=choice:[0.0,0.1]"),
+    ]
     first = [RandomSampler(params, seed=3).params(i) for i in range(20)]
     again = RandomSampler(params, seed=3)
     assert [again.params(i) for i in reversed(range(20))][::-1] == first  # no trial's draw depends on another's
@@ -90,8 +103,14 @@ def test_draws_depend_on_the_seed_and_the_trial_only():
     assert all(isinstance(p["model.args.hidden.0"], int) and 8 <= p["model.args.hidden.0"] <= 64 for p in first)
     assert {p["model.args.dropout"] for p in first} == {0.0, 0.1}
     grid = [parse_grid("a.b=[1,2]"), parse_grid('c.d=["x","y","z"]')]
-    assert [tuple(RandomSampler(grid, 0).params(i).values()) for i in range(6)] == \
-        [(1, "x"), (1, "y"), (1, "z"), (2, "x"), (2, "y"), (2, "z")]
+    assert [tuple(RandomSampler(grid, 0).params(i).values()) for i in range(6)] == [
+        (1, "x"),
+        (1, "y"),
+        (1, "z"),
+        (2, "x"),
+        (2, "y"),
+        (2, "z"),
+    ]
 
 
 def test_ledger_appends_whole_lines_and_drops_one_cut_short(tmp_path):
@@ -132,8 +151,15 @@ def test_optuna_sampler_draws_in_range_and_learns_from_the_ledger():
 
 def start_sweep(*args) -> subprocess.Popen:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen([sys.executable, "sweep.py", *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "sweep.py", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(condition, what: str, timeout: float = 120):
@@ -161,8 +187,10 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(tmp_path, da
     args = ["-c", config, "--grid", "optimizer.args.lr=[0.003,0.01]"]
     process = start_sweep(*args)
     try:
-        wait_for(lambda: list((tmp_path / "saved" / "tiny").glob("sweep-*/trial-001/checkpoint-latest.params")),
-                 "the second trial's first epoch")
+        wait_for(
+            lambda: list((tmp_path / "saved" / "tiny").glob("sweep-*/trial-001/checkpoint-latest.params")),
+            "the second trial's first epoch",
+        )
     finally:
         process.kill()  # no handler runs: the trial learns of it from the kernel (parent-death signal)
         output = process.communicate()[0]
@@ -196,8 +224,16 @@ def test_failed_trials_are_recorded_and_the_best_config_reproduces_its_trial(tmp
     config = make_config(tmp_path, data_dir)
     # lr 1e30 diverges before its first checkpoint (exit 2, its folder removed); b1 2 passes the config's checks
     # but not the optimizer's (exit 2)
-    args = ["-c", config, "--grid", "optimizer.args.lr=[1e30,0.003]", "--grid", "optimizer.args.b1=[0.9,2.0]",
-            "--trials", 3]
+    args = [
+        "-c",
+        config,
+        "--grid",
+        "optimizer.args.lr=[1e30,0.003]",
+        "--grid",
+        "optimizer.args.b1=[0.9,2.0]",
+        "--trials",
+        3,
+    ]
     result = run("sweep.py", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     folder = sweep_folder(tmp_path)
@@ -231,8 +267,17 @@ def test_median_pruning_stops_a_clearly_bad_trial(tmp_path, data_dir):
     # epochs enough that the bad trial is still running when the sweep reads its first epoch (a tiny epoch takes
     # tens of milliseconds once the step is in the compilation cache; the sweep looks every 0.25 s)
     config = make_config(tmp_path, data_dir, trainer__epochs=60)
-    result = run("sweep.py", "-c", config, "--grid", "optimizer.args.lr=[0.003,0.01,0]", "--prune", "median",
-                 "--set", "name=pruned")  # a --set of the name moves the sweep, not its trials out of it
+    result = run(
+        "sweep.py",
+        "-c",
+        config,
+        "--grid",
+        "optimizer.args.lr=[0.003,0.01,0]",
+        "--prune",
+        "median",
+        "--set",
+        "name=pruned",
+    )  # a --set of the name moves the sweep, not its trials out of it
     assert result.returncode == 0, result.stdout + result.stderr
     folder = sweep_folder(tmp_path, "pruned")
     ends = {r["trial"]: r for r in ledger_of(folder) if r["event"] == "end"}

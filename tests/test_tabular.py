@@ -1,5 +1,6 @@
 """The CSV dataset: columns, the seeded split, train-only standardisation, checksums and error messages; and the
 noisy MNIST segmentation option of the MNIST dataset."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,13 @@ def test_columns_shapes_dtypes_and_preprocessing(table):
     rows = split_rows(50, 0.1, 0.1, 0)["train"]
     np.testing.assert_allclose(batch["input"], x[rows], rtol=1e-6)
     np.testing.assert_allclose(batch["target"], y[rows], rtol=1e-6)
-    assert data.preprocessing == {"task": "regression", "features": ["a", "b", "c"], "targets": ["y", "z"],
-                                  "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]}
+    assert data.preprocessing == {
+        "task": "regression",
+        "features": ["a", "b", "c"],
+        "targets": ["y", "z"],
+        "mean": [0.0, 0.0, 0.0],
+        "std": [1.0, 1.0, 1.0],
+    }
     # a single target may be a string; unused text columns are never parsed
     single = CsvDataset(path, "y", features=["a"], split="test")
     assert single.get_batch(np.arange(2))["target"].shape == (2, 1)
@@ -100,14 +106,21 @@ def test_sha256_is_checked(table):
         CsvDataset(path, ["y"], features=["a"], sha256="00ff")
 
 
-@pytest.mark.parametrize("targets, features, message", [
-    (["yy"], None, "table.csv: target column 'yy' not found; available: id, a, b, c, y, z. Did you mean 'y'?"),
-    (["y"], ["a", "bb"], "table.csv: feature column 'bb' not found; available: id, a, b, c, y, z. Did you mean 'b'?"),
-    (["y"], ["qqqq"], "feature column 'qqqq' not found; available: id, a, b, c, y, z."),
-    (["y"], ["a", "y"], "table.csv: columns used both as features and targets: y"),
-    (["y"], None, "table.csv: data row 1 (line 2), column 'id': 'r0', not a finite number"),
-    ([], None, "table.csv: no target columns given"),
-])
+@pytest.mark.parametrize(
+    "targets, features, message",
+    [
+        (["yy"], None, "table.csv: target column 'yy' not found; available: id, a, b, c, y, z. Did you mean 'y'?"),
+        (
+            ["y"],
+            ["a", "bb"],
+            "table.csv: feature column 'bb' not found; available: id, a, b, c, y, z. Did you mean 'b'?",
+        ),
+        (["y"], ["qqqq"], "feature column 'qqqq' not found; available: id, a, b, c, y, z."),
+        (["y"], ["a", "y"], "table.csv: columns used both as features and targets: y"),
+        (["y"], None, "table.csv: data row 1 (line 2), column 'id': 'r0', not a finite number"),
+        ([], None, "table.csv: no target columns given"),
+    ],
+)
 def test_column_errors_name_the_file_and_column(table, targets, features, message):
     path, _, _ = table
     with pytest.raises(ValueError) as error:
@@ -115,16 +128,19 @@ def test_column_errors_name_the_file_and_column(table, targets, features, messag
     assert message in str(error.value)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "empty.csv: the file is empty"),
-    ("\n\n", "empty.csv: the file is empty"),
-    ("a,y\n", "empty.csv: the file has a header but no data rows"),
-    ("a,y\n1,2\n3,x\n", "empty.csv: data row 2 (line 3), column 'y': 'x', not a finite number"),
-    ("a,y\n1,2\n\n3,nan\n", "empty.csv: data row 2 (line 4), column 'y': 'nan', not a finite number"),
-    ("a,y\n1,2\n,4\n", "empty.csv: data row 2 (line 3), column 'a': an empty cell (a missing value)"),
-    ("a,y\n1,2\n3,4,5\n", "empty.csv: line 3 has 3 cells, the header has 2 columns"),
-    ("a,a,y\n1,2,3\n", "empty.csv: column names appear more than once in the header: a"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "empty.csv: the file is empty"),
+        ("\n\n", "empty.csv: the file is empty"),
+        ("a,y\n", "empty.csv: the file has a header but no data rows"),
+        ("a,y\n1,2\n3,x\n", "empty.csv: data row 2 (line 3), column 'y': 'x', not a finite number"),
+        ("a,y\n1,2\n\n3,nan\n", "empty.csv: data row 2 (line 4), column 'y': 'nan', not a finite number"),
+        ("a,y\n1,2\n,4\n", "empty.csv: data row 2 (line 3), column 'a': an empty cell (a missing value)"),
+        ("a,y\n1,2\n3,4,5\n", "empty.csv: line 3 has 3 cells, the header has 2 columns"),
+        ("a,a,y\n1,2,3\n", "empty.csv: column names appear more than once in the header: a"),
+    ],
+)
 def test_file_errors(tmp_path, text, message):
     path = tmp_path / "empty.csv"
     path.write_text(text)
@@ -165,7 +181,7 @@ def test_fixed_noise_is_standard_normal_and_a_function_of_id_and_seed():
     noise = fixed_noise(np.arange(2000), 64, seed=0)
     assert noise.dtype == np.float32 and noise.shape == (2000, 64)
     assert abs(noise.mean()) < 0.01 and abs(noise.std() - 1) < 0.01
-    assert abs(np.mean(noise ** 4) - 3) < 0.1  # Gaussian kurtosis
+    assert abs(np.mean(noise**4) - 3) < 0.1  # Gaussian kurtosis
     assert abs(np.corrcoef(noise[:, :-1].ravel(), noise[:, 1:].ravel())[0, 1]) < 0.01
     np.testing.assert_array_equal(fixed_noise(np.array([7, 3]), 64, 0), noise[[7, 3]])
     assert not np.allclose(fixed_noise(np.array([7]), 64, 1), noise[7])
@@ -188,8 +204,9 @@ def test_mnist_segmentation_targets_and_fixed_noise(idx_dir):
     added = (first["input"] - batch["input"]) * 0.3081
     assert 0.4 < added.std() < 0.6
     # the same example gets the same noise in any epoch and batch position
-    shuffled = mnist_segmentation("train", 50, shuffle=True, data_dir=str(idx_dir), verify=False,
-                                  validation_size=10, noise_std=0.5)
+    shuffled = mnist_segmentation(
+        "train", 50, shuffle=True, data_dir=str(idx_dir), verify=False, validation_size=10, noise_std=0.5
+    )
     for epoch in (0, 1):
         order = shuffled.order(epoch)
         again = next(shuffled.batches(epoch))

@@ -1,4 +1,5 @@
 """Character windows of a text file: vocabulary, split, the shift by one, determinism, checksums, errors."""
+
 from __future__ import annotations
 
 import hashlib

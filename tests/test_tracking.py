@@ -1,6 +1,7 @@
 """Trackers for real: `train.py` runs with wandb (offline) and TensorBoard on tiny generated data, and the files they
 write are read back with independent readers (the wandb run log parsed record by record, TensorFlow's TFRecord
 reader for the event files) and compared with `metrics.jsonl` and `train.log`. Nothing contacts the network."""
+
 from __future__ import annotations
 
 import copy
@@ -29,9 +30,15 @@ def no_network(tmp_path, monkeypatch):
     home.mkdir()
     # matplotlib keeps its font cache under the real home: a fresh one would be rebuilt in every run
     fonts = os.environ.get("MPLCONFIGDIR", str(Path.home() / ".cache" / "matplotlib"))
-    return {"HOME": str(home), "WANDB_CONFIG_DIR": str(home / "wandb-config"), "WANDB_CACHE_DIR": str(home / "cache"),
-            "WANDB_DATA_DIR": str(home / "data"), "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true",
-            "MPLCONFIGDIR": fonts}
+    return {
+        "HOME": str(home),
+        "WANDB_CONFIG_DIR": str(home / "wandb-config"),
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+        "WANDB_SILENT": "true",
+        "MPLCONFIGDIR": fonts,
+    }
 
 
 # ------------------------------------------------------------------------------------------------- readers
@@ -48,8 +55,8 @@ def wandb_records(path: Path):
         if left < 7:  # block trailer
             pos += left
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        pending += data[pos + 7:pos + 7 + length]
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: a whole record
             yield wandb_internal_pb2.Record.FromString(pending)
@@ -139,9 +146,14 @@ def check_events(events: dict, rows: list[dict], losses: dict[int, float], log_e
         assert [s for s, _ in scalars_[key]] == [r["step"] for r in rows], key
         np.testing.assert_allclose([v for _, v in scalars_[key]], [r[key] for r in rows], rtol=1e-6, err_msg=key)
     for c in range(10):  # a per-class vector: one scalar per class
-        np.testing.assert_allclose([v for _, v in scalars_[f"val/recall_per_class/{c}"]],
-                                   [r["val/recall_per_class"][c] for r in rows], rtol=1e-6)
-    assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(events["hparams"])
+        np.testing.assert_allclose(
+            [v for _, v in scalars_[f"val/recall_per_class/{c}"]],
+            [r["val/recall_per_class"][c] for r in rows],
+            rtol=1e-6,
+        )
+    assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(
+        events["hparams"]
+    )
     assert b"optimizer.args.lr" in events["hparams"]["_hparams_/session_start_info"]
     assert b"val/accuracy" in events["hparams"]["_hparams_/experiment"]
 
@@ -165,8 +177,9 @@ def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_netw
     env = {**no_network, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir)}
     log_every = 4
     metrics = [{"name": "accuracy"}, {"name": "f1"}, {"name": "recall", "args": {"average": "none"}}]
-    config = make_config(tmp_path, data_dir, trainer__log_every=log_every, wandb=OFFLINE,
-                         tensorboard={"enabled": True}, metrics=metrics)
+    config = make_config(
+        tmp_path, data_dir, trainer__log_every=log_every, wandb=OFFLINE, tensorboard={"enabled": True}, metrics=metrics
+    )
     result = run("train.py", "-c", config, env=env)
     assert result.returncode == 0, result.stderr
 
@@ -210,8 +223,13 @@ def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_netw
 
 def test_wandb_that_cannot_start_is_a_warning_and_the_profile_trace(tmp_path, data_dir, no_network):  # noqa: F811
     # online without an API key: wandb.init refuses at once, before any connection
-    config = make_config(tmp_path, data_dir, trainer__epochs=1, wandb={"enabled": True, "mode": "online"},
-                         trainer__profile={"start_step": 2, "num_steps": 3})
+    config = make_config(
+        tmp_path,
+        data_dir,
+        trainer__epochs=1,
+        wandb={"enabled": True, "mode": "online"},
+        trainer__profile={"start_step": 2, "num_steps": 3},
+    )
     result = run("train.py", "-c", config, "--run-id", "offline", env=no_network)
     assert result.returncode == 0, result.stderr
     assert "wandb: could not start" in result.stdout and "training goes on without wandb" in result.stdout
@@ -229,8 +247,15 @@ def test_wandb_that_cannot_start_is_a_warning_and_the_profile_trace(tmp_path, da
 
 # ---------------------------------------------------------------------------------------------------- units
 def test_scalars_flatten_vectors_and_skip_matrices():
-    row = {"epoch": 2, "step": 18, "train/loss": 0.5, "val/f1": [0.25, 1.0], "val/confusion_matrix": [[1, 0], [0, 1]],
-           "flag": True, "name": "x"}
+    row = {
+        "epoch": 2,
+        "step": 18,
+        "train/loss": 0.5,
+        "val/f1": [0.25, 1.0],
+        "val/confusion_matrix": [[1, 0], [0, 1]],
+        "flag": True,
+        "name": "x",
+    }
     assert scalars(row) == {"epoch": 2.0, "train/loss": 0.5, "val/f1/0": 0.25, "val/f1/1": 1.0}
     assert "epoch" not in scalars(row, skip=("step", "epoch"))
 
@@ -247,8 +272,15 @@ def test_flatten_round_trips_nested_config():
         for part, _following in zip(parents, parents[1:] + [last]):
             node = node.setdefault(part, {})
         node[last] = value
-    listify = lambda n: ([listify(n[k]) for k in sorted(n, key=int)] if n and all(k.isdigit() for k in n)
-                         else {k: listify(v) for k, v in n.items()}) if isinstance(n, dict) and n else n
+    listify = lambda n: (
+        (
+            [listify(n[k]) for k in sorted(n, key=int)]
+            if n and all(k.isdigit() for k in n)
+            else {k: listify(v) for k, v in n.items()}
+        )
+        if isinstance(n, dict) and n
+        else n
+    )
     assert listify(rebuilt) == config
 
 
@@ -275,23 +307,32 @@ def test_per_class_table_matches_counts_from_the_labels():
     assert table["recall"][1] == 1.0 and table["precision"][4] == 0.0 and table["f1"][4] == 0.0
 
 
-BASE = {"name": "t", "model": {"name": "mlp"}, "loss": {"name": "cross_entropy"}, "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
-        "data_loader": {"train": {"name": "mnist"}}, "trainer": {"monitor": "min train/loss"}}
+BASE = {
+    "name": "t",
+    "model": {"name": "mlp"},
+    "loss": {"name": "cross_entropy"},
+    "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
+    "data_loader": {"train": {"name": "mnist"}},
+    "trainer": {"monitor": "min train/loss"},
+}
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"tensorboard": {"enabeld": True}}, "tensorboard.enabeld: unknown setting. Did you mean 'enabled'?"),
-    ({"tensorboard": {"enabled": "yes"}}, "tensorboard.enabled: expected true or false"),
-    ({"tensorboard": True}, "tensorboard: expected an object"),
-    ({"wandb": {"enabled": 1}}, "wandb.enabled: expected true or false"),
-    ({"wandb": {"tags": "a"}}, "wandb.tags: expected a list of strings"),
-    ({"wandb": {"id": "a/b"}}, "wandb.id: letters, digits"),
-    ({"wandb": {"project": ""}}, "wandb.project: expected a non-empty string or null"),
-    ({"wandb": {"mode": "cloud"}}, "wandb.mode: expected online, offline or disabled"),
-    ({"trainer": {"profile": {"start": 3}}}, "trainer.profile: expected {\"start_step\": N, \"num_steps\": K}"),
-    ({"trainer": {"profile": {"start_step": 0, "num_steps": 2}}}, "trainer.profile.start_step: must be >= 1"),
-    ({"trainer": {"profile": {"start_step": 3, "num_steps": 1.5}}}, "trainer.profile.num_steps: expected int"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"tensorboard": {"enabeld": True}}, "tensorboard.enabeld: unknown setting. Did you mean 'enabled'?"),
+        ({"tensorboard": {"enabled": "yes"}}, "tensorboard.enabled: expected true or false"),
+        ({"tensorboard": True}, "tensorboard: expected an object"),
+        ({"wandb": {"enabled": 1}}, "wandb.enabled: expected true or false"),
+        ({"wandb": {"tags": "a"}}, "wandb.tags: expected a list of strings"),
+        ({"wandb": {"id": "a/b"}}, "wandb.id: letters, digits"),
+        ({"wandb": {"project": ""}}, "wandb.project: expected a non-empty string or null"),
+        ({"wandb": {"mode": "cloud"}}, "wandb.mode: expected online, offline or disabled"),
+        ({"trainer": {"profile": {"start": 3}}}, 'trainer.profile: expected {"start_step": N, "num_steps": K}'),
+        ({"trainer": {"profile": {"start_step": 0, "num_steps": 2}}}, "trainer.profile.start_step: must be >= 1"),
+        ({"trainer": {"profile": {"start_step": 3, "num_steps": 1.5}}}, "trainer.profile.num_steps: expected int"),
+    ],
+)
 def test_tracker_settings_are_validated(change, message):
     config = copy.deepcopy(BASE)
     for section, value in change.items():

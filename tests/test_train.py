@@ -1,4 +1,5 @@
 """End to end: real `train.py` / `test.py` subprocesses on tiny generated IDX data in a temp folder."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,13 @@ def make_config(tmp_path: Path, data_dir: Path, **changes) -> Path:
             "validation": {**loader, "args": {**loader["args"], "split": "validation", "batch_size": 40}},
             "test": {**loader, "args": {**loader["args"], "split": "test", "batch_size": 40}},
         },
-        "trainer": {"epochs": 2, "save_dir": str(tmp_path / "saved"), "save_period": 1,
-                    "monitor": "max val/accuracy", "log_every": 1},
+        "trainer": {
+            "epochs": 2,
+            "save_dir": str(tmp_path / "saved"),
+            "save_period": 1,
+            "monitor": "max val/accuracy",
+            "log_every": 1,
+        },
     }
     return write_config(tmp_path, config, changes)
 
@@ -59,8 +65,14 @@ def write_config(folder: Path, config: dict, changes: dict) -> Path:
 
 def run(script: str, *args, env=None, timeout=300) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
-    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, script, *map(str, args)],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def params_of(path: Path) -> dict:
@@ -74,8 +86,17 @@ def test_run_folder_contents_best_checkpoint_and_test_py(tmp_path, data_dir):
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "saved" / "tiny" / "r1"
     names = {p.name for p in run_dir.iterdir()}
-    assert {"config.json", "model", "train.log", "metrics.jsonl", "checkpoint-latest.params", "model_best.params",
-            "checkpoint-epoch_1.params", "checkpoint-epoch_2.params", "checkpoint-epoch_3.params"} <= names
+    assert {
+        "config.json",
+        "model",
+        "train.log",
+        "metrics.jsonl",
+        "checkpoint-latest.params",
+        "model_best.params",
+        "checkpoint-epoch_1.params",
+        "checkpoint-epoch_2.params",
+        "checkpoint-epoch_3.params",
+    } <= names
     assert (run_dir / "model" / "model.py").is_file()
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["trainer"]["early_stop"] == 0 and saved["wandb"]["enabled"] is False  # resolved, defaults filled
@@ -118,8 +139,14 @@ def test_resume_is_bitwise_exact(tmp_path, data_dir):
 
 def test_early_stopping(tmp_path, data_dir):
     # lr 0: the monitored loss never improves after epoch 1, so patience 2 stops after epoch 3.
-    config = make_config(tmp_path, data_dir, optimizer={"name": "sgd", "args": {"lr": 0.0}},
-                         trainer__epochs=10, trainer__early_stop=2, trainer__monitor="min val/loss")
+    config = make_config(
+        tmp_path,
+        data_dir,
+        optimizer={"name": "sgd", "args": {"lr": 0.0}},
+        trainer__epochs=10,
+        trainer__early_stop=2,
+        trainer__monitor="min val/loss",
+    )
     result = run("train.py", "-c", config, "--run-id", "es")
     assert result.returncode == 0, result.stderr
     rows = (tmp_path / "saved/tiny/es/metrics.jsonl").read_text().splitlines()
@@ -137,24 +164,36 @@ def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
     assert latest.read_bytes() == before
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"model": {"name": "mlpp"}}, "config.json: model.name: unknown model 'mlpp'; available: char_transformer, "),
-    ({"model": {"name": "mlpp"}}, ". Did you mean 'mlp'?"),
-    ({"model": {"name": "mlp", "args": {"hiden": [3]}}}, "config.json: model.args.hiden: unknown argument. Did you mean 'hidden'?"),
-    ({"optimizer": {"name": "adam", "args": {"lrr": 0.1}}},  # the signature as written, no quotes, no return type
-     "optimizer.args.lrr: unknown argument. Did you mean 'lr'? Accepted: adam(lr: Hyper, b1: float = 0.9, b2: float "
-     "= 0.999, eps: float = 1e-08)"),
-    ({"optimizer": {"name": "adam", "args": {"lr": "fast"}}}, "optimizer.args.lr: expected float"),
-    ({"optimizer": {"name": "adam", "args": {"lr": -1.0}}}, "optimizer.args.lr: must be >= 0.0"),
-    ({"optimizer": {"name": "adam", "schedule": {"name": "cosine_decay", "args": {"init_value": 0.1}}}},
-     "optimizer.schedule.args: missing argument 'decay_steps'"),
-    ({"trainer__monitor": "max val/acc"}, "trainer.monitor: 'val/acc' is not logged. Did you mean 'val/accuracy'?"),
-    ({"trainer__epochs": 0}, "trainer.epochs: must be >= 1"),
-    ({"trainer__epoch": 3}, "trainer.epoch: unknown setting. Did you mean 'epochs'?"),
-    ({"data_loader__train__args__batch_size": 0}, "data_loader.train.args.batch_size: must be >= 1"),
-    ({"metrics": [{"name": "acuracy"}]}, "metrics.0.name: unknown metrics 'acuracy'"),
-    ({"loss": {"name": "cross_entropy", "args": {"smoothing": 0.1}}}, "loss.args.smoothing: unknown argument"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model": {"name": "mlpp"}}, "config.json: model.name: unknown model 'mlpp'; available: char_transformer, "),
+        ({"model": {"name": "mlpp"}}, ". Did you mean 'mlp'?"),
+        (
+            {"model": {"name": "mlp", "args": {"hiden": [3]}}},
+            "config.json: model.args.hiden: unknown argument. Did you mean 'hidden'?",
+        ),
+        (
+            {
+                "optimizer": {"name": "adam", "args": {"lrr": 0.1}}
+            },  # the signature as written, no quotes, no return type
+            "optimizer.args.lrr: unknown argument. Did you mean 'lr'? Accepted: adam(lr: Hyper, b1: float = 0.9, b2: float "
+            "= 0.999, eps: float = 1e-08)",
+        ),
+        ({"optimizer": {"name": "adam", "args": {"lr": "fast"}}}, "optimizer.args.lr: expected float"),
+        ({"optimizer": {"name": "adam", "args": {"lr": -1.0}}}, "optimizer.args.lr: must be >= 0.0"),
+        (
+            {"optimizer": {"name": "adam", "schedule": {"name": "cosine_decay", "args": {"init_value": 0.1}}}},
+            "optimizer.schedule.args: missing argument 'decay_steps'",
+        ),
+        ({"trainer__monitor": "max val/acc"}, "trainer.monitor: 'val/acc' is not logged. Did you mean 'val/accuracy'?"),
+        ({"trainer__epochs": 0}, "trainer.epochs: must be >= 1"),
+        ({"trainer__epoch": 3}, "trainer.epoch: unknown setting. Did you mean 'epochs'?"),
+        ({"data_loader__train__args__batch_size": 0}, "data_loader.train.args.batch_size: must be >= 1"),
+        ({"metrics": [{"name": "acuracy"}]}, "metrics.0.name: unknown metrics 'acuracy'"),
+        ({"loss": {"name": "cross_entropy", "args": {"smoothing": 0.1}}}, "loss.args.smoothing: unknown argument"),
+    ],
+)
 def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, data_dir, change, message):
     config = make_config(tmp_path, data_dir, **change)
     result = run("train.py", "-c", config)
@@ -192,14 +231,18 @@ def test_corrupt_checkpoint_is_refused_clearly(tmp_path, data_dir):
     other = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [16]}})
     best = tmp_path / "saved/tiny/c/model_best.params"
     result = run("test.py", "-r", best, "-c", other)
-    assert result.returncode == 2 and "params.fc0.weight: file has float32[784, 32], model expects float32[784, 16]" in result.stderr
+    assert (
+        result.returncode == 2
+        and "params.fc0.weight: file has float32[784, 32], model expects float32[784, 16]" in result.stderr
+    )
 
 
 def test_four_devices_match_one(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [32]}})
     one = run("train.py", "-c", config, "--run-id", "one")
-    four = run("train.py", "-c", config, "--run-id", "four",
-               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    four = run(
+        "train.py", "-c", config, "--run-id", "four", env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    )
     assert one.returncode == 0 and four.returncode == 0, four.stderr
     assert "TFRT_CPU_3" in four.stdout or "CpuDevice(id=3)" in four.stdout or "cpu:3" in four.stdout.lower()
 
@@ -217,7 +260,8 @@ def test_runtime_config_problems_exit_2_and_leave_no_run_folder(tmp_path, data_d
     result = run("train.py", "-c", config, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        "error: data_loader.train.args.batch_size 30 must be a multiple of the 4 devices in use"]
+        "error: data_loader.train.args.batch_size 30 must be a multiple of the 4 devices in use"
+    ]
     assert not (tmp_path / "saved").exists()
 
 
@@ -233,43 +277,76 @@ def test_a_model_with_fewer_outputs_than_the_data_has_classes_is_refused_before_
     """Its loss would be NaN from the first step on; the class count is known from the data before anything compiles:
     the class names, a language model's vocabulary, or else the labels of a batch."""
     config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [8], "num_classes": 7}})
-    assert refused(run("train.py", "-c", config)) == ("error: config.json: model.args.num_classes: the model gives 7 "
-                                                      "outputs per example, but the data has 10 classes; set it to 10")
+    assert refused(run("train.py", "-c", config)) == (
+        "error: config.json: model.args.num_classes: the model gives 7 "
+        "outputs per example, but the data has 10 classes; set it to 10"
+    )
     text = tmp_path / "text.txt"
     text.write_text("".join(chr(33 + i % 40) for i in range(3000)))
     lm = {"name": "char_text", "args": {"path": str(text), "context": 16, "batch_size": 8}}
-    config = make_config(tmp_path, data_dir, metrics=[], model={"name": "char_transformer", "args": {
-        "vocab_size": 30, "context": 16, "dim": 16, "depth": 1, "num_heads": 2}}, data_loader={
-        "train": {**lm, "args": {**lm["args"], "split": "train"}},
-        "validation": {**lm, "args": {**lm["args"], "split": "validation"}}}, trainer__monitor="min val/loss")
+    config = make_config(
+        tmp_path,
+        data_dir,
+        metrics=[],
+        model={
+            "name": "char_transformer",
+            "args": {"vocab_size": 30, "context": 16, "dim": 16, "depth": 1, "num_heads": 2},
+        },
+        data_loader={
+            "train": {**lm, "args": {**lm["args"], "split": "train"}},
+            "validation": {**lm, "args": {**lm["args"], "split": "validation"}},
+        },
+        trainer__monitor="min val/loss",
+    )
     assert refused(run("train.py", "-c", config)) == (
         "error: config.json: model.args.vocab_size: the model gives 30 outputs per position, but the data has 40 "
-        "tokens in its vocabulary; set it to 40")
+        "tokens in its vocabulary; set it to 40"
+    )
     labels = np.arange(48) % 4
     np.savez(tmp_path / "xy.npz", x=np.random.default_rng(0).standard_normal((48, 5)).astype(np.float32), y=labels)
     arrays = {"path": str(tmp_path / "xy.npz"), "input": "x", "target": "y", "batch_size": 16}
-    config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [8], "num_classes": 3}},
-                         data_loader={"train": {"name": "arrays", "args": arrays}}, trainer__monitor="off")
+    config = make_config(
+        tmp_path,
+        data_dir,
+        model={"name": "mlp", "args": {"hidden": [8], "num_classes": 3}},
+        data_loader={"train": {"name": "arrays", "args": arrays}},
+        trainer__monitor="off",
+    )
     assert refused(run("train.py", "-c", config)).endswith(
-        "the model gives 3 outputs per example, but the data has 4 classes (a label 3 in its first batch); set it to 4")
+        "the model gives 3 outputs per example, but the data has 4 classes (a label 3 in its first batch); set it to 4"
+    )
     assert not (tmp_path / "saved").exists()
 
 
 def test_integer_pixels_into_a_float_model_say_how_to_convert_them(tmp_path, data_dir):
     images = np.random.default_rng(0).integers(0, 256, (32, 8, 8, 3), dtype=np.uint8)
     np.savez(tmp_path / "images.npz", x=images, y=np.arange(32) % 10)
-    loader = {"name": "arrays", "args": {"path": str(tmp_path / "images.npz"), "input": "x", "target": "y",
-                                         "batch_size": 16}}
-    config = make_config(tmp_path, data_dir, model={"name": "mnist_cnn", "args": {"channels": [4], "hidden": 8}},
-                         data_loader={"train": loader}, trainer__monitor="off")
+    loader = {
+        "name": "arrays",
+        "args": {"path": str(tmp_path / "images.npz"), "input": "x", "target": "y", "batch_size": 16},
+    }
+    config = make_config(
+        tmp_path,
+        data_dir,
+        model={"name": "mnist_cnn", "args": {"channels": [4], "hidden": 8}},
+        data_loader={"train": loader},
+        trainer__monitor="off",
+    )
     line = refused(run("train.py", "-c", config))
     assert line.startswith("error: config.json: model: cannot take the data's input uint8[16, 8, 8, 3] (")
-    assert line.endswith('integer pixels become float32 with {"name": "normalize"} in data_loader.train.augment (or '
-                         'the loader\'s "dtype": "float32" where it has one)')
+    assert line.endswith(
+        'integer pixels become float32 with {"name": "normalize"} in data_loader.train.augment (or '
+        'the loader\'s "dtype": "float32" where it has one)'
+    )
     assert not (tmp_path / "saved").exists()
-    config = make_config(tmp_path, data_dir, model={"name": "mnist_cnn", "args": {"channels": [4], "hidden": 8}},
-                         data_loader={"train": {**loader, "augment": [{"name": "normalize"}]}}, trainer__monitor="off",
-                         trainer__epochs=1)
+    config = make_config(
+        tmp_path,
+        data_dir,
+        model={"name": "mnist_cnn", "args": {"channels": [4], "hidden": 8}},
+        data_loader={"train": {**loader, "augment": [{"name": "normalize"}]}},
+        trainer__monitor="off",
+        trainer__epochs=1,
+    )
     assert run("train.py", "-c", config, "--run-id", "normalized").returncode == 0
 
 
@@ -277,10 +354,17 @@ def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_di
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
     assert run("train.py", "-c", config, "--run-id", "base").returncode == 0
     weights = tmp_path / "saved/tiny/base/model_best.params"
-    bigger = make_config(tmp_path, data_dir, trainer__epochs=1, trainer__monitor="off",
-                         model={"name": "mlp", "args": {"hidden": [32], "num_classes": 12}})
+    bigger = make_config(
+        tmp_path,
+        data_dir,
+        trainer__epochs=1,
+        trainer__monitor="off",
+        model={"name": "mlp", "args": {"hidden": [32], "num_classes": 12}},
+    )
     result = run("train.py", "-c", bigger, "--weights", weights, "--run-id", "new_head")
-    assert result.returncode == 2 and "params.head.bias: file has float32[10], model expects float32[12]" in result.stderr
+    assert (
+        result.returncode == 2 and "params.head.bias: file has float32[10], model expects float32[12]" in result.stderr
+    )
     assert not (tmp_path / "saved/tiny/new_head").exists()
     result = run("train.py", "-c", bigger, "--weights", weights, "--exclude", "params.head", "--run-id", "new_head")
     assert result.returncode == 0, result.stderr
@@ -308,8 +392,10 @@ def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split
     tested = run("test.py", "-r", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "validation split, 60 examples" in tested.stdout and (run_dir / "per_class_validation.csv").is_file()
-    assert refused(run("test.py", "-r", run_dir, "--split", "test")) == \
-        "error: data_loader.test: not in the config; splits: train, validation"
+    assert (
+        refused(run("test.py", "-r", run_dir, "--split", "test"))
+        == "error: data_loader.test: not in the config; splits: train, validation"
+    )
 
 
 def test_docs_quote_the_unknown_name_error_as_train_py_prints_it(tmp_path, data_dir):
@@ -322,12 +408,15 @@ def test_docs_quote_the_unknown_name_error_as_train_py_prints_it(tmp_path, data_
 def test_schedule_lengths_are_the_config_s_in_debug_modes_and_checked_with_the_data(tmp_path, data_dir):
     """A schedule counted in epochs or as "all" keeps the configured run's length when --fast-dev-run shortens the
     loop to one epoch; one that the data makes impossible (a warm-up past the whole run) is one error line."""
-    schedule = {"name": "warmup_cosine_decay",
-                "args": {"init_value": 0.0, "peak_value": 0.003, "warmup_steps": {"epochs": 2}, "decay_steps": "all"}}
+    schedule = {
+        "name": "warmup_cosine_decay",
+        "args": {"init_value": 0.0, "peak_value": 0.003, "warmup_steps": {"epochs": 2}, "decay_steps": "all"},
+    }
     config = make_config(tmp_path, data_dir, trainer__epochs=3, optimizer__args={}, optimizer__schedule=schedule)
     assert run("train.py", "-c", config, "--fast-dev-run").returncode == 0
     schedule["args"]["warmup_steps"] = 100  # 2 epochs of 9 steps: "all" is 18
     config = make_config(tmp_path, data_dir, trainer__epochs=2, optimizer__args={}, optimizer__schedule=schedule)
     assert refused(run("train.py", "-c", config, "--run-id", "long_warmup")) == (
-        "error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps (18) must exceed warmup_steps (100)")
+        "error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps (18) must exceed warmup_steps (100)"
+    )
     assert not (tmp_path / "saved/tiny/long_warmup").exists()

@@ -1,4 +1,5 @@
 """The training loop in-process on in-memory arrays: compilation count, K steps per call, metrics exactness."""
+
 from __future__ import annotations
 
 import jax
@@ -11,16 +12,18 @@ from utils import assemble, validate
 
 
 def make_trainer(tmp_path, steps_per_call=1, epochs=2, n=150, batch=32, model=None, run="r"):
-    config = validate({
-        "name": "t", "seed": 3,
-        "model": model or {"name": "mlp", "args": {"hidden": [16], "dropout": 0.1}},
-        "loss": {"name": "cross_entropy"},
-        "metrics": [{"name": "accuracy"}, {"name": "confusion_matrix"}],
-        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
-        "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
-        "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1,
-                    "save_dir": str(tmp_path)},
-    })
+    config = validate(
+        {
+            "name": "t",
+            "seed": 3,
+            "model": model or {"name": "mlp", "args": {"hidden": [16], "dropout": 0.1}},
+            "loss": {"name": "cross_entropy"},
+            "metrics": [{"name": "accuracy"}, {"name": "confusion_matrix"}],
+            "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+            "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+            "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path)},
+        }
+    )
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, 8, 8, 1)).astype(np.float32)
     y = (x.reshape(n, -1)[:, :10].argmax(1)).astype(np.int32)
@@ -65,6 +68,7 @@ def test_k_steps_per_call_equal_one_step_per_call(tmp_path, k):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
     rows = lambda t: [l for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     import json
+
     for ra, rb in zip(rows(one), rows(many)):
         ra, rb = json.loads(ra), json.loads(rb)
         assert abs(ra["train/loss"] - rb["train/loss"]) < 1e-6 and ra["val/accuracy"] == rb["val/accuracy"]

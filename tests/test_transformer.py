@@ -1,4 +1,5 @@
 """Causal attention and the transformer language model: against flax.linen and numpy, gradients included."""
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -18,10 +19,14 @@ def flax_attention_params(params):
     """Our {query, key, value, out} Linear params as flax's MultiHeadDotProductAttention params."""
     heads = 2
     as_heads = lambda w: w.reshape(w.shape[0], heads, -1)  # noqa: E731
-    return {"params": {"query": {"kernel": as_heads(params["query"]["weight"])},
-                       "key": {"kernel": as_heads(params["key"]["weight"])},
-                       "value": {"kernel": as_heads(params["value"]["weight"])},
-                       "out": {"kernel": params["out"]["weight"].reshape(heads, -1, params["out"]["weight"].shape[1])}}}
+    return {
+        "params": {
+            "query": {"kernel": as_heads(params["query"]["weight"])},
+            "key": {"kernel": as_heads(params["key"]["weight"])},
+            "value": {"kernel": as_heads(params["value"]["weight"])},
+            "out": {"kernel": params["out"]["weight"].reshape(heads, -1, params["out"]["weight"].shape[1])},
+        }
+    }
 
 
 def test_causal_attention_matches_flax_with_a_causal_mask():
@@ -88,8 +93,13 @@ def test_language_model_matches_numpy_and_has_readable_tied_params():
     model = char_transformer(vocab_size=13, context=8, dim=16, depth=2, num_heads=4)
     params, _ = model.init(jax.random.PRNGKey(2), jax.ShapeDtypeStruct((3, 8), jnp.int32))
     names = {key_path_str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
-    assert {"tokens.embedding", "positions.embedding", "blocks.1.attn.query.weight", "blocks.0.fc2.weight",
-            "norm.scale"} <= names
+    assert {
+        "tokens.embedding",
+        "positions.embedding",
+        "blocks.1.attn.query.weight",
+        "blocks.0.fc2.weight",
+        "norm.scale",
+    } <= names
     assert not any(n.startswith("head") or n.endswith("bias") for n in names)  # tied head, no biases
     ids = np.random.default_rng(2).integers(0, 13, (3, 8)).astype(np.int32)
     got, _ = model(params, {}, ids)
@@ -132,7 +142,8 @@ def test_language_model_under_jit_matches_eager_and_compiles_once():
     ids = np.random.default_rng(6).integers(0, 11, (2, 8)).astype(np.int32)
     trained, evaluated = forward(params, ids, jax.random.PRNGKey(7))
     np.testing.assert_allclose(evaluated, model(params, state, ids)[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(trained, model(params, state, ids, train=True, key=jax.random.PRNGKey(7))[0],
-                               rtol=1e-5, atol=1e-5)  # dropout is a function of the key alone
+    np.testing.assert_allclose(
+        trained, model(params, state, ids, train=True, key=jax.random.PRNGKey(7))[0], rtol=1e-5, atol=1e-5
+    )  # dropout is a function of the key alone
     forward(params, (ids + 1) % 11, jax.random.PRNGKey(8))
     assert len(traces) == 1

@@ -18,6 +18,7 @@ of the data says there what is missing.
 
 Add one by writing a function here that returns a ``Callback`` and listing it in ``__all__``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -57,6 +58,7 @@ class EMA(Callback):
     """An exponential moving average of the parameters, updated after every step inside the jitted call; evaluation,
     model_best, ``test.py`` and the export use the average. With ``warmup`` the decay is min(decay, (1 + t) / (10 + t))
     at step t, so the early average is not dominated by the random initialisation (TensorFlow's num_updates rule)."""
+
     name = "ema"
     evaluated = True
 
@@ -90,6 +92,7 @@ class LRFinder(Callback):
     smoothed loss exceeds 4x its minimum. Writes lr_finder.csv and lr_finder.png in the run folder and logs the
     learning rate of the steepest fall of the smoothed loss. `stop`: end the run there (the default: choose a rate,
     then train with it); otherwise training goes on from the untouched initial state."""
+
     name = "lr_finder"
 
     def __init__(self, min_lr: float, max_lr: float, steps: int, stop: bool):
@@ -113,7 +116,7 @@ class LRFinder(Callback):
         while len(losses) < self.steps and not diverged:
             for real, stack in trainer.train_loader.chunks(epoch, k, trainer.put_stack):
                 ts, totals, logs = chunk(ts, totals, stack)
-                for loss in np.asarray(logs["loss"])[:-(-real // trainer.accumulate)]:
+                for loss in np.asarray(logs["loss"])[: -(-real // trainer.accumulate)]:
                     losses.append(float(loss))
                     average = 0.98 * average + 0.02 * float(loss)
                     curve.append(average / (1 - 0.98 ** len(losses)))
@@ -129,8 +132,9 @@ class LRFinder(Callback):
         if self.stop:
             trainer.stop_training = "lr_finder: stopped after the range test (callbacks.lr_finder.args.stop)"
 
-    def report(self, run_dir: Path, rates: list[float], losses: list[float], smoothed_losses: list[float]
-               ) -> float | None:
+    def report(
+        self, run_dir: Path, rates: list[float], losses: list[float], smoothed_losses: list[float]
+    ) -> float | None:
         with open(run_dir / "lr_finder.csv", "w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(["step", "lr", "loss", "smoothed_loss"])
@@ -158,8 +162,10 @@ class LRFinder(Callback):
         except Exception as error:  # the CSV holds the result; a figure is a convenience
             log.warning(f"lr_finder.png not drawn: {type(error).__name__}: {error}")
         said = f"steepest fall of the loss at lr {suggestion:.3g}" if suggestion else "no clear fall of the loss"
-        log.info(f"lr_finder: {len(losses)} steps from {rates[0]:.3g} to {rates[-1]:.3g}: {said} "
-                 f"({run_dir / 'lr_finder.csv'}, lr_finder.png)")
+        log.info(
+            f"lr_finder: {len(losses)} steps from {rates[0]:.3g} to {rates[-1]:.3g}: {said} "
+            f"({run_dir / 'lr_finder.csv'}, lr_finder.png)"
+        )
         return suggestion
 
 
@@ -180,6 +186,7 @@ def lr_finder(min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100, stop
 class GenerateText(Callback):
     """A language model's sample at the end of every `every` epochs, from `prompt`, logged (train.log and the
     console) and written to samples.txt in the run folder. Needs the vocabulary in the data's preprocessing."""
+
     name = "generate_text"
 
     def __init__(self, prompt: str, tokens: int, temperature: float, every: int, seed: int):
@@ -211,8 +218,9 @@ class GenerateText(Callback):
 
 
 @register("callbacks")
-def generate_text(prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, every: int = 1,
-                  seed: int = 0) -> Callback:
+def generate_text(
+    prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, every: int = 1, seed: int = 0
+) -> Callback:
     if not isinstance(prompt, str) or not prompt:
         raise ValueError(f"prompt: expected a non-empty string, got {prompt!r}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 100_000:
@@ -221,6 +229,6 @@ def generate_text(prompt: str = "\n", tokens: int = 200, temperature: float = 0.
         raise ValueError(f"temperature: expected a number from 0 to 100, got {temperature!r}")
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every: expected an integer >= 1, got {every!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed: expected an integer from 0 to 2**32 - 1, got {seed!r}")
     return GenerateText(prompt, tokens, float(temperature), every, seed)

@@ -9,6 +9,7 @@ Since format version 2 the header records a crc32 of every array (with its dtype
 crc32 of the header text, both verified on every read: a flipped byte anywhere is an error, never silently other
 weights. Version 1 files (no checksums) still read.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ from training.memory import host_available, show_bytes
 
 FORMAT_VERSION = 2  # 2: checksums of the header and of every array (dtype, shape, bytes); 1 had none
 CORRUPT = "the file is corrupt; use another checkpoint of the run or a copy"
-INT64 = 2 ** 63
+INT64 = 2**63
 
 
 class CheckpointError(Exception):
@@ -67,8 +68,11 @@ def encode(tree: dict, header: dict | None = None) -> bytes:
 
     arrays = {name: little_endian(leaf) for name, leaf in flatten(jax.device_get(tree)).items()}
     meta = dict(header or {})
-    meta.update(format_version=FORMAT_VERSION, treedef=str(jax.tree_util.tree_structure(tree)),
-                arrays={name: describe(a, raw_bytes(a)) for name, a in arrays.items()})
+    meta.update(
+        format_version=FORMAT_VERSION,
+        treedef=str(jax.tree_util.tree_structure(tree)),
+        arrays={name: describe(a, raw_bytes(a)) for name, a in arrays.items()},
+    )
     # A header this module would refuse to read is refused now, while the run that wrote it can still say why.
     problem = header_problem(meta)
     if problem:
@@ -83,8 +87,7 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    stale = sorted(p for p in folder.iterdir()
-                   if TEMP_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink())
+    stale = sorted(p for p in folder.iterdir() if TEMP_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink())
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
@@ -95,8 +98,15 @@ def save(path: str | Path, tree: dict, header: dict | None = None) -> None:
 
 
 def kind_of(value: Any) -> str:
-    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+    kind = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
     if value is None or isinstance(value, (list, dict)):
         return kind
     if type(value) is int and abs(value) >= INT64:
@@ -153,7 +163,7 @@ def verify_arrays(path: Path, entries: Any, arrays: dict, layout: dict, data: me
         raise CheckpointError(f"{path}: array {extra[0]} is in the header but not in the file ({CORRUPT})")
     for name in sorted(layout, key=lambda n: layout[n]["data_offsets"][0]):
         begin, end = layout[name]["data_offsets"]
-        if entries.get(name) != describe(arrays[name], data[start + begin:start + end]):
+        if entries.get(name) != describe(arrays[name], data[start + begin : start + end]):
             raise CheckpointError(f"{path}: array {name} fails its checksum ({CORRUPT})")
 
 
@@ -178,19 +188,31 @@ def read_bytes(path: Path) -> bytes:
         if len(head) == 8 and length <= info.st_size - 8:
             try:
                 layout = json.loads(f.read(length))
-                described = 8 + length + max((entry["data_offsets"][1] for name, entry in layout.items()
-                                              if name != "__metadata__"), default=0)
+                described = (
+                    8
+                    + length
+                    + max(
+                        (entry["data_offsets"][1] for name, entry in layout.items() if name != "__metadata__"),
+                        default=0,
+                    )
+                )
             except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
                 pass
         if described != info.st_size:
-            expected = f"its header describes {described:,}" if isinstance(described, int) else \
-                "without a header that describes them"
-            raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {info.st_size:,} "
-                                  f"bytes, {expected}")
+            expected = (
+                f"its header describes {described:,}"
+                if isinstance(described, int)
+                else "without a header that describes them"
+            )
+            raise CheckpointError(
+                f"{path}: not a readable checkpoint (truncated or corrupt?): {info.st_size:,} bytes, {expected}"
+            )
         available = host_available()
         if available and info.st_size > available[0]:
-            raise CheckpointError(f"{path}: {show_bytes(info.st_size)}, more than the {show_bytes(available[0])} of "
-                                  f"{available[1]}: it cannot be read here")
+            raise CheckpointError(
+                f"{path}: {show_bytes(info.st_size)}, more than the {show_bytes(available[0])} of "
+                f"{available[1]}: it cannot be read here"
+            )
         f.seek(0)
         return f.read()
 
@@ -211,10 +233,19 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
         # JSON would take other whitespace in safetensors' space padding; refused, so that no changed byte passes.
         if data[8:9] != b"{" or data[8:start].rstrip(b" ")[-1:] != b"}":
             raise ValueError("the header has bytes around its JSON")
-    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OverflowError,
-            RecursionError) as error:
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
-                              f"{type(error).__name__}: {error}") from None
+    except (
+        SafetensorError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        UnicodeDecodeError,
+        OverflowError,
+        RecursionError,
+    ) as error:
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (truncated or corrupt?): {type(error).__name__}: {error}"
+        ) from None
     text = meta.get("header")
     if text is None:
         raise CheckpointError(f"{path}: a safetensors file without a checkpoint header (not written by this code?)")
@@ -228,8 +259,10 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
         raise CheckpointError(f"{path}: its header is {kind_of(header)}, expected a JSON object")
     version = header.get("format_version")
     if not is_int(version, 1) or version > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: its header field 'format_version' is {kind_of(version)}, this code reads "
-                              f"versions 1 to {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{path}: its header field 'format_version' is {kind_of(version)}, this code reads "
+            f"versions 1 to {FORMAT_VERSION}"
+        )
     if version >= 2 and ("header_crc32" not in meta or "arrays" not in header):
         raise CheckpointError(f"{path}: format version {version} without its checksums ({CORRUPT})")
     if "arrays" in header:
@@ -240,8 +273,13 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     return arrays, header
 
 
-def restore(path: str | Path, template: dict | Callable[[dict], dict], only: tuple[str, ...] | None = None,
-            exclude: tuple[str, ...] = (), allow_nonfinite: bool = False) -> tuple[dict, dict]:
+def restore(
+    path: str | Path,
+    template: dict | Callable[[dict], dict],
+    only: tuple[str, ...] | None = None,
+    exclude: tuple[str, ...] = (),
+    allow_nonfinite: bool = False,
+) -> tuple[dict, dict]:
     """Fills `template` (arrays or ShapeDtypeStructs) from the file; `only` restricts to top-level keys. Key paths
     under an `exclude` prefix (``params.head``) keep the template's values, which must then be arrays. A NaN or
     Inf in a restored array is refused unless `allow_nonfinite`: a diverged run's weights evaluate to nonsense
@@ -252,7 +290,7 @@ def restore(path: str | Path, template: dict | Callable[[dict], dict], only: tup
     if only is not None and "params" in only and header.get("eval_params"):
         # the run evaluated other parameters than it trained (an average of them, say): those are its weights
         prefix = header["eval_params"] + "."
-        evaluated = {"params." + n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
+        evaluated = {"params." + n[len(prefix) :]: a for n, a in arrays.items() if n.startswith(prefix)}
         if not evaluated:
             raise CheckpointError(f"{path}: header names eval_params {header['eval_params']!r}, which holds no arrays")
         arrays = {**{n: a for n, a in arrays.items() if not n.startswith("params.")}, **evaluated}
@@ -274,8 +312,10 @@ def restore(path: str | Path, template: dict | Callable[[dict], dict], only: tup
         if name in arrays:
             got = arrays[name]
             if tuple(got.shape) != tuple(like.shape) or got.dtype != np.dtype(like.dtype):
-                problems.append(f"{name}: file has {got.dtype}{list(got.shape)}, "
-                                f"model expects {np.dtype(like.dtype)}{list(like.shape)}")
+                problems.append(
+                    f"{name}: file has {got.dtype}{list(got.shape)}, "
+                    f"model expects {np.dtype(like.dtype)}{list(like.shape)}"
+                )
     if problems:
         shown = "; ".join(problems[:8]) + (f"; ... {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckpointError(f"{path}: does not match the model/optimizer of this config: {shown}")
@@ -284,8 +324,10 @@ def restore(path: str | Path, template: dict | Callable[[dict], dict], only: tup
             got = arrays.get(name)
             if got is not None and jax.dtypes.issubdtype(got.dtype, np.inexact) and not np.isfinite(got).all():
                 bad = int(got.size - np.isfinite(got).sum())
-                raise CheckpointError(f"{path}: array {name} has {bad} NaN/Inf value(s) of {got.size} (a diverged "
-                                      f"run?); refused, as it would evaluate to nonsense without an error")
+                raise CheckpointError(
+                    f"{path}: array {name} has {bad} NaN/Inf value(s) of {got.size} (a diverged "
+                    f"run?); refused, as it would evaluate to nonsense without an error"
+                )
     values = [likes[n] if n in fresh else arrays[n] for n in likes]
     return jax.tree_util.tree_unflatten(treedef, values), header
 

@@ -1,6 +1,7 @@
 """What every command-line entry point shares: one `error:` line and exit status 2 for bad input (argparse's too),
 and the logging set up from logger_config.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,11 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         unknown = message.partition("unrecognized arguments: ")[2].split()
-        hint = closest(unknown[0].split("=")[0], [o for o in self._option_string_actions if o.startswith("--")]) \
-            if unknown else ""
+        hint = (
+            closest(unknown[0].split("=")[0], [o for o in self._option_string_actions if o.startswith("--")])
+            if unknown
+            else ""
+        )
         fail(f"{message}.{hint} See {self.prog} --help")
 
 

@@ -2,6 +2,7 @@
 arguments checked against the function's signature and its registered ``check``, and the component built; the
 optimizer section (optimizer, schedules, gradient transforms) built as one.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,9 @@ def components_text(kind: str = "all") -> str:
     """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line."""
     kinds = list(COMPONENT_MODULES) if kind == "all" else [kind]
     if kind != "all" and kind not in COMPONENT_MODULES:
-        raise ConfigError(f"--list {kind}: unknown kind.{closest(kind, COMPONENT_MODULES)} "
-                          f"Kinds: {', '.join(COMPONENT_MODULES)}")
+        raise ConfigError(
+            f"--list {kind}: unknown kind.{closest(kind, COMPONENT_MODULES)} Kinds: {', '.join(COMPONENT_MODULES)}"
+        )
     lines = []
     for each in kinds:
         lines.append(f"{each}:")
@@ -53,11 +55,12 @@ def components_text(kind: str = "all") -> str:
 
 def accepted(kind: str, fn: Callable) -> Callable:
     """``fn`` as a config sees it: without the data arguments and those the trainer fills in."""
-    params = list(inspect.signature(fn).parameters.values())[DATA_ARGUMENTS.get(kind, 0):]
+    params = list(inspect.signature(fn).parameters.values())[DATA_ARGUMENTS.get(kind, 0) :]
     params = [p for p in params if p.name not in SET_BY_TRAINER.get(kind, ())]
 
     def shown(*args, **kwargs):
         pass
+
     shown.__signature__ = inspect.signature(fn).replace(parameters=params)
     return shown
 
@@ -72,8 +75,10 @@ class _Annotation(str):
 def signature_text(name: str, fn: Callable) -> str:
     """``adamw(lr: Hyper, b1: float = 0.9, ...)``: the arguments a config may give, without the return type."""
     signature = inspect.signature(fn)
-    params = [p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
-              for p in signature.parameters.values()]
+    params = [
+        p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
+        for p in signature.parameters.values()
+    ]
     return f"{name}{signature.replace(parameters=params, return_annotation=inspect.Signature.empty)}"
 
 
@@ -84,27 +89,30 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: expected {{\"name\": ..., \"args\": {{...}}}}, got {show(spec)}")
+        raise ConfigError(f'{where}: expected {{"name": ..., "args": {{...}}}}, got {show(spec)}')
     if "name" not in spec:
-        raise ConfigError(f"{where}: missing \"name\" (a component is {{\"name\": ..., \"args\": {{...}}}})")
+        raise ConfigError(f'{where}: missing "name" (a component is {{"name": ..., "args": {{...}}}})')
     allowed = ("name", "args", *EXTRA_KEYS.get(kind, ()))
     extra = set(spec) - set(allowed)
     if extra:
-        raise ConfigError(f"{where}: unexpected key {sorted(extra)[0]!r}; a {kind} component has "
-                          + ", ".join(f'"{k}"' for k in allowed))
+        raise ConfigError(
+            f"{where}: unexpected key {sorted(extra)[0]!r}; a {kind} component has "
+            + ", ".join(f'"{k}"' for k in allowed)
+        )
     options = available(kind)
     name = spec["name"]
     if not isinstance(name, str):
         raise ConfigError(f"{where}.name: expected a string, got {show(name)}")
     if name not in options:
-        raise ConfigError(f"{where}.name: unknown {kind} {name!r}; available: {', '.join(sorted(options))}."
-                          f"{closest(name, options)}")
+        raise ConfigError(
+            f"{where}.name: unknown {kind} {name!r}; available: {', '.join(sorted(options))}.{closest(name, options)}"
+        )
     fn = options[name]
     args = {} if spec.get("args") is None else spec["args"]
     if not isinstance(args, dict):
         raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
     params = dict(inspect.signature(fn).parameters)
-    for data_arg in list(params)[:DATA_ARGUMENTS.get(kind, 0)]:
+    for data_arg in list(params)[: DATA_ARGUMENTS.get(kind, 0)]:
         supplied = (*supplied, data_arg)
         params.pop(data_arg)
     supplied = (*supplied, *(a for a in SET_BY_TRAINER.get(kind, ()) if a in params))
@@ -113,13 +121,19 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
         if key in supplied:
             raise ConfigError(f"{where}.args.{key}: set by the trainer, not the config")
         if key not in params and not takes_kwargs:
-            raise ConfigError(f"{where}.args.{key}: unknown argument.{closest(key, params)} "
-                              f"Accepted: {signature_text(name, fn)}")
+            raise ConfigError(
+                f"{where}.args.{key}: unknown argument.{closest(key, params)} Accepted: {signature_text(name, fn)}"
+            )
         if key in params:
             check_type(value, params[key].default, f"{where}.args.{key}", kind == "optimizer" and schedulable(fn, key))
-    missing = [p for p, v in params.items()
-               if v.default is inspect.Parameter.empty and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
-               and p not in args and p not in supplied]
+    missing = [
+        p
+        for p, v in params.items()
+        if v.default is inspect.Parameter.empty
+        and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
+        and p not in args
+        and p not in supplied
+    ]
     if missing:
         raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
     check = entries(kind)[name].check
@@ -189,8 +203,9 @@ def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
 NOMINAL_STEPS_PER_EPOCH = 2**20
 
 
-def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None,
-                    epochs: int | None = None):
+def build_optimizer(
+    config: dict, steps_per_epoch: int | None = 1, source: str = "config.json", lr=None, epochs: int | None = None
+):
     """(optimizer, learning-rate function step -> lr): the optimizer with its schedule (as `lr`) and gradient
     transforms chained in front. Schedule lengths given in epochs or as "all" become steps of this run.
 
@@ -205,8 +220,10 @@ def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str =
     run_epochs = config["trainer"]["epochs"] if epochs is None else epochs
 
     def schedule(spec, where):
-        args = {k: steps_of(v, steps_per_epoch, run_epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
-                for k, v in (spec.get("args") or {}).items()}
+        args = {
+            k: steps_of(v, steps_per_epoch, run_epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
+            for k, v in (spec.get("args") or {}).items()
+        }
         return build({**spec, "args": args}, "schedule", where)
 
     spec = config["optimizer"]
@@ -215,8 +232,9 @@ def build_optimizer(config: dict, steps_per_epoch: int | None = 1, source: str =
         supplied["lr"] = lr
     elif "schedule" in spec:
         supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
-    transforms = [build(t, "transforms", f"{source}: optimizer.transforms.{i}")
-                  for i, t in enumerate(spec.get("transforms", []))]
+    transforms = [
+        build(t, "transforms", f"{source}: optimizer.transforms.{i}") for i, t in enumerate(spec.get("transforms", []))
+    ]
     for key, value in (spec.get("args") or {}).items():
         if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
             supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")

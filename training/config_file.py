@@ -2,6 +2,7 @@
 control characters and absurd nesting are refused with their place (``config.json: ...``), and ``--set KEY=VALUE``
 overrides. Every config problem is a ``ConfigError``: one line, exit status 2.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -33,11 +34,12 @@ def show(value: Any, limit: int = 60) -> str:
         text = json.dumps(value)
     except (TypeError, ValueError):
         text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _DuplicateKeys(dict):
     """An object whose text repeated a key: json keeps the last value silently, so the walk reports it instead."""
+
     duplicate = ""
 
 
@@ -124,9 +126,10 @@ def read_json(path: str | Path, source: str | None = None) -> dict:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         body = error.object  # after a byte-order mark, which the positions do not count
-        line = body[:error.start].count(b"\n") + 1
-        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{body[error.start]:02x} on line {line}); save the file "
-                          f"as UTF-8") from None
+        line = body[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{source}: not UTF-8 text (byte 0x{body[error.start]:02x} on line {line}); save the file as UTF-8"
+        ) from None
     try:
         config = parse_json(text, source)
     except json.JSONDecodeError as error:
@@ -143,12 +146,12 @@ def set_path(config: dict, dotted: str, value: Any, source: str) -> None:
     for i, part in enumerate(parts[:-1]):
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{source}: {'.'.join(parts[:i + 1])}: no such list index")
+                raise ConfigError(f"{source}: {'.'.join(parts[: i + 1])}: no such list index")
             node = node[int(part)]
         else:
             node = node.setdefault(part, {})
         if not isinstance(node, (dict, list)):
-            raise ConfigError(f"{source}: {'.'.join(parts[:i + 1])} is a value, not a section")
+            raise ConfigError(f"{source}: {'.'.join(parts[: i + 1])} is a value, not a section")
     last = parts[-1]
     if isinstance(node, list):
         if not last.isdigit() or int(last) >= len(node):

@@ -17,6 +17,7 @@ expressed as shardings, which XLA partitions (gathering parameters where the ste
 arrays on every process (a collective: every process calls it); ``to_mesh`` places host arrays onto any mesh.
 Checkpoints hold whole arrays, so a run resumes on any device count.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,6 +44,7 @@ class DistributedError(Exception):
 
 class Cluster(NamedTuple):
     """How this process was started: its index, the number of processes, the coordinator and where that came from."""
+
     process_id: int
     num_processes: int
     coordinator: str | None
@@ -63,28 +65,35 @@ def slurm_first_host(nodelist: str) -> str:
     return prefix + re.split(r"[,-]", ranges)[0]
 
 
-def cluster_of(coordinator: str | None, num_processes: int | None, process_id: int | None,
-               environ=os.environ) -> Cluster:
+def cluster_of(
+    coordinator: str | None, num_processes: int | None, process_id: int | None, environ=os.environ
+) -> Cluster:
     """This process's place in the run, from the flags or the environment, checked (no JAX call)."""
     given = [coordinator is not None, num_processes is not None, process_id is not None]
     if coordinator == "auto":
         if num_processes is not None or process_id is not None:
-            raise DistributedError("--coordinator auto detects the process count and index itself; leave out "
-                                   "--num-processes and --process-id")
+            raise DistributedError(
+                "--coordinator auto detects the process count and index itself; leave out "
+                "--num-processes and --process-id"
+            )
         return Cluster(-1, -1, "auto", "auto")
     if any(given):
         if not all(given):
             missing = [flag for flag, ok in zip(("--coordinator", "--num-processes", "--process-id"), given) if not ok]
-            raise DistributedError(f"several processes need --coordinator HOST:PORT, --num-processes N and "
-                                   f"--process-id I together; missing {', '.join(missing)}")
+            raise DistributedError(
+                f"several processes need --coordinator HOST:PORT, --num-processes N and "
+                f"--process-id I together; missing {', '.join(missing)}"
+            )
         if not re.fullmatch(r"\S+:\d{1,5}", coordinator) or not 0 < int(coordinator.rsplit(":", 1)[1]) < 65536:
-            raise DistributedError(f"--coordinator: expected HOST:PORT (e.g. localhost:12355 or node001:29500), "
-                                   f"got {coordinator!r}")
+            raise DistributedError(
+                f"--coordinator: expected HOST:PORT (e.g. localhost:12355 or node001:29500), got {coordinator!r}"
+            )
         if num_processes < 1:
             raise DistributedError(f"--num-processes: expected a number >= 1, got {num_processes}")
         if not 0 <= process_id < num_processes:
-            raise DistributedError(f"--process-id: expected 0 to {num_processes - 1} (--num-processes "
-                                   f"{num_processes}), got {process_id}")
+            raise DistributedError(
+                f"--process-id: expected 0 to {num_processes - 1} (--num-processes {num_processes}), got {process_id}"
+            )
         return Cluster(process_id, num_processes, coordinator, "flags") if num_processes > 1 else SINGLE
     # srun sets the step's variables; a batch script's own shell (no step) is one process
     tasks = environ.get("SLURM_NTASKS")
@@ -95,13 +104,17 @@ def cluster_of(coordinator: str | None, num_processes: int | None, process_id: i
         nodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES") or tasks)
         # one task per node sees all of the node's devices; several tasks per node get one device each
         local = None if int(tasks) <= nodes else (int(environ.get("SLURM_LOCALID", "0")),)
-        return Cluster(int(environ["SLURM_PROCID"]), int(tasks), f"{slurm_first_host(nodelist)}:{port}", "slurm",
-                       local)
+        return Cluster(int(environ["SLURM_PROCID"]), int(tasks), f"{slurm_first_host(nodelist)}:{port}", "slurm", local)
     return SINGLE
 
 
-def start(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
-          heartbeat_timeout: int = HEARTBEAT_TIMEOUT_S, environ=os.environ) -> Cluster:
+def start(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    heartbeat_timeout: int = HEARTBEAT_TIMEOUT_S,
+    environ=os.environ,
+) -> Cluster:
     """Initialises jax.distributed when the run has several processes (before anything touches a device); returns
     this process's Cluster. A dead process is noticed within ``heartbeat_timeout`` seconds and ends the others."""
     global _cluster
@@ -120,17 +133,23 @@ def start(coordinator: str | None = None, num_processes: int | None = None, proc
     jax.config.update("jax_enable_preemption_service", False)
     try:
         if cluster.source == "auto":
-            jax.distributed.initialize(initialization_timeout=INIT_TIMEOUT_S,
-                                       heartbeat_timeout_seconds=backstop,
-                                       shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
+            jax.distributed.initialize(
+                initialization_timeout=INIT_TIMEOUT_S,
+                heartbeat_timeout_seconds=backstop,
+                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
+            )
             cluster = Cluster(jax.process_index(), jax.process_count(), "auto", "auto")
         else:
-            jax.distributed.initialize(cluster.coordinator, cluster.num_processes, cluster.process_id,
-                                       local_device_ids=list(cluster.local_device_ids or []) or None,
-                                       cluster_detection_method="deactivate",
-                                       initialization_timeout=INIT_TIMEOUT_S,
-                                       heartbeat_timeout_seconds=backstop,
-                                       shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
+            jax.distributed.initialize(
+                cluster.coordinator,
+                cluster.num_processes,
+                cluster.process_id,
+                local_device_ids=list(cluster.local_device_ids or []) or None,
+                cluster_detection_method="deactivate",
+                initialization_timeout=INIT_TIMEOUT_S,
+                heartbeat_timeout_seconds=backstop,
+                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
+            )
     except (RuntimeError, ValueError, TypeError) as error:
         where = f" ({cluster.source}: coordinator {cluster.coordinator})" if cluster.coordinator else ""
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -200,15 +219,21 @@ class Watchdog:
                 if last is None or last[0] != value:
                     seen[process] = (value, now)
                 elif now - last[1] >= self.timeout and not self.stopped:
-                    self.abort(f"process {process} of {self.cluster.num_processes} gave no sign of life for "
-                               f"{self.timeout:g} s: it died or hangs")
+                    self.abort(
+                        f"process {process} of {self.cluster.num_processes} gave no sign of life for "
+                        f"{self.timeout:g} s: it died or hangs"
+                    )
             time.sleep(self.POLL_S)
 
     def abort(self, why: str) -> None:
         import sys
 
-        print(f"error: {why}; process {self.cluster.process_id} stops too (exit status 1). The last checkpoint "
-              f"is kept: resume with -r", file=sys.stderr, flush=True)
+        print(
+            f"error: {why}; process {self.cluster.process_id} stops too (exit status 1). The last checkpoint "
+            f"is kept: resume with -r",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(1)
 
 
@@ -270,8 +295,10 @@ def describe() -> str:
     """This process's place, for the run's log."""
     if _cluster.num_processes == 1:
         return "1 process"
-    return (f"process {_cluster.process_id} of {_cluster.num_processes} (coordinator {_cluster.coordinator}, "
-            f"from {_cluster.source})")
+    return (
+        f"process {_cluster.process_id} of {_cluster.num_processes} (coordinator {_cluster.coordinator}, "
+        f"from {_cluster.source})"
+    )
 
 
 # -------------------------------------------------------------------------------------------------------- the mesh
@@ -279,7 +306,7 @@ def check_mesh_section(mesh: Any, where: str) -> dict:
     """The config's "mesh" section with defaults filled: {"data": D, "fsdp": F}, each >= 1 or -1 (the rest of the
     devices), at most one -1. Raises ValueError with the place in the file."""
     if not isinstance(mesh, dict):
-        raise ValueError(f"{where}: expected an object like {{\"data\": -1, \"fsdp\": 1}}, got {mesh!r}")
+        raise ValueError(f'{where}: expected an object like {{"data": -1, "fsdp": 1}}, got {mesh!r}')
     unknown = sorted(set(mesh) - set(AXES))
     if unknown:
         import difflib
@@ -291,8 +318,10 @@ def check_mesh_section(mesh: Any, where: str) -> dict:
     for axis in AXES:
         value = mesh[axis]
         if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or 1 <= value <= 2**20):
-            raise ValueError(f"{where}.{axis}: expected a device count >= 1, or -1 for all the devices the other "
-                             f"axis leaves, got {value!r}")
+            raise ValueError(
+                f"{where}.{axis}: expected a device count >= 1, or -1 for all the devices the other "
+                f"axis leaves, got {value!r}"
+            )
     if mesh["data"] == mesh["fsdp"] == -1:
         raise ValueError(f"{where}: only one axis may be -1 (the rest of the devices)")
     return mesh
@@ -308,8 +337,10 @@ def mesh_shape(mesh: dict, devices: int) -> tuple[int, int]:
             raise ValueError(f"mesh.{axis} {fixed} does not divide the {devices} devices in use")
         data, fsdp = (devices // fixed, fsdp) if data == -1 else (data, devices // fixed)
     if data * fsdp != devices:
-        raise ValueError(f"mesh: data {data} x fsdp {fsdp} = {data * fsdp} devices, but {devices} are in use "
-                         f"(set one axis to -1 to take the rest)")
+        raise ValueError(
+            f"mesh: data {data} x fsdp {fsdp} = {data * fsdp} devices, but {devices} are in use "
+            f"(set one axis to -1 to take the rest)"
+        )
     return data, fsdp
 
 
@@ -351,9 +382,12 @@ def state_shardings(state: dict, mesh) -> dict:
     from jax.sharding import PartitionSpec as P
 
     fsdp = mesh.shape["fsdp"]
-    return {key: jax.tree.map(lambda a: NamedSharding(mesh, fsdp_spec(tuple(a.shape), fsdp)
-                                                      if key in SHARDED_PARTS else P()), value)
-            for key, value in state.items()}
+    return {
+        key: jax.tree.map(
+            lambda a: NamedSharding(mesh, fsdp_spec(tuple(a.shape), fsdp) if key in SHARDED_PARTS else P()), value
+        )
+        for key, value in state.items()
+    }
 
 
 def device_bytes(tree) -> dict:
@@ -417,8 +451,7 @@ def put_local(tree, shardings) -> Any:
 
     if jax.process_count() == 1:
         return jax.device_put(tree, shardings)
-    return jax.tree.map(lambda leaf, sharding: jax.make_array_from_process_local_data(sharding, leaf),
-                        tree, shardings)
+    return jax.tree.map(lambda leaf, sharding: jax.make_array_from_process_local_data(sharding, leaf), tree, shardings)
 
 
 def max_over_processes(*values: int) -> tuple[int, ...]:
@@ -452,8 +485,9 @@ def share_text(name: str, text: str | None = None, timeout_s: int = INIT_TIMEOUT
         text = global_state.client.blocking_key_value_get(key, timeout_s * 1000)
     except Exception as error:  # the coordinator ended (process 0 stopped) or timed out
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DistributedError(f"process 0 did not share its {name} (it stopped before training; see its "
-                               f"output): {first}") from None
+        raise DistributedError(
+            f"process 0 did not share its {name} (it stopped before training; see its output): {first}"
+        ) from None
     if not text:
         raise DistributedError(f"process 0 stopped before training (its output says why); no {name}")
     return text

@@ -9,6 +9,7 @@ fsynced, so a reader (or a run resumed after a kill) finds the old file or the n
 A kill between the write and the rename leaves the temporary behind under a name that ``TEMP_NAME`` recognises
 (".<name>.<random>.tmp", hidden from folder listings); ``training.checkpoint.remove_stale_temps`` clears them.
 """
+
 from __future__ import annotations
 
 import os

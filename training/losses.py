@@ -13,6 +13,7 @@ Hyperparameters are keyword-only with defaults, so a config can set them by name
 A loss may carry ``check_args(**hyperparameters)``: the config resolver calls it before any data exists, since a
 loss itself runs only once the step is traced.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ def _mean_over_examples(x: jax.Array, mask: jax.Array | None = None) -> jax.Arra
     over the unmasked positions (0 for an example with none)."""
     if mask is None:
         return x.reshape(x.shape[0], -1).mean(axis=1)
-    if mask.shape != x.shape[:mask.ndim]:
+    if mask.shape != x.shape[: mask.ndim]:
         raise ValueError(f"mask of shape {mask.shape} does not match the leading axes of the loss's {x.shape}")
     w = jnp.broadcast_to(mask.astype(x.dtype).reshape(mask.shape + (1,) * (x.ndim - mask.ndim)), x.shape)
     total = jnp.where(w != 0, w * x, 0).reshape(x.shape[0], -1).sum(axis=1)
@@ -68,8 +69,9 @@ def _check_huber(delta: float = 1.0) -> None:
 
 
 @register("loss", task="classification", check=_check_cross_entropy)
-def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0,
-                  mask: jax.Array | None = None) -> jax.Array:
+def cross_entropy(
+    logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0, mask: jax.Array | None = None
+) -> jax.Array:
     """Softmax cross-entropy over the last axis of ``logits`` (B, ..., C).
 
     ``labels`` are either integer class ids of shape (B, ...) or class probabilities / one-hot vectors of the same
@@ -88,8 +90,9 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: floa
         probs = (1.0 - label_smoothing) * probs + label_smoothing / num_classes
         loss = -(probs * log_probs).sum(axis=-1)
     else:
-        raise ValueError(f"labels of shape {labels.shape} fit neither class ids nor probabilities for logits "
-                         f"of shape {logits.shape}")
+        raise ValueError(
+            f"labels of shape {labels.shape} fit neither class ids nor probabilities for logits of shape {logits.shape}"
+        )
     return _mean_over_examples(loss, mask)
 
 

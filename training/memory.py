@@ -1,6 +1,7 @@
 """Whether a run can fit: the bytes its training state and a step's batches take on each device (known from
 jax.eval_shape before anything is allocated) against the memory the devices have free. Only a lower bound is
 compared (the step's temporaries come on top), so a refusal is certain and a pass is no promise."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,10 @@ from pathlib import Path
 import numpy as np
 
 # (limit, usage) files of the process's memory cgroup: v2, then v1 (a container's limit is below the machine's)
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
 
 
 def show_bytes(n: float) -> str:
@@ -61,8 +64,10 @@ def shard_bytes(tree, sharding) -> int:
 
     leaves = jax.tree.leaves(tree)
     shardings = [sharding] * len(leaves) if hasattr(sharding, "shard_shape") else jax.tree.leaves(sharding)
-    return sum(math.prod(s.shard_shape(tuple(leaf.shape))) * np.dtype(leaf.dtype).itemsize
-               for leaf, s in zip(leaves, shardings))
+    return sum(
+        math.prod(s.shard_shape(tuple(leaf.shape))) * np.dtype(leaf.dtype).itemsize
+        for leaf, s in zip(leaves, shardings)
+    )
 
 
 def refusal(parts: dict[str, int], devices) -> str | None:
@@ -71,11 +76,14 @@ def refusal(parts: dict[str, int], devices) -> str | None:
     need = sum(parts.values())
     cpus = [d for d in devices if d.platform == "cpu"]
     pools = ([(need * len(cpus), host_available(), len(cpus))] if cpus else []) + [
-        (need, device_available(d), 1) for d in devices if d.platform != "cpu"]
+        (need, device_available(d), 1) for d in devices if d.platform != "cpu"
+    ]
     for total, available, count in pools:
         if available is not None and total > available[0]:
             each = f" on each of {count} devices" if count > 1 else ""
             listed = ", ".join(f"{name} {show_bytes(n)}" for name, n in parts.items() if n)
-            return (f"needs {show_bytes(need)}{each} before any activation ({listed}), more than the "
-                    f"{show_bytes(max(available[0], 0))} of {available[1]}")
+            return (
+                f"needs {show_bytes(need)}{each} before any activation ({listed}), more than the "
+                f"{show_bytes(max(available[0], 0))} of {available[1]}"
+            )
     return None

@@ -24,6 +24,7 @@ Zero division gives 0, as sklearn's ``zero_division=0``: a class never predicted
 true examples has recall 0. Macro averages, like sklearn's default, run over the classes that occur in the targets
 or the predictions seen so far; a class absent from both has no defined score and is left out.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,7 +71,7 @@ def _weights(mask, like: jax.Array) -> jax.Array:
     if mask is None:
         return jnp.ones(like.shape, jnp.float32)
     mask = jnp.asarray(mask, jnp.float32)
-    if mask.shape != like.shape[:mask.ndim]:
+    if mask.shape != like.shape[: mask.ndim]:
         raise ValueError(f"mask of shape {mask.shape} does not match the leading axes of {like.shape}")
     return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim)), like.shape)
 
@@ -84,8 +85,7 @@ def _masked_sum(values: jax.Array, mask) -> jax.Array:
 def _logit_threshold(threshold) -> float:
     """The logit at which the sigmoid equals ``threshold``: comparing logits stays exact where the sigmoid of a large
     logit would round to 1."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) \
-            or not 0 < threshold < 1:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) or not 0 < threshold < 1:
         raise ValueError(f"threshold: must be a probability in (0, 1), exclusive, got {threshold!r}")
     return math.log(threshold) - math.log1p(-threshold)
 
@@ -132,6 +132,7 @@ def _binary_elements(outputs, targets, logit_threshold: float):
 
 def _label_counts(logit_threshold: float) -> Callable[..., Stats]:
     """Stats of per-label counts, the labels being the last axis; every other axis (batch, spatial) is pooled."""
+
     def stats(outputs, targets, mask=None):
         predicted, true = _binary_elements(outputs, targets, logit_threshold)
         num_labels = outputs.shape[-1]
@@ -144,8 +145,13 @@ def _label_counts(logit_threshold: float) -> Callable[..., Stats]:
     return stats
 
 
-def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str,
-              stats_fn: Callable[..., Stats] = _class_counts, per_class_name: str | None = None) -> Metric:
+def _averaged(
+    name: str,
+    per_class: Callable[[Stats], jax.Array],
+    average: str,
+    stats_fn: Callable[..., Stats] = _class_counts,
+    per_class_name: str | None = None,
+) -> Metric:
     if average not in ("macro", "none"):
         raise ValueError(f"average: must be 'macro' or 'none', got {average!r}")
 
@@ -163,10 +169,13 @@ def _averaged(name: str, per_class: Callable[[Stats], jax.Array], average: str,
 @register("metrics")
 def accuracy() -> Metric:
     """Fraction of examples (or positions) whose argmax matches the target class."""
+
     def stats(outputs, targets, mask=None):
         predicted, true, _ = _classes(outputs, targets)
-        return {"correct": _masked_sum((predicted == true).astype(jnp.float32), mask),
-                "count": _masked_sum(jnp.ones(true.shape, jnp.float32), mask)}
+        return {
+            "correct": _masked_sum((predicted == true).astype(jnp.float32), mask),
+            "count": _masked_sum(jnp.ones(true.shape, jnp.float32), mask),
+        }
 
     return Metric("accuracy", stats, lambda s: _divide(s["correct"], s["count"]))
 
@@ -181,13 +190,17 @@ def top_k_accuracy(k: int = 5) -> Metric:
     def stats(outputs, targets, mask=None):
         # the class count is known only from the outputs, at trace time
         if k > outputs.shape[-1]:
-            raise ValueError(f"top_k_accuracy: k = {k} exceeds the {outputs.shape[-1]} classes of the outputs "
-                             f"(k must be from 1 to {outputs.shape[-1]})")
+            raise ValueError(
+                f"top_k_accuracy: k = {k} exceeds the {outputs.shape[-1]} classes of the outputs "
+                f"(k must be from 1 to {outputs.shape[-1]})"
+            )
         true = _true_ids(outputs, targets)
         target_logit = jnp.take_along_axis(outputs, true[..., None], axis=-1)
         rank = (outputs > target_logit).sum(axis=-1)  # how many classes beat the target
-        return {"correct": _masked_sum((rank < k).astype(jnp.float32), mask),
-                "count": _masked_sum(jnp.ones(true.shape, jnp.float32), mask)}
+        return {
+            "correct": _masked_sum((rank < k).astype(jnp.float32), mask),
+            "count": _masked_sum(jnp.ones(true.shape, jnp.float32), mask),
+        }
 
     return Metric(f"top_{k}_accuracy", stats, lambda s: _divide(s["correct"], s["count"]))
 
@@ -213,6 +226,7 @@ def f1(average: str = "macro") -> Metric:
 @register("metrics")
 def confusion_matrix() -> Metric:
     """Counts of shape (C, C): row = true class, column = predicted class."""
+
     def stats(outputs, targets, mask=None):
         predicted, true, num_classes = _classes(outputs, targets)
         w = _weights(mask, true)
@@ -228,6 +242,7 @@ def perplexity() -> Metric:
     """exp of the mean cross-entropy per position (every real token of every example, not a mean of per-example
     perplexities). Logits (B, ..., V); targets are token ids (B, ...) or probabilities / one-hot (B, ..., V), in
     which case the cross-entropy is against that distribution. An empty epoch gives exp(0) = 1."""
+
     def stats(outputs, targets, mask=None):
         if outputs.shape[-1] < 2:
             raise ValueError(f"perplexity needs a logit per vocabulary entry, got outputs of shape {outputs.shape}")
@@ -238,8 +253,10 @@ def perplexity() -> Metric:
         elif targets.shape == outputs.shape[:-1]:
             nll = -jnp.take_along_axis(log_probs, targets.astype(jnp.int32)[..., None], axis=-1)[..., 0]
         else:
-            raise ValueError(f"targets of shape {targets.shape} fit neither token ids nor probabilities for logits "
-                             f"of shape {outputs.shape}")
+            raise ValueError(
+                f"targets of shape {targets.shape} fit neither token ids nor probabilities for logits "
+                f"of shape {outputs.shape}"
+            )
         return {"nll_sum": _masked_sum(nll, mask), "count": _masked_sum(jnp.ones(nll.shape, jnp.float32), mask)}
 
     return Metric("perplexity", stats, lambda s: jnp.exp(_divide(s["nll_sum"], s["count"])))
@@ -254,25 +271,32 @@ def binary_accuracy(threshold: float = 0.5) -> Metric:
 
     def stats(outputs, targets, mask=None):
         predicted, true = _binary_elements(outputs, targets, logit_threshold)
-        return {"correct": _masked_sum((predicted == true).astype(jnp.float32), mask),
-                "count": _masked_sum(jnp.ones(outputs.shape, jnp.float32), mask)}
+        return {
+            "correct": _masked_sum((predicted == true).astype(jnp.float32), mask),
+            "count": _masked_sum(jnp.ones(outputs.shape, jnp.float32), mask),
+        }
 
-    return Metric(_thresholded_name("binary_accuracy", threshold), stats,
-                  lambda s: _divide(s["correct"], s["count"]))
+    return Metric(_thresholded_name("binary_accuracy", threshold), stats, lambda s: _divide(s["correct"], s["count"]))
 
 
 def _multilabel(name: str, per_label: Callable[[Stats], jax.Array], average: str, threshold) -> Metric:
     logit_threshold = _logit_threshold(threshold)
-    return _averaged(_thresholded_name(name, threshold), per_label, average, _label_counts(logit_threshold),
-                     _thresholded_name(f"{name}_per_label", threshold))
+    return _averaged(
+        _thresholded_name(name, threshold),
+        per_label,
+        average,
+        _label_counts(logit_threshold),
+        _thresholded_name(f"{name}_per_label", threshold),
+    )
 
 
 @register("metrics")
 def multilabel_precision(average: str = "macro", threshold: float = 0.5) -> Metric:
     """tp / predicted per label (last axis); ``average`` "macro" (mean over labels present in the targets or the
     predictions) or "none" (vector (L,))."""
-    return _multilabel("multilabel_precision", lambda s: _divide(s["true_positives"], s["predicted"]), average,
-                       threshold)
+    return _multilabel(
+        "multilabel_precision", lambda s: _divide(s["true_positives"], s["predicted"]), average, threshold
+    )
 
 
 @register("metrics")
@@ -286,8 +310,9 @@ def multilabel_f1(average: str = "macro", threshold: float = 0.5) -> Metric:
     """Per-label F1 = 2 tp / (predicted + actual), the labels being the last axis and every other axis pooled (for
     one mask channel (B, H, W, 1) this is the Dice score of the foreground); ``average`` "macro" (mean over labels
     present in the targets or the predictions) or "none" (vector (L,), logged as ``multilabel_f1_per_label``)."""
-    return _multilabel("multilabel_f1", lambda s: _divide(2 * s["true_positives"], s["predicted"] + s["actual"]),
-                       average, threshold)
+    return _multilabel(
+        "multilabel_f1", lambda s: _divide(2 * s["true_positives"], s["predicted"] + s["actual"]), average, threshold
+    )
 
 
 @register("metrics")
@@ -303,13 +328,19 @@ def mean_iou(average: str = "macro", threshold: float = 0.5) -> Metric:
 
     def stats(outputs, targets, mask=None):
         if threshold != 0.5 and outputs.shape[-1] > 1:
-            raise ValueError(f"mean_iou: threshold applies to a single logit channel only; the outputs have "
-                             f"{outputs.shape[-1]} classes, scored by argmax (leave threshold at 0.5)")
+            raise ValueError(
+                f"mean_iou: threshold applies to a single logit channel only; the outputs have "
+                f"{outputs.shape[-1]} classes, scored by argmax (leave threshold at 0.5)"
+            )
         return _class_counts(outputs, targets, mask, logit_threshold)
 
-    return _averaged(_thresholded_name("mean_iou", threshold),
-                     lambda s: _divide(s["true_positives"], s["predicted"] + s["actual"] - s["true_positives"]),
-                     average, stats, _thresholded_name("iou_per_class", threshold))
+    return _averaged(
+        _thresholded_name("mean_iou", threshold),
+        lambda s: _divide(s["true_positives"], s["predicted"] + s["actual"] - s["true_positives"]),
+        average,
+        stats,
+        _thresholded_name("iou_per_class", threshold),
+    )
 
 
 def _regression_stats(error_fn: Callable[[jax.Array], jax.Array], key: str):
@@ -331,8 +362,11 @@ def mae() -> Metric:
 @register("metrics")
 def rmse() -> Metric:
     """Root of the mean squared error over every element of every real example (not a mean of batch RMSEs)."""
-    return Metric("rmse", _regression_stats(jnp.square, "squared_error"),
-                  lambda s: jnp.sqrt(_divide(s["squared_error"], s["count"])))
+    return Metric(
+        "rmse",
+        _regression_stats(jnp.square, "squared_error"),
+        lambda s: jnp.sqrt(_divide(s["squared_error"], s["count"])),
+    )
 
 
 def values(metrics, stats: dict) -> dict[str, float | list]:

@@ -10,6 +10,7 @@ learning rate, so ``updates`` are added to the params. States are NamedTuples of
 they jit, and checkpoint by key path like params. Every learning rate, weight decay and momentum may be a float or a
 schedule ``step -> value`` (see ``training/schedules.py``); a block that takes one keeps its own step count.
 """
+
 from __future__ import annotations
 
 import math
@@ -102,6 +103,7 @@ def chain(*optimizers: Optimizer) -> Optimizer:
 
 # Gradient transforms.
 
+
 def scale_by_learning_rate(learning_rate: Hyper) -> Optimizer:
     """Multiplies by ``-learning_rate`` (descent); a schedule is read at this block's own step count."""
     check_hyper(learning_rate, "lr")
@@ -144,9 +146,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Opti
         mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, grads, state.mu)
         nu = jax.tree.map(lambda g, v: (1 - b2) * g * g + b2 * v, grads, state.nu)
         count = _increment(state.count)
-        c1, c2 = 1 - b1 ** count, 1 - b2 ** count
-        updates = jax.tree.map(lambda m, v: (m / c1.astype(m.dtype)) / (jnp.sqrt(v / c2.astype(v.dtype)) + eps),
-                               mu, nu)
+        c1, c2 = 1 - b1**count, 1 - b2**count
+        updates = jax.tree.map(lambda m, v: (m / c1.astype(m.dtype)) / (jnp.sqrt(v / c2.astype(v.dtype)) + eps), mu, nu)
         return updates, AdamState(count, mu, nu)
 
     return Optimizer(init, update)
@@ -230,9 +231,11 @@ def add_decayed_weights(weight_decay: Hyper, mask: Any = "default") -> Optimizer
     """
     check_hyper(weight_decay, "weight_decay")
     if (isinstance(mask, str) and mask not in ("default", "all")) or not (
-            mask is None or isinstance(mask, str) or callable(mask) or _bool_tree(mask)):
-        raise ValueError(f'add_decayed_weights: mask must be "default", "all", None, a function or a pytree of bools, '
-                         f'got {mask!r}')
+        mask is None or isinstance(mask, str) or callable(mask) or _bool_tree(mask)
+    ):
+        raise ValueError(
+            f'add_decayed_weights: mask must be "default", "all", None, a function or a pytree of bools, got {mask!r}'
+        )
 
     def update(grads, state, params=None):
         new_state = CountState(_increment(state.count))
@@ -274,6 +277,7 @@ def clip_by_value(max_delta: float) -> Optimizer:
 
 # The optimizers a config names; each is a chain of the blocks above, in optax's order.
 
+
 @register("optimizer")
 def sgd(lr: Hyper, momentum: Hyper = 0.0, nesterov: bool = False) -> Optimizer:
     """Stochastic gradient descent, with (Nesterov) momentum when ``momentum`` is non-zero."""
@@ -286,15 +290,17 @@ def adam(lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Op
 
 
 @register("optimizer")
-def adamw(lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: Hyper = 1e-4,
-          mask: Any = "default") -> Optimizer:
+def adamw(
+    lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: Hyper = 1e-4, mask: Any = "default"
+) -> Optimizer:
     """Adam with decoupled weight decay; the decay is multiplied by the learning rate (optax and PyTorch)."""
     return chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr))
 
 
 @register("optimizer")
-def rmsprop(lr: Hyper, decay: float = 0.9, eps: float = 1e-8, momentum: Hyper = 0.0,
-            centered: bool = False) -> Optimizer:
+def rmsprop(
+    lr: Hyper, decay: float = 0.9, eps: float = 1e-8, momentum: Hyper = 0.0, centered: bool = False
+) -> Optimizer:
     """RMSProp as optax writes it: eps inside the square root, momentum applied after the learning rate."""
     scale = scale_by_stddev(decay, eps) if centered else scale_by_rms(decay, eps)
     return chain(scale, scale_by_learning_rate(lr), *_present(momentum, lambda: trace(momentum)))
@@ -312,6 +318,7 @@ def lion(lr: Hyper, b1: float = 0.9, b2: float = 0.99, weight_decay: Hyper = 0.0
 
 
 # Helpers.
+
 
 def global_norm(tree) -> jax.Array:
     """The L2 norm of all leaves together."""
@@ -332,8 +339,10 @@ def decay_mask(params, mask: Any = "default"):
 
 def _bool_tree(tree) -> bool:
     """A pytree whose leaves are all bools (Python's or numpy's), as a decay mask must be."""
-    return all(isinstance(leaf, bool) or getattr(leaf, "dtype", None) == bool  # noqa: E721 (a numpy dtype equals bool)
-               for leaf in jax.tree.leaves(tree))
+    return all(
+        isinstance(leaf, bool) or getattr(leaf, "dtype", None) == bool  # noqa: E721 (a numpy dtype equals bool)
+        for leaf in jax.tree.leaves(tree)
+    )
 
 
 def _value_at(hyper: Hyper, count):

@@ -19,6 +19,7 @@ plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` them
 ``machine_accelerator()`` names the JAX build the machine calls for (``python3 -m training.platform`` prints it: the
 Makefile installs ``requirements-<it>.txt``); ``unused_accelerator()`` is train.py's warning when JAX ignores it.
 """
+
 from __future__ import annotations
 
 import glob
@@ -38,9 +39,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACCELERATOR_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 # XLA rejects options it does not know, so they apply to the jaxlib series they were measured with only.
 XLA_CPU_OPTIONS = {
-    "0.10": {"train": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"},
-             "eval": {"xla_cpu_experimental_ynn_fusion_type": ""},
-             "init": {"xla_backend_optimization_level": 0}},  # runs once: compiles in 1.0 s instead of 2.5 s
+    "0.10": {
+        "train": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"},
+        "eval": {"xla_cpu_experimental_ynn_fusion_type": ""},
+        "init": {"xla_backend_optimization_level": 0},
+    }  # runs once: compiles in 1.0 s instead of 2.5 s
 }
 
 # Wall-clock start of the command, carried across the re-execution: start-up time is measured from here.
@@ -82,8 +85,10 @@ def unused_accelerator(platforms: set[str], environ=os.environ) -> str | None:
         return None
     shown = "a TPU" if wanted == "tpu" else "an NVIDIA GPU"
     requirements = os.path.relpath(os.path.join(REPO, f"requirements-{wanted}.txt"))
-    return (f"warning: this machine shows {shown} but JAX runs on the CPU only; install JAX for it: "
-            f"{sys.executable} -m pip install -r {requirements}")
+    return (
+        f"warning: this machine shows {shown} but JAX runs on the CPU only; install JAX for it: "
+        f"{sys.executable} -m pip install -r {requirements}"
+    )
 
 
 def process_defaults(environ=os.environ, platform: str = sys.platform, cpu: bool | None = None) -> dict[str, str]:

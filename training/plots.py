@@ -3,6 +3,7 @@
 Figures are built with `matplotlib.figure.Figure` and the Agg canvas directly, never through pyplot, so nothing
 depends on a display or changes matplotlib's global backend. matplotlib is imported only when a figure is made.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,7 @@ def curves_figure(rows: Sequence[dict]):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    for ax in axes[len(names):]:
+    for ax in axes[len(names) :]:
         ax.set_visible(False)
     return fig
 
@@ -111,8 +112,15 @@ def confusion_figure(matrix, class_names: Sequence[str] | None = None):
     ax.set_ylabel("true class")
     if n <= 30:  # beyond that the numbers no longer fit their cells
         for (i, j), count in np.ndenumerate(matrix):
-            ax.text(j, i, f"{count:g}", ha="center", va="center", fontsize=7 if n > 12 else 9,
-                    color="white" if fractions[i, j] > 0.5 else "black")
+            ax.text(
+                j,
+                i,
+                f"{count:g}",
+                ha="center",
+                va="center",
+                fontsize=7 if n > 12 else 9,
+                color="white" if fractions[i, j] > 0.5 else "black",
+            )
     ax.set_title(f"confusion matrix ({matrix.sum():g} examples)")
     return fig
 

@@ -9,6 +9,7 @@ divides the gradients after (dynamic loss scaling). A step whose gradients overf
 optimizer state unchanged) and halves the scale; `period` finite steps in a row double it. The scale lives in the
 training state (``ts["loss_scale"]``), so it is checkpointed and a resumed run continues with it.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -22,7 +23,7 @@ KEYS = ("params", "compute", "loss_scale", "period")
 
 class Policy(NamedTuple):
     compute: str = "float32"
-    loss_scale: float = 2.0 ** 15  # the initial scale (float16 only)
+    loss_scale: float = 2.0**15  # the initial scale (float16 only)
     period: int = 2000  # finite steps before the scale doubles (float16 only)
 
     @property
@@ -52,9 +53,12 @@ class Policy(NamedTuple):
 
     def next_scale(self, scale: dict, finite) -> dict:
         grown = scale["good_steps"] + 1 >= self.period
-        return {"scale": jnp.where(finite, jnp.where(grown, scale["scale"] * 2, scale["scale"]),
-                                   jnp.maximum(scale["scale"] / 2, 1.0)),
-                "good_steps": jnp.where(finite & ~grown, scale["good_steps"] + 1, 0)}
+        return {
+            "scale": jnp.where(
+                finite, jnp.where(grown, scale["scale"] * 2, scale["scale"]), jnp.maximum(scale["scale"] / 2, 1.0)
+            ),
+            "good_steps": jnp.where(finite & ~grown, scale["good_steps"] + 1, 0),
+        }
 
 
 def like(tree, reference):
@@ -67,13 +71,14 @@ def policy_of(spec) -> Policy:
     if spec is None:
         return Policy()
     if not isinstance(spec, dict):
-        raise ValueError(f"expected null or an object with \"compute\" (one of {', '.join(COMPUTE_DTYPES)}), "
-                         f"got {spec!r}")
+        raise ValueError(
+            f'expected null or an object with "compute" (one of {", ".join(COMPUTE_DTYPES)}), got {spec!r}'
+        )
     unknown = [key for key in spec if key not in KEYS]
     if unknown:
         raise ValueError(f"{unknown[0]}: unknown key; keys: {', '.join(KEYS)}")
     if spec.get("params", "float32") != "float32":
-        raise ValueError(f"params: parameters and optimizer state stay \"float32\", got {spec['params']!r}")
+        raise ValueError(f'params: parameters and optimizer state stay "float32", got {spec["params"]!r}')
     compute = spec.get("compute", "float32")
     if compute not in COMPUTE_DTYPES:
         raise ValueError(f"compute: expected one of {', '.join(COMPUTE_DTYPES)}, got {compute!r}")
@@ -82,9 +87,9 @@ def policy_of(spec) -> Policy:
             raise ValueError(f"{key}: only float16 scales the loss (compute is {compute!r})")
     defaults = Policy._field_defaults
     scale = spec.get("loss_scale", defaults["loss_scale"])
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1 <= scale <= 2.0 ** 64:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1 <= scale <= 2.0**64:
         raise ValueError(f"loss_scale: expected a number from 1 to 2**64, got {scale!r}")
     period = spec.get("period", defaults["period"])
-    if isinstance(period, bool) or not isinstance(period, int) or not 1 <= period <= 10 ** 9:
+    if isinstance(period, bool) or not isinstance(period, int) or not 1 <= period <= 10**9:
         raise ValueError(f"period: expected an integer from 1 to 10**9, got {period!r}")
     return Policy(compute, float(scale), period)

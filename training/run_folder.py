@@ -5,6 +5,7 @@ carries the epoch's metrics row and where the best epoch is), then what derives 
 ``checkpoint-epoch_N.params``, the row in ``metrics.jsonl``). A process killed at any moment leaves the latest
 checkpoint readable and everything else either done or re-derivable, and ``reconcile`` re-derives it on resume.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -86,15 +87,17 @@ def hold(run_dir: Path, mark: bool = True) -> int | None:
     except OSError as error:
         if isinstance(error, FileNotFoundError) and not mark:
             return None
-        raise RunFolderError(f"{run_dir}: cannot write in the run folder ({error.strerror or error}); "
-                             f"nothing was changed") from None
+        raise RunFolderError(
+            f"{run_dir}: cannot write in the run folder ({error.strerror or error}); nothing was changed"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise RunFolderError(f"{run_dir}: in use by process {holder} (another train.py is training in it); "
-                             f"wait for it to end or stop it") from None
+        raise RunFolderError(
+            f"{run_dir}: in use by process {holder} (another train.py is training in it); wait for it to end or stop it"
+        ) from None
     if mark:
         mark_holder(fd)
     return fd

@@ -7,6 +7,7 @@ same name, so the two can be swapped and compared:
     lr = warmup_cosine_decay(0.0, peak_value=1e-3, warmup_steps=500, decay_steps=10_000)
     lr(0), lr(500), lr(jnp.arange(10_000))
 """
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,14 @@ def step_decay(init_value: float, step_size: int, gamma: float = 0.1) -> Schedul
 
 
 @register("schedule")
-def exponential_decay(init_value: float, transition_steps: int, decay_rate: float, transition_begin: int = 0,
-                      staircase: bool = False, end_value: float | None = None) -> Schedule:
+def exponential_decay(
+    init_value: float,
+    transition_steps: int,
+    decay_rate: float,
+    transition_begin: int = 0,
+    staircase: bool = False,
+    end_value: float | None = None,
+) -> Schedule:
     """``init_value * decay_rate ** ((step - transition_begin) / transition_steps)``, constant before
     ``transition_begin``; ``staircase`` floors the exponent; ``end_value`` bounds the result.
 
@@ -133,8 +140,9 @@ def linear(init_value: float, end_value: float, transition_steps: int, transitio
 
 
 @register("schedule")
-def warmup_cosine_decay(init_value: float, peak_value: float, warmup_steps: int, decay_steps: int,
-                        end_value: float = 0.0) -> Schedule:
+def warmup_cosine_decay(
+    init_value: float, peak_value: float, warmup_steps: int, decay_steps: int, end_value: float = 0.0
+) -> Schedule:
     """Linear warm-up from ``init_value`` to ``peak_value`` over ``warmup_steps``, then cosine decay to
     ``end_value``; ``decay_steps`` counts the warm-up too (optax's convention)."""
     for name, value in (("init_value", init_value), ("peak_value", peak_value), ("end_value", end_value)):
@@ -151,8 +159,13 @@ def warmup_cosine_decay(init_value: float, peak_value: float, warmup_steps: int,
 
 
 @register("schedule")
-def one_cycle(transition_steps: int, peak_value: float, pct_start: float = 0.3, div_factor: float = 25.0,
-              final_div_factor: float = 1e4) -> Schedule:
+def one_cycle(
+    transition_steps: int,
+    peak_value: float,
+    pct_start: float = 0.3,
+    div_factor: float = 25.0,
+    final_div_factor: float = 1e4,
+) -> Schedule:
     """The one-cycle policy with cosine annealing (optax ``cosine_onecycle_schedule``): from
     ``peak_value / div_factor`` up to ``peak_value`` over the first ``pct_start`` of ``transition_steps``, then down
     to ``peak_value / (div_factor * final_div_factor)``, flat afterwards."""

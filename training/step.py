@@ -9,6 +9,7 @@ also returns the batch's metric statistics (sums and counts), so epoch metrics a
 fixed cost each jitted call pays on CPU. Stack entries with ``active`` = 0 (completing an epoch's last stack) leave
 the state unchanged.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -37,8 +38,11 @@ def example_losses(loss_fn: Callable, outputs, batch: dict):
 
 def batch_stats(metrics: Sequence, outputs, batch, per_example_loss, weights) -> dict:
     # where, not a bare product: a padded example may hold anything, and must add exactly 0
-    return {"loss_sum": jnp.sum(jnp.where(weights > 0, per_example_loss * weights, 0.0)), "count": jnp.sum(weights),
-            "metrics": {m.name: m.stats(outputs, target_of(batch), batch["mask"]) for m in metrics}}
+    return {
+        "loss_sum": jnp.sum(jnp.where(weights > 0, per_example_loss * weights, 0.0)),
+        "count": jnp.sum(weights),
+        "metrics": {m.name: m.stats(outputs, target_of(batch), batch["mask"]) for m in metrics},
+    }
 
 
 AUGMENT_STREAM = 0x61756700  # augmentation draws from the run's key folded with this, never from dropout's keys
@@ -46,6 +50,7 @@ AUGMENT_STREAM = 0x61756700  # augmentation draws from the run's key folded with
 
 def output_spec(model, params, state, batch: dict, augment=None):
     """The model's abstract output for `batch` (as evaluation would prepare it), computed without running it."""
+
     def forward(params, state, batch):
         if augment is not None:
             batch = augment(batch, None, train=False, outputs=None)
@@ -54,8 +59,16 @@ def output_spec(model, params, state, batch: dict, augment=None):
     return jax.eval_shape(forward, params, state, batch)
 
 
-def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augment=None, accumulate: int = 1,
-                    policy: Policy = Policy(), callbacks: Sequence = ()) -> Callable:
+def make_train_step(
+    model,
+    loss_fn: Callable,
+    optimizer,
+    metrics: Sequence,
+    augment=None,
+    accumulate: int = 1,
+    policy: Policy = Policy(),
+    callbacks: Sequence = (),
+) -> Callable:
     """(train_state, batch) -> (train_state, stats, per-step log values).
 
     ``augment(batch, key, train=True, outputs=...)`` prepares the batch on the device before the forward pass,
@@ -65,6 +78,7 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augm
     ``callbacks`` with an ``update`` advance their state in ``ts["callbacks"]`` after the update (an average of
     the parameters, say).
     """
+
     def objective(params, state, batch, key, scale):
         """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
         outputs, new_state = policy.apply(model, params, state, batch["input"], train=True, key=key)
@@ -78,7 +92,8 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augm
             outputs = output_spec(model, params, state, batch, augment)
             batch = augment(batch, augment_key, train=True, outputs=outputs)
         (_, (outputs, new_state, per_example, weights)), grads = jax.value_and_grad(objective, has_aux=True)(
-            params, state, batch, key, scale)
+            params, state, batch, key, scale
+        )
         return new_state, grads, batch_stats(metrics, outputs, batch, per_example, weights)
 
     def train_step(ts: dict, batch: dict):
@@ -89,11 +104,13 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augm
         if accumulate == 1:
             new_state, grads, stats = micro_step(params, ts["state"], batch, key, augment_key, scale)
         else:
+
             def body(carry, xs):
                 state, total = carry
                 micro, i = xs
-                state, grads, stats = micro_step(params, state, micro, jax.random.fold_in(key, i),
-                                                 jax.random.fold_in(augment_key, i), scale)
+                state, grads, stats = micro_step(
+                    params, state, micro, jax.random.fold_in(key, i), jax.random.fold_in(augment_key, i), scale
+                )
                 return (state, jax.tree.map(jnp.add, total, grads)), stats
 
             zeros = jax.tree.map(jnp.zeros_like, params)
@@ -104,8 +121,13 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augm
         grads = jax.tree.map(lambda g: g / (count * scale), grads)
         grad_norm = global_norm(grads)
         updates, opt_state = optimizer.update(grads, ts["opt_state"], params)
-        new_ts = {**ts, "params": apply_updates(params, updates), "state": new_state, "opt_state": opt_state,
-                  "step": ts["step"] + 1}
+        new_ts = {
+            **ts,
+            "params": apply_updates(params, updates),
+            "state": new_state,
+            "opt_state": opt_state,
+            "step": ts["step"] + 1,
+        }
         logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm}
         if policy.scaled:  # an overflowed step changes nothing but the scale
             finite = jnp.isfinite(grad_norm)
@@ -113,15 +135,24 @@ def make_train_step(model, loss_fn: Callable, optimizer, metrics: Sequence, augm
             new_ts["loss_scale"] = policy.next_scale(ts["loss_scale"], finite)
             logs["skipped"] = ~finite
         if callbacks:
-            new_ts["callbacks"] = {c.name: c.update(ts["callbacks"][c.name], new_ts["params"], new_ts["step"])
-                                   for c in callbacks}
+            new_ts["callbacks"] = {
+                c.name: c.update(ts["callbacks"][c.name], new_ts["params"], new_ts["step"]) for c in callbacks
+            }
         return new_ts, stats, logs
 
     return train_step
 
 
-def make_train_chunk(model, loss_fn: Callable, optimizer, metrics: Sequence, augment=None, accumulate: int = 1,
-                     policy: Policy = Policy(), callbacks: Sequence = ()) -> Callable:
+def make_train_chunk(
+    model,
+    loss_fn: Callable,
+    optimizer,
+    metrics: Sequence,
+    augment=None,
+    accumulate: int = 1,
+    policy: Policy = Policy(),
+    callbacks: Sequence = (),
+) -> Callable:
     """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, per-step log values (K,)).
 
     N = ``accumulate`` loader batches make one step. An inactive loader batch (completing the epoch's last stack)

@@ -4,6 +4,7 @@ it restart, median pruning, and the results (table, CSV, plots).
 `sweep.py` runs each trial as a `train.py` process; everything here is plain Python over the config's key paths and
 the run folders' `metrics.jsonl`, so it needs neither JAX nor the trainer.
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,9 +31,10 @@ class SweepError(Exception):
 # ---------------------------------------------------------------------------------------------------- search space
 class Param(NamedTuple):
     """One swept key path: a grid (`values` in order), or a distribution to draw from."""
+
     key: str
-    kind: str                   # grid, choice, uniform, loguniform, int
-    values: tuple = ()          # grid and choice
+    kind: str  # grid, choice, uniform, loguniform, int
+    values: tuple = ()  # grid and choice
     low: float = 0.0
     high: float = 0.0
 
@@ -113,8 +115,10 @@ def check_space(params: list[Param], fixed: list[str]) -> None:
     for param in params:
         flag = "--grid" if param.kind == "grid" else "--sample"
         if param.key in FOLDER_KEYS:
-            raise SweepError(f"{flag} {param.key}: the sweep names each trial's folder; set it with --set to choose "
-                             f"where the sweep goes")
+            raise SweepError(
+                f"{flag} {param.key}: the sweep names each trial's folder; set it with --set to choose "
+                f"where the sweep goes"
+            )
         if param.key in seen:
             raise SweepError(f"{flag} {param.key}: already given by {seen[param.key]}")
         seen[param.key] = flag
@@ -135,8 +139,9 @@ def check_key(config: dict, key: str, source: str) -> None:
         if not found:
             if (i == len(parts) - 1 and i > 0 and parts[i - 1] == "args") or (part == "args" and i == len(parts) - 2):
                 return
-            raise SweepError(f"{key}: no such key in {source} ({'.'.join(parts[:i]) or 'the top level'} has no "
-                             f"{part!r})")
+            raise SweepError(
+                f"{key}: no such key in {source} ({'.'.join(parts[:i]) or 'the top level'} has no {part!r})"
+            )
         node = child
 
 
@@ -178,29 +183,42 @@ class OptunaSampler:
     ledger holds are told to the study before it is asked for more, so a restarted sweep keeps every recorded trial
     and asks Optuna only for the rest."""
 
-    SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "qmc": "QMCSampler",
-                "gp": "GPSampler"}
+    SAMPLERS = {
+        "tpe": "TPESampler",
+        "random": "RandomSampler",
+        "cmaes": "CmaEsSampler",
+        "qmc": "QMCSampler",
+        "gp": "GPSampler",
+    }
 
     def __init__(self, algorithm: str, params: list[Param], seed: int, mode: str):
         if algorithm not in self.SAMPLERS:
-            raise SweepError(f"--sampler optuna:{algorithm}: expected one of "
-                             f"{', '.join('optuna:' + a for a in self.SAMPLERS)}")
+            raise SweepError(
+                f"--sampler optuna:{algorithm}: expected one of {', '.join('optuna:' + a for a in self.SAMPLERS)}"
+            )
         try:
             import optuna
         except ImportError:
-            raise SweepError("--sampler optuna:...: optuna is not installed (pip install optuna), or use the default "
-                             "sampler") from None
+            raise SweepError(
+                "--sampler optuna:...: optuna is not installed (pip install optuna), or use the default sampler"
+            ) from None
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna, self.seed = optuna, seed
         self.make = getattr(optuna.samplers, self.SAMPLERS[algorithm])
-        self.study = optuna.create_study(direction="maximize" if mode == "max" else "minimize",
-                                         sampler=self.make(seed=seed))
+        self.study = optuna.create_study(
+            direction="maximize" if mode == "max" else "minimize", sampler=self.make(seed=seed)
+        )
         d = optuna.distributions
         self.distributions = {
-            p.key: (d.CategoricalDistribution([json.dumps(v) for v in p.values]) if p.values else
-                    d.IntDistribution(int(p.low), int(p.high)) if p.kind == "int" else
-                    d.FloatDistribution(p.low, p.high, log=p.kind == "loguniform"))
-            for p in params}
+            p.key: (
+                d.CategoricalDistribution([json.dumps(v) for v in p.values])
+                if p.values
+                else d.IntDistribution(int(p.low), int(p.high))
+                if p.kind == "int"
+                else d.FloatDistribution(p.low, p.high, log=p.kind == "loguniform")
+            )
+            for p in params
+        }
         self.asked = {}
 
     def resume(self, recorded: int) -> None:
@@ -211,22 +229,40 @@ class OptunaSampler:
     def params(self, trial: int) -> dict:
         asked = self.study.ask(self.distributions)
         self.asked[trial] = asked
-        return {k: json.loads(v) if isinstance(self.distributions[k], self.optuna.distributions.CategoricalDistribution)
-                else v for k, v in asked.params.items()}
+        return {
+            k: json.loads(v)
+            if isinstance(self.distributions[k], self.optuna.distributions.CategoricalDistribution)
+            else v
+            for k, v in asked.params.items()
+        }
 
     def tell(self, trial: int, params: dict, status: str, value: float | None) -> None:
         state = self.optuna.trial.TrialState
-        state = state.COMPLETE if status == "done" and value is not None else \
-            state.PRUNED if status == "pruned" else state.FAIL
+        state = (
+            state.COMPLETE
+            if status == "done" and value is not None
+            else state.PRUNED
+            if status == "pruned"
+            else state.FAIL
+        )
         if trial in self.asked:
             self.study.tell(self.asked.pop(trial), value if state == state.COMPLETE else None, state=state)
             return
-        encoded = {k: json.dumps(v) if isinstance(self.distributions[k],
-                                                  self.optuna.distributions.CategoricalDistribution) else v
-                   for k, v in params.items() if k in self.distributions}
-        self.study.add_trial(self.optuna.trial.create_trial(
-            params=encoded, distributions={k: self.distributions[k] for k in encoded},
-            value=value if state == state.COMPLETE else None, state=state))
+        encoded = {
+            k: json.dumps(v)
+            if isinstance(self.distributions[k], self.optuna.distributions.CategoricalDistribution)
+            else v
+            for k, v in params.items()
+            if k in self.distributions
+        }
+        self.study.add_trial(
+            self.optuna.trial.create_trial(
+                params=encoded,
+                distributions={k: self.distributions[k] for k in encoded},
+                value=value if state == state.COMPLETE else None,
+                state=state,
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------- ledger
@@ -270,16 +306,17 @@ class Ledger:
 
 class Trial(NamedTuple):
     """A trial as the ledger tells it (the last record about it wins)."""
+
     index: int
     params: dict
     run: str
-    status: str                 # running (started, not ended: resumes), done, failed, pruned
+    status: str  # running (started, not ended: resumes), done, failed, pruned
     value: float | None = None  # best monitored value (done) or the last one seen (pruned)
-    epoch: int | None = None    # the epoch of that value
+    epoch: int | None = None  # the epoch of that value
     epochs: int = 0
     seconds: float = 0.0
     error: str = ""
-    curve: tuple = ()           # the monitored value per epoch
+    curve: tuple = ()  # the monitored value per epoch
 
 
 def trials_of(records: list[dict]) -> dict[int, Trial]:
@@ -288,16 +325,22 @@ def trials_of(records: list[dict]) -> dict[int, Trial]:
         event, index = record.get("event"), record.get("trial")
         if event == "start":
             before = trials.get(index)
-            trials[index] = Trial(index, record["params"], record["run"], "running",
-                                  seconds=before.seconds if before else 0.0)
+            trials[index] = Trial(
+                index, record["params"], record["run"], "running", seconds=before.seconds if before else 0.0
+            )
         elif event == "stopped" and index in trials:  # stopped with the sweep: resumes, its time so far counts
             trials[index] = trials[index]._replace(seconds=trials[index].seconds + record.get("seconds", 0.0))
         elif event == "end" and index in trials:
             before = trials[index]
             trials[index] = before._replace(
-                status=record["status"], value=record.get("value"), epoch=record.get("epoch"),
-                epochs=record.get("epochs", 0), seconds=before.seconds + record.get("seconds", 0.0),
-                error=record.get("error", ""), curve=tuple(record.get("curve", ())))
+                status=record["status"],
+                value=record.get("value"),
+                epoch=record.get("epoch"),
+                epochs=record.get("epochs", 0),
+                seconds=before.seconds + record.get("seconds", 0.0),
+                error=record.get("error", ""),
+                curve=tuple(record.get("curve", ())),
+            )
     return trials
 
 
@@ -322,8 +365,10 @@ def read_rows(path: Path) -> list[dict]:
 def curve_of(rows: list[dict], metric: str) -> list[float | None]:
     """The metric per epoch from epoch 1 (None where an epoch has no finite value)."""
     by_epoch = {row["epoch"]: row.get(metric) for row in rows}
-    return [by_epoch.get(e) if isinstance(by_epoch.get(e), (int, float)) and math.isfinite(by_epoch[e]) else None
-            for e in range(1, max(by_epoch, default=0) + 1)]
+    return [
+        by_epoch.get(e) if isinstance(by_epoch.get(e), (int, float)) and math.isfinite(by_epoch[e]) else None
+        for e in range(1, max(by_epoch, default=0) + 1)
+    ]
 
 
 def best_of(curve: list, mode: str) -> tuple[float | None, int | None]:
@@ -338,6 +383,7 @@ def best_of(curve: list, mode: str) -> tuple[float | None, int | None]:
 class MedianPruner(NamedTuple):
     """`--prune median[:WARMUP[:MIN_TRIALS]]`: after epoch e > WARMUP, a trial whose monitored value is worse than
     the median of the earlier trials' values at epoch e (trials not pruned, at least MIN_TRIALS of them) stops."""
+
     warmup: int = 0
     min_trials: int = 2
 
@@ -355,10 +401,15 @@ def parse_prune(text: str | None) -> MedianPruner | None:
     if text in (None, "off", "none"):
         return None
     name, *numbers = text.split(":")
-    if name != "median" or len(numbers) > 2 or not all(n.isdigit() for n in numbers) or (
-            len(numbers) == 2 and int(numbers[1]) < 1):
-        raise SweepError(f"--prune {text}: expected median[:WARMUP_EPOCHS[:MIN_TRIALS]] (e.g. median, median:1, "
-                         f"median:1:3) or off")
+    if (
+        name != "median"
+        or len(numbers) > 2
+        or not all(n.isdigit() for n in numbers)
+        or (len(numbers) == 2 and int(numbers[1]) < 1)
+    ):
+        raise SweepError(
+            f"--prune {text}: expected median[:WARMUP_EPOCHS[:MIN_TRIALS]] (e.g. median, median:1, median:1:3) or off"
+        )
     return MedianPruner(*map(int, numbers))
 
 
@@ -392,9 +443,17 @@ def show(value: Any) -> str:
 def table(trials: list[Trial], keys: list[str], metric: str) -> str:
     names = short_names(keys)
     header = ["trial", "status", *(names[k] for k in keys), metric, "epoch", "time"]
-    rows = [[str(t.index), t.status, *(show(t.params.get(k)) for k in keys),
-             "" if t.value is None else f"{t.value:.4f}", "" if t.epoch is None else str(t.epoch),
-             f"{t.seconds:.0f} s"] for t in trials]
+    rows = [
+        [
+            str(t.index),
+            t.status,
+            *(show(t.params.get(k)) for k in keys),
+            "" if t.value is None else f"{t.value:.4f}",
+            "" if t.epoch is None else str(t.epoch),
+            f"{t.seconds:.0f} s",
+        ]
+        for t in trials
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     failed = [f"  trial {t.index}: {t.error}" for t in trials if t.status == "failed" and t.error]
@@ -407,8 +466,19 @@ def write_csv(path: Path, trials: list[Trial], keys: list[str], metric: str) -> 
     writer.writerow(["trial", "status", *keys, metric, "best_epoch", "epochs", "seconds", "run", "error"])
     for t in trials:
         values = [t.params.get(k) for k in keys]
-        writer.writerow([t.index, t.status, *(json.dumps(v) if isinstance(v, (list, dict)) else v for v in values),
-                         t.value, t.epoch, t.epochs, round(t.seconds, 1), t.run, t.error])
+        writer.writerow(
+            [
+                t.index,
+                t.status,
+                *(json.dumps(v) if isinstance(v, (list, dict)) else v for v in values),
+                t.value,
+                t.epoch,
+                t.epochs,
+                round(t.seconds, 1),
+                t.run,
+                t.error,
+            ]
+        )
     write_atomic(path, text.getvalue().encode())
 
 
@@ -423,8 +493,11 @@ def plot(folder: Path, trials: list[Trial], params: list[Param], metric: str, mo
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     best = next((t for t in ranked(trials, mode) if t.status == "done" and t.value is not None), None)
-    styles = {"done": dict(marker="o", color="tab:blue"), "pruned": dict(marker="x", color="tab:orange"),
-              "running": dict(marker="+", color="tab:gray")}
+    styles = {
+        "done": dict(marker="o", color="tab:blue"),
+        "pruned": dict(marker="x", color="tab:orange"),
+        "running": dict(marker="+", color="tab:gray"),
+    }
 
     def draw_param(ax, param: Param):
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in param.candidates)
@@ -437,10 +510,12 @@ def plot(folder: Path, trials: list[Trial], params: list[Param], metric: str, mo
             ax.scatter(xs, [t.value for t in shown], label=status, linewidths=1.5, **style)
         if best is not None:
             x = best.params[param.key] if numeric else labels.index(json.dumps(best.params[param.key]))
-            ax.scatter([x], [best.value], s=160, facecolors="none", edgecolors="tab:red", label=f"best (trial "
-                       f"{best.index})")
-        if param.kind == "loguniform" or (numeric and param.values and min(param.values) > 0
-                                          and max(param.values) / min(param.values) >= 100):
+            ax.scatter(
+                [x], [best.value], s=160, facecolors="none", edgecolors="tab:red", label=f"best (trial {best.index})"
+            )
+        if param.kind == "loguniform" or (
+            numeric and param.values and min(param.values) > 0 and max(param.values) / min(param.values) >= 100
+        ):
             ax.set_xscale("log")
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
@@ -459,9 +534,14 @@ def plot(folder: Path, trials: list[Trial], params: list[Param], metric: str, mo
             if not points:
                 continue
             is_best = best is not None and t.index == best.index
-            ax.plot(*zip(*points), linestyle="--" if t.status == "pruned" else "-", marker=".",
-                    linewidth=2.5 if is_best else 1, alpha=1 if is_best else 0.6,
-                    label=f"trial {t.index}" + (" (best)" if is_best else " (pruned)" if t.status == "pruned" else ""))
+            ax.plot(
+                *zip(*points),
+                linestyle="--" if t.status == "pruned" else "-",
+                marker=".",
+                linewidth=2.5 if is_best else 1,
+                alpha=1 if is_best else 0.6,
+                label=f"trial {t.index}" + (" (best)" if is_best else " (pruned)" if t.status == "pruned" else ""),
+            )
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)

@@ -12,6 +12,7 @@ how to judge agreement with the JAX model.
 
 A dataset may override the derived task with ``preprocessing["task"]``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -68,14 +69,25 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
     except (TypeError, ValueError) as error:  # shape and dtype errors from inside a layer: the first line says what
         reason = (str(error).strip() or type(error).__name__).splitlines()[0]
         pixels = any(np.dtype(leaf.dtype).kind == "u" for leaf in jax.tree.leaves(spec["input"]))
-        hint = ("; integer pixels become float32 with {\"name\": \"normalize\"} in data_loader.train.augment (or "
-                "the loader's \"dtype\": \"float32\" where it has one)") if pixels else ""
-        raise ConfigError(f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} "
-                          f"({reason}){hint}") from None
+        hint = (
+            (
+                '; integer pixels become float32 with {"name": "normalize"} in data_loader.train.augment (or '
+                'the loader\'s "dtype": "float32" where it has one)'
+            )
+            if pixels
+            else ""
+        )
+        raise ConfigError(
+            f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} ({reason}){hint}"
+        ) from None
     task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
     target = loader.spec.get("target")
-    if task not in ("classification", "sequence") or target is None \
-            or not np.issubdtype(np.dtype(target.dtype), np.integer) or not hasattr(outputs, "shape"):
+    if (
+        task not in ("classification", "sequence")
+        or target is None
+        or not np.issubdtype(np.dtype(target.dtype), np.integer)
+        or not hasattr(outputs, "shape")
+    ):
         return
     classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
     width = outputs.shape[-1]
@@ -84,5 +96,7 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
         name = next((n for n in CLASS_COUNT_ARGUMENTS if n in parameters), None)
         where = f"model.args.{name}" if name else "model"
         per = "position" if task == "sequence" else "example"
-        raise ConfigError(f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
-                          f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs"))
+        raise ConfigError(
+            f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
+            f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs")
+        )

@@ -5,6 +5,7 @@ learning rate, gradient norm), ``log_epoch(epoch, row, best)`` with the epoch's 
 ``close(exit_code)`` at the end. Each library is imported only when the config turns its tracker on, and a tracker
 that cannot start or write is a warning: tracking never stops a training run.
 """
+
 from __future__ import annotations
 
 import json
@@ -111,10 +112,18 @@ def start_wandb(config: dict, run_dir: Path, monitored: str | None = None) -> Wa
     try:
         import wandb
 
-        run = wandb.init(project=settings["project"], entity=settings["entity"], group=settings["group"],
-                         tags=settings["tags"] or None, id=settings["id"], resume="allow", mode=mode,
-                         name=f"{config['name']}/{Path(run_dir).name}", config=flatten(config),
-                         dir=None if os.environ.get("WANDB_DIR") else str(run_dir))
+        run = wandb.init(
+            project=settings["project"],
+            entity=settings["entity"],
+            group=settings["group"],
+            tags=settings["tags"] or None,
+            id=settings["id"],
+            resume="allow",
+            mode=mode,
+            name=f"{config['name']}/{Path(run_dir).name}",
+            config=flatten(config),
+            dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
+        )
     except Exception as error:  # no network, no API key, no wandb installed: train without it
         log.warning(f"wandb: could not start ({type(error).__name__}: {error}); training goes on without wandb")
         return None

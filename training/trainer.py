@@ -6,6 +6,7 @@ batch, abstracted). Batches are split over every device of the config's mesh (``
 devices of all processes, as a data x fsdp grid); parameters and optimizer state are replicated, or split over
 "fsdp" when it is above 1, so the same code runs on one CPU, several accelerators or several machines.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,10 @@ class Stopped(Exception):
 def metric_results(metrics: Sequence, stats: dict) -> dict[str, float | list]:
     """Loss and metric values from summed statistics (host numbers; vectors become lists)."""
     stats = jax.device_get(stats)
-    return {"loss": float(stats["loss_sum"]) / max(float(stats["count"]), 1.0),
-            **metric_values(metrics, stats["metrics"])}
+    return {
+        "loss": float(stats["loss_sum"]) / max(float(stats["count"]), 1.0),
+        **metric_values(metrics, stats["metrics"]),
+    }
 
 
 def nbytes(spec) -> int:
@@ -86,8 +89,9 @@ def peak_rss_mb() -> float:
 
 
 class Trainer:
-    def __init__(self, run, run_dir: Path | None, trackers: Sequence = (), config_hash: str | None = None,
-                 execution: str = "aot"):
+    def __init__(
+        self, run, run_dir: Path | None, trackers: Sequence = (), config_hash: str | None = None, execution: str = "aot"
+    ):
         """``run``: the assembled run (``utils.assemble``) with its data loaded: its config, components, loaders and
         optimizer are the only source of what is trained and how."""
         self.run = run
@@ -111,8 +115,10 @@ class Trainer:
         for loader, split in ((train_loader, "train"), (valid_loader, "validation")):
             if loader is not None and loader.batch_size % devices:
                 where = f" ({jax.process_count()} processes)" if jax.process_count() > 1 else ""
-                raise ValueError(f"data_loader.{split}.args.batch_size {loader.batch_size} must be a multiple of "
-                                 f"the {devices} devices in use{where}")
+                raise ValueError(
+                    f"data_loader.{split}.args.batch_size {loader.batch_size} must be a multiple of "
+                    f"the {devices} devices in use{where}"
+                )
         self.share_batches(train_loader, valid_loader)
         self.batch_spec = train_loader.spec
         self.augment = augment
@@ -128,20 +134,28 @@ class Trainer:
         self.policy = policy_of(self.trainer_cfg["precision"])
         self.steps_per_call = self.trainer_cfg["steps_per_call"]
         if self.steps_per_call == "auto":
-            self.steps_per_call = auto_steps_per_call(self.steps_per_epoch, self.accumulate * nbytes(self.batch_spec),
-                                                      jax.default_backend())
+            self.steps_per_call = auto_steps_per_call(
+                self.steps_per_epoch, self.accumulate * nbytes(self.batch_spec), jax.default_backend()
+            )
         self.first_call_logged = False
         self.stats_template = None
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_eval, self.eval_batch_size = None, None
 
-        self.ts_sharding = self.replicated if self.mesh.shape["fsdp"] == 1 else \
-            distributed.state_shardings(self.state_template(), self.mesh)
+        self.ts_sharding = (
+            self.replicated
+            if self.mesh.shape["fsdp"] == 1
+            else distributed.state_shardings(self.state_template(), self.mesh)
+        )
         self.chunk_fn = self.chunk_with(optimizer)
-        self.train_chunk = jax.jit(self.chunk_fn, donate_argnums=(0, 1),
-                                   out_shardings=(self.ts_sharding, self.replicated, self.replicated))
-        self.eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment, self.policy), donate_argnums=(2,),
-                                 out_shardings=self.replicated)
+        self.train_chunk = jax.jit(
+            self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.ts_sharding, self.replicated, self.replicated)
+        )
+        self.eval_step = jax.jit(
+            make_eval_step(model, loss_fn, metrics, augment, self.policy),
+            donate_argnums=(2,),
+            out_shardings=self.replicated,
+        )
         self.epoch = 0  # epochs completed
         self.monitor = run.monitor
         self.best, self.best_epoch = None, None
@@ -182,20 +196,27 @@ class Trainer:
         from training import memory
 
         template = self.state_template()
-        shardings = self.ts_sharding if isinstance(self.ts_sharding, dict) else dict.fromkeys(template,
-                                                                                              self.ts_sharding)
+        shardings = (
+            self.ts_sharding if isinstance(self.ts_sharding, dict) else dict.fromkeys(template, self.ts_sharding)
+        )
         held = {key: memory.shard_bytes(value, shardings[key]) for key, value in template.items()}
         batches = self.steps_per_call * self.accumulate  # one call's stack, split over every device
-        parts = {"parameters": held["params"], "their gradients": held["params"],
-                 "optimizer state": held["opt_state"],
-                 "other state": sum(held.values()) - held["params"] - held["opt_state"],
-                 f"{batches} stacked batch(es)": -(-batches * nbytes(self.batch_spec) // self.mesh.size)}
+        parts = {
+            "parameters": held["params"],
+            "their gradients": held["params"],
+            "optimizer state": held["opt_state"],
+            "other state": sum(held.values()) - held["params"] - held["opt_state"],
+            f"{batches} stacked batch(es)": -(-batches * nbytes(self.batch_spec) // self.mesh.size),
+        }
         local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
         reason = memory.refusal(parts, local)
         if reason:
             largest = max(parts, key=parts.get)
-            hint = ("lower trainer.accumulate_steps, trainer.steps_per_call or the batch size" if "batch" in largest
-                    else "make the model smaller (model.args) or split it over more devices (mesh.fsdp)")
+            hint = (
+                "lower trainer.accumulate_steps, trainer.steps_per_call or the batch size"
+                if "batch" in largest
+                else "make the model smaller (model.args) or split it over more devices (mesh.fsdp)"
+            )
             raise ValueError(f"this run {reason}: {hint}; nothing was written")
 
     def state_template(self) -> dict:
@@ -205,8 +226,13 @@ class Trainer:
         """The training state a run starts from: init and dropout keys both derive from `seed`."""
         init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
         params, state = self.model.init(init_key, self.model_input_spec)
-        fresh = {"params": params, "state": state, "opt_state": self.optimizer.init(params),
-                 "step": jnp.zeros((), jnp.int32), "rng": rng}
+        fresh = {
+            "params": params,
+            "state": state,
+            "opt_state": self.optimizer.init(params),
+            "step": jnp.zeros((), jnp.int32),
+            "rng": rng,
+        }
         if self.policy.scaled:
             fresh["loss_scale"] = self.policy.init_scale()
         if self.in_step:
@@ -215,8 +241,9 @@ class Trainer:
 
     def chunk_with(self, optimizer) -> Callable:
         """The K-step training call with `optimizer` (the config's, or the lr_finder's range)."""
-        return make_train_chunk(self.model, self.loss_fn, optimizer, self.metrics, self.augment, self.accumulate,
-                                self.policy, self.in_step)
+        return make_train_chunk(
+            self.model, self.loss_fn, optimizer, self.metrics, self.augment, self.accumulate, self.policy, self.in_step
+        )
 
     def build_optimizer(self, lr: Callable):
         """The config's optimizer with the learning rate `lr` (a function of the step) instead of its own."""
@@ -230,6 +257,7 @@ class Trainer:
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, best value and early-stopping count."""
+
         def template(header: dict) -> dict:
             state = self.state_template()
             if header.get("position"):  # saved mid-epoch: the epoch's statistics so far come too
@@ -240,8 +268,9 @@ class Trainer:
         self.resumed_totals = tree.pop("epoch_totals", None)
         self.position = header.get("position", 0)
         shardings = self.shardings_of(tree)
-        self.start_compile(jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                        tree, shardings))
+        self.start_compile(
+            jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+        )
         self.ts = distributed.to_mesh(tree, shardings)  # every process read the file; each keeps its shards
         self.epoch = header["epoch"]
         self.best, self.best_epoch = header.get("best"), header.get("best_epoch")
@@ -249,7 +278,8 @@ class Trainer:
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
         self.resumed_header = header
         self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}" + (
-            f" ({self.position} step(s) into epoch {self.epoch + 1})" if self.position else "")
+            f" ({self.position} step(s) into epoch {self.epoch + 1})" if self.position else ""
+        )
         self.last_save = (header["step"], time.monotonic())
         if header.get("config_hash") != self.config_hash:
             self.origin += " (the config's model/loss/optimizer/seed differ from the checkpoint's run)"
@@ -264,11 +294,18 @@ class Trainer:
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
     def header(self) -> dict:
-        return {"epoch": self.epoch, "step": int(self.ts["step"]), "best": self.best, "best_epoch": self.best_epoch,
-                "bad_epochs": self.bad_epochs, "monitor": self.trainer_cfg["monitor"],
-                "config_hash": self.config_hash, "data_seed": self.config["seed"],
-                "min_loss": self.min_loss if math.isfinite(self.min_loss) else None,
-                **({"eval_params": f"callbacks.{self.evaluated.name}.params"} if self.evaluated else {})}
+        return {
+            "epoch": self.epoch,
+            "step": int(self.ts["step"]),
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "bad_epochs": self.bad_epochs,
+            "monitor": self.trainer_cfg["monitor"],
+            "config_hash": self.config_hash,
+            "data_seed": self.config["seed"],
+            "min_loss": self.min_loss if math.isfinite(self.min_loss) else None,
+            **({"eval_params": f"callbacks.{self.evaluated.name}.params"} if self.evaluated else {}),
+        }
 
     # -------------------------------------------------------------------------------------------------- loop
     def stack_sharding(self, stack: dict) -> dict:
@@ -302,9 +339,17 @@ class Trainer:
         """Zeroed epoch statistics on the device; ``state``: the training state or its abstract value."""
         if self.stats_template is None:  # traced once: the model is not re-traced every epoch
             state = self.ts if state is None else state
-            self.stats_template = jax.device_get(empty_stats(self.model, self.loss_fn, self.metrics,
-                                                             state["params"], state["state"], self.batch_spec,
-                                                             self.augment))
+            self.stats_template = jax.device_get(
+                empty_stats(
+                    self.model,
+                    self.loss_fn,
+                    self.metrics,
+                    state["params"],
+                    state["state"],
+                    self.batch_spec,
+                    self.augment,
+                )
+            )
         return jax.device_put(self.stats_template, self.replicated)
 
     def start_compile(self, state_spec) -> None:
@@ -320,11 +365,15 @@ class Trainer:
         k = self.steps_per_call * self.accumulate  # loader batches per call
         stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
-        stack_spec = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                                  stack_spec, self.stack_sharding(stack_spec))
+        stack_spec = jax.tree.map(
+            lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+            stack_spec,
+            self.stack_sharding(stack_spec),
+        )
         start = time.perf_counter()
         compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
-            platform.xla_options("train", jax.default_backend()) or None)
+            platform.xla_options("train", jax.default_backend()) or None
+        )
         return compiled, time.perf_counter() - start
 
     def compile(self) -> None:
@@ -380,8 +429,14 @@ class Trainer:
         loader, n = self.train_loader, self.accumulate
         batches = len(loader)
         interactive = sys.stderr.isatty()
-        bar = tqdm(total=self.steps_per_epoch, initial=start // n, desc=f"epoch {epoch}", unit="step", leave=False,
-                   disable=not interactive)
+        bar = tqdm(
+            total=self.steps_per_epoch,
+            initial=start // n,
+            desc=f"epoch {epoch}",
+            unit="step",
+            leave=False,
+            disable=not interactive,
+        )
         totals = self.empty_stats() if totals is None else jax.device_put(totals, self.replicated)
         pending = None  # the previous call's per-step logs, read while the next call runs
         first_step = int(self.ts["step"])
@@ -416,8 +471,10 @@ class Trainer:
                     pending = None
                     self.save_position(start + done, totals)
                     if self.stop_signal is not None:
-                        raise Stopped(self.stop_signal, f"saved at step {first_step + steps_done} ({start + done} of "
-                                                        f"{batches} into epoch {epoch})")
+                        raise Stopped(
+                            self.stop_signal,
+                            f"saved at step {first_step + steps_done} ({start + done} of {batches} into epoch {epoch})",
+                        )
             if pending is not None:
                 self.check_logs(epoch, *pending, bar)
         finally:
@@ -433,8 +490,10 @@ class Trainer:
         jax.block_until_ready(logs)
         self.first_call_logged = True
         self.first_call_seconds = time.time() - platform.STARTED_AT
-        log.info(f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
-                 f"(compiling the step took {self.compile_seconds:.1f}s)")
+        log.info(
+            f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
+            f"(compiling the step took {self.compile_seconds:.1f}s)"
+        )
 
     def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
         losses = np.asarray(logs["loss"])[:real]
@@ -445,17 +504,20 @@ class Trainer:
         bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
         if bad.size:
             step = first_step + done + int(bad[0]) + 1
-            raise TrainingDiverged(f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {step}; "
-                                   f"training stopped; {self.kept()}")
+            raise TrainingDiverged(
+                f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {step}; training stopped; {self.kept()}"
+            )
         factor = self.trainer_cfg["divergence_factor"]
         for i, loss in enumerate(losses):
             if skipped[i]:
                 continue
             if factor and 0 < self.min_loss and loss > factor * self.min_loss:
                 step = first_step + done + i + 1
-                raise TrainingDiverged(f"diverging: loss {loss:.4g} at epoch {epoch}, step {step} is above "
-                                       f"trainer.divergence_factor {factor:g} x the lowest step loss "
-                                       f"{self.min_loss:.4g}; training stopped; {self.kept()}")
+                raise TrainingDiverged(
+                    f"diverging: loss {loss:.4g} at epoch {epoch}, step {step} is above "
+                    f"trainer.divergence_factor {factor:g} x the lowest step loss "
+                    f"{self.min_loss:.4g}; training stopped; {self.kept()}"
+                )
             self.min_loss = min(self.min_loss, float(loss))
         every = self.trainer_cfg["log_every"]
         rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
@@ -464,32 +526,43 @@ class Trainer:
         for i in range(real):
             step = first_step + done + i + 1
             if step % every == 0:
-                values = {"train/step_loss": float(losses[i]), "train/lr": float(self.lr_fn(step - 1)),
-                          "train/grad_norm": float(np.asarray(logs["grad_norm"])[i])}
+                values = {
+                    "train/step_loss": float(losses[i]),
+                    "train/lr": float(self.lr_fn(step - 1)),
+                    "train/grad_norm": float(np.asarray(logs["grad_norm"])[i]),
+                }
                 # with a live progress bar the console shows the bar; step lines still reach train.log
                 level = logging.INFO if bar.disable else logging.DEBUG
-                log.log(level, f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
-                               f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
-                               f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}")
+                log.log(
+                    level,
+                    f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
+                    f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
+                    f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}",
+                )
                 for tracker in self.trackers:
                     tracker.log_step(step, values)
                 for callback in self.callbacks:
                     callback.on_step(self, step, values)
         if not bar.disable:  # tqdm shows the ETA itself
             lr = float(self.lr_fn(first_step + done + real - 1))
-            bar.set_postfix({"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"},
-                            refresh=False)
+            bar.set_postfix(
+                {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
+            )
             bar.update(real)
 
     def compile_eval(self, loader) -> None:
         if self.execution != "aot":
             self.compiled_eval, self.eval_batch_size = self.eval_step, loader.batch_size
             return
-        batch_spec = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                                  loader.spec, self.batch_sharding(loader.spec))
+        batch_spec = jax.tree.map(
+            lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+            loader.spec,
+            self.batch_sharding(loader.spec),
+        )
         options = platform.xla_options("eval", jax.default_backend()) or None
-        self.compiled_eval = self.eval_step.lower(self.ts["params"], self.ts["state"], self.empty_stats(),
-                                                  batch_spec).compile(options)
+        self.compiled_eval = self.eval_step.lower(
+            self.ts["params"], self.ts["state"], self.empty_stats(), batch_spec
+        ).compile(options)
         self.eval_batch_size = loader.batch_size
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
@@ -534,25 +607,34 @@ class Trainer:
             row = {"epoch": epoch, "step": int(self.ts["step"]), **{f"train/{k}": v for k, v in train.items()}}
             if self.valid_loader is not None:
                 row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
-            row.update({"time/epoch_s": seconds,
-                        "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
-                        "time/data_wait_s": self.data_wait, "time/peak_rss_mb": peak_rss_mb(),
-                        "lr": float(self.lr_fn(int(self.ts["step"]) - 1))})
+            row.update(
+                {
+                    "time/epoch_s": seconds,
+                    "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
+                    "time/data_wait_s": self.data_wait,
+                    "time/peak_rss_mb": peak_rss_mb(),
+                    "lr": float(self.lr_fn(int(self.ts["step"]) - 1)),
+                }
+            )
             for callback in self.callbacks:
                 callback.on_epoch_end(self, epoch, row)
             self.epoch = epoch
             improved = self.update_best(row, epoch)
-            log.info(f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
-                     + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
-                     + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s" + ("  *" if improved else ""))
+            log.info(
+                f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
+                + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
+                + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s"
+                + ("  *" if improved else "")
+            )
             self.commit(epoch, improved, row)
             for tracker in self.trackers:
                 tracker.log_epoch(epoch, row, self.best)
             if self.agreed_stop() is not None and self.epoch < epochs:
                 raise Stopped(self.stop_signal, f"saved at the end of epoch {epoch}")
             if patience and self.bad_epochs >= patience:
-                log.info(f"early stop: {self.monitor.name} has not improved for {patience} epochs "
-                         f"(best {self.best:.4f})")
+                log.info(
+                    f"early stop: {self.monitor.name} has not improved for {patience} epochs (best {self.best:.4f})"
+                )
                 break
 
     def update_best(self, row: dict, epoch: int) -> bool:
@@ -603,13 +685,11 @@ class Trainer:
                     path = run_dir / METRICS
                     run_folder.append_row(run_dir, row)
                 if rotate:
-                    numbered = sorted(run_dir.glob(step_checkpoint("*")),
-                                      key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+                    numbered = sorted(run_dir.glob(step_checkpoint("*")), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
                     for old in numbered[:-rotate]:
                         old.unlink()
             except OSError as error:
-                kept = "nothing was changed" if path.name == names[0] else \
-                    f"{names[0]} holds step {header['step']}"
+                kept = "nothing was changed" if path.name == names[0] else f"{names[0]} holds step {header['step']}"
                 raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
 
         if distributed.is_main():  # written once, by process 0; every process reads it on resume
@@ -631,7 +711,7 @@ class Trainer:
 
     def agreed_stop(self) -> int | None:
         """The stop signal any process received (every process then stops at the same boundary), or None."""
-        signum, = distributed.max_over_processes(self.stop_signal or 0)
+        (signum,) = distributed.max_over_processes(self.stop_signal or 0)
         self.stop_signal = self.stop_signal or signum or None
         return self.stop_signal
 
@@ -639,8 +719,9 @@ class Trainer:
         """trainer.checkpoint_every: {"steps": N} and/or {"minutes": M} since the last checkpoint."""
         every = self.trainer_cfg.get("checkpoint_every") or {}
         last_step, last_time = self.last_save
-        return (("steps" in every and step // every["steps"] > last_step // every["steps"])
-                or ("minutes" in every and time.monotonic() - last_time >= 60 * every["minutes"]))
+        return ("steps" in every and step // every["steps"] > last_step // every["steps"]) or (
+            "minutes" in every and time.monotonic() - last_time >= 60 * every["minutes"]
+        )
 
     def save_position(self, position: int, totals) -> None:
         """checkpoint-latest.params in the middle of an epoch: the state, the position in the epoch's order and the
@@ -651,8 +732,10 @@ class Trainer:
         keep = (self.trainer_cfg.get("checkpoint_every") or {}).get("keep", 0)
         names = [LATEST] + ([step_checkpoint(step)] if keep else [])
         pause = self.save({**self.ts, "epoch_totals": totals}, header, names, rotate=keep)
-        log.info(f"checkpoint at step {step} ({position} of {len(self.train_loader)} into epoch {self.epoch + 1}); "
-                 f"the loop paused {1000 * pause:.0f} ms")
+        log.info(
+            f"checkpoint at step {step} ({position} of {len(self.train_loader)} into epoch {self.epoch + 1}); "
+            f"the loop paused {1000 * pause:.0f} ms"
+        )
         for callback in self.callbacks:
             callback.on_checkpoint(self, names)
 

@@ -16,6 +16,7 @@ environment variable ``CPU_KERNELS=0`` / ``1`` sets it at start-up). A layer cal
 itself. Inference and every export compute the plain forward pass either way; the tests compare each kernel with
 the plain form in float64, gradients included. ``benchmarks/train_benchmark.py`` measures each one by ablation.
 """
+
 from __future__ import annotations
 
 import os

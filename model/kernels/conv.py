@@ -12,6 +12,7 @@ convolution and the transpose it needs there cost more than the ~3x wider layer 
 ungrouped convolution with at most 32 output channels is kh * kw matrix products, one per kernel tap. The figures
 are in benchmarks/README.md.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,17 @@ def canonical_conv(lhs, rhs, strides, pads, lhs_dilation, rhs_dilation, groups, 
             hi = last - (stop - 1) * dil
         lhs = lax.slice_in_dim(lhs, start, stop, axis=axis)
         new_pads.append((lo, hi))
-    return lax.conv_general_dilated(lhs, rhs, strides, new_pads, lhs_dilation, rhs_dilation, DIMS,
-                                    feature_group_count=groups, batch_group_count=batch_groups)
+    return lax.conv_general_dilated(
+        lhs,
+        rhs,
+        strides,
+        new_pads,
+        lhs_dilation,
+        rhs_dilation,
+        DIMS,
+        feature_group_count=groups,
+        batch_group_count=batch_groups,
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
@@ -53,8 +63,12 @@ def conv(x, w, strides, pads, lhs_dilation, rhs_dilation, groups):
 
 def is_single_channel(x, strides, pads, lhs_dilation, rhs_dilation, groups) -> bool:
     """One input channel (a grayscale image's first layer), stride 1, no dilation, non-negative padding."""
-    return (x.shape[-1] == 1 and groups == 1 and strides == lhs_dilation == rhs_dilation == (1, 1)
-            and min(min(p) for p in pads) >= 0)
+    return (
+        x.shape[-1] == 1
+        and groups == 1
+        and strides == lhs_dilation == rhs_dilation == (1, 1)
+        and min(min(p) for p in pads) >= 0
+    )
 
 
 def taps(x, kernel, pads, strides=(1, 1)):
@@ -62,16 +76,21 @@ def taps(x, kernel, pads, strides=(1, 1)):
     tap: tap (i, j) is xp[:, i::sh, j::sw] cut to the output's size."""
     (kh, kw), (sh, sw), xp = kernel, strides, jnp.pad(x, ((0, 0), *pads, (0, 0)))
     oh, ow = (xp.shape[1] - kh) // sh + 1, (xp.shape[2] - kw) // sw + 1
-    return [lax.slice(xp, (0, i, j, 0), (xp.shape[0], i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1, xp.shape[3]),
-                      (1, sh, sw, 1))
-            for i in range(kh) for j in range(kw)]
+    return [
+        lax.slice(
+            xp, (0, i, j, 0), (xp.shape[0], i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1, xp.shape[3]), (1, sh, sw, 1)
+        )
+        for i in range(kh)
+        for j in range(kw)
+    ]
 
 
 def is_tap_weight_grad(w, strides, pads, lhs_dilation, rhs_dilation, groups) -> bool:
     """Ungrouped, undilated, non-negative padding, at most 32 output channels: the weight gradient is one matrix
     product per kernel tap (faster for the CIFAR ResNet-20; slower for a 32 -> 64 channel layer, hence the bound)."""
-    return (groups == 1 and w.shape[-1] <= 32 and lhs_dilation == rhs_dilation == (1, 1)
-            and min(min(p) for p in pads) >= 0)
+    return (
+        groups == 1 and w.shape[-1] <= 32 and lhs_dilation == rhs_dilation == (1, 1) and min(min(p) for p in pads) >= 0
+    )
 
 
 def _conv_fwd(x, w, strides, pads, lhs_dilation, rhs_dilation, groups):
@@ -116,8 +135,12 @@ def _conv_bwd(strides, pads, lhs_dilation, rhs_dilation, groups, residuals, g):
         # dw[i, j] = tap(i, j)^T @ g over all N*H*W output positions: kh * kw matrix products, where XLA:CPU runs
         # the equivalent convolution (C_in "images" correlated with a kernel as large as g) slowly for few channels.
         rows = g.reshape(-1, cout)
-        dw = jnp.stack([lax.dot_general(t.reshape(-1, cin), rows, (((0,), (0,)), ((), ())))
-                        for t in taps(x, (kh, kw), pads, strides)])
+        dw = jnp.stack(
+            [
+                lax.dot_general(t.reshape(-1, cin), rows, (((0,), (0,)), ((), ())))
+                for t in taps(x, (kh, kw), pads, strides)
+            ]
+        )
         return dx.astype(x.dtype), dw.reshape(kh, kw, cin, cout).astype(w.dtype)
     # dw: input channels become the batch and the batch the contracted feature axis.
     if groups > 1 and cg == og == 1:

@@ -4,6 +4,7 @@ A 7x7 depthwise layer of the ConvNeXt sample took 60 ms forward and 150 ms with 
 ``lax.conv_general_dilated``. Here the forward pass and the input gradient are sums of kh * kw shifted slices times
 per-channel weights, and the weight gradient is one batched matrix product over image tiles.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,7 +66,7 @@ def depthwise_conv(x, w, pads):
 def _windows(a, axis, count, step, size):
     """``count`` windows of ``size`` along ``axis``, one every ``step`` (overlap size - step <= step): the axis
     becomes (count, size). Built from reshaped blocks, so the windows cost one copy."""
-    blocks = a.reshape(*a.shape[:axis], count + 1, step, *a.shape[axis + 1:])
+    blocks = a.reshape(*a.shape[:axis], count + 1, step, *a.shape[axis + 1 :])
     head = lax.slice_in_dim(blocks, 0, count, axis=axis)
     tail = lax.slice_in_dim(lax.slice_in_dim(blocks, 1, count + 1, axis=axis), 0, size - step, axis=axis + 1)
     return jnp.concatenate([head, tail], axis=axis + 1)
@@ -118,5 +119,12 @@ _depthwise_valid.defvjp(_depthwise_valid_fwd, _depthwise_valid_bwd)
 def is_plain_depthwise(x, w, strides, pads, lhs_dilation, rhs_dilation, groups) -> bool:
     """One filter per channel, stride 1, no dilation, non-negative padding, a non-empty output."""
     out_ok = all(x.shape[1 + a] + sum(pads[a]) >= w.shape[a] for a in range(2))
-    return (groups > 1 and x.shape[-1] == groups == w.shape[-1] and w.shape[2] == 1 and strides == (1, 1)
-            and lhs_dilation == rhs_dilation == (1, 1) and min(min(p) for p in pads) >= 0 and out_ok)
+    return (
+        groups > 1
+        and x.shape[-1] == groups == w.shape[-1]
+        and w.shape[2] == 1
+        and strides == (1, 1)
+        and lhs_dilation == rhs_dilation == (1, 1)
+        and min(min(p) for p in pads) >= 0
+        and out_ok
+    )

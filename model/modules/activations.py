@@ -4,6 +4,7 @@ All are stable for large |x| (no overflow, no NaN in values or gradients at |x| 
 `lax.erf`: TFLite lowers it with SELECT, whose unselected branch overflows and turns into NaN after tf2onnx. The erf
 used here is select-free: an odd-symmetric erfc fit (abs, sign, exp, a polynomial) with derivatives given exactly.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -16,8 +17,18 @@ from model.modules.module import Module
 
 # Chebyshev fit of erfc(z) for z >= 0 (Numerical Recipes `erfcc`): fractional error < 1.2e-7 everywhere, so
 # erf = 1 - erfc is within ~1e-7 absolute and the normal tail keeps its relative accuracy. Highest order first.
-_ERFC_COEFFS = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807,
-                -0.18628806, 0.09678418, 0.37409196, 1.00002368, -1.26551223)
+_ERFC_COEFFS = (
+    0.17087277,
+    -0.82215223,
+    1.48851587,
+    -1.13520398,
+    0.27886807,
+    -0.18628806,
+    0.09678418,
+    0.37409196,
+    1.00002368,
+    -1.26551223,
+)
 
 
 def _erfc_nonneg(z):

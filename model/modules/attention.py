@@ -1,4 +1,5 @@
 """Multi-head scaled dot-product attention (self- or cross-attention)."""
+
 from __future__ import annotations
 
 import math
@@ -43,9 +44,17 @@ class MultiHeadAttention(Module):
     projections and the output layer.
     """
 
-    def __init__(self, num_heads: int, qkv_features: int | None = None, out_features: int | None = None,
-                 use_bias: bool = True, dropout_rate: float = 0.0, causal: bool = False,
-                 weight_init="lecun_normal", out_init=None):
+    def __init__(
+        self,
+        num_heads: int,
+        qkv_features: int | None = None,
+        out_features: int | None = None,
+        use_bias: bool = True,
+        dropout_rate: float = 0.0,
+        causal: bool = False,
+        weight_init="lecun_normal",
+        out_init=None,
+    ):
         check_size(num_heads, "num_heads")
         for name, size in (("qkv_features", qkv_features), ("out_features", out_features)):
             if size is not None:

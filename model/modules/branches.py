@@ -5,6 +5,7 @@
 applies each branch to the input of its name and concatenates the outputs, each flattened to (B, -1), into one
 (B, sum of widths) array that the layers after it take like any other. Each branch's params sit under its name.
 """
+
 from __future__ import annotations
 
 import jax

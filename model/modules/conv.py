@@ -4,6 +4,7 @@ Both layers are ``lax.conv_general_dilated`` differentiated by JAX. On the CPU b
 through ``model/kernels`` instead (same values and gradients, formulated for XLA:CPU); ``cpu_kernels`` and
 ``model.kernels.CPU_KERNELS`` say when.
 """
+
 from __future__ import annotations
 
 import jax
@@ -51,8 +52,16 @@ def explicit_padding(padding, in_hw, kernel_hw, stride_hw, dilation_hw=(1, 1)) -
     return pads
 
 
-def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1), rhs_dilation=(1, 1), groups=1,
-                 cpu_kernels: bool | None = None):
+def conv_general(
+    x,
+    w,
+    strides=(1, 1),
+    pads=((0, 0), (0, 0)),
+    lhs_dilation=(1, 1),
+    rhs_dilation=(1, 1),
+    groups=1,
+    cpu_kernels: bool | None = None,
+):
     """``lax.conv_general_dilated`` on NHWC/HWIO with explicit non-negative integer padding.
 
     ``cpu_kernels``: use ``model/kernels``' formulations (default: ``kernels.enabled()``, on for the CPU backend).
@@ -104,8 +113,18 @@ class Conv2d(Module):
     padding: "SAME" | "VALID" | int | ((top, bottom), (left, right)). groups == in_channels is depthwise.
     """
 
-    def __init__(self, out_channels: int, kernel_size, stride=1, padding="SAME", dilation=1, groups: int = 1,
-                 use_bias: bool = True, weight_init="he_normal", bias_init="zeros"):
+    def __init__(
+        self,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding="SAME",
+        dilation=1,
+        groups: int = 1,
+        use_bias: bool = True,
+        weight_init="he_normal",
+        bias_init="zeros",
+    ):
         check_size(out_channels, "out_channels")
         check_size(groups, "groups")
         self.out_channels = out_channels
@@ -143,8 +162,16 @@ class ConvTranspose2d(Module):
     "SAME" gives in * stride outputs, "VALID" in * stride + max(kernel - stride, 0).
     """
 
-    def __init__(self, out_channels: int, kernel_size, stride=1, padding="SAME", use_bias: bool = True,
-                 weight_init="he_normal", bias_init="zeros"):
+    def __init__(
+        self,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding="SAME",
+        use_bias: bool = True,
+        weight_init="he_normal",
+        bias_init="zeros",
+    ):
         if not (isinstance(padding, str) and padding.upper() in ("SAME", "VALID")):
             raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}")
         check_size(out_channels, "out_channels")

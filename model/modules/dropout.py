@@ -1,4 +1,5 @@
 """Dropout: zeroes each element with probability `rate` in training and rescales the rest by 1 / (1 - rate)."""
+
 from __future__ import annotations
 
 import numbers

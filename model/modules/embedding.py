@@ -1,4 +1,5 @@
 """Embedding: a learned (num_embeddings, features) table indexed by integer ids."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp

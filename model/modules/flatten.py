@@ -1,4 +1,5 @@
 """Flatten: (batch, ...) -> (batch, features), e.g. between convolutions and Linear layers."""
+
 from __future__ import annotations
 
 from model.modules.module import Module

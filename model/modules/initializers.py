@@ -3,6 +3,7 @@
 Each initialiser is ``init(key, shape, dtype) -> array``. Fans follow the (..., in, out) convention of Linear
 weights (in, out) and HWIO conv kernels: fan_in = receptive field * in, fan_out = receptive field * out.
 """
+
 from __future__ import annotations
 
 import difflib

@@ -1,4 +1,5 @@
 """Linear (dense) layer over the last axis."""
+
 from __future__ import annotations
 
 import jax

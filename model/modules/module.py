@@ -9,6 +9,7 @@ all see the same tree, with key paths such as ``blocks.1.norm.scale``.
 
 Stateless layers implement ``init_params(key, x)`` and ``forward(params, x)`` and inherit the rest.
 """
+
 from __future__ import annotations
 
 import numbers

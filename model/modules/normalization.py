@@ -4,6 +4,7 @@ Statistics are computed in at least float32 (so bfloat16/float16 inputs do not l
 back to the input dtype. Variances are biased (divide by n), as in Flax; PyTorch's BatchNorm differs only in storing
 the unbiased variance in its running statistics.
 """
+
 from __future__ import annotations
 
 import functools
@@ -131,8 +132,10 @@ class BatchNorm(Module):
     def init(self, key, x):
         x = shape_of(x)
         features = x.shape[-1]
-        state = {"mean": jnp.zeros((features,), _stats_dtype(x.dtype)),
-                 "var": jnp.ones((features,), _stats_dtype(x.dtype))}
+        state = {
+            "mean": jnp.zeros((features,), _stats_dtype(x.dtype)),
+            "var": jnp.ones((features,), _stats_dtype(x.dtype)),
+        }
         return _scale_bias_params(features, x.dtype), state
 
     def __call__(self, params, state, x, *, train=False, key=None):

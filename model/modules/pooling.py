@@ -5,6 +5,7 @@ XLA:CPU, and exporters mishandle it (jax2onnx emits a MaxPool onnxruntime reject
 becomes a TFLite op tf2onnx cannot read). Non-overlapping windows (stride == kernel) are a reshape and a max/mean;
 other windows reduce over the kh * kw strided slices of the padded input.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -76,7 +77,7 @@ class AvgPool2d(Module):
             return total / (self.kernel_size[0] * self.kernel_size[1])
         # Shapes are static, so the per-window counts are a constant computed once here.
         ones = np.pad(np.ones(x.shape[1:3], np.float32), pads)
-        counts = np.lib.stride_tricks.sliding_window_view(ones, self.kernel_size)[::self.stride[0], ::self.stride[1]]
+        counts = np.lib.stride_tricks.sliding_window_view(ones, self.kernel_size)[:: self.stride[0], :: self.stride[1]]
         return total / counts.sum((2, 3))[:, :, None].astype(total.dtype)
 
 

@@ -2,6 +2,7 @@
 
 The wrapped module's params sit directly under the residual's name; a shortcut's sit under "shortcut" beside them.
 """
+
 from __future__ import annotations
 
 import jax

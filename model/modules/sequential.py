@@ -1,4 +1,5 @@
 """Sequential: layers applied in order, each with its params under its name ("0", "1", ... or given names)."""
+
 from __future__ import annotations
 
 import jax

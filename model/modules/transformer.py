@@ -8,6 +8,7 @@ Initialisation follows GPT-2 (as nanoGPT does): every weight normal(0.02), the l
 stream (attention output, second MLP layer) normal(0.02 / sqrt(2 * depth)) so the stream's variance does not grow
 with depth; biases and norms at zero/one.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,29 +32,43 @@ STDDEV = 0.02
 class TransformerBlock(Module):
     """``x + attn(norm1(x))``, then ``+ fc2(gelu(fc1(norm2(.))))``, with dropout on both residual branches."""
 
-    def __init__(self, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0, causal: bool = True,
-                 use_bias: bool = False, residual_init=STDDEV):
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        causal: bool = True,
+        use_bias: bool = False,
+        residual_init=STDDEV,
+    ):
         check_size(num_heads, "num_heads")
         check_size(mlp_ratio, "mlp_ratio")
         self.num_heads, self.mlp_ratio, self.dropout, self.use_bias = num_heads, mlp_ratio, dropout, use_bias
         weight, residual = initializers.normal(STDDEV), initializers.normal(residual_init)
         self.norm1, self.norm2 = LayerNorm(use_bias=use_bias), LayerNorm(use_bias=use_bias)
-        self.attn = MultiHeadAttention(num_heads, use_bias=use_bias, dropout_rate=dropout, causal=causal,
-                                       weight_init=weight, out_init=residual)
+        self.attn = MultiHeadAttention(
+            num_heads, use_bias=use_bias, dropout_rate=dropout, causal=causal, weight_init=weight, out_init=residual
+        )
         self.weight_init, self.residual_init = weight, residual
 
     def _mlp(self, dim: int):
-        return (Linear(self.mlp_ratio * dim, use_bias=self.use_bias, weight_init=self.weight_init),
-                Linear(dim, use_bias=self.use_bias, weight_init=self.residual_init))
+        return (
+            Linear(self.mlp_ratio * dim, use_bias=self.use_bias, weight_init=self.weight_init),
+            Linear(dim, use_bias=self.use_bias, weight_init=self.residual_init),
+        )
 
     def init(self, key, x):
         x = shape_of(x)
         fc1, fc2 = self._mlp(x.shape[-1])
         hidden = jax.ShapeDtypeStruct((*x.shape[:-1], fc1.out_features), x.dtype)
         keys = jax.random.split(key, 3)
-        params = {"norm1": self.norm1.init_params(None, x), "attn": self.attn.init(keys[0], x)[0],
-                  "norm2": self.norm2.init_params(None, x), "fc1": fc1.init_params(keys[1], x),
-                  "fc2": fc2.init_params(keys[2], hidden)}
+        params = {
+            "norm1": self.norm1.init_params(None, x),
+            "attn": self.attn.init(keys[0], x)[0],
+            "norm2": self.norm2.init_params(None, x),
+            "fc1": fc1.init_params(keys[1], x),
+            "fc2": fc2.init_params(keys[2], hidden),
+        }
         return params, {}
 
     def __call__(self, params, state, x, *, train=False, key=None):
@@ -71,10 +86,26 @@ class TransformerLM(Module):
     ``depth`` causal pre-norm blocks, a final LayerNorm and a head (the token embedding itself with
     ``tie_weights``, so no separate ``head`` weight)."""
 
-    def __init__(self, vocab_size: int, context: int, dim: int = 128, depth: int = 4, num_heads: int = 4,
-                 mlp_ratio: int = 4, dropout: float = 0.0, tie_weights: bool = True, use_bias: bool = False):
-        for name, size in (("vocab_size", vocab_size), ("context", context), ("dim", dim), ("depth", depth),
-                           ("num_heads", num_heads), ("mlp_ratio", mlp_ratio)):
+    def __init__(
+        self,
+        vocab_size: int,
+        context: int,
+        dim: int = 128,
+        depth: int = 4,
+        num_heads: int = 4,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        tie_weights: bool = True,
+        use_bias: bool = False,
+    ):
+        for name, size in (
+            ("vocab_size", vocab_size),
+            ("context", context),
+            ("dim", dim),
+            ("depth", depth),
+            ("num_heads", num_heads),
+            ("mlp_ratio", mlp_ratio),
+        ):
             check_size(size, name)
         check_range(dropout, "dropout", 0, 1)
         if dim % num_heads:
@@ -92,10 +123,12 @@ class TransformerLM(Module):
         ids = shape_of(ids)
         x = jax.ShapeDtypeStruct((*ids.shape, self.dim), jnp.float32)
         keys = jax.random.split(key, self.depth + 3)
-        params = {"tokens": self.tokens.init_params(keys[0], ids),
-                  "positions": self.positions.init_params(keys[1], ids),
-                  "blocks": {str(i): block.init(keys[3 + i], x)[0] for i, block in enumerate(self.blocks)},
-                  "norm": self.norm.init_params(None, x)}
+        params = {
+            "tokens": self.tokens.init_params(keys[0], ids),
+            "positions": self.positions.init_params(keys[1], ids),
+            "blocks": {str(i): block.init(keys[3 + i], x)[0] for i, block in enumerate(self.blocks)},
+            "norm": self.norm.init_params(None, x),
+        }
         if not self.tie_weights:
             params["head"] = self.head.init_params(keys[2], x)
         return params, {}
