@@ -100,10 +100,9 @@ def main(argv=None) -> int:
     import jax
 
     from training import checkpoint
-    from training.metrics import accuracy, confusion_matrix
+    from training.metrics import accuracy, confusion_matrix, metric_results
     from training.step import empty_stats, make_eval_step
     from training.tasks import task_of
-    from training.trainer import metric_results
 
     preprocessing = loader.preprocessing
     task = task_of(config["loss"]["name"], spec, preprocessing)

@@ -350,7 +350,7 @@ def run(args) -> int:
             config_hash=config_hash(config),
             execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
         )
-        trainer.check_memory()
+        trainer.state.check_memory()
         if args.resume:
             trainer.restore(Path(args.resume))
             check_position(trainer, Path(args.resume), config["trainer"]["epochs"])
@@ -420,14 +420,14 @@ def run(args) -> int:
         log.info(f"resume: {line}")
     log.info(
         f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
-        f"{dict(trainer.mesh.shape)}"
+        f"{dict(trainer.state.mesh.shape)}"
     )
     ignored = platform.unused_accelerator({d.platform for d in jax.devices()})
     if ignored:
         log.warning(ignored)
-    log.info(f"batch: {describe_batch(trainer.batch_spec)}")
+    log.info(f"batch: {describe_batch(trainer.state.batch_spec)}")
     log.info(f"state: {trainer.origin}")
-    log.info(summary(run.model, trainer.ts["params"], trainer.ts["state"], trainer.model_input_spec))
+    log.info(summary(run.model, trainer.ts["params"], trainer.ts["state"], trainer.state.model_input_spec))
     monitored = run.monitor.name if run.monitor else None
     trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
     trainer.trackers = trackers
@@ -452,7 +452,7 @@ def run(args) -> int:
             status = 2
             discarded = (
                 f"{error}; the run folder {run_dir} was removed, as it held nothing to continue from (is the "
-                f"learning rate, {float(trainer.lr_fn(0)):g} at the first step, too high?)"
+                f"learning rate, {float(trainer.state.lr_fn(0)):g} at the first step, too high?)"
             )
         else:
             log.error(str(error))
@@ -530,11 +530,11 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
     from training import checkpoint
 
     if "test" in loaders:
-        trainer.share_batches(loaders["test"])
+        trainer.state.share_batches(loaders["test"])
         results = trainer.evaluate(loaders["test"])
         log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
     if distributed.is_main():  # the writer; the others may run on other machines
-        checkpoint.restore(run_dir / LATEST, trainer.state_template())
+        checkpoint.restore(run_dir / LATEST, trainer.state.template())
     log.info(
         f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
         f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)"

@@ -172,16 +172,16 @@ def compiled_trainer(loader, augment=None):
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.compile()
+    trainer.state.compile(trainer.ts)
     trainer.first_call_logged = True
     return trainer
 
 
 def training_rate(trainer, epoch: int) -> float:
-    from training.trainer import metric_results
+    from training.metrics import metric_results
 
     start = time.perf_counter()
-    metric_results(trainer.metrics, trainer.train_epoch(epoch))  # waits for the last step
+    metric_results(trainer.run.metrics, trainer.train_epoch(epoch))  # waits for the last step
     return len(trainer.train_loader) * BATCH / (time.perf_counter() - start)
 
 

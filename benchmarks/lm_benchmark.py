@@ -91,25 +91,26 @@ def autodiff_norm_run(steps: int) -> dict:
 def template_run(steps: int) -> dict:
     import jax
 
-    from training.trainer import metric_results, peak_rss_mb
+    from training.metrics import metric_results
+    from training.trainer import peak_rss_mb
 
     config = bench_config()
     loader = train_loader(config, steps)
     trainer = compiled_trainer(config, loader)
-    metric_results(trainer.metrics, trainer.train_epoch(0))  # warm-up: one epoch, as the fused bound does
+    metric_results(trainer.run.metrics, trainer.train_epoch(0))  # warm-up: one epoch, as the fused bound does
     start = time.perf_counter()
-    metric_results(trainer.metrics, trainer.train_epoch(1))  # waits for the last step
+    metric_results(trainer.run.metrics, trainer.train_epoch(1))  # waits for the last step
     seconds = time.perf_counter() - start
     jax.block_until_ready(trainer.ts)
     return {
         "tokens_per_s": len(loader) * tokens_per_step(loader) / seconds,
         "seconds": seconds,
-        "steps_per_call": trainer.steps_per_call,
-        "compile_s": trainer.compile_seconds,
+        "steps_per_call": trainer.state.steps_per_call,
+        "compile_s": trainer.state.compile_seconds,
         "data_wait_s": trainer.data_wait,
         "peak_rss_mb": peak_rss_mb(),
         "params": sum(x.size for x in jax.tree.leaves(trainer.ts["params"])),
-        "flop_per_token": (trainer.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
+        "flop_per_token": (trainer.state.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
     }
 
 
@@ -119,8 +120,8 @@ def fused_run(steps: int) -> dict:
     import numpy as np
 
     from training import platform
+    from training.metrics import metric_results
     from training.step import empty_stats, make_train_chunk
-    from training.trainer import metric_results
     from utils import assemble
 
     config = bench_config()

@@ -28,7 +28,8 @@ POLICIES = ("float32", "bfloat16", "float16")
 
 
 def one_run(compute: str, steps: int) -> dict:
-    from training.trainer import Trainer, metric_results
+    from training.metrics import metric_results
+    from training.trainer import Trainer
     from utils import assemble, load_config
 
     overrides = [
@@ -46,21 +47,21 @@ def one_run(compute: str, steps: int) -> dict:
     train = loaders["train"]
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.compile()
+    trainer.state.compile(trainer.ts)
     trainer.first_call_logged = True
     import jax
 
     # the first call runs outside the clock: the epoch is timed from its second call on
-    chunks = train.chunks(1, trainer.steps_per_call, trainer.put_stack)
-    totals = trainer.empty_stats()
+    chunks = train.chunks(1, trainer.state.steps_per_call, trainer.state.put_stack)
+    totals = trainer.state.empty_stats()
     real, stack = next(chunks)
-    trainer.ts, totals, _ = trainer.compiled_chunk(trainer.ts, totals, stack)
+    trainer.ts, totals, _ = trainer.state.compiled_chunk(trainer.ts, totals, stack)
     jax.block_until_ready(trainer.ts)
     examples, start = 0, time.perf_counter()
     for real, stack in chunks:
-        trainer.ts, totals, _ = trainer.compiled_chunk(trainer.ts, totals, stack)
+        trainer.ts, totals, _ = trainer.state.compiled_chunk(trainer.ts, totals, stack)
         examples += real * train.batch_size
-    train_results = metric_results(trainer.metrics, totals)  # waits for the last step
+    train_results = metric_results(trainer.run.metrics, totals)  # waits for the last step
     seconds = time.perf_counter() - start
     valid = trainer.evaluate(loaders["validation"], 1)
     return {

@@ -234,7 +234,7 @@ def compiled_trainer(config: dict, loader):
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.compile()
+    trainer.state.compile(trainer.ts)
     trainer.first_call_logged = True
     return trainer
 
@@ -255,7 +255,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     from model.kernels import depthwise as cpu_depthwise
     from model.modules import pooling
     from training import platform
-    from training.trainer import metric_results
+    from training.metrics import metric_results
     from utils import build
 
     ablations = set(variant.split("+"))
@@ -289,13 +289,13 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
     trainer = compiled_trainer(config, loader)
     if ablations & SLOW:  # warm up with one call
-        _, stack = next(iter(loader.chunks(0, trainer.steps_per_call, trainer.put_stack)))
-        trainer.ts, _, logs = trainer.compiled_chunk(trainer.ts, trainer.empty_stats(), stack)
+        _, stack = next(iter(loader.chunks(0, trainer.state.steps_per_call, trainer.state.put_stack)))
+        trainer.ts, _, logs = trainer.state.compiled_chunk(trainer.ts, trainer.state.empty_stats(), stack)
         jax.block_until_ready(logs)
     else:  # warm up with one epoch, as the fused bound does
-        metric_results(trainer.metrics, trainer.train_epoch(0))
+        metric_results(trainer.run.metrics, trainer.train_epoch(0))
     start = time.perf_counter()
-    metric_results(trainer.metrics, trainer.train_epoch(1))  # waits for the last step
+    metric_results(trainer.run.metrics, trainer.train_epoch(1))  # waits for the last step
     seconds = time.perf_counter() - start
     from training.trainer import peak_rss_mb
 
@@ -303,10 +303,10 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         "images_per_s": loader.num_examples / seconds,
         "seconds": seconds,
         "data_wait_s": trainer.data_wait,
-        "compile_s": trainer.compile_seconds,
-        "steps_per_call": trainer.steps_per_call,
+        "compile_s": trainer.state.compile_seconds,
+        "steps_per_call": trainer.state.steps_per_call,
         "peak_rss_mb": peak_rss_mb(),
-        "mflop_per_example": (trainer.flops_per_example or 0) / 1e6,
+        "mflop_per_example": (trainer.state.flops_per_example or 0) / 1e6,
     }
 
 
@@ -315,8 +315,8 @@ def fused_run(model_name: str, steps: int) -> dict:
     import numpy as np
 
     from training import platform
+    from training.metrics import metric_results
     from training.step import empty_stats, make_train_chunk
-    from training.trainer import metric_results
     from utils import assemble
 
     run = assemble(bench_config(model_name, steps, augment=False))

@@ -97,8 +97,8 @@ def test_accumulated_gradient_equals_the_large_batch_gradient(tmp_path):
     x, y = data(160)
 
     def mean_loss(params):
-        logits, _ = small.model(params, small.ts["state"], x)
-        return small.loss_fn(logits, y).mean()
+        logits, _ = small.run.model(params, small.ts["state"], x)
+        return small.run.loss_fn(logits, y).mean()
 
     want = jax.grad(mean_loss)(start)
     got = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), start, small.ts["params"])
@@ -160,8 +160,12 @@ def test_float16_loss_scaling_recovers_from_overflow(tmp_path):
     batch = next(first.train_loader.batches(1))
     stack = jax.tree.map(lambda a: a[None], batch)
     stack["active"] = np.ones(1, np.float32)
-    one = jax.jit(make_train_chunk(first.model, first.loss_fn, first.optimizer, first.metrics, None, 1, first.policy))
-    ts, _, logs = one(first.ts, first.empty_stats(), stack)
+    one = jax.jit(
+        make_train_chunk(
+            first.run.model, first.run.loss_fn, first.state.optimizer, first.run.metrics, None, 1, first.state.policy
+        )
+    )
+    ts, _, logs = one(first.ts, first.state.empty_stats(), stack)
     assert bool(logs["skipped"][0]) and float(ts["loss_scale"]["scale"]) == 2.0**39
     for a, b in zip(
         jax.tree.leaves((ts["params"], ts["opt_state"])), jax.tree.leaves((first.ts["params"], first.ts["opt_state"]))

@@ -77,12 +77,12 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
 
     plain = make_trainer(tmp_path, "plain", steps_per_call=1)
     plain.init_state()
-    plain.compile()
+    plain.state.compile(plain.ts)
     ts, average = plain.ts, jax.tree.map(np.asarray, plain.ts["params"])
     for epoch in (1, 2):
-        totals = plain.empty_stats()
-        for _, stack in plain.train_loader.chunks(epoch, 1, plain.put_stack):
-            ts, totals, _ = plain.compiled_chunk(ts, totals, stack)
+        totals = plain.state.empty_stats()
+        for _, stack in plain.train_loader.chunks(epoch, 1, plain.state.put_stack):
+            ts, totals, _ = plain.state.compiled_chunk(ts, totals, stack)
             t = float(ts["step"])
             d = min(0.8, (1 + t) / (10 + t))
             average = jax.tree.map(lambda a, p: d * a + (1 - d) * np.asarray(p), average, ts["params"])

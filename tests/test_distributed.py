@@ -358,7 +358,7 @@ FSDP_CHILD = textwrap.dedent("""
         after = distributed.device_bytes({k: trainer.ts[k] for k in ("params", "opt_state")})
         np.savez(folder / f"fsdp{fsdp}.npz", **checkpoint.flatten(distributed.to_host(trainer.ts)))
         out[fsdp] = {"max_device_bytes": max(held.values()), "devices": len(held), "after": max(after.values()),
-                     "specs": specs, "mesh": dict(trainer.mesh.shape)}
+                     "specs": specs, "mesh": dict(trainer.state.mesh.shape)}
     print(json.dumps(out))
 """)
 

@@ -171,11 +171,11 @@ def test_no_jit_runs_op_by_op_and_trains_as_compiled(tmp_path):
 
     def watched(outputs, targets, **kw):
         seen.append(float(jax.lax.stop_gradient(outputs).sum()))
-        return eager.loss_fn(outputs, targets, **kw)
+        return eager.run.loss_fn(outputs, targets, **kw)
 
-    eager.execution = "eager"
-    eager.chunk_fn = make_train_chunk(eager.model, watched, eager.optimizer, eager.metrics)
-    eager.train_chunk = jax.jit(eager.chunk_fn)
+    eager.state.execution = "eager"
+    eager.state.chunk_fn = make_train_chunk(eager.run.model, watched, eager.state.optimizer, eager.run.metrics)
+    eager.state.train_chunk = jax.jit(eager.state.chunk_fn)
     compiled.fit()
     with jax.disable_jit():
         eager.fit()

@@ -4,6 +4,7 @@ documented, nothing recompiles after the first epoch, and the platform defaults 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,8 @@ import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
 from training import platform
-from training.trainer import AUTO_STACK_BYTES, Trainer, auto_steps_per_call
+from training.state import AUTO_STACK_BYTES, auto_steps_per_call
+from training.trainer import Trainer
 from utils import ConfigError, assemble, build_optimizer, validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,14 +99,14 @@ def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
     trainer = make_trainer(tmp_path, TINY_MODELS["mnist_convnext"], "auto", "auto", epochs=1)
-    assert trainer.steps_per_call == 8  # the whole (short) epoch in one call
+    assert trainer.state.steps_per_call == 8  # the whole (short) epoch in one call
     trainer.fit()
     assert trainer.first_call_seconds > 0
     compiles = []
     listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        trainer.trainer_cfg["epochs"] = 3
+        trainer.settings = dataclasses.replace(trainer.settings, epochs=3)
         trainer.fit()  # compile() only collects what was compiled
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -48,8 +50,8 @@ def test_no_recompilation_after_the_first_epoch(tmp_path):
         listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
         jax.monitoring.register_event_duration_secs_listener(listener)
         try:
-            trainer.compile = lambda: None  # keep the executables compiled by the first fit
-            trainer.trainer_cfg["epochs"] = 3
+            trainer.state.compile = lambda ts: None  # keep the executables compiled by the first fit
+            trainer.settings = dataclasses.replace(trainer.settings, epochs=3)
             trainer.fit()
         finally:
             jax.monitoring.unregister_event_duration_listener(listener)
@@ -81,7 +83,7 @@ def test_epoch_metrics_are_exact_over_padded_batches(tmp_path):
     results = trainer.evaluate(trainer.valid_loader)
     x = trainer.valid_loader.dataset.arrays["input"]
     y = trainer.valid_loader.dataset.arrays["target"]
-    logits, _ = trainer.model(params, state, x)
+    logits, _ = trainer.run.model(params, state, x)
     predicted = np.asarray(logits).argmax(1)
     assert results["accuracy"] == pytest.approx(float(np.mean(predicted == y)), abs=1e-7)
     matrix = np.zeros((10, 10))

@@ -16,7 +16,9 @@ exactly. A callback with ``evaluated = True`` keeps parameters in ``state["param
 ``check(train_loader)`` runs once the data is loaded, before anything is compiled: a callback that needs something
 of the data says there what is missing.
 
-Add one by writing a function here that returns a ``Callback`` and listing it in ``__all__``.
+What a callback may read of the trainer: ``trainer.ts`` (the training state), ``trainer.run`` (model, loss, metrics,
+loaders), ``trainer.state`` (the compiled steps and how batches are placed), ``trainer.run_dir``, ``trainer.epoch``.
+Add one by writing a function here that returns a ``Callback``, decorated with ``@register("callbacks")``.
 """
 
 from __future__ import annotations
@@ -105,18 +107,18 @@ class LRFinder(Callback):
     def on_train_start(self, trainer) -> None:
         if trainer.epoch > 0 or trainer.position:  # a resumed run has already chosen
             return
-        optimizer = trainer.build_optimizer(self.lr)
-        chunk = jax.jit(trainer.chunk_with(optimizer))
+        optimizer = trainer.state.build_optimizer(self.lr)
+        chunk = jax.jit(trainer.state.chunk_with(optimizer))
         ts = {**jax.tree.map(jnp.copy, trainer.ts), "step": jnp.zeros((), jnp.int32)}
         ts["opt_state"] = optimizer.init(ts["params"])
-        totals = trainer.empty_stats()
-        k = trainer.steps_per_call * trainer.accumulate
+        totals = trainer.state.empty_stats()
+        k = trainer.state.steps_per_call * trainer.state.accumulate
         # curve: the losses smoothed as fastai does (an exponential average of 0.98, debiased)
         losses, curve, average, best, diverged, epoch = [], [], 0.0, math.inf, False, 0
         while len(losses) < self.steps and not diverged:
-            for real, stack in trainer.train_loader.chunks(epoch, k, trainer.put_stack):
+            for real, stack in trainer.train_loader.chunks(epoch, k, trainer.state.put_stack):
                 ts, totals, logs = chunk(ts, totals, stack)
-                for loss in np.asarray(logs["loss"])[: -(-real // trainer.accumulate)]:
+                for loss in np.asarray(logs["loss"])[: -(-real // trainer.state.accumulate)]:
                     losses.append(float(loss))
                     average = 0.98 * average + 0.02 * float(loss)
                     curve.append(average / (1 - 0.98 ** len(losses)))
@@ -205,12 +207,12 @@ class GenerateText(Callback):
         from model.generate import Generator
 
         vocabulary = trainer.train_loader.preprocessing["vocabulary"]
-        self.generator = Generator(trainer.model, trainer.input_spec, vocabulary)
+        self.generator = Generator(trainer.run.model, trainer.state.input_spec, vocabulary)
 
     def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
         if epoch % self.every:
             return
-        params, state = trainer.eval_params(), trainer.ts["state"]
+        params, state = trainer.state.eval_params(trainer.ts), trainer.ts["state"]
         text = self.generator(params, state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
         log.info(f"generate_text after epoch {epoch}:\n{text}")
         with open(trainer.run_dir / "samples.txt", "a", encoding="utf-8") as file:

@@ -377,3 +377,10 @@ def values(metrics, stats: dict) -> dict[str, float | list]:
         value = np.asarray(metric.result(stats[metric.name]))
         out[metric.name] = float(value) if value.ndim == 0 else value.tolist()
     return out
+
+
+def metric_results(metrics, stats: dict) -> dict[str, float | list]:
+    """The loss and every metric from an evaluation's or epoch's summed statistics (``{"loss_sum", "count",
+    "metrics"}``), as host numbers. Reading them waits for the computation that makes them."""
+    stats = jax.device_get(stats)
+    return {"loss": float(stats["loss_sum"]) / max(float(stats["count"]), 1.0), **values(metrics, stats["metrics"])}
