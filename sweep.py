@@ -21,29 +21,22 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from training.files import LOCK_NAME, METRICS, write_atomic
+from training.files import METRICS, write_atomic
+from training.sweep_processes import Running, error_line, parent_death_signal
+from training.sweep_results import plot, ranked, table, write_csv
+from training.sweep_samplers import OptunaSampler, RandomSampler
+from training.sweep_space import check_key, check_space, overrides, parse_grid, parse_sample, probes
 from training.sweeps import (
     FINISHED,
     Ledger,
-    OptunaSampler,
-    RandomSampler,
     SweepError,
     Trial,
     best_of,
-    check_key,
-    check_space,
     curve_of,
-    overrides,
-    parse_grid,
+    hold,
     parse_prune,
-    parse_sample,
-    plot,
-    probes,
-    ranked,
     read_rows,
-    table,
     trials_of,
-    write_csv,
 )
 from utils import ArgumentParser, ConfigError, fail, load_config, read_json
 
@@ -170,49 +163,6 @@ def define(args) -> tuple[Sweep, dict]:
     folder = Path(config["trainer"]["save_dir"]) / config["name"] / f"sweep-{sweep_id}"
     sweep = Sweep(args.config, config, args.fixed, params, trials, folder, mode, metric, sampler, pruner, args.parallel)
     return sweep, definition
-
-
-def hold(folder: Path) -> int:
-    """One sweep.py per sweep folder; the lock goes with the process, however it ends."""
-    import fcntl
-
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        raise SweepError(f"{folder}: in use by process {holder} (another sweep.py is running this sweep)") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def parent_death_signal():
-    """A preexec_fn for each trial's process: it gets SIGTERM (saves, exits) when the sweep dies, even by SIGKILL,
-    instead of training on unwatched and holding its run folder. Linux only (None elsewhere); the call is resolved
-    here, so the child between fork and exec only makes it."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec():
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the sweep died before the line above
-            os._exit(1)
-
-    return preexec
-
-
-class Running(NamedTuple):
-    process: subprocess.Popen
-    started: float
-    log: Path
-    log_start: int
-    run_dir: Path
 
 
 class Runner:
@@ -386,27 +336,6 @@ class Runner:
         for running in self.running.values():
             if running.process.poll() is None:
                 running.process.send_signal(signal.SIGINT if again else signum)
-
-
-def error_line(running: Running) -> str:
-    """Why a trial failed: train.py's `error:` line, else the last error in its train.log, else its last line."""
-    with open(running.log, "rb") as f:
-        f.seek(running.log_start)
-        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    if errors:
-        return errors[-1]
-    try:
-        logged = [
-            line.split(" ERROR ", 1)[1].split(": ", 1)[-1]  # without the time, level and logger
-            for line in (running.run_dir / "train.log").read_text().splitlines()
-            if " ERROR " in line
-        ]
-    except OSError:
-        logged = []
-    code = running.process.returncode
-    reason = f"killed by {signal.Signals(-code).name}" if code < 0 else ""
-    return (logged[-1] if logged else reason or (lines[-1] if lines else f"exit status {code}"))[:500]
 
 
 def report(sweep: Sweep, trials: dict[int, Trial]) -> Trial | None:

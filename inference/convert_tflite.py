@@ -37,7 +37,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packa
 
 from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
-from inference.exporter import FORMATS, ExportError, Inputs, Options, first_line  # noqa: E402
+from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
+from inference.inputs import Inputs  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402

@@ -1,15 +1,14 @@
 """Exporting a model and proving each file equal to it: the work behind `inference/convert_tflite.py`.
 
-Everything about the inputs comes from the data's spec (`DataLoader.spec["input"]`): one array or a dict of named
-arrays, each with its own dtype and shape, so int32 token ids stay int32 and a dict becomes several named inputs in
-every format (a single array is named "input"; a dict's inputs are named by their keys, in sorted order). Each file is
-reloaded in its own runtime and compared with the JAX model on random inputs (floats: normal noise; integers:
-uniform ids below the largest id the data holds, or the vocabulary's size) and on real validation examples, with an
-agreement that fits the task (`training/tasks.py`): top-1 per example for classification, top-1 per unmasked position
-for sequences, the sign of each logit for multi-label outputs; regression is judged by the tolerance alone.
+Each file is exported by its route (`inference/routes.py`), reloaded in its own runtime and compared with the JAX
+model on random inputs (`inference/inputs.py`; floats: normal noise; integers: uniform ids below the largest id the
+data holds, or the vocabulary's size) and on real validation examples, with an agreement that fits the task
+(`training/tasks.py`): top-1 per example for classification, top-1 per unmasked position for sequences, the sign of
+each logit for multi-label outputs; regression is judged by the tolerance alone.
 
 `export_folder` puts it together for the command: every format (with the other ONNX route when one fails), the files a
-deployment needs, and the report (what was checked, on what, and what was not), written all at once or not at all.
+deployment needs, and the report (`inference/report.py`: what was checked, on what, and what was not), written all at
+once or not at all.
 """
 
 from __future__ import annotations
@@ -26,26 +25,15 @@ import jax
 import numpy as np
 
 from inference import verify
+from inference.inputs import Inputs, random_inputs, shape_text
 from inference.predict import CONFIG, PREPROCESSING, run_batched
-from model.modules.module import key_path_str
+from inference.report import MEASURES, fmt_size, markdown
+from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner
 
 REPO = Path(__file__).resolve().parents[1]
 FORMATS = ("tflite", "onnx", "jax")
 SUFFIX = {"tflite": ".tflite", "onnx": ".onnx", "jax": ".jax"}
-ROUTES = {
-    "jax2tf": "jax2tf -> TFLiteConverter (builtin ops)",
-    "jax2onnx": "jax2onnx (opset 18)",
-    "tflite": "tf2onnx from the .tflite (Select as Where)",
-    "jax.export": "jax.export (StableHLO)",
-}
 LARGER_BATCH = 16  # the "larger size" a symbolic batch is checked at, besides 1
-OUTPUT_NAME = "outputs"
-# What "agreement" and "quality" mean per task: (agreement's name, quality's name).
-MEASURES = {
-    "classification": ("top-1 agreement", "accuracy"),
-    "sequence": ("top-1 agreement per position", "token accuracy"),
-    "multilabel": ("sign agreement", "element accuracy"),
-}
 
 
 @dataclass
@@ -62,50 +50,6 @@ class Options:
 
 class ExportError(Exception):
     """A format that could not be exported or did not match the JAX model."""
-
-
-# ---------------------------------------------------------------------------------------------------------- inputs
-class Inputs:
-    """The model's input tree as the exporters see it: flat, named, with a batch of a given size."""
-
-    def __init__(self, spec, batch: int):
-        paths, self.treedef = jax.tree_util.tree_flatten_with_path(spec)
-        self.single = not isinstance(spec, dict)
-        self.names = ["input"] if self.single else [key_path_str(p) for p, _ in paths]
-        self.specs = [jax.ShapeDtypeStruct((batch, *leaf.shape[1:]), leaf.dtype) for _, leaf in paths]
-
-    def tree(self, flat):
-        return jax.tree_util.tree_unflatten(self.treedef, list(flat))
-
-    def flat_fn(self, fn):
-        """fn of the input tree as a function of the flat inputs, in `names` order."""
-        return lambda *flat: fn(self.tree(flat))
-
-    def feed(self, flat: list) -> np.ndarray | dict:
-        """What a runner takes: the one array, or the named arrays."""
-        return flat[0] if self.single else dict(zip(self.names, flat))
-
-    def described(self) -> list[dict]:
-        return [
-            {"name": n, "shape": shape_text((None, *s.shape[1:])), "dtype": str(np.dtype(s.dtype))}
-            for n, s in zip(self.names, self.specs)
-        ]
-
-
-def shape_text(shape) -> str:
-    return "[" + ",".join("B" if d is None else str(d) for d in shape) + "]"
-
-
-def random_inputs(inputs: Inputs, n: int, rng: np.random.Generator, id_bound: dict) -> list[np.ndarray]:
-    """Random inputs of batch n: floats normal, integers uniform in [0, id_bound[name])."""
-    flat = []
-    for name, spec in zip(inputs.names, inputs.specs):
-        shape, dtype = (n, *spec.shape[1:]), np.dtype(spec.dtype)
-        if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
-            flat.append(rng.integers(0, max(id_bound.get(name, 2), 1), shape).astype(dtype))
-        else:
-            flat.append(rng.standard_normal(shape).astype(dtype))
-    return flat
 
 
 # ------------------------------------------------------------------------------------------------------ validation
@@ -196,51 +140,7 @@ def masked_mean(values: np.ndarray, mask: np.ndarray | None) -> float:
     return float((values * weights).sum() / max(weights.sum(), 1e-12))
 
 
-# ------------------------------------------------------------------------------------------------------- exporting
-def export_bytes(
-    route: str, fn, inputs: Inputs, dynamic: bool, quantize: str | None = None, float_tflite=None
-) -> bytes:
-    """One artifact's bytes by `route`; fn takes the input tree; float_tflite() gives the float32 .tflite that route
-    "tflite" converts."""
-    if route == "jax2tf":
-        from inference.export_tflite import export_tflite
-
-        return export_tflite(
-            inputs.flat_fn(fn),
-            inputs.specs,
-            inputs.names,
-            dynamic_batch=dynamic,
-            quantize=quantize,
-            output_name=OUTPUT_NAME,
-        )
-    if route == "jax2onnx":
-        from inference.export_onnx import export_onnx
-
-        return export_onnx(
-            inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=OUTPUT_NAME
-        )
-    if route == "tflite":
-        from inference.export_onnx import tflite_to_onnx
-
-        return tflite_to_onnx(float_tflite(), inputs.names, output_name=OUTPUT_NAME)
-    if route == "jax.export":
-        from inference.export_jax import export_jax
-
-        return export_jax(inputs.flat_fn(fn), inputs.specs, dynamic_batch=dynamic)
-    raise ValueError(f"unknown route {route!r}")
-
-
-def load_runner(path, names: list[str], threads: int | None = None):
-    """The artifact at `path` in its own runtime."""
-    if path.suffix == ".jax":
-        from inference.export_jax import JaxModel
-
-        return JaxModel(path.read_bytes(), names)
-    from inference.predict import load_model
-
-    return load_model(path, threads)
-
-
+# ---------------------------------------------------------------------------------------------------------- export
 def first_line(error: Exception) -> str:
     """A converter's error in one line (they run to pages of MLIR)."""
     text = str(error).strip()
@@ -382,73 +282,10 @@ def export_format(
     raise ExportError(" | ".join(errors))
 
 
-# ---------------------------------------------------------------------------------------------------------- report
-def fmt_size(n: int) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
-
-
-def table(entries: list[dict], task: str) -> str:
-    """The report as a Markdown table; the agreement and quality columns are the task's (none for regression)."""
-    measures = MEASURES.get(task)
-    head = ["format", "route", "size", "inputs", "output", "max abs diff", "max rel diff"]
-    if measures:
-        head += [measures[0], f"{measures[1]} (JAX)"]
-    rows = []
-    for e in entries:
-        val = e.get("validation")
-        diffs = [
-            max(e["random"]["max_abs_diff"], val["max_abs_diff"] if val else 0.0),
-            max(e["random"]["max_rel_diff"], val["max_rel_diff"] if val else 0.0),
-        ]
-        label = e["format"] + (f" ({e['quantize']})" if e.get("quantize") else "")
-        row = [
-            label,
-            e["route"],
-            fmt_size(e["bytes"]),
-            ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in e["inputs"]),
-            f"{e['output']['name']} {e['output']['shape']}",
-            f"{diffs[0]:.1e}",
-            f"{diffs[1]:.1e}",
-        ]
-        if measures:
-            agree = val["agreement"] if val else e["random"]["agreement"]
-            row.append(f"{100 * agree:.2f}%" + ("" if val else " (random inputs)"))
-            row.append(
-                f"{100 * val['quality']:.2f}% ({100 * val['jax_quality']:.2f}%)"
-                if val and val["quality"] is not None
-                else "-"
-            )
-        rows.append(row)
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
+# ---------------------------------------------------------------------------------------------------------- folder
 def fixed_axes(inputs: Inputs) -> dict[str, list[int]]:
     """Per input, the axes after the batch: fixed at the data's in every format (a sequence length included)."""
     return {name: [int(d) for d in spec.shape[1:]] for name, spec in zip(inputs.names, inputs.specs)}
-
-
-def notes(report: dict) -> list[str]:
-    """What the table alone does not say: what was not checked, and which axes are fixed."""
-    lines = []
-    if report["validation"] is None:
-        lines.append(
-            f"Not checked on real data ({report['validation_skipped']}): the formats were compared with "
-            "the JAX model on random inputs only."
-        )
-    else:
-        lines.append(
-            f"Checked on {report['validation']['examples']} real examples of the "
-            f"{report['validation']['split']} split, and on random inputs."
-        )
-    fixed = ", ".join(f"{name} {shape_text(axes)}" for name, axes in report["fixed_axes"].items())
-    lines.append(f"Only the batch axis can be symbolic (B); every other axis is fixed at the data's: {fixed}.")
-    return lines
-
-
-def markdown(report: dict) -> str:
-    """report.md: the table, then its notes."""
-    return table(report["formats"], report["task"]) + "\n\n" + "\n".join(notes(report)) + "\n"
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""data_loader/augment.py: each op against a numpy reference written per example (same drawn parameters), the
-draws themselves, determinism for a key, per-example keys, evaluation mode, the config checks, mixup/cutmix with the
-loss and metrics, and the preprocessing that predict.py repeats."""
+"""data_loader/augment.py, augment_ops.py and mixing.py: each op against a numpy reference written per example (same
+drawn parameters), the draws themselves, determinism for a key, per-example keys, evaluation mode, the config checks,
+mixup/cutmix with the loss and metrics, and the preprocessing that predict.py repeats."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from data_loader import augment as aug
-from data_loader.augment import Augment, Pixels
+from data_loader import mixing
+from data_loader.augment import Augment
+from data_loader.augment_ops import Pixels
 from utils import ConfigError, build_augment
 
 B, H, W, C = 6, 9, 7, 3  # H != W catches a swapped axis
@@ -246,11 +248,14 @@ def test_beta_and_gamma_draws_follow_their_distributions():
     gamma for small alphas, whose Beta draws sit closer to 0 and 1 than float32 resolves."""
     from scipy import stats
 
-    u = jax.random.uniform(jax.random.PRNGKey(1), (20000, aug.BETA_UNIFORMS))
+    u = jax.random.uniform(jax.random.PRNGKey(1), (20000, mixing.BETA_UNIFORMS))
     alphas = (0.2, 2.0)  # the boosted shape (alpha < 1) and the plain one
     draws = jax.device_get(
         jax.jit(
-            lambda u: [(aug._log_gamma(u[:, : aug.BETA_UNIFORMS // 2], a), aug.beta_from_uniform(u, a)) for a in alphas]
+            lambda u: [
+                (mixing._log_gamma(u[:, : mixing.BETA_UNIFORMS // 2], a), mixing.beta_from_uniform(u, a))
+                for a in alphas
+            ]
         )(u)
     )
     for alpha, (log_gamma, lam) in zip(alphas, draws):

@@ -19,7 +19,7 @@ import pytest
 from inference.export_jax import JaxModel, export_jax
 from inference.export_onnx import export_onnx, tflite_to_onnx
 from inference.export_tflite import export_tflite
-from inference.exporter import Inputs
+from inference.inputs import Inputs
 from inference.predict import OnnxModel, TFLiteModel
 from model import model as samples
 from model.modules.activations import Activation

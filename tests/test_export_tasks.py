@@ -15,6 +15,7 @@ import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
 from inference import convert_tflite, exporter
+from inference.inputs import Inputs
 from inference.predict import load_image
 from tests.test_export_cli import PairNet
 from training import checkpoint
@@ -178,7 +179,7 @@ def test_several_named_inputs_in_every_format(tmp_path):
     def fn(x):
         return model(params, state, x)[0]
 
-    inputs = exporter.Inputs(loader.spec["input"], 1)
+    inputs = Inputs(loader.spec["input"], 1)
     assert inputs.names == ["features", "image"]  # a dict's inputs, in sorted key order
     validation = exporter.collect_validation(loader, jax.jit(fn), inputs, None)
     options = exporter.Options()

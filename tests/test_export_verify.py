@@ -105,7 +105,8 @@ def test_softmax_matches_scipy():
 def test_random_ids_stay_below_the_vocabulary_or_the_largest_id_seen():
     import jax
 
-    from inference.exporter import Inputs, id_bounds, random_inputs
+    from inference.exporter import id_bounds
+    from inference.inputs import Inputs, random_inputs
 
     spec = {"ids": jax.ShapeDtypeStruct((4, 7), np.int32), "image": jax.ShapeDtypeStruct((4, 3, 3, 1), np.float32)}
     inputs = Inputs(spec, 2)

@@ -18,7 +18,9 @@ import pytest
 import sweep
 from tests.conftest import make_idx_dataset
 from tests.test_train import ROOT, make_config, run
-from training.sweeps import Ledger, MedianPruner, OptunaSampler, RandomSampler, parse_grid, parse_sample, trials_of
+from training.sweep_samplers import OptunaSampler, RandomSampler
+from training.sweep_space import parse_grid, parse_sample
+from training.sweeps import Ledger, MedianPruner, trials_of
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,55 @@
+"""The model's inputs as the exporters see them, from the data's spec (`DataLoader.spec["input"]`): one array or a
+dict of named arrays, each with its own dtype and shape, so int32 token ids stay int32 and a dict becomes several
+named inputs in every format (a single array is named "input"; a dict's inputs are named by their keys, in sorted
+order); and random inputs of that kind, to compare an exported file with the JAX model.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from model.modules.module import key_path_str
+
+
+class Inputs:
+    """The model's input tree as the exporters see it: flat, named, with a batch of a given size."""
+
+    def __init__(self, spec, batch: int):
+        paths, self.treedef = jax.tree_util.tree_flatten_with_path(spec)
+        self.single = not isinstance(spec, dict)
+        self.names = ["input"] if self.single else [key_path_str(p) for p, _ in paths]
+        self.specs = [jax.ShapeDtypeStruct((batch, *leaf.shape[1:]), leaf.dtype) for _, leaf in paths]
+
+    def tree(self, flat):
+        return jax.tree_util.tree_unflatten(self.treedef, list(flat))
+
+    def flat_fn(self, fn):
+        """fn of the input tree as a function of the flat inputs, in `names` order."""
+        return lambda *flat: fn(self.tree(flat))
+
+    def feed(self, flat: list) -> np.ndarray | dict:
+        """What a runner takes: the one array, or the named arrays."""
+        return flat[0] if self.single else dict(zip(self.names, flat))
+
+    def described(self) -> list[dict]:
+        return [
+            {"name": n, "shape": shape_text((None, *s.shape[1:])), "dtype": str(np.dtype(s.dtype))}
+            for n, s in zip(self.names, self.specs)
+        ]
+
+
+def shape_text(shape) -> str:
+    return "[" + ",".join("B" if d is None else str(d) for d in shape) + "]"
+
+
+def random_inputs(inputs: Inputs, n: int, rng: np.random.Generator, id_bound: dict) -> list[np.ndarray]:
+    """Random inputs of batch n: floats normal, integers uniform in [0, id_bound[name])."""
+    flat = []
+    for name, spec in zip(inputs.names, inputs.specs):
+        shape, dtype = (n, *spec.shape[1:]), np.dtype(spec.dtype)
+        if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+            flat.append(rng.integers(0, max(id_bound.get(name, 2), 1), shape).astype(dtype))
+        else:
+            flat.append(rng.standard_normal(shape).astype(dtype))
+    return flat

@@ -1,0 +1,60 @@
+"""One artifact by one route (the converter that writes it), and the runtime that loads it back: jax2tf and the
+TFLite converter, jax2onnx, tf2onnx from the .tflite, and jax.export. Each converter is imported only when its route
+is taken.
+"""
+
+from __future__ import annotations
+
+from inference.inputs import Inputs
+
+ROUTES = {
+    "jax2tf": "jax2tf -> TFLiteConverter (builtin ops)",
+    "jax2onnx": "jax2onnx (opset 18)",
+    "tflite": "tf2onnx from the .tflite (Select as Where)",
+    "jax.export": "jax.export (StableHLO)",
+}
+OUTPUT_NAME = "outputs"
+
+
+def export_bytes(
+    route: str, fn, inputs: Inputs, dynamic: bool, quantize: str | None = None, float_tflite=None
+) -> bytes:
+    """One artifact's bytes by `route`; fn takes the input tree; float_tflite() gives the float32 .tflite that route
+    "tflite" converts."""
+    if route == "jax2tf":
+        from inference.export_tflite import export_tflite
+
+        return export_tflite(
+            inputs.flat_fn(fn),
+            inputs.specs,
+            inputs.names,
+            dynamic_batch=dynamic,
+            quantize=quantize,
+            output_name=OUTPUT_NAME,
+        )
+    if route == "jax2onnx":
+        from inference.export_onnx import export_onnx
+
+        return export_onnx(
+            inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=OUTPUT_NAME
+        )
+    if route == "tflite":
+        from inference.export_onnx import tflite_to_onnx
+
+        return tflite_to_onnx(float_tflite(), inputs.names, output_name=OUTPUT_NAME)
+    if route == "jax.export":
+        from inference.export_jax import export_jax
+
+        return export_jax(inputs.flat_fn(fn), inputs.specs, dynamic_batch=dynamic)
+    raise ValueError(f"unknown route {route!r}")
+
+
+def load_runner(path, names: list[str], threads: int | None = None):
+    """The artifact at `path` in its own runtime."""
+    if path.suffix == ".jax":
+        from inference.export_jax import JaxModel
+
+        return JaxModel(path.read_bytes(), names)
+    from inference.predict import load_model
+
+    return load_model(path, threads)
