@@ -1,6 +1,6 @@
 """Generate text with a trained language model:
 
-    python sample.py -r saved/shakespeare_char/<run_id> --prompt "ROMEO:" --tokens 200 --temperature 0.8
+    python sample.py --run saved/shakespeare_char/<run_id> --prompt "ROMEO:" --tokens 200 --temperature 0.8
 
 Uses the run folder's config.json, its best checkpoint (model_best.params, else checkpoint-latest.params) and the
 vocabulary in its preprocessing.json; model/generate.py draws the characters.
@@ -12,13 +12,14 @@ import argparse
 import json
 import sys
 
+from training.cli import add_run
 from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-r", "--run", required=True, help="run folder (or a checkpoint file inside one)")
+    add_run(parser, "run folder (or a checkpoint file inside one)", required=True)
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
     parser.add_argument("--tokens", type=int, default=200, help="characters to generate (default 200)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely character")

@@ -1,6 +1,6 @@
-"""Evaluate a checkpoint:  python test.py -r saved/<name>/<run>  (its model_best.params, or checkpoint-latest.params
-when the run monitors nothing) or -r a checkpoint file, [-c config.json] [--split test|validation] [--out DIR];
-the split is the config's test split, or its validation split when it has none.
+"""Evaluate a checkpoint:  python test.py --run saved/<name>/<run>  (its model_best.params, or
+checkpoint-latest.params when the run monitors nothing) or --run a checkpoint file, [-c config.json]
+[--split test|validation] [--out DIR]; the split is the config's test split, or its validation split when it has none.
 
 Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from training.cli import add_run
 from training.files import CONFIG, check_checkpoint_file
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-r", "--resume", required=True, help="checkpoint file or run folder")
+    add_run(parser, "run folder or a checkpoint file", required=True)
     parser.add_argument("-c", "--config", help="config file (default: the run folder's config.json)")
     parser.add_argument(
         "--split",
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     from data_loader.augment import Prepared
     from training.checkpoint import of_run
 
-    checkpoint_path = of_run(args.resume)
+    checkpoint_path = of_run(args.run)
     config_path = Path(args.config) if args.config else checkpoint_path.parent / CONFIG
     out = Path(args.out) if args.out else checkpoint_path.parent
     try:

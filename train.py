@@ -10,119 +10,71 @@ if __name__ == "__main__":  # before anything imports JAX; may re-execute once (
 import copy
 import json
 import logging
-import os
 import shutil
 import signal
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
 
-from training import distributed, platform
+from training import distributed, platform, run_location, stop_signals
 from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
-from training.trackers import new_run_id, start_trackers, wandb_on
-from utils import (
-    ArgumentParser,
-    ConfigError,
-    assemble,
-    components_text,
-    config_hash,
-    fail,
-    load_config,
-    read_json,
-    setup_logging,
-)
+from training.trackers import start_trackers
+from utils import ArgumentParser, ConfigError, assemble, components_text, config_hash, fail, load_config, setup_logging
 
 log = logging.getLogger("train")
 
 
-class Interrupted(BaseException):
-    """A stop signal received during start-up, raised at the next safe point (a BaseException, like
-    KeyboardInterrupt: nothing catches it by accident)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__)
-    parser.add_argument("-c", "--config", help="config file (default: the resumed run's config.json)")
-    parser.add_argument(
+    parser = ArgumentParser(description=__doc__, epilog="more: docs/runs.md (resuming, debug modes, several processes)")
+    add = parser.add_argument
+    add("-c", "--config", help="config file (default: the resumed run's config.json)")
+    add(
         "-r",
         "--resume",
-        help="checkpoint to continue from (e.g. saved/<name>/<run>/"
-        "checkpoint-latest.params), or auto: the run named by --run-id if it has a checkpoint, else a "
-        "new run of that name",
+        help="checkpoint to continue from (e.g. saved/<name>/<run>/checkpoint-latest.params), or auto: the run named "
+        "by --run-id if it has a checkpoint, else a new run of that name",
     )
-    parser.add_argument(
-        "--weights", help="initialise params/state from this checkpoint, then train afresh (fine-tuning)"
+    add("--weights", help="initialise params/state from this checkpoint, then train afresh (fine-tuning)")
+    add("--exclude", action="append", default=[], metavar="KEY.PATH", help="with --weights: keep this prefix fresh")
+    add(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override; VALUE is JSON"
     )
-    parser.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="KEY.PATH",
-        help="with --weights: keep these key-path prefixes fresh, e.g. --exclude params.head",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config value (JSON), e.g. --set optimizer.args.lr=0.01",
-    )
-    parser.add_argument("--lr", type=float, help="alias of --set optimizer.args.lr=LR")
-    parser.add_argument("--bs", type=int, help="alias of --set data_loader.train.args.batch_size=BS")
-    parser.add_argument("--epochs", type=int, help="alias of --set trainer.epochs=N")
-    parser.add_argument("--run-id", help="run folder name (default: a timestamp)")
-    parser.add_argument(
+    add("--lr", type=float, help="alias of --set optimizer.args.lr=LR")
+    add("--bs", type=int, help="alias of --set data_loader.train.args.batch_size=BS")
+    add("--epochs", type=int, help="alias of --set trainer.epochs=N")
+    add("--run-id", help="run folder name (default: a timestamp)")
+    add(
         "--list",
         nargs="?",
         const="all",
         metavar="KIND",
-        help="print the components a config may name, with their arguments, and exit: every kind, "
-        "or one (model, loss, metrics, optimizer, transforms, schedule, data_loader, augment, "
-        "callbacks)",
+        help="print the components a config may name, with their arguments, and exit: every kind, or one (model, "
+        "loss, metrics, optimizer, transforms, schedule, data_loader, augment, callbacks)",
     )
-    debug = parser.add_argument_group("debug modes")
-    debug.add_argument(
+    debug = parser.add_argument_group("debug modes").add_argument
+    debug(
         "--fast-dev-run",
         action="store_true",
-        help="one step of train, validation and test, a checkpoint written and read back, in a "
-        "throw-away run folder: a config smoke test in seconds",
+        help="one step of train, validation and test, a checkpoint written and read back, in a throw-away run "
+        "folder: a config smoke test in seconds",
     )
-    debug.add_argument("--limit-batches", type=int, metavar="N", help="at most N batches per epoch of every split")
-    debug.add_argument(
+    debug("--limit-batches", type=int, metavar="N", help="at most N batches per epoch of every split")
+    debug(
         "--overfit-batches",
         type=int,
         metavar="N",
-        help="train on the same first N batches every epoch and validate on them (the loss must "
-        "fall to near zero, or the model, loss or data has a bug)",
+        help="train on the same first N batches every epoch and validate on them (the loss must fall to near zero, "
+        "or the model, loss or data has a bug)",
     )
-    debug.add_argument(
-        "--detect-nans",
-        action="store_true",
-        help="stop at the first operation that makes a NaN, naming it and its line (jax_debug_nans; "
-        "the step runs jitted but not ahead-of-time compiled, and is re-run op by op to find it)",
+    debug("--detect-nans", action="store_true", help="stop at the first operation that makes a NaN, naming its line")
+    debug("--no-jit", action="store_true", help="run every step op by op (jax.disable_jit) to debug inside it; slow")
+    several = parser.add_argument_group("several processes (jax.distributed; SLURM's srun is detected)").add_argument
+    several(
+        "--coordinator", metavar="HOST:PORT", help="process 0's address (the same for all), or auto: JAX's detection"
     )
-    debug.add_argument(
-        "--no-jit",
-        action="store_true",
-        help="run every step op by op (jax.disable_jit): breakpoints and prints inside the model, "
-        "loss and step see real values; slow",
-    )
-    several = parser.add_argument_group("several processes (jax.distributed; SLURM's srun is detected by itself)")
-    several.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT",
-        help="process 0's address, the same for every process (e.g. node001:29500), or auto: "
-        "JAX's detection (Cloud TPU pod slices, GKE, Open MPI)",
-    )
-    several.add_argument("--num-processes", type=int, metavar="N", help="how many processes train together")
-    several.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
-    several.add_argument(
+    several("--num-processes", type=int, metavar="N", help="how many processes train together")
+    several("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
+    several(
         "--heartbeat-timeout",
         type=int,
         default=distributed.HEARTBEAT_TIMEOUT_S,
@@ -132,162 +84,25 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def resolve_config(args) -> tuple[dict, Path | None]:
-    """The validated config (file, then --set and aliases) and the run folder to continue, if resuming."""
-    resume_dir = None
-    if args.fast_dev_run and args.resume:
-        raise ConfigError("--fast-dev-run checks a config on a fresh run; it does not take -r")
-    if args.resume == "auto":
-        return resolve_auto(args)
-    if args.resume:
-        resume = Path(args.resume)
-        check_checkpoint_file(resume, "-r")
-        resume_dir = resume.parent
-    if args.weights:
-        check_checkpoint_file(Path(args.weights), "--weights")
-    config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
-    if config_path is None:
-        raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
-    overrides = list(args.overrides)
-    if args.lr is not None:
-        overrides.append(f"optimizer.args.lr={args.lr}")
-    if args.bs is not None:
-        overrides.append(f"data_loader.train.args.batch_size={args.bs}")
-    if args.epochs is not None:
-        overrides.append(f"trainer.epochs={args.epochs}")
-    if args.run_id is not None:
-        overrides.append(f"trainer.run_id={json.dumps(args.run_id)}")
-    for flag in ("limit_batches", "overfit_batches"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            value = getattr(args, flag)
-            raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
-    config = load_config(config_path, overrides, source=Path(config_path).name)
-    if args.exclude and not args.weights:
-        raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
-    if args.lr is not None and "schedule" in config["optimizer"]:
-        raise ConfigError(
-            "--lr: the learning rate comes from optimizer.schedule; set its args with --set "
-            "optimizer.schedule.args.<name>=VALUE"
-        )
-    return config, resume_dir
-
-
-def resolve_auto(args) -> tuple[dict, Path | None]:
-    """``-r auto``: one command for a job that may be requeued. The run named by --run-id (or trainer.run_id)
-    continues from its checkpoint-latest.params when it has one, and starts under exactly that name otherwise."""
-    if not args.config:
-        raise ConfigError("-r auto: give the config with -c (and the run's name with --run-id)")
-    args.resume = None
-    config, _ = resolve_config(args)
-    if not config["trainer"]["run_id"]:
-        raise ConfigError("-r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it")
-    run_dir = Path(config["trainer"]["save_dir"]) / config["name"] / config["trainer"]["run_id"]
-    latest = run_dir / LATEST
-    args.exact_run_dir = True
-    check_not_linked(config, config["trainer"]["run_id"])
-    if latest.is_file():
-        args.resume = str(latest)
-        return config, run_dir
-    return config, None
-
-
-def check_not_linked(config: dict, run_id: str | None = None) -> None:
-    """The config name's folder under save_dir, and a run folder named in advance (-r auto), must be real folders:
-    through a symbolic link a run would be written (or resumed) somewhere else."""
-    parent = Path(config["trainer"]["save_dir"]) / config["name"]
-    for folder in (parent, parent / run_id) if run_id else (parent,):
-        if folder.is_symlink():
-            raise ConfigError(
-                f"{folder}: a symbolic link (to {os.readlink(folder)}), not a folder; runs are written "
-                f"only into real folders under {parent.parent}: remove the link or choose another "
-                f"{'--run-id' if folder != parent else 'name'}"
-            )
-
-
-def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
-    """A resumed run keeps its wandb run (the id saved in its folder's config); a new one draws an id now, so the
-    run folder can be named after it."""
-    if not wandb_on(config) or config["wandb"]["id"]:
-        return
-    saved = read_json(resume_dir / CONFIG).get("wandb", {}) if resume_dir else {}
-    config["wandb"]["id"] = saved.get("id") or new_run_id()
-
-
-def run_id_of(config: dict) -> str:
-    """A new run's folder name: trainer.run_id, else the start time (and the wandb run id, so each finds the
-    other)."""
-    trainer = config["trainer"]
-    if trainer["run_id"]:
-        return trainer["run_id"]
-    run_id = datetime.now().strftime("%Y%m%d_%H%M%S")
-    return f"{run_id}_{config['wandb']['id']}" if wandb_on(config) else run_id
-
-
 def main(argv=None) -> int:
     """Exit status: 0 trained, 1 the run stopped on an error (divergence, a failed write), 2 bad input (config,
     data, checkpoint, a run folder in use or not writable, a new run diverging before its first checkpoint: nothing
     was written, or it was removed again), 130/143/138 stopped by
     SIGINT/SIGTERM/SIGUSR1 after saving the position (continue with -r)."""
-    RECEIVED.clear()
-    previous = {signum: signal.signal(signum, stop_at_safe_point) for signum in STOP_SIGNALS}
-    try:
-        return run(parse_args(argv))
-    except (Exception, KeyboardInterrupt, Interrupted) as error:
-        stop = signal_in(error)
-        if stop is None:
-            distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
-            raise
-        signum = getattr(stop, "signum", signal.SIGINT)
-        print(
-            f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",
-            file=sys.stderr,
-        )
-        return 128 + signum
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-# SIGTERM: a cluster's stop or a preemption; SIGUSR1: SLURM's warning before the end of a job's time.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-
-
-def signal_in(error: BaseException | None) -> BaseException | None:
-    """The KeyboardInterrupt or Interrupted behind an error (an import interrupted by a signal surfaces as an
-    ImportError caused by it)."""
-    while error is not None:
-        if isinstance(error, (KeyboardInterrupt, Interrupted)):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
-
-
-RECEIVED: list[int] = []  # stop signals received during start-up
-
-
-def stop_at_safe_point(signum, frame):
-    """Before training: noted, and acted on between start-up phases (an exception raised inside an import of a
-    native extension, or inside XLA, crashes the process instead of ending it); a second Ctrl-C stops at once."""
-    if RECEIVED and signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    RECEIVED.append(signum)
-
-
-def safe_point() -> None:
-    if RECEIVED:
-        raise Interrupted(RECEIVED[0])
-
-
-def stop_at_next_step(trainer):
-    """While training: the loop saves at the next step boundary and stops; a second Ctrl-C stops at once (every
-    finished epoch or saved step is kept either way)."""
-
-    def handler(signum, frame):
-        if signum == signal.SIGINT and trainer.stop_signal is not None:
-            raise KeyboardInterrupt
-        trainer.request_stop(signum)
-
-    return handler
+    with stop_signals.noted_until_safe_points():
+        try:
+            return run(parse_args(argv))
+        except (Exception, KeyboardInterrupt, stop_signals.Interrupted) as error:
+            stop = stop_signals.signal_in(error)
+            if stop is None:
+                distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
+                raise
+            signum = getattr(stop, "signum", signal.SIGINT)
+            print(
+                f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",
+                file=sys.stderr,
+            )
+            return 128 + signum
 
 
 def run(args) -> int:
@@ -307,17 +122,17 @@ def run(args) -> int:
     try:
         config, resume_dir = resolve_config(args)
         if not resume_dir and not args.fast_dev_run:
-            check_not_linked(config)
+            run_location.check_not_linked(config)
         source = Path(args.config).name if args.config else CONFIG
         run = assemble(config, source)  # every component, and the optimizer's checks; no data yet
-        assign_wandb_id(config, resume_dir)
+        run_location.assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
     if args.fast_dev_run:  # a throw-away folder, no trackers: nothing of the check outlives it
         config["trainer"]["save_dir"] = tempfile.mkdtemp(prefix="fast-dev-run-")
         config["wandb"]["enabled"] = config["tensorboard"]["enabled"] = False
 
-    safe_point()
+    stop_signals.safe_point()
     # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
     try:
         loaders = run.load_data()  # schedules count the steps of this data (debug modes below cut it, not them)
@@ -333,7 +148,7 @@ def run(args) -> int:
     except ValueError as error:  # a dataset whose batches the loop cannot take
         fail(f"{source}: data_loader: {error}")
 
-    safe_point()
+    stop_signals.safe_point()
     import jax
 
     from training import run_folder
@@ -361,7 +176,7 @@ def run(args) -> int:
     except (CheckpointError, ValueError, run_folder.RunFolderError) as error:
         stop_all(str(error))
 
-    safe_point()
+    stop_signals.safe_point()
     # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
     existed = None  # a run folder this process made: the deepest part of its path that existed before (remove_new)
     try:
@@ -377,7 +192,7 @@ def run(args) -> int:
                 run_dir, Path(args.resume), trainer.resumed_header, config["trainer"]["save_period"]
             )
         else:
-            parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], run_id_of(config)
+            parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], run_location.run_id_of(config)
             existed = run_folder.first_existing(parent / run_id)  # what a failed start leaves as it was
             run_dir = run_folder.create(parent, run_id, exact=getattr(args, "exact_run_dir", False))
             if existed == run_dir:  # -r auto reusing the folder of an attempt that ended before its first checkpoint
@@ -433,10 +248,7 @@ def run(args) -> int:
     trainer.trackers = trackers
 
     # 5. Train. A stop signal from here on saves the position first.
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, stop_at_next_step(trainer))
-    if RECEIVED:  # while the run folder was being written
-        trainer.request_stop(RECEIVED[0])
+    stop_signals.stop_at_next_step(trainer)
     status, discarded = 1, None
     try:
         jax.config.update("jax_debug_nans", args.detect_nans)
@@ -460,7 +272,7 @@ def run(args) -> int:
         log.error(str(error))
     except FloatingPointError as error:  # --detect-nans found the operation
         log.error(nan_report(error))
-    except (Stopped, KeyboardInterrupt, Interrupted) as stop:
+    except (Stopped, KeyboardInterrupt, stop_signals.Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
         latest = run_dir / LATEST
@@ -481,6 +293,75 @@ def run(args) -> int:
     if discarded:
         fail(discarded)
     return status
+
+
+def resolve_config(args) -> tuple[dict, Path | None]:
+    """The validated config (file, then --set and aliases) and the run folder to continue, if resuming."""
+    resume_dir = None
+    if args.fast_dev_run and args.resume:
+        raise ConfigError("--fast-dev-run checks a config on a fresh run; it does not take -r")
+    if args.resume == "auto":
+        return resolve_auto(args)
+    if args.resume:
+        resume = Path(args.resume)
+        check_checkpoint_file(resume, "-r")
+        resume_dir = resume.parent
+    if args.weights:
+        check_checkpoint_file(Path(args.weights), "--weights")
+    config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
+    if config_path is None:
+        raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
+    overrides = list(args.overrides)
+    if args.lr is not None:
+        overrides.append(f"optimizer.args.lr={args.lr}")
+    if args.bs is not None:
+        overrides.append(f"data_loader.train.args.batch_size={args.bs}")
+    if args.epochs is not None:
+        overrides.append(f"trainer.epochs={args.epochs}")
+    if args.run_id is not None:
+        overrides.append(f"trainer.run_id={json.dumps(args.run_id)}")
+    for flag in ("limit_batches", "overfit_batches"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            value = getattr(args, flag)
+            raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
+    config = load_config(config_path, overrides, source=Path(config_path).name)
+    if args.exclude and not args.weights:
+        raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
+    if args.lr is not None and "schedule" in config["optimizer"]:
+        raise ConfigError(
+            "--lr: the learning rate comes from optimizer.schedule; set its args with --set "
+            "optimizer.schedule.args.<name>=VALUE"
+        )
+    return config, resume_dir
+
+
+def resolve_auto(args) -> tuple[dict, Path | None]:
+    """``-r auto``: one command for a job that may be requeued. The run named by --run-id (or trainer.run_id)
+    continues from its checkpoint-latest.params when it has one, and starts under exactly that name otherwise."""
+    if not args.config:
+        raise ConfigError("-r auto: give the config with -c (and the run's name with --run-id)")
+    args.resume = None
+    config, _ = resolve_config(args)
+    run_dir = run_location.named_run(config)
+    args.exact_run_dir = True
+    if (run_dir / LATEST).is_file():
+        args.resume = str(run_dir / LATEST)
+        return config, run_dir
+    return config, None
+
+
+def debug_mode(args, config: dict, loaders: dict) -> None:
+    """The debug modes' data, applied after the optimizer is built so its schedule stays the config's: every split
+    cut to N batches per epoch (--fast-dev-run: 1, and one epoch); --overfit-batches also trains on the same batches
+    in the same order every epoch and validates on exactly those."""
+    if args.fast_dev_run:
+        config["trainer"]["epochs"] = 1
+    limit = 1 if args.fast_dev_run else args.limit_batches or args.overfit_batches
+    if args.overfit_batches:
+        loaders["train"].shuffle = False
+        loaders["validation"] = copy.copy(loaders["train"])
+    for loader in loaders.values():
+        loader.limit = limit
 
 
 def check_position(trainer, path: Path, epochs: int) -> None:
@@ -509,20 +390,6 @@ def stop_all(message: str) -> None:
         except Exception:  # noqa: BLE001 (the message below is what matters)
             pass
     fail(message)
-
-
-def debug_mode(args, config: dict, loaders: dict) -> None:
-    """The debug modes' data, applied after the optimizer is built so its schedule stays the config's: every split
-    cut to N batches per epoch (--fast-dev-run: 1, and one epoch); --overfit-batches also trains on the same batches
-    in the same order every epoch and validates on exactly those."""
-    if args.fast_dev_run:
-        config["trainer"]["epochs"] = 1
-    limit = 1 if args.fast_dev_run else args.limit_batches or args.overfit_batches
-    if args.overfit_batches:
-        loaders["train"].shuffle = False
-        loaders["validation"] = copy.copy(loaders["train"])
-    for loader in loaders.values():
-        loader.limit = limit
 
 
 def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:

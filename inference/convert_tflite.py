@@ -1,6 +1,6 @@
 """Export a trained model to TFLite, ONNX and a native JAX artifact, each checked against the JAX model.
 
-    python inference/convert_tflite.py -r saved/<name>/<run_id> --name jax_mnist
+    python inference/convert_tflite.py --run saved/<name>/<run_id> --name jax_mnist
     python inference/convert_tflite.py -c config.json -w saved/.../model_best.params --input 1 28 28 1 --name jax_mnist
 
 Writes exports/<name>/ (ignored by git): <name>.tflite, <name>.onnx, <name>.jax (`jax.export`, StableHLO),
@@ -40,13 +40,14 @@ from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
 from inference.inputs import Inputs  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
+from training.cli import add_run  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-r", "--run", help="run folder saved/<name>/<run_id> (config, best checkpoint, input spec)")
+    add_run(parser, "run folder saved/<name>/<run_id> (config, best checkpoint, input spec)")
     parser.add_argument("-c", "--config", help="config file (default: the checkpoint's run folder's config.json)")
     parser.add_argument("-w", "--weights", help="checkpoint file, e.g. saved/<name>/<run_id>/model_best.params")
     parser.add_argument(
@@ -93,7 +94,7 @@ def parse_args(argv=None):
 
 
 def resolve_run(args) -> tuple[Path, Path]:
-    """(config path, checkpoint path) from -r, or -c/-w."""
+    """(config path, checkpoint path) from --run, or -c/-w."""
     if args.run:
         checkpoint = of_run(args.run)
         if checkpoint.name == LATEST and Path(args.run).is_dir():
@@ -101,7 +102,7 @@ def resolve_run(args) -> tuple[Path, Path]:
     elif args.weights:
         checkpoint = Path(args.weights)
     else:
-        raise ConfigError("give a run folder (-r saved/<name>/<run_id>) or a checkpoint (-w FILE, with -c config)")
+        raise ConfigError("give a run folder (--run saved/<name>/<run_id>) or a checkpoint (-w FILE, with -c config)")
     check_checkpoint_file(checkpoint)
     config = Path(args.config) if args.config else checkpoint.parent / CONFIG
     return config, checkpoint

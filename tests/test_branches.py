@@ -109,13 +109,13 @@ def test_named_inputs_through_train_test_export_and_predict(tmp_path):
     log = (run_dir / "train.log").read_text()
     assert "input.features float32[16, 3], input.image float32[16, 8, 8, 1]" in log and "branches.image.conv0" in log
 
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "test split, 24 examples, task: classification" in tested.stdout and "confusion matrix" in tested.stdout
 
     exported = run(
         "inference/convert_tflite.py",
-        "-r",
+        "--run",
         run_dir,
         "--name",
         "pair",

@@ -196,6 +196,6 @@ def test_train_and_test_py_report_a_damaged_file_in_one_line(tmp_path, capsys, m
 
     (tmp_path / "model_best.params").write_bytes(b"")  # never read: the data fails first
     with pytest.raises(SystemExit) as exit_info:
-        load_test_script().main(["-r", str(tmp_path / "model_best.params"), "--split", "validation"])
+        load_test_script().main(["--run", str(tmp_path / "model_best.params"), "--split", "validation"])
     assert exit_info.value.code == 2
     assert str(path) in one_error_line(capsys)

@@ -70,14 +70,14 @@ def evaluate(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_a_good_run_writes_its_files(run_dir, capsys):
-    status, out, err = evaluate(capsys, "-r", run_dir)
+    status, out, err = evaluate(capsys, "--run", run_dir)
     assert (status, err) == (0, "") and "accuracy" in out
     assert (run_dir / "per_class.csv").is_file() and (run_dir / "confusion_matrix.png").is_file()
 
 
 def test_a_file_that_cannot_be_written_exits_1_after_the_results(run_dir, capsys):
     (run_dir / "per_class.csv").mkdir()  # open() fails on it for every user, root included
-    status, out, err = evaluate(capsys, "-r", run_dir)
+    status, out, err = evaluate(capsys, "--run", run_dir)
     assert status == 1 and "accuracy" in out and "per class:" in out  # the results came first
     assert err.startswith(f"error: cannot write {run_dir / 'per_class.csv'} (Is a directory)"), err
 
@@ -92,7 +92,7 @@ def test_a_read_only_output_folder_exits_1_after_the_results(run_dir, tmp_path, 
             "the directory case above covers the same path"
         )
     try:
-        status, out, err = evaluate(capsys, "-r", run_dir, "--out", disk / "figures")
+        status, out, err = evaluate(capsys, "--run", run_dir, "--out", disk / "figures")
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
     assert status == 1 and "accuracy" in out
@@ -101,7 +101,7 @@ def test_a_read_only_output_folder_exits_1_after_the_results(run_dir, tmp_path, 
 
 def test_out_under_a_regular_file_is_refused_before_evaluating(run_dir, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    status, out, err = evaluate(capsys, "-r", run_dir, "--out", tmp_path / "file" / "figures")
+    status, out, err = evaluate(capsys, "--run", run_dir, "--out", tmp_path / "file" / "figures")
     assert (status, out) == (2, "")
     assert err == f"error: --out {tmp_path / 'file' / 'figures'}: {tmp_path / 'file'} is a file, not a folder"
 
@@ -111,16 +111,16 @@ def test_a_corrupt_checkpoint_is_one_line(run_dir, capsys, damage):
     path = run_dir / "model_best.params"
     data = path.read_bytes()
     path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x07" * 64, "empty": b""}[damage])
-    status, out, err = evaluate(capsys, "-r", run_dir)
+    status, out, err = evaluate(capsys, "--run", run_dir)
     assert (status, out) == (2, "") and err.startswith(f"error: {path}:"), err
 
 
 def test_missing_or_unreadable_config_and_checkpoint_are_one_line(run_dir, tmp_path, capsys):
-    status, _, err = evaluate(capsys, "-r", tmp_path / "nothing")
+    status, _, err = evaluate(capsys, "--run", tmp_path / "nothing")
     assert status == 2 and err == f"error: {tmp_path / 'nothing'}: no such checkpoint file"
     (run_dir / "config.json").unlink()
-    status, _, err = evaluate(capsys, "-r", run_dir)
+    status, _, err = evaluate(capsys, "--run", run_dir)
     assert status == 2 and err.startswith(f"error: {run_dir / 'config.json'}: no such file; give the run's config")
     (run_dir / "config.json").mkdir()
-    status, _, err = evaluate(capsys, "-r", run_dir)
+    status, _, err = evaluate(capsys, "--run", run_dir)
     assert status == 2 and err.startswith(f"error: {run_dir / 'config.json'}: "), err  # a folder

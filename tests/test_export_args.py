@@ -46,7 +46,7 @@ def refused(capsys, tmp_path, *args) -> str:
     ],
 )
 def test_bad_arguments_are_one_line(run_dir, tmp_path, capsys, args, message):  # noqa: F811
-    assert refused(capsys, tmp_path, "-r", run_dir, *args).startswith(message)
+    assert refused(capsys, tmp_path, "--run", run_dir, *args).startswith(message)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_bad_arguments_are_one_line(run_dir, tmp_path, capsys, args, message):  
     ],
 )
 def test_an_input_the_data_cannot_check_is_refused_early(run_dir, tmp_path, capsys, args, data):  # noqa: F811
-    line = refused(capsys, tmp_path, "-r", run_dir, *args)
+    line = refused(capsys, tmp_path, "--run", run_dir, *args)
     assert f"the validation data's examples are {data}, so they cannot check this export" in line
     assert "--val-examples 0" in line and "JAX accuracy" not in line
 
@@ -71,7 +71,7 @@ def test_an_input_the_data_cannot_check_is_refused_early(run_dir, tmp_path, caps
     ],
 )
 def test_an_input_the_model_cannot_take_names_both_shapes(run_dir, tmp_path, capsys, args, asked):  # noqa: F811
-    line = refused(capsys, tmp_path, "-r", run_dir, *args, "--val-examples", 0)
+    line = refused(capsys, tmp_path, "--run", run_dir, *args, "--val-examples", 0)
     assert line.startswith(f"error: --input {' '.join(map(str, args[1:]))}: the model cannot take {asked} (")
     assert line.endswith("the data's input is float32[1,28,28,1]")
 
@@ -81,10 +81,10 @@ def test_without_data_a_wrong_input_is_named(run_dir, tmp_path, capsys):  # noqa
     run.mkdir()
     write_config(run, tmp_path / "missing", {"name": "mnist_cnn", "args": {"channels": [4, 8], "hidden": 16}})
     (run / "model_best.params").write_bytes((run_dir / "model_best.params").read_bytes())
-    line = refused(capsys, tmp_path, "-r", run, "--input", 1, 28, 28)
+    line = refused(capsys, tmp_path, "--run", run, "--input", 1, 28, 28)
     assert line.startswith("error: --input 1 28 28: the model cannot take float32[1,28,28] (")
     assert "cannot be read" in line and "Put the four mnist IDX files" in line
-    line = refused(capsys, tmp_path, "-r", run, "--input", 1, 32, 32, 1)  # takes it, but not with these weights
+    line = refused(capsys, tmp_path, "--run", run, "--input", 1, 32, 32, 1)  # takes it, but not with these weights
     assert "does not match the model" in line and "the model's shapes came from --input 1 32 32 1" in line
 
 
@@ -105,7 +105,7 @@ def test_an_input_of_another_shape_exports_when_the_model_takes_it(run_dir, tmp_
             [
                 str(a)
                 for a in (
-                    "-r",
+                    "--run",
                     run,
                     "--name",
                     "c",

@@ -84,7 +84,7 @@ def convert(*args) -> int:
 @pytest.fixture(scope="module")
 def exported(run_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("inference")
-    assert convert("-r", run_dir, "--name", "tiny_mnist", "--output-dir", out) == 0
+    assert convert("--run", run_dir, "--name", "tiny_mnist", "--output-dir", out) == 0
     return out / "tiny_mnist"
 
 
@@ -154,7 +154,7 @@ def test_existing_folder_needs_force(exported, run_dir):
     marker = exported / "marker"
     marker.write_text("keep")
     with pytest.raises(SystemExit) as exit_info:
-        convert("-r", run_dir, "--name", "tiny_mnist", "--output-dir", exported.parent, "--formats", "jax")
+        convert("--run", run_dir, "--name", "tiny_mnist", "--output-dir", exported.parent, "--formats", "jax")
     assert exit_info.value.code == 2 and marker.read_text() == "keep"
     marker.unlink()
 
@@ -188,7 +188,7 @@ def test_force_replaces_and_config_weights_input_interface(run_dir, tmp_path):
 def test_batch_fixes_every_format(run_dir, tmp_path):
     assert (
         convert(
-            "-r",
+            "--run",
             run_dir,
             "--name",
             "b",
@@ -211,7 +211,7 @@ def test_batch_fixes_every_format(run_dir, tmp_path):
 def test_onnx_via_tflite_has_a_symbolic_batch(run_dir, tmp_path):
     assert (
         convert(
-            "-r",
+            "--run",
             run_dir,
             "--name",
             "v",
@@ -234,7 +234,7 @@ def test_onnx_via_tflite_has_a_symbolic_batch(run_dir, tmp_path):
 def test_quantized_tflite_reports_drift(exported, run_dir, tmp_path):
     assert (
         convert(
-            "-r",
+            "--run",
             run_dir,
             "--name",
             "q",
@@ -264,7 +264,7 @@ def test_mismatch_fails_names_the_place_and_writes_nothing(run_dir, tmp_path, mo
     monkeypatch.setattr(exporter, "export_bytes", off_by_a_bit)
     assert (
         convert(
-            "-r", run_dir, "--name", "bad", "--output-dir", tmp_path, "--formats", "jax,tflite", "--val-examples", 4
+            "--run", run_dir, "--name", "bad", "--output-dir", tmp_path, "--formats", "jax,tflite", "--val-examples", 4
         )
         == 1
     )
@@ -284,7 +284,8 @@ def test_onnx_falls_back_to_the_other_route(run_dir, tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(exporter, "export_bytes", no_jax2onnx)
     assert (
-        convert("-r", run_dir, "--name", "f", "--output-dir", tmp_path, "--formats", "onnx", "--val-examples", 4) == 0
+        convert("--run", run_dir, "--name", "f", "--output-dir", tmp_path, "--formats", "onnx", "--val-examples", 4)
+        == 0
     )
     assert "trying tf2onnx" in capsys.readouterr().out
     (entry,) = json.loads((tmp_path / "f" / "report.json").read_text())["formats"]
@@ -294,9 +295,9 @@ def test_onnx_falls_back_to_the_other_route(run_dir, tmp_path, monkeypatch, caps
 def test_usage_errors(run_dir, tmp_path):
     for args in (
         ["--name", "x"],
-        ["-r", run_dir, "--name", "x", "--formats", "tflite,pt"],
-        ["-r", run_dir, "--name", "x", "--formats", "onnx", "--quantize", "float16"],
-        ["-r", tmp_path / "nothing", "--name", "x"],
+        ["--run", run_dir, "--name", "x", "--formats", "tflite,pt"],
+        ["--run", run_dir, "--name", "x", "--formats", "onnx", "--quantize", "float16"],
+        ["--run", tmp_path / "nothing", "--name", "x"],
     ):
         with pytest.raises(SystemExit) as exit_info:
             convert(*args, "--output-dir", tmp_path)
@@ -349,7 +350,7 @@ def test_command_on_a_batchnorm_attention_gelu_dropout_model(run_dir, tmp_path, 
     state = {**state, "bn": {"mean": jnp.linspace(-1.0, 1.0, 8), "var": jnp.linspace(0.5, 2.0, 8)}}
     checkpoint.save(run / "model_best.params", {"params": params, "state": state}, {"epoch": 1, "step": 1})
 
-    assert convert("-r", run, "--name", "bn", "--output-dir", tmp_path / "out", "--val-examples", 16) == 0
+    assert convert("--run", run, "--name", "bn", "--output-dir", tmp_path / "out", "--val-examples", 16) == 0
     entries = json.loads((tmp_path / "out" / "bn" / "report.json").read_text())["formats"]
     assert [e["format"] for e in entries] == ["tflite", "onnx", "jax"]
     assert all(e["validation"]["agreement"] == 1.0 and "failed_routes" not in e for e in entries)
@@ -401,7 +402,9 @@ def test_predict_on_images_and_npy(exported, run_dir, tmp_path, suffix):
 
 
 def test_without_real_data_the_report_says_so(run_dir, tmp_path, capsys):
-    assert convert("-r", run_dir, "--name", "r", "--output-dir", tmp_path, "--formats", "jax", "--val-examples", 0) == 0
+    assert (
+        convert("--run", run_dir, "--name", "r", "--output-dir", tmp_path, "--formats", "jax", "--val-examples", 0) == 0
+    )
     assert "validation: not checked (--val-examples 0); random inputs only" in capsys.readouterr().out
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["validated_on_real_data"] is False and report["validation"] is None
@@ -425,7 +428,7 @@ def test_segmentation_is_judged_by_logit_signs_and_predict_summarises_masks(run_
     params, state = model.init(jax.random.PRNGKey(4), jax.ShapeDtypeStruct((1, 28, 28, 1), jnp.float32))
     checkpoint.save(run / "model_best.params", {"params": params, "state": state}, {"epoch": 1, "step": 1})
 
-    assert convert("-r", run, "--name", "seg", "--output-dir", tmp_path / "out", "--val-examples", 12) == 0
+    assert convert("--run", run, "--name", "seg", "--output-dir", tmp_path / "out", "--val-examples", 12) == 0
     out = tmp_path / "out" / "seg"
     report = json.loads((out / "report.json").read_text())
     assert report["task"] == "multilabel"
@@ -510,7 +513,7 @@ def pair_net():
 def test_named_inputs_end_to_end_and_predict_reads_npz(tmp_path, monkeypatch):
     run = tmp_path / "pair_run"
     model = register_run(run, monkeypatch, pair_data, pair_net, pair_data().spec["input"])
-    assert convert("-r", run, "--name", "pair", "--output-dir", tmp_path / "out") == 0
+    assert convert("--run", run, "--name", "pair", "--output-dir", tmp_path / "out") == 0
     out = tmp_path / "out" / "pair"
     report = json.loads((out / "report.json").read_text())
     for entry in report["formats"]:
@@ -560,7 +563,8 @@ def test_per_channel_normalisation_end_to_end(tmp_path, monkeypatch):
         tmp_path / "rgb_run", monkeypatch, rgb_data, rgb_mlp, jax.ShapeDtypeStruct((1, 6, 5, 3), jnp.float32)
     )
     assert (
-        convert("-r", tmp_path / "rgb_run", "--name", "rgb", "--output-dir", tmp_path / "out", "--formats", "onnx") == 0
+        convert("--run", tmp_path / "rgb_run", "--name", "rgb", "--output-dir", tmp_path / "out", "--formats", "onnx")
+        == 0
     )
     out = tmp_path / "out" / "rgb"
     prep = json.loads((out / "preprocessing.json").read_text())

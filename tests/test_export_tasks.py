@@ -68,7 +68,7 @@ def test_regression_is_judged_by_tolerance_and_predict_prints_values(tmp_path, c
     run = make_run(
         tmp_path / "run", base_config({"name": "mlp", "args": {"num_classes": 1, "hidden": [8]}}, "mse", loader)
     )
-    assert convert_tflite.main(["-r", str(run), "--name", "reg", "--output-dir", str(tmp_path / "out")]) == 0
+    assert convert_tflite.main(["--run", str(run), "--name", "reg", "--output-dir", str(tmp_path / "out")]) == 0
     out = tmp_path / "out" / "reg"
     report = report_of(out)
     assert report["task"] == "regression"
@@ -103,7 +103,7 @@ def test_language_model_exports_int_ids_and_generates_text(tmp_path):
     run = make_run(tmp_path / "run", base_config(model, "cross_entropy", loader))
     assert (
         convert_tflite.main(
-            ["-r", str(run), "--name", "lm", "--output-dir", str(tmp_path / "out"), "--val-examples", "20"]
+            ["--run", str(run), "--name", "lm", "--output-dir", str(tmp_path / "out"), "--val-examples", "20"]
         )
         == 0
     )
@@ -158,7 +158,9 @@ def test_no_validation_data_is_said_and_not_counted_as_a_pass(tmp_path, csv_path
     config = base_config({"name": "mlp", "args": {"num_classes": 1, "hidden": [4]}}, "mse", loader, splits=("train",))
     run = make_run(tmp_path / "run", config)
     assert (
-        convert_tflite.main(["-r", str(run), "--name", "nv", "--output-dir", str(tmp_path / "out"), "--formats", "jax"])
+        convert_tflite.main(
+            ["--run", str(run), "--name", "nv", "--output-dir", str(tmp_path / "out"), "--formats", "jax"]
+        )
         == 0
     )
     assert "validation: not checked (no validation or test split in the config)" in capsys.readouterr().out

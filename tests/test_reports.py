@@ -57,7 +57,7 @@ def test_per_class_table_and_vector_metrics_keep_long_class_names_aligned(tmp_pa
         [{"name": "accuracy"}, {"name": "f1", "args": {"average": "none"}}],
         lambda x: x[:, :5].argmax(1),
     )
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     lines = tested.stdout.splitlines()
     table = lines[lines.index(next(line for line in lines if line.startswith("per class:"))) + 1 :][: 1 + len(LABELS)]
@@ -82,7 +82,7 @@ def test_multilabel_vector_metrics_in_test_py_and_predicted_labels_in_predict_py
         [{"name": "binary_accuracy"}, {"name": "multilabel_f1", "args": {"average": "none"}}],
         lambda x: (x[:, :5] > 0.3).astype(np.float32),
     )
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(last["val/multilabel_f1_per_label"]) == len(LABELS)
@@ -92,7 +92,7 @@ def test_multilabel_vector_metrics_in_test_py_and_predicted_labels_in_predict_py
 
     exported = run(
         "inference/convert_tflite.py",
-        "-r",
+        "--run",
         run_dir,
         "--name",
         "ml",

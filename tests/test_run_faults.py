@@ -444,7 +444,7 @@ def special_files(tmp_path):
     return files
 
 
-@pytest.mark.parametrize("command", ["--weights", "-r", "test.py -r"])
+@pytest.mark.parametrize("command", ["--weights", "-r", "test.py --run"])
 @pytest.mark.parametrize(
     "kind, message",
     [
@@ -462,8 +462,8 @@ def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir,
         pytest.skip("a machine with more than 40 GB of memory free would read the file")
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
     before = tree_of(tmp_path)
-    if command == "test.py -r":
-        result = run("test.py", "-r", path, "-c", config, timeout=60)
+    if command == "test.py --run":
+        result = run("test.py", "--run", path, "-c", config, timeout=60)
     else:
         result = run("train.py", "-c", config, command, path, timeout=60)
     assert message in refused(result) and str(path) in result.stderr

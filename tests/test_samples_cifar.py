@@ -178,7 +178,7 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
     assert preprocessing["pixel_scale"] == pytest.approx(1 / 255)
     assert preprocessing["mean"] == [0.4914, 0.4822, 0.4465] and preprocessing["std"] == [0.2470, 0.2435, 0.2616]
 
-    tested = run("test.py", "-r", ref_dir)
+    tested = run("test.py", "--run", ref_dir)
     assert tested.returncode == 0, tested.stderr
     assert "accuracy" in tested.stdout and "task: classification" in tested.stdout
     assert "airplane" in tested.stdout  # the per-class table names the classes
@@ -186,7 +186,7 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
 
     out = tmp_path / "inference"
     exported = run(
-        "inference/convert_tflite.py", "-r", ref_dir, "--name", "cifar", "--output-dir", out, "--formats", "onnx,jax"
+        "inference/convert_tflite.py", "--run", ref_dir, "--name", "cifar", "--output-dir", out, "--formats", "onnx,jax"
     )
     assert exported.returncode == 0, exported.stderr + exported.stdout
     report = json.loads((out / "cifar" / "report.json").read_text())

@@ -36,16 +36,16 @@ def test_char_language_model_trains_samples_and_evaluates(tmp_path):
     assert rows[-1]["val/loss"] < rows[0]["val/loss"] and rows[-1]["val/perplexity"] > 1
     assert json.loads((run_dir / "preprocessing.json").read_text())["vocabulary"] == "".join(sorted(set(TEXT)))
 
-    tested = run("test.py", "-r", run_dir)  # as the Samples section runs it: no test split, so validation's
+    tested = run("test.py", "--run", run_dir)  # as the Samples section runs it: no test split, so validation's
     assert tested.returncode == 0, tested.stderr
     assert "validation split" in tested.stdout and "task: sequence" in tested.stdout
     assert "token accuracy" in tested.stdout
     assert "confusion matrix" not in tested.stdout
 
-    sampled = run("sample.py", "-r", run_dir, "--prompt", "First", "--tokens", "30", "--temperature", "0")
+    sampled = run("sample.py", "--run", run_dir, "--prompt", "First", "--tokens", "30", "--temperature", "0")
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("First") and len(sampled.stdout.rstrip("\n")) == 35
-    bad = run("sample.py", "-r", run_dir, "--prompt", "Zebra")
+    bad = run("sample.py", "--run", run_dir, "--prompt", "Zebra")
     assert (
         bad.returncode == 2 and bad.stderr.strip() == "error: --prompt: characters not in the model's vocabulary: 'Zb'"
     )

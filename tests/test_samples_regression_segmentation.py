@@ -83,7 +83,7 @@ def test_tabular_regression_sample(tmp_path):
     assert preprocessing["task"] == "regression" and len(preprocessing["mean"]) == len(preprocessing["std"]) == 3
     assert abs(preprocessing["mean"][1] - 100) < 5 and abs(preprocessing["std"][2] - 0.1) < 0.02
 
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "rmse" in tested.stdout and "mae" in tested.stdout
 
@@ -130,6 +130,6 @@ def test_mnist_segmentation_sample(tmp_path):
     assert rows[-1]["val/mean_iou"] > rows[0]["val/mean_iou"]
     assert all(0 <= r["val/binary_accuracy"] <= 1 and 0 <= r["val/mean_iou"] <= 1 for r in rows)
 
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "binary_accuracy" in tested.stdout and "mean_iou" in tested.stdout

@@ -200,7 +200,7 @@ def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_netw
     assert png_size(run_dir / "curves.png") == (1200, 600)  # loss, accuracy, f1, lr: 3 columns x 2 rows
 
     # test.py (its main, in this process): the confusion matrix image and the per-class table by the checkpoint.
-    assert load_test_script().main(["-r", str(run_dir)]) == 0
+    assert load_test_script().main(["--run", str(run_dir)]) == 0
     printed = capsys.readouterr().out
     assert png_size(run_dir / "confusion_matrix.png")[0] >= 400
     table = np.genfromtxt(run_dir / "per_class.csv", delimiter=",", names=True)

@@ -111,10 +111,10 @@ def test_run_folder_contents_best_checkpoint_and_test_py(tmp_path, data_dir):
     assert best_header["best"] == pytest.approx(max(accuracies))
     assert "epoch 1 step 1:" in (run_dir / "train.log").read_text()
 
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "accuracy" in tested.stdout and "confusion matrix" in tested.stdout
-    tested = run("test.py", "-r", run_dir, "--split", "validation")
+    tested = run("test.py", "--run", run_dir, "--split", "validation")
     assert tested.returncode == 0 and "validation split, 60 examples" in tested.stdout
 
 
@@ -230,7 +230,7 @@ def test_corrupt_checkpoint_is_refused_clearly(tmp_path, data_dir):
     assert result.returncode == 2 and "truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
     other = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [16]}})
     best = tmp_path / "saved/tiny/c/model_best.params"
-    result = run("test.py", "-r", best, "-c", other)
+    result = run("test.py", "--run", best, "-c", other)
     assert (
         result.returncode == 2
         and "params.fc0.weight: file has float32[784, 32], model expects float32[784, 16]" in result.stderr
@@ -376,7 +376,7 @@ def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_di
     # monitor off: no model_best.params, and test.py falls back to the latest checkpoint
     run_dir = tmp_path / "saved/tiny/new_head"
     assert not (run_dir / "model_best.params").exists()
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0 and "checkpoint-latest.params" in tested.stdout, tested.stderr
 
 
@@ -389,11 +389,11 @@ def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split
     config.write_text(json.dumps(content))
     assert run("train.py", "-c", config, "--run-id", "no_test").returncode == 0
     run_dir = tmp_path / "saved/tiny/no_test"
-    tested = run("test.py", "-r", run_dir)
+    tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "validation split, 60 examples" in tested.stdout and (run_dir / "per_class_validation.csv").is_file()
     assert (
-        refused(run("test.py", "-r", run_dir, "--split", "test"))
+        refused(run("test.py", "--run", run_dir, "--split", "test"))
         == "error: data_loader.test: not in the config; splits: train, validation"
     )
 

@@ -49,6 +49,21 @@ class ArgumentParser(argparse.ArgumentParser):
         fail(f"{message}.{hint} See {self.prog} --help")
 
 
+def add_run(parser: argparse.ArgumentParser, help: str, required: bool = False) -> None:
+    """``--run RUN``, the run folder that test.py, sample.py and the export read. It has no ``-r``: that is train.py's
+    resume, so ``-r`` or ``--resume`` here is refused with ``--run`` named instead of read as something else."""
+    parser.add_argument("--run", required=required, metavar="RUN", help=help)
+    parser.add_argument("-r", "--resume", action=_TrainOnly, nargs="?", help=argparse.SUPPRESS)
+
+
+class _TrainOnly(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise argparse.ArgumentError(
+            None,
+            f"{option_string}: give the run folder as --run RUN (-r and --resume are train.py's, to resume training)",
+        )
+
+
 def fail(message: str, status: int = 2) -> None:
     # one line whatever the message quotes: a newline or escape code from a file name or a value is shown escaped
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
