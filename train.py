@@ -7,7 +7,6 @@ if __name__ == "__main__":  # before anything imports JAX; may re-execute once (
 
     platform.apply()
 
-import copy
 import json
 import logging
 import shutil
@@ -16,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from training import distributed, platform, run_location, stop_signals
+from training import debug_modes, distributed, platform, run_location, stop_signals
 from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
 from training.trackers import start_trackers
 from utils import ArgumentParser, ConfigError, assemble, components_text, config_hash, fail, load_config, setup_logging
@@ -137,7 +136,7 @@ def run(args) -> int:
     try:
         loaders = run.load_data()  # schedules count the steps of this data (debug modes below cut it, not them)
         run.check_data()
-        debug_mode(args, config, loaders)
+        debug_modes.limit_data(args, config, loaders)
         for i, callback in enumerate(run.callbacks):
             try:
                 callback.check(loaders["train"])
@@ -255,7 +254,7 @@ def run(args) -> int:
         with jax.disable_jit(args.no_jit):
             best = trainer.fit()
         if args.fast_dev_run:
-            fast_dev_checks(trainer, loaders, run_dir)
+            debug_modes.fast_dev_checks(trainer, loaders, run_dir)
         else:
             log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
         status = 0
@@ -271,7 +270,7 @@ def run(args) -> int:
     except (run_folder.RunFolderError, CheckpointError) as error:
         log.error(str(error))
     except FloatingPointError as error:  # --detect-nans found the operation
-        log.error(nan_report(error))
+        log.error(debug_modes.nan_report(error))
     except (Stopped, KeyboardInterrupt, stop_signals.Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
@@ -350,20 +349,6 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
     return config, None
 
 
-def debug_mode(args, config: dict, loaders: dict) -> None:
-    """The debug modes' data, applied after the optimizer is built so its schedule stays the config's: every split
-    cut to N batches per epoch (--fast-dev-run: 1, and one epoch); --overfit-batches also trains on the same batches
-    in the same order every epoch and validates on exactly those."""
-    if args.fast_dev_run:
-        config["trainer"]["epochs"] = 1
-    limit = 1 if args.fast_dev_run else args.limit_batches or args.overfit_batches
-    if args.overfit_batches:
-        loaders["train"].shuffle = False
-        loaders["validation"] = copy.copy(loaders["train"])
-    for loader in loaders.values():
-        loader.limit = limit
-
-
 def check_position(trainer, path: Path, epochs: int) -> None:
     """A checkpoint past the configured end (a later epoch, or inside one) would train and write epochs the config
     never asked for; one at the end itself has nothing left to train and ends at once."""
@@ -390,42 +375,6 @@ def stop_all(message: str) -> None:
         except Exception:  # noqa: BLE001 (the message below is what matters)
             pass
     fail(message)
-
-
-def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
-    """--fast-dev-run's last steps: the test split evaluated and the checkpoint read back into the state's shapes."""
-    from training import checkpoint
-
-    if "test" in loaders:
-        trainer.state.share_batches(loaders["test"])
-        results = trainer.evaluate(loaders["test"])
-        log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
-    if distributed.is_main():  # the writer; the others may run on other machines
-        checkpoint.restore(run_dir / LATEST, trainer.state.template())
-    log.info(
-        f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
-        f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)"
-    )
-
-
-def nan_report(error: FloatingPointError) -> str:
-    """--detect-nans' finding in one message: JAX's (the operation) and the deepest line of this project's code on
-    the way to it."""
-    import traceback
-
-    root = Path(__file__).resolve().parent
-    ours = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if Path(frame.filename).resolve().is_relative_to(root)
-        and ".venv" not in Path(frame.filename).parts
-        and "site-packages" not in frame.filename
-    ]
-    where = (
-        f" at {Path(ours[-1].filename).resolve().relative_to(root)}:{ours[-1].lineno} ({ours[-1].line})" if ours else ""
-    )
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"--detect-nans: {first}{where}; training stopped"
 
 
 def finish(run_dir: Path, trackers: list, status: int) -> None:

@@ -111,3 +111,32 @@ def test_train_py_lists_every_registered_component():
         "error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: model, loss, metrics, optimizer, transforms, "
         "schedule, data_loader, augment, callbacks"
     ]
+
+
+def reading_path() -> list[Path]:
+    """The files README's "reading path" paragraph names, in order."""
+    text = (ROOT / "README.md").read_text()
+    paragraph = text.split("**The reading path**", 1)[1].split("Together", 1)[0]
+    return [ROOT / name for name in re.findall(r"`([\w/]+\.py)`", paragraph)]
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_the_reading_path_is_short():
+    files = reading_path()
+    assert [f.name for f in files] == ["train.py", "utils.py", "trainer.py", "state.py", "step.py"]
+    total = sum(lines(f) for f in files)
+    assert total <= 1500, f"the reading path is {total} lines: " + ", ".join(f"{f.name} {lines(f)}" for f in files)
+
+
+def test_no_source_file_is_over_500_lines():
+    skipped = ("tests", "benchmarks", "saved", "exports")  # and hidden folders (.venv, .git)
+    sources = [
+        p
+        for p in ROOT.rglob("*.py")
+        if not any(part in skipped or part.startswith(".") for part in p.relative_to(ROOT).parts[:-1])
+    ]
+    long = {str(p.relative_to(ROOT)): lines(p) for p in sources if lines(p) > 500}
+    assert sources and not long, long

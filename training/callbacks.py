@@ -107,7 +107,7 @@ class LRFinder(Callback):
     def on_train_start(self, trainer) -> None:
         if trainer.epoch > 0 or trainer.position:  # a resumed run has already chosen
             return
-        optimizer = trainer.state.build_optimizer(self.lr)
+        optimizer, _ = trainer.run.optimizer(self.lr)  # the config's, with the range test's learning rate
         chunk = jax.jit(trainer.state.chunk_with(optimizer))
         ts = {**jax.tree.map(jnp.copy, trainer.ts), "step": jnp.zeros((), jnp.int32)}
         ts["opt_state"] = optimizer.init(ts["params"])

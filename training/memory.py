@@ -87,3 +87,24 @@ def refusal(parts: dict[str, int], devices) -> str | None:
                 f"{show_bytes(max(available[0], 0))} of {available[1]}"
             )
     return None
+
+
+def check_fits(template: dict, shardings: dict, batches: str, batch_bytes: int, devices) -> None:
+    """A ValueError naming the numbers when a training state (its abstract value `template`, placed by `shardings`)
+    with its gradients, plus `batch_bytes` of `batches` per device, exceed what the `devices` have free."""
+    held = {key: shard_bytes(value, shardings[key]) for key, value in template.items()}
+    parts = {
+        "parameters": held["params"],
+        "their gradients": held["params"],
+        "optimizer state": held["opt_state"],
+        "other state": sum(held.values()) - held["params"] - held["opt_state"],
+        batches: batch_bytes,
+    }
+    reason = refusal(parts, devices)
+    if reason:
+        hint = (
+            "lower trainer.accumulate_steps, trainer.steps_per_call or the batch size"
+            if max(parts, key=parts.get) == batches
+            else "make the model smaller (model.args) or split it over more devices (mesh.fsdp)"
+        )
+        raise ValueError(f"this run {reason}: {hint}; nothing was written")

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from training import checkpoint, distributed, platform
+from training import checkpoint, distributed, memory, platform
 from training.precision import policy_of
 from training.settings import Settings
 from training.step import empty_stats, make_eval_step, make_train_chunk
@@ -168,31 +168,14 @@ class TrainState:
         return {**ts, **distributed.to_mesh(tree, distributed.state_shardings(tree, self.mesh))}
 
     def check_memory(self) -> None:
-        """Refuses, before anything is allocated, a run whose state and stacked batches alone exceed the memory of
-        the devices (a ValueError naming the numbers): it would otherwise stall or be killed mid-compile."""
-        from training import memory
-
+        """Refuses, before anything is allocated, a run whose state and one call's stacked batches alone exceed the
+        memory of the devices (a ValueError naming the numbers): it would otherwise stall or be killed mid-compile."""
         template = self.template()
         shardings = self.sharding if isinstance(self.sharding, dict) else dict.fromkeys(template, self.sharding)
-        held = {key: memory.shard_bytes(value, shardings[key]) for key, value in template.items()}
         batches = self.steps_per_call * self.accumulate  # one call's stack, split over every device
-        parts = {
-            "parameters": held["params"],
-            "their gradients": held["params"],
-            "optimizer state": held["opt_state"],
-            "other state": sum(held.values()) - held["params"] - held["opt_state"],
-            f"{batches} stacked batch(es)": -(-batches * nbytes(self.batch_spec) // self.mesh.size),
-        }
         local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
-        reason = memory.refusal(parts, local)
-        if reason:
-            largest = max(parts, key=parts.get)
-            hint = (
-                "lower trainer.accumulate_steps, trainer.steps_per_call or the batch size"
-                if "batch" in largest
-                else "make the model smaller (model.args) or split it over more devices (mesh.fsdp)"
-            )
-            raise ValueError(f"this run {reason}: {hint}; nothing was written")
+        stack_bytes = -(-batches * nbytes(self.batch_spec) // self.mesh.size)
+        memory.check_fits(template, shardings, f"{batches} stacked batch(es)", stack_bytes, local)
 
     def eval_params(self, ts: dict):
         """The parameters evaluation uses: a callback's (e.g. an average of the parameters), else the trained."""
@@ -243,10 +226,6 @@ class TrainState:
         return make_train_chunk(
             run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy, self.in_step
         )
-
-    def build_optimizer(self, lr: Callable):
-        """The config's optimizer with the learning rate `lr` (a function of the step) instead of its own."""
-        return self.run.optimizer(lr)[0]
 
     def start_compile(self, state_spec) -> None:
         """Starts compiling the training step from the state's abstract value on a worker thread: XLA compiles
