@@ -37,7 +37,8 @@ _REEXECUTED = "_TRAIN_PLATFORM_REEXECUTED"
 _STARTED = "_TRAIN_STARTED_AT"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACCELERATOR_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
-# XLA rejects options it does not know, so they apply to the jaxlib series they were measured with only.
+# XLA rejects options it does not know, so they apply to the jaxlib series they were measured with only. jaxlib 0.12
+# still accepts all three, but none applies there until benchmarks/train_benchmark.py shows it faster on 0.12 too.
 XLA_CPU_OPTIONS = {
     "0.10": {
         "train": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"},
