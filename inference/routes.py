@@ -1,6 +1,6 @@
-"""One artifact by one route (the converter that writes it), and the runtime that loads it back: jax.export and
-LiteRT's converter, jax2onnx, tf2onnx from the .tflite, and jax.export. Each converter is imported only when its route
-is taken.
+"""One artifact by one route (the converter that writes it), and the runtime that loads it back: jax.export then
+LiteRT's converter (TFLite), jax2onnx, tf2onnx from the .tflite, and jax.export alone. Each converter is imported only
+when its route is taken.
 """
 
 from __future__ import annotations
