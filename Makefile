@@ -7,12 +7,22 @@
 # JAX comes for the machine's accelerator (training/platform.py, machine_accelerator): requirements-cuda12.txt where
 # an NVIDIA GPU is visible, requirements-tpu.txt on a Cloud TPU VM, else requirements.txt (CPU).
 # When that guess is wrong: make train ACCEL=cpu|cuda12|cuda13|tpu
-PYTHON ?= python3
+# JAX 0.11 and later need Python 3.12 or newer: .venv is built with the first of these that runs and is new enough
+# (a pyenv shim named python3.12 may exist yet not run), or with the one given as make PYTHON=/path/to/python3.12.
+PYTHON_CANDIDATES := python3.12 python3.13 $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.1[23]*/bin/python) \
+	python3
+new_enough = $(shell $(1) -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && echo $(1))
+PY := $(firstword $(foreach p,$(or $(PYTHON),$(PYTHON_CANDIDATES)),$(call new_enough,$(p))))
+ifeq ($(PY)$(filter clean,$(MAKECMDGOALS)),)
+$(error no Python 3.12 or newer among $(or $(PYTHON),$(PYTHON_CANDIDATES)) (JAX 0.12 needs one): install one, or name it with make PYTHON=/path/to/python3.12)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
+# A .venv made with an older Python (before the move to JAX 0.12) is rebuilt from scratch.
+VENV_TOO_OLD := $(if $(wildcard $(BIN)/python),$(if $(call new_enough,$(BIN)/python),,yes))
 ACCELERATORS := cpu cuda12 cuda13 tpu
 ifndef ACCEL
-ACCEL := $(shell $(PYTHON) -m training.platform)
+ACCEL := $(shell $(or $(PY),python3) -m training.platform)
 endif
 ifneq ($(filter-out 1,$(words $(ACCEL)))$(filter-out $(ACCELERATORS),$(ACCEL)),)
 $(error ACCEL=$(ACCEL): choose one of $(ACCELERATORS))
@@ -27,24 +37,27 @@ BUILT_FOR := $(or $(shell cat $(VENV)/accelerator 2>/dev/null),cpu)
 .PHONY: train test test-fast test-stress lint bench clean
 
 $(BIN)/python:
-	$(if $(filter-out $(BUILT_FOR),$(ACCEL)),rm -rf $(VENV))
-	$(PYTHON) -m venv $(VENV)
+	$(if $(or $(filter-out $(BUILT_FOR),$(ACCEL)),$(VENV_TOO_OLD)),rm -rf $(VENV))
+	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(if $(filter-out cpu,$(ACCEL)),echo $(ACCEL) > $(VENV)/accelerator)
 
-ifneq ($(ACCEL),$(BUILT_FOR))
+ifneq ($(ACCEL)$(VENV_TOO_OLD),$(BUILT_FOR))
 .PHONY: $(BIN)/python
 $(VENV)/.installed $(VENV)/.installed-dev: $(BIN)/python
 endif
 
-$(VENV)/.installed: requirements.txt $(REQUIREMENTS) | $(BIN)/python
+# requirements-litert.txt goes in without its declared dependencies: the file says why.
+$(VENV)/.installed: requirements.txt requirements-litert.txt $(REQUIREMENTS) | $(BIN)/python
 	$(SAY_ACCEL)
 	$(BIN)/pip install --quiet -r $(REQUIREMENTS)
+	$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt requirements.txt $(REQUIREMENTS) | $(BIN)/python
+$(VENV)/.installed-dev: requirements-dev.txt requirements.txt requirements-litert.txt $(REQUIREMENTS) | $(BIN)/python
 	$(SAY_ACCEL)
 	$(BIN)/pip install --quiet -r requirements-dev.txt$(if $(filter-out cpu,$(ACCEL)), -r $(REQUIREMENTS))
+	$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt
 	touch $(VENV)/.installed $@
 
 train: $(VENV)/.installed

@@ -31,6 +31,9 @@ Variants (each measured in a fresh process, since platform defaults are per proc
                 written-out derivative (mnist_convnext, cifar_resnet)
   no-prefetch   template with batches prepared in the loop (DataLoader prefetch=0)
   no-augment    template without the CIFAR sample's random crop and flip (normalisation only) (cifar_resnet)
+  bf16          template computing in bfloat16 (`trainer.precision`: float32 parameters, bfloat16 products), for
+                CPUs with native bfloat16 (avx512_bf16, AMX); compare it with torch-bf16, not the float32 peers
+  torch-bf16    the PyTorch peer under CPU autocast to bfloat16 (forward and loss; float32 parameters)
   A+B           template with both ablations, e.g. K=1+no-hugetlb (a per-step loop without the malloc default)
   startup       `python train.py`: seconds from the command to its first call's steps done, and the compile time
 
@@ -118,7 +121,7 @@ VARIANTS = {
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
 SLOW_STEPS = 30
-PEERS = ("flax", "torch", "peak")  # run as their users would: no platform defaults
+PEERS = ("flax", "torch", "torch-bf16", "peak")  # run as their users would: no platform defaults
 
 
 def parse_args(argv=None):
@@ -282,6 +285,8 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     config = bench_config(model_name, steps, augment="no-augment" not in ablations)
     if "K=1" in ablations:
         config["trainer"]["steps_per_call"] = 1
+    if "bf16" in ablations:
+        config["trainer"]["precision"] = {"compute": "bfloat16"}
     spec = config["data_loader"]["train"]
     if "no-prefetch" in ablations:
         spec["args"]["prefetch"] = 0
@@ -613,9 +618,12 @@ def torch_model(model_name: str):
     return ConvNeXt()
 
 
-def torch_run(model_name: str, steps: int) -> dict:
+def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
     """PyTorch eager on all cores: the same network and optimizer (AdamW with the config's schedule and clipping;
-    for the CIFAR sample SGD with Nesterov momentum and weight decay), batch 128."""
+    for the CIFAR sample SGD with Nesterov momentum and weight decay), batch 128; ``bf16``: the forward pass and
+    the loss under CPU autocast to bfloat16."""
+    import contextlib
+
     import torch
 
     from utils import build
@@ -639,8 +647,9 @@ def torch_run(model_name: str, steps: int) -> dict:
     def step(batch):
         x = torch.from_numpy(normalize(batch["input"])).permute(0, 3, 1, 2).contiguous()
         y = torch.from_numpy(batch["target"]).long()
-        logits = net(x)
-        loss = torch.nn.functional.cross_entropy(logits, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            logits = net(x)
+            loss = torch.nn.functional.cross_entropy(logits, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if not sgd:
@@ -727,8 +736,8 @@ def child(model_name: str, variant: str, steps: int) -> dict:
         return fused_run(model_name, steps)
     if variant == "flax":
         return flax_run(model_name, steps)
-    if variant == "torch":
-        return torch_run(model_name, steps)
+    if variant in ("torch", "torch-bf16"):
+        return torch_run(model_name, steps, bf16=variant == "torch-bf16")
     if variant == "peak":
         return peak_run()
     if variant == "startup":
@@ -864,9 +873,9 @@ def report(model_name: str, results: dict[str, list[dict]], peak: float | None =
 
 def available(variants: list[str]) -> tuple[list[str], list[str]]:
     """The variants this machine can run, and a note for each one left out (torch when it is not installed)."""
-    if "torch" in variants and importlib.util.find_spec("torch") is None:
+    if {"torch", "torch-bf16"} & set(variants) and importlib.util.find_spec("torch") is None:
         return (
-            [v for v in variants if v != "torch"],
+            [v for v in variants if v not in ("torch", "torch-bf16")],
             ["torch: skipped, PyTorch is not installed (it is optional: `pip install torch` to compare)"],
         )
     return variants, []

@@ -20,13 +20,17 @@ from inference.predict import Runner
 PLATFORMS = ("cpu", "cuda")
 
 
-def export_jax(fn: Callable, specs: list, *, dynamic_batch: bool = True, platforms: Sequence[str] = PLATFORMS) -> bytes:
-    """The serialised `jax.export.Exported` of fn(*inputs) for inputs like `specs` (one shared batch axis)."""
+def exported(fn: Callable, specs: list, *, dynamic_batch: bool, platforms: Sequence[str]) -> export.Exported:
+    """fn(*inputs) lowered to StableHLO for inputs like `specs`, their batch axis one symbol when dynamic_batch."""
     if dynamic_batch:
         (batch,) = export.symbolic_shape("b")
         specs = [jax.ShapeDtypeStruct((batch, *s.shape[1:]), s.dtype) for s in specs]
-    exported = export.export(jax.jit(fn), platforms=tuple(platforms))(*specs)
-    return bytes(exported.serialize())
+    return export.export(jax.jit(fn), platforms=tuple(platforms))(*specs)
+
+
+def export_jax(fn: Callable, specs: list, *, dynamic_batch: bool = True, platforms: Sequence[str] = PLATFORMS) -> bytes:
+    """The serialised `jax.export.Exported` of fn(*inputs) for inputs like `specs` (one shared batch axis)."""
+    return bytes(exported(fn, specs, dynamic_batch=dynamic_batch, platforms=platforms).serialize())
 
 
 class JaxModel(Runner):

@@ -2,8 +2,8 @@
 
 - `export_onnx`: jax2onnx traces the JAX function straight to ONNX, with a symbolic batch axis "B". Opset 18 at
   least: at 13 and 17 the normalisation and global-pooling graphs it emits are invalid.
-- `tflite_to_onnx`: tf2onnx reads a .tflite file (the original template's route; tf2onnx cannot read jax2tf's
-  `XlaCallModule` op, so it never sees the TensorFlow graph). tf2onnx lowers Select as
+- `tflite_to_onnx`: tf2onnx reads a .tflite file (the original template's route), here the one LiteRT's converter
+  makes (`inference/export_tflite.py`). tf2onnx lowers Select as
   `Cast(c) * x + Cast(!c) * y`, so an infinite value in the branch not taken turns into NaN (inf * 0); here every
   Select becomes an ONNX `Where`, which takes one branch per element. And a dynamic-batch .tflite computes reshape
   targets with UnsortedSegmentProd, whose generic lowering breaks batched matmuls (attention); see `_segment_prod`.
@@ -37,9 +37,12 @@ def export_onnx(
     if opset < 18:
         raise ValueError(f"opset {opset}: jax2onnx needs 18 or later for valid normalisation and pooling graphs")
     shapes = [jax.ShapeDtypeStruct(("B", *s.shape[1:]) if dynamic_batch else tuple(s.shape), s.dtype) for s in specs]
-    model = jax2onnx.to_onnx(
-        fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=[output_name]
-    )
+    # Traced with jit off, so that nested jits (jax.nn's functions, the layers' own) are inlined: jax2onnx 0.17.1's
+    # handler for a jit in the graph names jax._src.core.ClosedJaxpr, which JAX 0.12 merged into Jaxpr.
+    with jax.disable_jit():
+        model = jax2onnx.to_onnx(
+            fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=[output_name]
+        )
     return model.SerializeToString()
 
 

@@ -1,23 +1,19 @@
-"""TFLite: jax2tf -> `tf.function` -> `TFLiteConverter.from_concrete_functions`, TFLite builtin ops only.
+"""TFLite: `jax.export` lowers the model to StableHLO, LiteRT's converter (litert-converter) legalises it to TFLite
+builtin ops, and LiteRT's quantizer (ai-edge-quantizer) quantizes the weights when asked. No TensorFlow.
 
-jax2tf embeds the model as one StableHLO `XlaCallModule` op, which the converter legalises to builtin ops. The batch
-is fixed by default: LiteRT runs a fixed-batch model much faster than a dynamic one, whose graph is mostly shape
-arithmetic. TensorFlow is imported here and in the converter only, never on the training path.
+The route before JAX 0.12, jax2tf -> `TFLiteConverter`, no longer works there: TensorFlow 2.21 cannot legalise the
+symbolic-batch StableHLO that JAX 0.12 writes (none of the parity matrix's cases converted). The batch is fixed by
+default: LiteRT runs a fixed-batch model much faster than a dynamic one, whose graph is mostly shape arithmetic.
+litert-converter is installed from requirements-litert.txt, without its declared dependencies (the reason is there).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 QUANTIZATIONS = ("float16", "dynamic-int8")
-
-
-def _tf():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    return tf
+PLATFORM = "cpu"  # one platform: several would add a platform-index input to the module
+SIGNATURE = "serving_default"
 
 
 def export_tflite(
@@ -35,33 +31,57 @@ def export_tflite(
     quantize: None (float32), "float16" (float16 weights) or "dynamic-int8" (int8 weights, dynamic-range
     quantised activations in the matmuls and convolutions).
     """
-    from jax.experimental import jax2tf
+    from litert_converter.mlir import ir, passmanager
+    from litert_converter.mlir._mlir_libs import converter_api_ext as converter
 
-    tf = _tf()
+    from inference.export_jax import exported
+
     if quantize not in (None, *QUANTIZATIONS):
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
-    signature = [
-        tf.TensorSpec([None if dynamic_batch else s.shape[0], *s.shape[1:]], tf.as_dtype(s.dtype), name=n)
-        for s, n in zip(specs, names)
-    ]
-    polymorphic = ["(b, ...)"] * len(specs) if dynamic_batch else None
-    converted = jax2tf.convert(fn, polymorphic_shapes=polymorphic, with_gradient=False)
-    tf_fn = tf.function(converted, autograph=False, input_signature=signature)
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([tf_fn.get_concrete_function()], tf_fn)
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if quantize:
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    if quantize == "float16":
-        converter.target_spec.supported_types = [tf.float16]
-    return rename_output(converter.convert(), output_name)
+    stablehlo = exported(fn, specs, dynamic_batch=dynamic_batch, platforms=(PLATFORM,)).mlir_module()
+    context = ir.Context()
+    converter.prepare_mlir_context(context)
+    with context, ir.Location.unknown():
+        module = ir.Module.parse(stablehlo)
+        converter.run_convert_to_tfl_passes(module, passmanager.PassManager(), converter.ConvertToTFLConfig())
+        converter.set_signature(module.operation, SIGNATURE, list(names), [output_name])
+        model = converter.export_flatbuffer_to_bytes(module.operation)
+    model = rename_tensors(model, names, output_name)
+    return quantized(model, quantize) if quantize else model
 
 
-def rename_output(model: bytes, name: str) -> bytes:
-    """The model with its output tensor called `name`: a concrete function's output is always "Identity"."""
-    from tensorflow.lite.tools import flatbuffer_utils
+def rename_tensors(model: bytes, names: list[str], output_name: str) -> bytes:
+    """The model with its input tensors called `names` and its output `output_name`: the converter prefixes the
+    signature's name to each ("serving_default_input")."""
+    from ai_edge_litert.tools import flatbuffer_utils
 
     tree = flatbuffer_utils.convert_bytearray_to_object(bytearray(model))
     graph = tree.subgraphs[0]
+    for index, name in zip(graph.inputs, names):
+        graph.tensors[index].name = name.encode()
     (output,) = graph.outputs
-    graph.tensors[output].name = name.encode()
+    graph.tensors[output].name = output_name.encode()
     return bytes(flatbuffer_utils.convert_object_to_bytearray(tree))
+
+
+def quantized(model: bytes, quantize: str) -> bytes:
+    """float16: the weights of every op that has them stored as float16, computed in float32 (FLOAT_CASTING).
+    dynamic-int8: TFLiteConverter's former default (`dynamic_legacy_wi8_afp32`): int8 weights per channel for
+    tensors of 1024 elements or more, activations quantised on the fly."""
+    from ai_edge_quantizer import algorithm_manager, qtyping, quantizer, recipe, recipe_manager
+
+    if quantize == "float16":
+        manager = recipe_manager.RecipeManager()
+        manager.add_weight_only_config(
+            regex=".*",
+            operation_name=qtyping.TFLOperationName.ALL_SUPPORTED,
+            num_bits=16,
+            algorithm_key=algorithm_manager.AlgorithmName.FLOAT_CASTING,
+        )
+        chosen = manager.get_quantization_recipe()
+    else:
+        chosen = recipe.dynamic_legacy_wi8_afp32()
+    result = quantizer.Quantizer(bytearray(model), chosen).quantize(
+        enable_progress_bar=False, enable_progress_report=False
+    )
+    return bytes(result.quantized_model)

@@ -245,10 +245,10 @@ def export_format(
     if fmt == "onnx":
         routes = [options.onnx_via, "tflite" if options.onnx_via == "jax2onnx" else "jax2onnx"]
     else:
-        routes = {"tflite": ["jax2tf"], "jax": ["jax.export"]}[fmt]
+        routes = {"tflite": ["litert"], "jax": ["jax.export"]}[fmt]
     quantize = options.quantize if fmt == "tflite" else None
     path = folder / f"{name}{SUFFIX[fmt]}"
-    float_tflite = lambda: export_bytes("jax2tf", fn, inputs, options.dynamic[fmt])  # noqa: E731
+    float_tflite = lambda: export_bytes("litert", fn, inputs, options.dynamic[fmt])  # noqa: E731
     errors = []
     for route in routes:
         start = time.perf_counter()
@@ -373,7 +373,15 @@ def build_report(
     source: Source,
 ) -> dict:
     versions = {"jax": jax.__version__}
-    for package in ("tensorflow", "ai_edge_litert", "onnxruntime", "jax2onnx", "tf2onnx"):
+    for package in (
+        "litert_converter",
+        "ai_edge_quantizer",
+        "ai_edge_litert",
+        "tensorflow",
+        "onnxruntime",
+        "jax2onnx",
+        "tf2onnx",
+    ):
         module = sys.modules.get(package)  # only the converters and runtimes this export used
         if module is not None:
             versions[package] = getattr(module, "__version__", None) or distribution_version(package)

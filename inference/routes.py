@@ -1,6 +1,6 @@
-"""One artifact by one route (the converter that writes it), and the runtime that loads it back: jax2tf and the
-TFLite converter, jax2onnx, tf2onnx from the .tflite, and jax.export. Each converter is imported only when its route
-is taken.
+"""One artifact by one route (the converter that writes it), and the runtime that loads it back: jax.export then
+LiteRT's converter (TFLite), jax2onnx, tf2onnx from the .tflite, and jax.export alone. Each converter is imported only
+when its route is taken.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from inference.inputs import Inputs
 
 ROUTES = {
-    "jax2tf": "jax2tf -> TFLiteConverter (builtin ops)",
+    "litert": "jax.export -> LiteRT converter (builtin ops)",
     "jax2onnx": "jax2onnx (opset 18)",
     "tflite": "tf2onnx from the .tflite (Select as Where)",
     "jax.export": "jax.export (StableHLO)",
@@ -21,7 +21,7 @@ def export_bytes(
 ) -> bytes:
     """One artifact's bytes by `route`; fn takes the input tree; float_tflite() gives the float32 .tflite that route
     "tflite" converts."""
-    if route == "jax2tf":
+    if route == "litert":
         from inference.export_tflite import export_tflite
 
         return export_tflite(

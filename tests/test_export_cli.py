@@ -259,7 +259,7 @@ def test_mismatch_fails_names_the_place_and_writes_nothing(run_dir, tmp_path, mo
     original = exporter.export_bytes
 
     def off_by_a_bit(route, fn, *args, **kwargs):  # an exporter that gets the model slightly wrong
-        return original(route, (lambda x: fn(x) + 1e-2) if route == "jax2tf" else fn, *args, **kwargs)
+        return original(route, (lambda x: fn(x) + 1e-2) if route == "litert" else fn, *args, **kwargs)
 
     monkeypatch.setattr(exporter, "export_bytes", off_by_a_bit)
     assert (
@@ -360,7 +360,7 @@ def run_predict(*args) -> str:
     """predict.py in a fresh interpreter in which importing JAX or TensorFlow fails."""
     code = (
         "import runpy, sys\n"
-        "for name in ('jax', 'tensorflow', 'tf2onnx', 'jax2onnx'): sys.modules[name] = None\n"
+        "for name in ('jax', 'tensorflow', 'tf2onnx', 'jax2onnx', 'litert_converter'): sys.modules[name] = None\n"
         "sys.argv = sys.argv[1:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )

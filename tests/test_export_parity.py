@@ -236,3 +236,20 @@ def test_every_sample_model_is_in_the_matrix():
         f"sample models not in the export matrix (add a case, or a reason to NOT_IN_MATRIX): {sorted(missing)}"
     )
     assert all(reason.strip() for reason in NOT_IN_MATRIX.values()), "every NOT_IN_MATRIX entry needs its reason"
+
+
+# Quantized weights change the outputs by design: each is held to its own bound on max |diff| / max |JAX output|.
+QUANTIZED_BOUNDS = {"float16": 1e-2, "dynamic-int8": 1e-1}
+
+
+@pytest.mark.parametrize("quantize", QUANTIZED_BOUNDS)
+def test_quantized_tflite_is_smaller_and_close(quantize):
+    fn, named, inputs = setup("mnist_cnn")
+    model = export_tflite(named.flat_fn(fn), named.specs, named.names, quantize=quantize, output_name="output")
+    runner = TFLiteModel(model)
+    assert len(model) < len(tflite_bytes("mnist_cnn", False))
+    assert runner.names() == named.names and runner.output_name == "output"
+    x = inputs(FIXED, seed=0)
+    want, got = np.asarray(jax.jit(fn)(x)), runner(x)
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() <= QUANTIZED_BOUNDS[quantize] * np.abs(want).max()

@@ -25,6 +25,7 @@ LIBRARY = (
     "Makefile",
     "requirements.txt",
     "requirements-dev.txt",
+    "requirements-litert.txt",
     "pytest.ini",
     "logger_config.json",
     ".gitignore",

@@ -161,6 +161,7 @@ def test_xla_options_only_for_the_measured_cpu_setup():
     assert train == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
     assert platform.xla_options("eval", "cpu", {}, series="0.10") == {"xla_cpu_experimental_ynn_fusion_type": ""}
     assert platform.xla_options("train", "gpu", {}, series="0.10") == {}
+    assert platform.xla_options("train", "cpu", {}, series="0.12") == train  # re-measured there
     assert platform.xla_options("train", "cpu", {}, series="0.11") == {}  # unmeasured jaxlib: XLA may reject them
     assert platform.xla_options("train", "cpu", {"XLA_FLAGS": "--xla_dump_to=/tmp"}, series="0.10") == {}
     assert platform.xla_options("train", "cpu", {platform.SWITCH: "0"}, series="0.10") == {}
