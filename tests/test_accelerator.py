@@ -70,7 +70,7 @@ def test_make_installs_the_cpu_set_without_an_accelerator(tmp_path):
 def test_make_rebuilds_the_venv_when_the_accelerator_changes(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").touch()
+    (venv / "bin" / "python").symlink_to(sys.executable)  # a Python the Makefile accepts (it runs, >= 3.12)
     (venv / ".installed").touch()  # newer than the requirements files: installed, nothing to do
     (venv / "accelerator").write_text("cuda12\n")
     same = make_dry_run("train", f"VENV={venv}", "ACCEL=cuda12")
@@ -79,6 +79,19 @@ def test_make_rebuilds_the_venv_when_the_accelerator_changes(tmp_path):
     assert f"rm -rf {venv}" in other.stdout.splitlines() and pip_installs(other.stdout) == ["-r requirements.txt"]
     (venv / "accelerator").unlink()  # a venv made before the choice existed: a CPU one, left as it is
     assert make_dry_run("train", f"VENV={venv}", "ACCEL=cpu").stdout.splitlines() == same.stdout.splitlines()
+
+
+@needs_make
+def test_make_rebuilds_a_venv_made_with_a_python_older_than_3_12(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    old = venv / "bin" / "python"
+    old.write_text("#!/bin/sh\nexit 1\n")  # what `python -c 'sys.exit(version < (3, 12))'` does on 3.11
+    old.chmod(0o755)
+    (venv / ".installed").touch()
+    result = make_dry_run("train", f"VENV={venv}", "ACCEL=cpu")
+    assert result.returncode == 0, result.stderr
+    assert f"rm -rf {venv}" in result.stdout.splitlines() and pip_installs(result.stdout) == ["-r requirements.txt"]
 
 
 @needs_make
