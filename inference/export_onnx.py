@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -39,11 +40,18 @@ def export_onnx(
     shapes = [jax.ShapeDtypeStruct(("B", *s.shape[1:]) if dynamic_batch else tuple(s.shape), s.dtype) for s in specs]
     # Traced with jit off, so that nested jits (jax.nn's functions, the layers' own) are inlined: jax2onnx 0.17.1's
     # handler for a jit in the graph names jax._src.core.ClosedJaxpr, which JAX 0.12 merged into Jaxpr.
-    with jax.disable_jit():
-        model = jax2onnx.to_onnx(
-            fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=[output_name]
-        )
-    return model.SerializeToString()
+    # onnx_ir warns about each shape constant jax2onnx leaves untyped; the file's outputs are checked in onnxruntime.
+    serde = logging.getLogger("onnx_ir.serde")
+    level = serde.level
+    serde.setLevel(logging.ERROR)
+    try:
+        with jax.disable_jit():
+            model = jax2onnx.to_onnx(
+                fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=[output_name]
+            )
+        return model.SerializeToString()
+    finally:
+        serde.setLevel(level)
 
 
 def _select_as_where(ctx, node, name, args):
