@@ -15,6 +15,10 @@ Variants (each in a fresh process, interleaved round by round; medians over roun
             derivative of `model/modules/normalization.py`
   nanogpt   nanoGPT's `GPT` and `configure_optimizers` (from --nanogpt DIR, a checkout of nanoGPT; needs torch),
             eager PyTorch on the CPU with all cores, its train.py's step (forward, backward, clip 1.0, AdamW)
+  bf16      template computing in bfloat16 (`trainer.precision`; float32 parameters), for CPUs with native
+            bfloat16 (avx512_bf16, AMX): compare it with nanogpt-bf16, not with the float32 rows
+  nanogpt-bf16  nanogpt with its forward pass and loss under CPU autocast to bfloat16, as its train.py's
+            `dtype = 'bfloat16'` does
 Each process compiles and warms up (template/fused: one timed-length run; flax/nanogpt: ten steps), then times
 --steps steps of the config's batch. Each round starts with a process that measures the machine's matmul peak
 (4096 x 4096 float32, best of 5, JAX/NumPy/PyTorch); the CPU model, core count and load average are printed with
@@ -88,13 +92,15 @@ def autodiff_norm_run(steps: int) -> dict:
     return template_run(steps)
 
 
-def template_run(steps: int) -> dict:
+def template_run(steps: int, compute: str = "float32") -> dict:
     import jax
 
     from training.metrics import metric_results
     from training.trainer import peak_rss_mb
 
     config = bench_config()
+    if compute != "float32":
+        config["trainer"]["precision"] = {"compute": compute}
     loader = train_loader(config, steps)
     trainer = compiled_trainer(config, loader)
     metric_results(trainer.run.metrics, trainer.train_epoch(0))  # warm-up: one epoch, as the fused bound does
@@ -228,8 +234,10 @@ def flax_run(steps: int) -> dict:
     }
 
 
-def nanogpt_run(steps: int, folder: str) -> dict:
-    """nanoGPT's model and optimizer as its train.py uses them on the CPU (no torch.compile, float32)."""
+def nanogpt_run(steps: int, folder: str, bf16: bool = False) -> dict:
+    """nanoGPT's model and optimizer as its train.py uses them on the CPU (no torch.compile; float32, or its
+    forward pass under autocast to bfloat16 with ``bf16``)."""
+    import contextlib
     import importlib.util
 
     import numpy as np
@@ -261,7 +269,8 @@ def nanogpt_run(steps: int, folder: str) -> dict:
 
     def step(batch):
         x, y = (torch.from_numpy(np.asarray(batch[k], np.int64)) for k in ("input", "target"))
-        _, loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -288,7 +297,7 @@ def child_env(variant: str) -> dict:
     from training import platform
 
     env = base_env()
-    if variant in ("template", "fused", "autodiff-norm"):  # the peak and the peers run as their users would
+    if variant in ("template", "fused", "autodiff-norm", "bf16"):  # the peak and the peers run as their users would
         env.update(platform.process_defaults(env))
     else:
         env[platform.SWITCH] = "0"
@@ -311,14 +320,18 @@ def main(argv=None) -> int:
             "flax": flax_run,
             "peak": lambda steps: matmul_peak(),
             "autodiff-norm": autodiff_norm_run,
+            "bf16": lambda steps: template_run(steps, "bfloat16"),
         }
-        result = nanogpt_run(args.steps, args.nanogpt) if args.child == "nanogpt" else runs[args.child](args.steps)
+        if args.child in ("nanogpt", "nanogpt-bf16"):
+            result = nanogpt_run(args.steps, args.nanogpt, bf16=args.child == "nanogpt-bf16")
+        else:
+            result = runs[args.child](args.steps)
         print(json.dumps(result), flush=True)
         return 0
     variants = args.variants.split(",")
-    if "nanogpt" in variants and not args.nanogpt:
+    if {"nanogpt", "nanogpt-bf16"} & set(variants) and not args.nanogpt:
         print("nanogpt: skipped (give --nanogpt DIR, a checkout of nanoGPT, and install torch)")
-        variants.remove("nanogpt")
+        variants = [v for v in variants if v not in ("nanogpt", "nanogpt-bf16")]
     print(f"{describe()}; load average (1/5/15 min) {load_average()}", flush=True)
     results, peaks = {v: [] for v in variants}, []
     load = [os.getloadavg()]
