@@ -276,8 +276,8 @@ def test_torch_variant_is_skipped_with_a_note_without_torch(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
-    variants, notes = train_benchmark.available(["template", "torch", "flax"])
-    assert variants == ["template", "flax"] and len(notes) == 1 and "PyTorch is not installed" in notes[0]
+    variants, notes = train_benchmark.available(["template", "torch", "flax", "torch-bf16", "bf16"])
+    assert variants == ["template", "flax", "bf16"] and len(notes) == 1 and "PyTorch is not installed" in notes[0]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     assert train_benchmark.available(["template", "torch"]) == (["template", "torch"], [])
     assert "torch" not in (REPO / "requirements.txt").read_text()
