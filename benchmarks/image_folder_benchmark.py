@@ -32,7 +32,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.machine import cpu_model, load_average  # noqa: E402
+from benchmarks.machine import cpu_model, describe, load_average  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data" / "fashion_mnist"
 BATCH = 128
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     started = time.perf_counter()
     files = write_pngs(idx_dir, out, args.subset)
-    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; load average {load_average()}")
+    print(f"cpu: {describe()}; load average {load_average()}")
     print(
         f"PNG folder: {out} ({files['train']:,} train + {files['test']:,} test files; written or checked in "
         f"{time.perf_counter() - started:.1f} s)"

@@ -12,6 +12,7 @@ import platform as host
 import shutil
 import subprocess
 import time
+from importlib import metadata
 from pathlib import Path
 
 PEAK_SIZE = 4096  # the issue's figures: 4096 x 4096 float32, best of 5
@@ -64,8 +65,17 @@ def load_average() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def jax_version() -> str:
+    """The installed jax and jaxlib, read without importing JAX (a benchmark's parent process stays light)."""
+    try:
+        return f"jax {metadata.version('jax')} (jaxlib {metadata.version('jaxlib')})"
+    except metadata.PackageNotFoundError:
+        return "jax not installed"
+
+
 def describe() -> str:
-    return f"{cpu_model()}, {os.cpu_count()} cores"
+    """The CPU by name, its cores, and the JAX it runs: the line every benchmark starts with."""
+    return f"{cpu_model()}, {os.cpu_count()} cores, {jax_version()}"
 
 
 def best_rate(fn, flops: float, reps: int) -> float:

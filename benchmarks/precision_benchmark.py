@@ -84,9 +84,9 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(one_run(args.child, args.steps)))
         return 0
-    from benchmarks.machine import cpu_model, load_average
+    from benchmarks.machine import describe, load_average
 
-    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores")
+    print(f"cpu: {describe()}")
     results: dict[str, list[dict]] = {p: [] for p in args.policies.split(",")}
     for round_ in range(args.rounds):
         for policy in results:
