@@ -9,11 +9,29 @@ litert-converter is installed from requirements-litert.txt, without its declared
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections.abc import Callable
 
 QUANTIZATIONS = ("float16", "dynamic-int8")
 PLATFORM = "cpu"  # one platform: several would add a platform-index input to the module
 SIGNATURE = "serving_default"
+
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """File descriptor 2 to /dev/null for the block: silences what compiled code writes there directly. Python
+    exceptions raised in the block still propagate."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def export_tflite(
@@ -31,8 +49,9 @@ def export_tflite(
     quantize: None (float32), "float16" (float16 weights) or "dynamic-int8" (int8 weights, dynamic-range
     quantised activations in the matmuls and convolutions).
     """
-    from litert_converter.mlir import ir, passmanager
-    from litert_converter.mlir._mlir_libs import converter_api_ext as converter
+    with native_stderr_silenced():  # its library logs "oneDNN custom operations are on" on load, past Python
+        from litert_converter.mlir import ir, passmanager
+        from litert_converter.mlir._mlir_libs import converter_api_ext as converter
 
     from inference.export_jax import exported
 
