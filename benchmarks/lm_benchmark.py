@@ -51,6 +51,7 @@ from benchmarks.train_benchmark import (  # noqa: E402
 
 CONFIG = REPO / "configs" / "shakespeare_char.json"
 VARIANTS = ["template", "fused", "flax", "nanogpt"]
+NANOGPT = ("nanogpt", "nanogpt-bf16")  # the variants that need --nanogpt and PyTorch
 
 
 def parse_args(argv=None):
@@ -322,16 +323,16 @@ def main(argv=None) -> int:
             "autodiff-norm": autodiff_norm_run,
             "bf16": lambda steps: template_run(steps, "bfloat16"),
         }
-        if args.child in ("nanogpt", "nanogpt-bf16"):
+        if args.child in NANOGPT:
             result = nanogpt_run(args.steps, args.nanogpt, bf16=args.child == "nanogpt-bf16")
         else:
             result = runs[args.child](args.steps)
         print(json.dumps(result), flush=True)
         return 0
     variants = args.variants.split(",")
-    if {"nanogpt", "nanogpt-bf16"} & set(variants) and not args.nanogpt:
+    if set(NANOGPT) & set(variants) and not args.nanogpt:
         print("nanogpt: skipped (give --nanogpt DIR, a checkout of nanoGPT, and install torch)")
-        variants = [v for v in variants if v not in ("nanogpt", "nanogpt-bf16")]
+        variants = [v for v in variants if v not in NANOGPT]
     print(f"{describe()}; load average (1/5/15 min) {load_average()}", flush=True)
     results, peaks = {v: [] for v in variants}, []
     load = [os.getloadavg()]

@@ -121,7 +121,8 @@ VARIANTS = {
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
 SLOW_STEPS = 30
-PEERS = ("flax", "torch", "torch-bf16", "peak")  # run as their users would: no platform defaults
+TORCH = ("torch", "torch-bf16")  # the variants that need PyTorch
+PEERS = ("flax", *TORCH, "peak")  # run as their users would: no platform defaults
 
 
 def parse_args(argv=None):
@@ -736,7 +737,7 @@ def child(model_name: str, variant: str, steps: int) -> dict:
         return fused_run(model_name, steps)
     if variant == "flax":
         return flax_run(model_name, steps)
-    if variant in ("torch", "torch-bf16"):
+    if variant in TORCH:
         return torch_run(model_name, steps, bf16=variant == "torch-bf16")
     if variant == "peak":
         return peak_run()
@@ -873,9 +874,9 @@ def report(model_name: str, results: dict[str, list[dict]], peak: float | None =
 
 def available(variants: list[str]) -> tuple[list[str], list[str]]:
     """The variants this machine can run, and a note for each one left out (torch when it is not installed)."""
-    if {"torch", "torch-bf16"} & set(variants) and importlib.util.find_spec("torch") is None:
+    if set(TORCH) & set(variants) and importlib.util.find_spec("torch") is None:
         return (
-            [v for v in variants if v not in ("torch", "torch-bf16")],
+            [v for v in variants if v not in TORCH],
             ["torch: skipped, PyTorch is not installed (it is optional: `pip install torch` to compare)"],
         )
     return variants, []
