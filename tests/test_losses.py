@@ -8,7 +8,6 @@ import pytest
 from jax.test_util import check_grads
 
 from training import losses
-from utils import available
 
 B, C = 6, 5
 rng = np.random.default_rng(0)
@@ -187,15 +186,3 @@ def test_gradients(name):
         "kl_divergence_with_logits": lambda x: losses.kl_divergence_with_logits(x, soft),
     }[name]
     check_grads(fn, (x,), order=1, modes=("fwd", "rev"))
-
-
-def test_config_names_only_losses():
-    assert set(available("loss")) == {
-        "cross_entropy",
-        "binary_cross_entropy",
-        "mse",
-        "l1",
-        "huber",
-        "kl_divergence",
-        "kl_divergence_with_logits",
-    }
