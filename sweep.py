@@ -169,6 +169,17 @@ def requeue(study, trial) -> None:
     study.add_trial(again)
 
 
+def racing(make, tries: int = 5):
+    """Workers started at once create the database's tables and the study at once: the losers try again."""
+    for attempt in range(tries):
+        try:
+            return make()
+        except Exception as error:
+            if attempt == tries - 1 or "IntegrityError" not in type(error).__name__:
+                raise
+            time.sleep(0.5 + attempt)
+
+
 def open_study(args, sweep: Sweep):
     """The study and its storage, created by the first worker and loaded by the others. A trial whose worker
     missed three heartbeats is failed by the next worker to look, and queued again (`requeue`)."""
@@ -208,8 +219,10 @@ def open_study(args, sweep: Sweep):
             "postgresql://", "postgresql+psycopg://", 1
         )  # psycopg 3: requirements-sweeps-postgres.txt
         try:
-            storage = RDBStorage(
-                url, heartbeat_interval=beat, grace_period=3 * beat, heartbeat_stale_trial_callback=requeue
+            storage = racing(
+                lambda: RDBStorage(
+                    url, heartbeat_interval=beat, grace_period=3 * beat, heartbeat_stale_trial_callback=requeue
+                )
             )
         except Exception as error:  # a bad URL, a missing driver, a server that does not answer
             raise SweepError(
@@ -221,7 +234,6 @@ def open_study(args, sweep: Sweep):
             raise SweepError(f"{path}: not a regular file; the study's journal is only written as one")
         sweep.folder.mkdir(parents=True, exist_ok=True)
         storage = Journal(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
-    choices = {p.key: p.distribution().choices for p in sweep.params if p.values}
     kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + 1000 * args.worker
     if kind == "grid":
 
@@ -237,8 +249,15 @@ def open_study(args, sweep: Sweep):
     direction = "maximize" if sweep.mode == "max" else "minimize"
     name = sweep.folder.name
     try:
-        study = optuna.create_study(
-            storage=storage, study_name=name, direction=direction, sampler=sampler, pruner=pruner, load_if_exists=True
+        study = racing(
+            lambda: optuna.create_study(
+                storage=storage,
+                study_name=name,
+                direction=direction,
+                sampler=sampler,
+                pruner=pruner,
+                load_if_exists=True,
+            )
         )
     except Exception as error:  # the database refused (no such database, no permission)
         raise SweepError(
@@ -250,7 +269,8 @@ def open_study(args, sweep: Sweep):
     elif before != sweep.definition:
         changed = sorted(k for k in sweep.definition if before.get(k) != sweep.definition[k])
         raise SweepError(
-            f"study {name}: started with other settings ({', '.join(changed)} differ); use another --study, or the same arguments to continue it"
+            f"study {name}: started with other settings ({', '.join(changed)} differ); use another --study, "
+            "or the same arguments to continue it"
         )
     return study, storage
 
@@ -412,6 +432,7 @@ class Worker:
                     if pruned is None and code is None and trial.should_prune():
                         pruned = epoch
                         self.process.send_signal(signal.SIGTERM)  # train.py saves and exits 143
+                        break
             except Exception as error:  # failed by another worker (this one missed its heartbeats): it runs there
                 if not lost:
                     print(f"{run}: given up here ({type(error).__name__}); another worker runs it", flush=True)
@@ -468,7 +489,8 @@ def main(argv=None) -> int:
         fail(f"cannot write the sweep folder: {error.filename or ''}: {error.strerror or error}")
     if args.worker == 0:
         print(
-            f"sweep: {sweep.folder} (study {study.study_name}, {sweep.trials} trials; rerun the same command, here or on another machine, to add a worker or continue)",
+            f"sweep: {sweep.folder} (study {study.study_name}, {sweep.trials} trials; the same command,"
+            " here or elsewhere, adds a worker or continues it)",
             flush=True,
         )
     children = workers(argv, args.parallel) if args.parallel > 1 else []
@@ -495,7 +517,8 @@ def main(argv=None) -> int:
         )
         write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         print(
-            f"best: trial {best['trial']}, {sweep.metric} {best['value']:.4f}; reproduce it with python train.py -c {sweep.folder / 'best' / 'config.json'}"
+            f"best: trial {best['trial']}, {sweep.metric} {best['value']:.4f}; reproduce it with "
+            f"python train.py -c {sweep.folder / 'best' / 'config.json'}"
         )
     if worker.stop_signal is not None:
         print(f"stopped by {signal.Signals(worker.stop_signal).name}; the same command continues", file=sys.stderr)

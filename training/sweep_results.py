@@ -202,7 +202,8 @@ def report(sweep, study) -> dict | None:
     keys = [p.key for p in sweep.params]
     rows = rows_of(sweep, study)
     print(
-        f"\n{sweep.folder}: {sum(r['status'] in ('done', 'pruned', 'failed') for r in rows)} of {sweep.trials} trials, {sweep.mode} {sweep.metric}, best first"
+        f"\n{sweep.folder}: {sum(r['status'] in ('done', 'pruned', 'failed') for r in rows)} of {sweep.trials} "
+        f"trials, {sweep.mode} {sweep.metric}, best first"
     )
     print(table(rows, keys, sweep.metric))
     write_csv(sweep.folder / "results.csv", rows, keys, sweep.metric)
