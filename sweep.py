@@ -20,6 +20,7 @@ import sys
 import time
 import warnings
 from argparse import SUPPRESS
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -135,25 +136,18 @@ def define(args) -> Sweep:
 def parse_prune(text: str, epochs: int):
     import optuna.pruners as p
 
-    name, *numbers = text.split(":")
-    if all(n.isdigit() for n in numbers):
-        n = [int(x) for x in numbers]
+    name, *n = text.split(":")
+    if not all(x.isdigit() for x in n):
+        n = [-1]
+    n = [int(x) for x in n]
+    percentile = n.pop(0) if name == "percentile" and n and 0 < n[0] < 100 else 50 if name == "median" else None
+    if percentile is not None and len(n) <= 2 and n[1:] != [0] and -1 not in n:
         # WARMUP epochs are never pruned: Optuna prunes from step n_warmup_steps on, and a step is an epoch (1, 2...)
-        if name in ("median", "percentile") and name == "percentile" and n and 0 < n[0] < 100:
-            percentile, n = n[0], n[1:]
-        else:
-            percentile = 50 if name == "median" else None
-        if percentile is not None and len(n) <= 2 and n[1:] != [0]:
-            return p.PercentilePruner(
-                percentile, n_startup_trials=n[1] if n[1:] else 2, n_warmup_steps=n[0] + 1 if n else 1
-            )
-        if name == "successive-halving" and not n:
-            return p.SuccessiveHalvingPruner()
-        if name == "hyperband" and not n:
-            return p.HyperbandPruner(max_resource=epochs)
-        if name == "off" and not n:
-            return p.NopPruner()
-    raise SweepError(f"--prune {text}: expected {PRUNERS}")
+        return p.PercentilePruner(percentile, n_startup_trials=(n + [0, 2])[1], n_warmup_steps=(n + [0])[0] + 1)
+    pruners = {"successive-halving": p.SuccessiveHalvingPruner, "hyperband": lambda: p.HyperbandPruner(1, epochs)}
+    if n or name not in (*pruners, "off"):
+        raise SweepError(f"--prune {text}: expected {PRUNERS}")
+    return pruners.get(name, p.NopPruner)()
 
 
 def requeue(study, trial) -> None:
@@ -169,14 +163,15 @@ def requeue(study, trial) -> None:
     study.add_trial(again)
 
 
-def racing(make, tries: int = 5):
+def connect(make, storage: str | None, tries: int = 5):
     """Workers started at once create the database's tables and the study at once: the losers try again."""
     for attempt in range(tries):
         try:
             return make()
-        except Exception as error:
+        except Exception as error:  # a bad URL, a missing driver, a server that does not answer, a race
             if attempt == tries - 1 or "IntegrityError" not in type(error).__name__:
-                raise
+                why = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+                raise SweepError(f"--storage {storage}: {why}") from None
             time.sleep(0.5 + attempt)
 
 
@@ -215,19 +210,9 @@ def open_study(args, sweep: Sweep):
             raise SweepError(
                 f"--storage {args.storage}: expected a database URL (postgresql://user@host/db, sqlite:///sweeps.db)"
             )
-        url = args.storage.replace(
-            "postgresql://", "postgresql+psycopg://", 1
-        )  # psycopg 3: requirements-sweeps-postgres.txt
-        try:
-            storage = racing(
-                lambda: RDBStorage(
-                    url, heartbeat_interval=beat, grace_period=3 * beat, heartbeat_stale_trial_callback=requeue
-                )
-            )
-        except Exception as error:  # a bad URL, a missing driver, a server that does not answer
-            raise SweepError(
-                f"--storage {args.storage}: {type(error).__name__}: {str(error).strip().splitlines()[0]}"
-            ) from None
+        url = args.storage.replace("postgresql://", "postgresql+psycopg://", 1)  # requirements-sweeps-postgres.txt
+        rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
+        storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
     else:
         path = sweep.folder / "journal.log"
         if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -245,24 +230,11 @@ def open_study(args, sweep: Sweep):
         sampler = Grid({p.key: p.distribution().choices for p in sweep.params}, seed=args.seed or 0)
     else:
         sampler = getattr(optuna.samplers, SAMPLERS[kind])(seed=seed)
-    pruner = parse_prune(args.prune, sweep.epochs)
     direction = "maximize" if sweep.mode == "max" else "minimize"
     name = sweep.folder.name
-    try:
-        study = racing(
-            lambda: optuna.create_study(
-                storage=storage,
-                study_name=name,
-                direction=direction,
-                sampler=sampler,
-                pruner=pruner,
-                load_if_exists=True,
-            )
-        )
-    except Exception as error:  # the database refused (no such database, no permission)
-        raise SweepError(
-            f"--storage {args.storage}: {type(error).__name__}: {str(error).strip().splitlines()[0]}"
-        ) from None
+    make = partial(optuna.create_study, storage=storage, study_name=name, direction=direction, sampler=sampler)
+    where = args.storage or str(sweep.folder / "journal.log")
+    study = connect(partial(make, pruner=parse_prune(args.prune, sweep.epochs), load_if_exists=True), where)
     before = study.user_attrs.get("definition")
     if before is None:
         study.set_user_attr("definition", sweep.definition)
@@ -310,21 +282,16 @@ def wait_free(run_dir: Path, seconds: float = 60) -> None:
 
 
 def error_line(log: Path, start: int, run_dir: Path, code: int) -> str:
-    """Why a trial failed: train.py's `error:` line, else the last error in its train.log, else its last line."""
+    """Why a trial failed: train.py's `error:` line, else the last error in its train.log, else how it ended."""
     with open(log, "rb") as f:
         f.seek(start)
         lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    train_log = run_dir / "train.log"
+    logged = train_log.read_text(errors="replace").splitlines() if train_log.is_file() else []
     errors = [line for line in lines if line.startswith("error:")]
-    try:
-        logged = [
-            line.split(" ERROR ", 1)[1].split(": ", 1)[-1]
-            for line in (run_dir / "train.log").read_text().splitlines()
-            if " ERROR " in line
-        ]
-    except OSError:
-        logged = []
-    reason = f"killed by {signal.Signals(-code).name}" if code < 0 else ""
-    return (errors or logged or [reason or (lines[-1] if lines else f"exit status {code}")])[-1][:500]
+    errors = errors or [line.split(" ERROR ", 1)[1].split(": ", 1)[-1] for line in logged if " ERROR " in line]
+    ended = [f"killed by {signal.Signals(-code).name}" if code < 0 else lines[-1] if lines else f"exit {code}"]
+    return (errors or ended)[-1][:500]
 
 
 class Worker:
@@ -381,11 +348,8 @@ class Worker:
         sweep, run = self.sweep, run_of(frozen)
         values = {p.key: p.decode(trial.params[p.key]) for p in sweep.params}
         resumed = "failed_trial" in frozen.system_attrs
-        print(
-            f"{run}: {'resumed' if resumed else 'started'}  "
-            + "  ".join(f"{k}={json.dumps(v)}" for k, v in values.items()),
-            flush=True,
-        )
+        shown = "  ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+        print(f"{run}: {'resumed' if resumed else 'started'}  {shown}", flush=True)
         try:  # a combination the probes did not try: no process needed to learn it is refused
             load_config(sweep.config_path, sweep.fixed + overrides(values), source=Path(sweep.config_path).name)
         except ConfigError as error:
@@ -394,9 +358,6 @@ class Worker:
         place = [f"name={json.dumps(sweep.folder.name)}", f"trainer.save_dir={json.dumps(str(sweep.folder.parent))}"]
         for text in sweep.fixed + overrides(values) + place:  # the folder last, whatever --set said
             command += ["--set", text]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if self.args.parallel > 1:  # several trials on one accelerator: each takes memory as it needs it
-            env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         run_dir, log = sweep.folder / run, sweep.folder / "logs" / f"{run}.log"
         wait_free(run_dir)
         with open(log, "ab") as out:
@@ -404,15 +365,9 @@ class Worker:
             out.flush()
             start = out.tell()
             try:
-                self.process = subprocess.Popen(
-                    command,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=self.preexec,
-                )
+                io = dict(stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self.preexec)
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                self.process = subprocess.Popen(command, **io, env=env, start_new_session=True)
             except OSError as error:
                 return self.failed(trial, run, f"cannot start train.py: {error.strerror or error}", None)
         if self.stop_signal is not None:  # it came while the process was being started
@@ -468,10 +423,14 @@ class Worker:
 
 
 def workers(argv: list[str], parallel: int) -> list[subprocess.Popen]:
-    """--parallel N: N-1 more workers, this command again in processes tied to this one."""
+    """--parallel N: N-1 more workers, this command again in processes tied to this one (signals reach them from
+    it alone). Several trials on one accelerator: each takes memory as it needs it."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--parallel", "1", "--worker"]
     preexec = parent_death_signal()
-    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--parallel", "1"]
-    return [subprocess.Popen([*command, "--worker", str(i)], preexec_fn=preexec) for i in range(1, parallel)]
+    return [
+        subprocess.Popen([*command, str(i)], preexec_fn=preexec, start_new_session=True) for i in range(1, parallel)
+    ]
 
 
 def main(argv=None) -> int:

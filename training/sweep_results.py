@@ -161,7 +161,7 @@ def write_csv(path: Path, rows: list[dict], keys: list[str], metric: str) -> Non
     write_atomic(path, text.getvalue().encode())
 
 
-def plot(folder: Path, study) -> list[Path]:
+def plot(folder: Path, study, metric: str) -> list[Path]:
     """Optuna's plots: the metric per epoch of every trial, the best value as trials end, which values mattered
     and every trial's values side by side. One that cannot be drawn (too few trials) is left out."""
     import matplotlib
@@ -182,6 +182,8 @@ def plot(folder: Path, study) -> list[Path]:
                 warnings.simplefilter("ignore")
                 axes = draw(study)
             figure = getattr(axes, "flat", [axes])[0].figure
+            if name == "curves":  # Optuna's steps are the epochs, its values the monitored metric
+                axes.set(xlabel="epoch", ylabel=metric)
             figure.set_size_inches(7, 4.5)
             figure.tight_layout()
             png = io.BytesIO()
@@ -207,6 +209,6 @@ def report(sweep, study) -> dict | None:
     )
     print(table(rows, keys, sweep.metric))
     write_csv(sweep.folder / "results.csv", rows, keys, sweep.metric)
-    written = plot(sweep.folder, study)
+    written = plot(sweep.folder, study, sweep.metric)
     print(f"plots: {', '.join(str(p) for p in written)}")
     return next((r for r in rows if r["status"] == "done"), None)
