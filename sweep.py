@@ -183,7 +183,7 @@ def open_study(args, sweep: Sweep):
     from optuna.storages._heartbeat import BaseHeartbeat
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a worker reports in its own words
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", "Heartbeat of storage")  # Optuna's heartbeat, without its optimize()
     beat = args.heartbeat
@@ -360,7 +360,7 @@ class Worker:
             command += ["--set", text]
         run_dir, log = sweep.folder / run, sweep.folder / "logs" / f"{run}.log"
         wait_free(run_dir)
-        with open(log, "ab") as out:
+        with open(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab") as out:
             out.write(f"$ {' '.join(command)}\n".encode())
             out.flush()
             start = out.tell()
@@ -408,7 +408,7 @@ class Worker:
             self.study.tell(trial, value)
         elif code == 0:
             self.failed(trial, run, f"no {sweep.metric} in {METRICS}", 0)
-        elif code in (130, 143) and self.stop_signal is not None:
+        elif self.stop_signal is not None:  # saved and stopped (130/143), or killed before train.py could save
             print(f"{run}: stopped at epoch {len(curve)}; it resumes from its checkpoint", flush=True)
             self.study.tell(trial, state=FAIL)
             requeue(self.study, self.study.get_trials(deepcopy=False)[trial.number])

@@ -171,6 +171,8 @@ def plot(folder: Path, study, metric: str) -> list[Path]:
     import optuna.visualization.matplotlib as vis
 
     written = []
+    if not any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+        return written
     for name, draw in (
         ("curves", vis.plot_intermediate_values),
         ("history", vis.plot_optimization_history),
