@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -20,9 +21,9 @@ import sys
 import time
 import warnings
 from argparse import SUPPRESS
+from collections import namedtuple
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
 from training.files import LOCK_NAME, METRICS, write_atomic
 from training.sweep_results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
@@ -43,13 +44,7 @@ def parse_args(argv=None):
     add("-c", "--config", required=True, help="the config every trial starts from")
     add("--set", dest="fixed", action="append", default=[], metavar="KEY.PATH=VALUE", help="a value every trial takes")
     add("--grid", action="append", default=[], metavar="KEY.PATH=[v1,v2,...]", help="values to try (JSON list)")
-    add(
-        "--sample",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=DIST",
-        help="uniform|loguniform|int:LOW:HIGH, choice:[...]",
-    )
+    add("--sample", action="append", default=[], metavar="KEY.PATH=DIST", help="(log)uniform|int:LOW:HIGH|choice:[]")
     add("--trials", type=int, help="finished trials the study needs (default: the grid's size; with --sample, 10)")
     add("--sampler", help=f"{', '.join(SAMPLERS)} (default: grid for a grid alone, else tpe)")
     add("--prune", default="off", help=PRUNERS + " (default)")
@@ -63,16 +58,9 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-class Sweep(NamedTuple):
-    config_path: str
-    fixed: list[str]
-    params: list  # Param
-    trials: int
-    folder: Path
-    mode: str
-    metric: str
-    epochs: int
-    definition: dict
+# what define() checked: the config and --set, the swept Params, how many trials, where, ranked how, and what
+# defines the study (a worker with other settings is refused)
+Sweep = namedtuple("Sweep", "config_path fixed params trials folder mode metric epochs definition")
 
 
 def define(args) -> Sweep:
@@ -103,10 +91,10 @@ def define(args) -> Sweep:
             f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')"
         )
     mode, metric = config["trainer"]["monitor"].split(" ", 1)
-    grid_size = 1
-    for param in params:
-        grid_size *= len(param.values) if param.kind == "grid" else 1
-    gridded = all(p.kind == "grid" for p in params)
+    grid_size, gridded = (
+        math.prod(len(p.values) for p in params if p.kind == "grid"),
+        all(p.kind == "grid" for p in params),
+    )
     sampler = args.sampler or ("grid" if gridded else "tpe")
     if sampler not in SAMPLERS:
         raise SweepError(f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}")
@@ -325,12 +313,9 @@ class Worker:
             slots = attempts(study.get_trials(deepcopy=False), sweep.trials)
             if sum(ended(t) for t in slots.values()) >= sweep.trials:
                 return
-            for t in slots.values():  # stopped, or failed by a heartbeat, and not queued again (its worker died)
-                if (
-                    t.state == FAIL
-                    and not ended(t)
-                    and time.time() - t.datetime_complete.timestamp() > 3 * self.args.heartbeat
-                ):
+            lost = [t for t in slots.values() if t.state == FAIL and not ended(t)]  # and not queued again: its
+            for t in lost:  # worker died between failing it and queueing it
+                if time.time() - t.datetime_complete.timestamp() > 3 * self.args.heartbeat:
                     requeue(study, t)
             if len(slots) >= sweep.trials and not any(t.state == WAITING for t in slots.values()):
                 time.sleep(self.args.heartbeat)  # the last trials run elsewhere; one whose worker dies comes back
@@ -476,7 +461,7 @@ def main(argv=None) -> int:
         )
         write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         print(
-            f"best: trial {best['trial']}, {sweep.metric} {best['value']:.4f}; reproduce it with "
+            f"best: trial {best['trial']}, {sweep.metric} {best[sweep.metric]:.4f}; reproduce it with "
             f"python train.py -c {sweep.folder / 'best' / 'config.json'}"
         )
     if worker.stop_signal is not None:

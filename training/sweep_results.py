@@ -14,7 +14,7 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from training.files import write_atomic
+from training.files import atomic_output, write_atomic
 
 WAITING, RUNNING, FAIL, PRUNED = TrialState.WAITING, TrialState.RUNNING, TrialState.FAIL, TrialState.PRUNED
 STATUS = {
@@ -75,60 +75,49 @@ def best_of(curve: list, mode: str) -> tuple[float | None, int | None]:
 
 
 def rows_of(sweep, study) -> list[dict]:
-    """One row per trial folder, best first: done by value, then pruned, running, waiting, failed."""
-    trials = study.get_trials(deepcopy=False)
-    rows = []
+    """One row per trial folder, results.csv's columns, best first: done by value, then pruned, running, stopped,
+    waiting, failed."""
+    trials, rows = study.get_trials(deepcopy=False), []
     for run, t in attempts(trials, sweep.trials).items():
-        curve = [t.intermediate_values.get(e) for e in range(1, max(t.intermediate_values, default=0) + 1)]
-        value, epoch = best_of(curve, sweep.mode)
-        if t.state == TrialState.PRUNED:
-            value, epoch = t.value, max(t.intermediate_values, default=None)
-        spent = [u for u in trials if run_of(u) == run and u.datetime_start and u.datetime_complete]
-        rows.append(
-            {
-                "trial": int(run.split("-")[1]),
-                "status": STATUS[t.state] if ended(t) or t.state != FAIL else "stopped",
-                "params": {p.key: p.decode(t.params[p.key]) for p in sweep.params if p.key in t.params},
-                "value": value,
-                "epoch": epoch,
-                "epochs": len(curve),
-                "seconds": sum((u.datetime_complete - u.datetime_start).total_seconds() for u in spent),
-                "run": run,
-                "error": t.user_attrs.get("error", ""),
-            }
-        )
-    order = ["done", "pruned", "running", "stopped", "waiting", "failed"]
-    sign = -1 if sweep.mode == "max" else 1
-    return sorted(
-        rows,
-        key=lambda r: (order.index(r["status"]), math.inf if r["value"] is None else sign * r["value"], r["trial"]),
-    )
+        steps = t.intermediate_values
+        value, epoch = best_of([steps.get(e) for e in range(1, max(steps, default=0) + 1)], sweep.mode)
+        if t.state == PRUNED:
+            value, epoch = t.value, max(steps, default=None)
+        spent = [
+            (u.datetime_complete - u.datetime_start).total_seconds()
+            for u in trials
+            if run_of(u) == run and u.datetime_complete
+        ]
+        params = {p.key: p.decode(t.params[p.key]) for p in sweep.params if p.key in t.params}
+        status = STATUS[t.state] if ended(t) or t.state != FAIL else "stopped"
+        row = {"trial": int(run[6:]), "status": status, **params, sweep.metric: value, "best_epoch": epoch}
+        error = t.user_attrs.get("error", "")
+        rows.append(row | {"epochs": len(steps), "seconds": round(sum(spent), 1), "run": run, "error": error})
+    order, sign = ["done", "pruned", "running", "stopped", "waiting", "failed"], -1 if sweep.mode == "max" else 1
+    best = lambda r: math.inf if r[sweep.metric] is None else sign * r[sweep.metric]
+    return sorted(rows, key=lambda r: (order.index(r["status"]), best(r), r["trial"]))
 
 
-def short_names(keys: list[str]) -> dict[str, str]:
+def short_names(keys: list[str]) -> list[str]:
     """The shortest dotted suffix of each key path that tells it from the others: peak_value, args.lr."""
-    names = {}
-    for key in keys:
-        parts = key.split(".")
-        n = next(
-            n
-            for n in range(1, len(parts) + 1)
-            if sum(k == ".".join(parts[-n:]) or k.endswith("." + ".".join(parts[-n:])) for k in keys) == 1
-        )
-        names[key] = ".".join(parts[-n:])
-    return names
+    ends = lambda key, n: ".".join(key.split(".")[-n:])
+    unique = lambda key, n: sum(k == ends(key, n) or k.endswith("." + ends(key, n)) for k in keys) == 1
+    return [ends(key, next(n for n in range(1, key.count(".") + 2) if unique(key, n))) for key in keys]
 
 
 def table(rows: list[dict], keys: list[str], metric: str) -> str:
-    show = lambda v: f"{v:.4g}" if isinstance(v, float) else v if isinstance(v, str) else json.dumps(v)
-    header = ["trial", "status", *short_names(keys).values(), metric, "epoch", "time"]
+    show = lambda v: (
+        "" if v is None else f"{v:.4g}" if isinstance(v, float) else v if isinstance(v, str) else json.dumps(v)
+    )
+    header = ["trial", "status", *short_names(keys), metric, "epoch", "time"]
+    value = lambda r: "" if r[metric] is None else f"{r[metric]:.4f}"
     cells = [
         [
             str(r["trial"]),
             r["status"],
-            *(show(r["params"].get(k)) for k in keys),
-            "" if r["value"] is None else f"{r['value']:.4f}",
-            "" if r["epoch"] is None else str(r["epoch"]),
+            *(show(r.get(k)) for k in keys),
+            value(r),
+            show(r["best_epoch"]),
             f"{r['seconds']:.0f} s",
         ]
         for r in rows
@@ -141,23 +130,10 @@ def table(rows: list[dict], keys: list[str], metric: str) -> str:
 
 def write_csv(path: Path, rows: list[dict], keys: list[str], metric: str) -> None:
     text = io.StringIO(newline="")
-    writer = csv.writer(text)
-    writer.writerow(["trial", "status", *keys, metric, "best_epoch", "epochs", "seconds", "run", "error"])
-    for r in rows:
-        values = [json.dumps(v) if isinstance(v, (list, dict)) else v for v in (r["params"].get(k) for k in keys)]
-        writer.writerow(
-            [
-                r["trial"],
-                r["status"],
-                *values,
-                r["value"],
-                r["epoch"],
-                r["epochs"],
-                round(r["seconds"], 1),
-                r["run"],
-                r["error"],
-            ]
-        )
+    columns = ["trial", "status", *keys, metric, "best_epoch", "epochs", "seconds", "run", "error"]
+    writer = csv.DictWriter(text, columns)
+    writer.writeheader()
+    writer.writerows({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()} for r in rows)
     write_atomic(path, text.getvalue().encode())
 
 
@@ -188,16 +164,12 @@ def plot(folder: Path, study, metric: str) -> list[Path]:
                 axes.set(xlabel="epoch", ylabel=metric)
             figure.set_size_inches(7, 4.5)
             figure.tight_layout()
-            png = io.BytesIO()
-            figure.savefig(png, format="png", dpi=110)
+            with atomic_output(folder / f"{name}.png") as f:
+                figure.savefig(f, format="png", dpi=110)
             plt.close(figure)
-            write_atomic(folder / f"{name}.png", png.getvalue())
             written.append(folder / f"{name}.png")
         except Exception as error:  # a figure must never hide the results
-            print(
-                f"{name}.png not drawn: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
-                file=sys.stderr,
-            )
+            print(f"{name}.png not drawn: {type(error).__name__}: {error}".splitlines()[0], file=sys.stderr)
     return written
 
 
@@ -213,4 +185,4 @@ def report(sweep, study) -> dict | None:
     write_csv(sweep.folder / "results.csv", rows, keys, sweep.metric)
     written = plot(sweep.folder, study, sweep.metric)
     print(f"plots: {', '.join(str(p) for p in written)}")
-    return next((r for r in rows if r["status"] == "done"), None)
+    return next((r | {"params": {k: r[k] for k in keys}} for r in rows if r["status"] == "done"), None)
