@@ -143,6 +143,7 @@ def plot(folder: Path, study, metric: str) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.ticker
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as vis
 
@@ -162,6 +163,7 @@ def plot(folder: Path, study, metric: str) -> list[Path]:
             figure = getattr(axes, "flat", [axes])[0].figure
             if name == "curves":  # Optuna's steps are the epochs, its values the monitored metric
                 axes.set(xlabel="epoch", ylabel=metric)
+                axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             figure.set_size_inches(7, 4.5)
             figure.tight_layout()
             with atomic_output(folder / f"{name}.png") as f:
