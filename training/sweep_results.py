@@ -143,8 +143,8 @@ def plot(folder: Path, study, metric: str) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.ticker
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import optuna.visualization.matplotlib as vis
 
     written = []
