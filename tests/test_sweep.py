@@ -118,7 +118,8 @@ def two_workers(config: Path, *extra) -> list[str]:
     workers = [start_sweep(*args, *extra, "--seed", seed) for seed in (1, 2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
-    assert all("started" in out for out in outputs), outputs  # both took trials
+    started = sorted(line.split(":")[0] for out in outputs for line in out.splitlines() if ": started " in line)
+    assert started == [f"trial-{i:03d}" for i in range(4)], outputs  # each trial started by one worker, once
     return outputs
 
 
