@@ -91,10 +91,8 @@ def define(args) -> Sweep:
             f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')"
         )
     mode, metric = config["trainer"]["monitor"].split(" ", 1)
-    grid_size, gridded = (
-        math.prod(len(p.values) for p in params if p.kind == "grid"),
-        all(p.kind == "grid" for p in params),
-    )
+    grid_size = math.prod(len(p.values) for p in params if p.kind == "grid")
+    gridded = all(p.kind == "grid" for p in params)
     sampler = args.sampler or ("grid" if gridded else "tpe")
     if sampler not in SAMPLERS:
         raise SweepError(f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}")
