@@ -54,7 +54,7 @@ $(VENV)/.installed: requirements.txt requirements-litert.txt $(REQUIREMENTS) | $
 	$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt requirements.txt requirements-litert.txt $(REQUIREMENTS) | $(BIN)/python
+$(VENV)/.installed-dev: requirements-dev.txt requirements-sweeps-postgres.txt requirements.txt requirements-litert.txt $(REQUIREMENTS) | $(BIN)/python
 	$(SAY_ACCEL)
 	$(BIN)/pip install --quiet -r requirements-dev.txt$(if $(filter-out cpu,$(ACCEL)), -r $(REQUIREMENTS))
 	$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt

@@ -1,115 +1,77 @@
-"""Hyperparameter sweep: every trial is a train.py run, recorded in a ledger, so a stopped sweep continues.
+"""Hyperparameter sweep on Optuna: a study that any number of workers pull trials from, each trial a train.py run.
 
     python sweep.py -c config.json --grid optimizer.args.weight_decay=[0,0.05] \\
         --sample optimizer.schedule.args.peak_value=loguniform:1e-4:1e-2 --trials 20 [--parallel N] [--prune median]
 
-Trials run in saved/<name>/sweep-<id>/trial-NNN/. The id is a hash of what defines the sweep (the config, --set,
---grid, --sample, --seed, --sampler, --prune), so the same command continues the same sweep: finished trials are kept,
-a trial that was running resumes from its checkpoint, and the same trials are drawn. The folder also gets
-ledger.jsonl, logs/, results.csv, the plots and best/config.json (train.py -c on it reproduces the best trial).
+Trials run in saved/<name>/sweep-<study>/trial-NNN/ (`train.py -r auto`); the study lives in journal.log there, or in
+--storage (postgresql://..., sqlite:///...). Run the same command again, here or on another machine that sees the
+folder, and it works on the same study until it has --trials finished trials. The folder also gets logs/,
+results.csv, the plots and best/config.json (train.py -c on it reproduces the best trial). More: docs/sweeps.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
+from argparse import SUPPRESS
+from collections import namedtuple
+from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
-from training.files import METRICS, write_atomic
-from training.sweep_processes import Running, error_line, parent_death_signal
-from training.sweep_results import plot, ranked, table, write_csv
-from training.sweep_samplers import OptunaSampler, RandomSampler
-from training.sweep_space import check_key, check_space, overrides, parse_grid, parse_sample, probes
-from training.sweeps import (
-    FINISHED,
-    Ledger,
-    SweepError,
-    Trial,
-    best_of,
-    curve_of,
-    hold,
-    parse_prune,
-    read_rows,
-    trials_of,
-)
+from training.files import LOCK_NAME, METRICS, write_atomic
+from training.sweep_results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
+from training.sweep_space import SweepError, check_key, check_space, overrides, parse_grid, parse_sample, probes
 from utils import ArgumentParser, ConfigError, fail, load_config, read_json
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
+SAMPLERS = {"grid": "GridSampler", "random": "RandomSampler", "tpe": "TPESampler", "cmaes": "CmaEsSampler"}
+SAMPLERS |= {"gp": "GPSampler", "qmc": "QMCSampler"}
+NEEDS = {"cmaes": "cmaes", "gp": "torch"}  # the samplers whose package Optuna does not install
+PRUNERS = "median[:WARMUP[:MIN_TRIALS]], percentile:P[:WARMUP[:MIN_TRIALS]], successive-halving, hyperband or off"
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-c", "--config", required=True, help="the config every trial starts from")
-    parser.add_argument(
-        "--set",
-        dest="fixed",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="a value every trial takes (JSON), e.g. --set trainer.epochs=1",
-    )
-    parser.add_argument(
-        "--grid",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=[v1,v2,...]",
-        help="values to try in turn; several --grid make their product",
-    )
-    parser.add_argument(
-        "--sample",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=DIST",
-        help="values to draw: uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH, choice:[...]",
-    )
-    parser.add_argument("--trials", type=int, help="how many trials (default: the grid's size; with --sample, 10)")
-    parser.add_argument("--seed", type=int, default=0, help="the sweep's seed: which values are drawn (default 0)")
-    parser.add_argument("--parallel", type=int, default=1, help="trials run at once (default 1)")
-    parser.add_argument("--prune", default="off", help="median[:WARMUP_EPOCHS[:MIN_TRIALS]] or off (default)")
-    parser.add_argument(
-        "--sampler",
-        default="random",
-        help="random (default: grid in order, draws from the seed) or optuna:tpe (needs optuna)",
-    )
-    parser.add_argument("--id", help="the sweep folder's id (default: a hash of the sweep's definition)")
-    parser.add_argument(
-        "--retry-failed",
-        action="store_true",
-        help="run the trials recorded as failed again (once what failed them is fixed)",
-    )
+    add = parser.add_argument
+    add("-c", "--config", required=True, help="the config every trial starts from")
+    add("--set", dest="fixed", action="append", default=[], metavar="KEY.PATH=VALUE", help="a value every trial takes")
+    add("--grid", action="append", default=[], metavar="KEY.PATH=[v1,v2,...]", help="values to try (JSON list)")
+    add("--sample", action="append", default=[], metavar="KEY.PATH=DIST", help="(log)uniform|int:LOW:HIGH|choice:[]")
+    add("--trials", type=int, help="finished trials the study needs (default: the grid's size; with --sample, 10)")
+    add("--sampler", help=f"{', '.join(SAMPLERS)} (default: grid for a grid alone, else tpe)")
+    add("--prune", default="off", help=PRUNERS + " (default)")
+    add("--seed", type=int, help="the sampler's seed (default: fresh draws in every worker)")
+    add("--parallel", type=int, default=1, help="worker processes on this machine (default 1)")
+    add("--storage", help="a database URL (default: journal.log in the sweep folder)")
+    add("--study", help="the study's name, and the folder's sweep-<study> (default: a hash of the sweep's definition)")
+    add("--heartbeat", type=int, default=10, help="seconds between a worker's heartbeats; 3 missed fail its trial")
+    add("--retry-failed", action="store_true", help="run the trials that failed for their values again")
+    add("--worker", type=int, default=0, help=SUPPRESS)  # which of --parallel's processes: its seed
     return parser.parse_args(argv)
 
 
-class Sweep(NamedTuple):
-    config_path: str
-    config: dict  # resolved, with --set
-    fixed: list[str]
-    params: list  # Param
-    trials: int
-    folder: Path
-    mode: str
-    metric: str
-    sampler: object
-    pruner: object
-    parallel: int
+# what define() checked: the config and --set, the swept Params, how many trials, where, ranked how, and what
+# defines the study (a worker with other settings is refused)
+Sweep = namedtuple("Sweep", "config_path fixed params trials folder mode metric epochs definition")
 
 
-def define(args) -> tuple[Sweep, dict]:
-    """Checks every argument, and every swept key path and value against the config, before any trial starts."""
-    if args.parallel < 1:
-        raise SweepError(f"--parallel {args.parallel}: expected at least 1")
+def define(args) -> Sweep:
+    """Checks every argument, and every swept key path and value against the config, before anything is written."""
+    for flag, value in (("--parallel", args.parallel), ("--heartbeat", args.heartbeat), ("--trials", args.trials)):
+        if value is not None and value < 1:
+            raise SweepError(f"{flag} {value}: expected at least 1")
     params = [parse_grid(text) for text in args.grid] + [parse_sample(text) for text in args.sample]
     if not params:
         raise SweepError("nothing to sweep: give --grid KEY.PATH=[...] and/or --sample KEY.PATH=DISTRIBUTION")
     check_space(params, args.fixed)
-    pruner = parse_prune(args.prune)
     source = Path(args.config).name
     try:
         config = load_config(args.config, args.fixed, source=source)
@@ -121,310 +83,388 @@ def define(args) -> tuple[Sweep, dict]:
         try:
             load_config(args.config, args.fixed + overrides(values), source=source)
         except ConfigError as error:
-            flag = "--grid" if param.kind == "grid" else "--sample"
-            raise SweepError(f"{flag} {param.key}={json.dumps(value)}: {error}") from None
+            raise SweepError(
+                f"{'--grid' if param.kind == 'grid' else '--sample'} {param.key}={json.dumps(value)}: {error}"
+            ) from None
     if config["trainer"]["monitor"] == "off":
         raise SweepError(
             f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')"
         )
     mode, metric = config["trainer"]["monitor"].split(" ", 1)
-
-    grid_size = 1
-    for param in params:
-        grid_size *= len(param.values) if param.kind == "grid" else 1
-    sampled = any(p.kind != "grid" for p in params)
-    trials = args.trials if args.trials is not None else (10 if sampled else grid_size)
-    if trials < 1:
-        raise SweepError(f"--trials {trials}: expected at least 1")
-    if not sampled and trials > grid_size and args.sampler == "random":
+    grid_size = math.prod(len(p.values) for p in params if p.kind == "grid")
+    gridded = all(p.kind == "grid" for p in params)
+    sampler = args.sampler or ("grid" if gridded else "tpe")
+    if sampler not in SAMPLERS:
+        raise SweepError(f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}")
+    if sampler == "grid" and not gridded:
+        raise SweepError("--sampler grid: every swept value must be a --grid (or choose random, tpe, ...)")
+    trials = args.trials or (grid_size if gridded else 10)
+    if sampler == "grid" and trials > grid_size:
         raise SweepError(
             f"--trials {trials}: the grid has {grid_size} point{'s' * (grid_size > 1)}; add --sample to draw more"
         )
-    kind, _, algorithm = args.sampler.partition(":")
-    if kind == "optuna":
-        sampler = OptunaSampler(algorithm or "tpe", params, args.seed, mode)
-    elif args.sampler == "random":
-        sampler = RandomSampler(params, args.seed)
+    try:
+        __import__(NEEDS.get(sampler, "optuna"))
+    except ImportError:
+        raise SweepError(
+            f"--sampler {sampler}: needs the {NEEDS[sampler]} package (pip install {NEEDS[sampler]})"
+        ) from None
+    parse_prune(args.prune, config["trainer"]["epochs"])
+    definition = {"config": read_json(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample}
+    definition |= {"sampler": sampler, "prune": args.prune}
+    name = args.study or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
+    if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+        raise SweepError(f"--study {name!r}: expected letters, digits, '-' or '_'")
+    folder = Path(config["trainer"]["save_dir"]) / config["name"] / f"sweep-{name}"
+    return Sweep(args.config, args.fixed, params, trials, folder, mode, metric, config["trainer"]["epochs"], definition)
+
+
+def parse_prune(text: str, epochs: int):
+    import optuna.pruners as p
+
+    name, *n = text.split(":")
+    if not all(x.isdigit() for x in n):
+        n = [-1]
+    n = [int(x) for x in n]
+    percentile = n.pop(0) if name == "percentile" and n and 0 < n[0] < 100 else 50 if name == "median" else None
+    if percentile is not None and len(n) <= 2 and n[1:] != [0] and -1 not in n:
+        # WARMUP epochs are never pruned: Optuna prunes from step n_warmup_steps on, and a step is an epoch (1, 2...)
+        return p.PercentilePruner(percentile, n_startup_trials=(n + [0, 2])[1], n_warmup_steps=(n + [0])[0] + 1)
+    pruners = {"successive-halving": p.SuccessiveHalvingPruner, "hyperband": lambda: p.HyperbandPruner(1, epochs)}
+    if n or name not in (*pruners, "off"):
+        raise SweepError(f"--prune {text}: expected {PRUNERS}")
+    return pruners.get(name, p.NopPruner)()
+
+
+def requeue(study, trial) -> None:
+    """A trial stopped or lost through no fault of its values: queued again with them, for the same folder, where
+    train.py -r auto resumes it from its last checkpoint."""
+    import optuna
+
+    kept = {k: v for k, v in trial.system_attrs.items() if k in ("grid_id", "search_space")}  # its grid point
+    attrs = {**kept, "failed_trial": int(run_of(trial).split("-")[1])}
+    again = optuna.trial.create_trial(
+        state=WAITING, params=trial.params, distributions=trial.distributions, system_attrs=attrs
+    )
+    study.add_trial(again)
+
+
+def connect(make, storage: str | None, tries: int = 5):
+    """Workers started at once create the database's tables and the study at once: the losers try again."""
+    for attempt in range(tries):
+        try:
+            return make()
+        except Exception as error:  # a bad URL, a missing driver, a server that does not answer, a race
+            if attempt == tries - 1 or "IntegrityError" not in type(error).__name__:
+                why = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+                raise SweepError(f"--storage {storage}: {why}") from None
+            time.sleep(0.5 + attempt)
+
+
+def open_study(args, sweep: Sweep):
+    """The study and its storage, created by the first worker and loaded by the others. A trial whose worker
+    missed three heartbeats is failed by the next worker to look, and queued again (`requeue`)."""
+    import optuna
+    from optuna.storages import JournalStorage, RDBStorage
+    from optuna.storages._heartbeat import BaseHeartbeat
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a worker reports in its own words
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", "Heartbeat of storage")  # Optuna's heartbeat, without its optimize()
+    beat = args.heartbeat
+
+    class Journal(JournalStorage, BaseHeartbeat):
+        """The journal file with heartbeats (Optuna has them for RDB storages only), kept as trial attributes."""
+
+        def record_heartbeat(self, trial_id):
+            self.set_trial_system_attr(trial_id, "heartbeat", time.time())
+
+        def _get_stale_trial_ids(self, study_id):
+            running = self.get_all_trials(study_id, deepcopy=False, states=(RUNNING,))
+            seen = {t._trial_id: t.system_attrs.get("heartbeat", t.datetime_start.timestamp()) for t in running}
+            return [i for i, last in seen.items() if time.time() - last > 3 * beat]
+
+        def get_heartbeat_interval(self):
+            return beat
+
+        def get_heartbeat_stale_trial_callback(self):
+            return requeue
+
+    if args.storage:
+        if "://" not in args.storage:
+            raise SweepError(
+                f"--storage {args.storage}: expected a database URL (postgresql://user@host/db, sqlite:///sweeps.db)"
+            )
+        url = args.storage.replace("postgresql://", "postgresql+psycopg://", 1)  # requirements-sweeps-postgres.txt
+        rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
+        storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
     else:
-        raise SweepError(f"--sampler {args.sampler}: expected random or optuna:tpe")
+        path = sweep.folder / "journal.log"
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise SweepError(f"{path}: not a regular file; the study's journal is only written as one")
+        sweep.folder.mkdir(parents=True, exist_ok=True)
+        storage = Journal(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+    kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + 1000 * args.worker
+    if kind == "grid":
 
-    definition = {
-        "config": read_json(args.config),
-        "set": args.fixed,
-        "grid": args.grid,
-        "sample": args.sample,
-        "seed": args.seed,
-        "sampler": args.sampler,
-        "prune": args.prune,
-    }
-    sweep_id = args.id or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
-    if not sweep_id.replace("-", "").replace("_", "").isalnum() or len(sweep_id) > 64:
-        raise SweepError(f"--id {sweep_id!r}: expected letters, digits, '-' or '_'")
-    folder = Path(config["trainer"]["save_dir"]) / config["name"] / f"sweep-{sweep_id}"
-    sweep = Sweep(args.config, config, args.fixed, params, trials, folder, mode, metric, sampler, pruner, args.parallel)
-    return sweep, definition
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, *args):  # its study.stop() is for study.optimize; a worker stops at --trials
+                pass
+
+        # every worker shuffles the grid alike (trial i takes point i), so they share one seed
+        sampler = Grid({p.key: p.distribution().choices for p in sweep.params}, seed=args.seed or 0)
+    else:
+        sampler = getattr(optuna.samplers, SAMPLERS[kind])(seed=seed)
+    direction = "maximize" if sweep.mode == "max" else "minimize"
+    name = sweep.folder.name
+    make = partial(optuna.create_study, storage=storage, study_name=name, direction=direction, sampler=sampler)
+    where = args.storage or str(sweep.folder / "journal.log")
+    study = connect(partial(make, pruner=parse_prune(args.prune, sweep.epochs), load_if_exists=True), where)
+    before = study.user_attrs.get("definition")
+    if before is None:
+        study.set_user_attr("definition", sweep.definition)
+    elif before != sweep.definition:
+        changed = sorted(k for k in sweep.definition if before.get(k) != sweep.definition[k])
+        raise SweepError(
+            f"study {name}: started with other settings ({', '.join(changed)} differ); use another --study, "
+            "or the same arguments to continue it"
+        )
+    return study, storage
 
 
-class Runner:
-    """Starts trials, watches their metrics.jsonl for pruning, records how each ended."""
+def parent_death_signal():
+    """A preexec_fn: the trial gets SIGTERM (saves, exits) when its worker dies, even by SIGKILL. Linux only."""
+    try:
+        import ctypes
 
-    def __init__(self, sweep: Sweep, ledger: Ledger, trials: dict[int, Trial]):
-        self.sweep, self.ledger, self.trials = sweep, ledger, trials
-        self.running: dict[int, Running] = {}
-        self.curves = {i: list(t.curve) for i, t in trials.items()}
-        self.checked: dict[int, int] = {}  # the last epoch the pruner looked at, per running trial
-        self.pruned: dict[int, dict] = {}  # trials told to stop, with the pruner's reason
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec():
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the worker died before the line above
+            os._exit(1)
+
+    return preexec
+
+
+def wait_free(run_dir: Path, seconds: float = 60) -> None:
+    """A trial taken up from a killed worker: its train.py (on this machine) is still saving; -r auto waits for it."""
+    import fcntl
+
+    deadline = time.monotonic() + seconds
+    while (run_dir / LOCK_NAME).is_file() and time.monotonic() < deadline:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            time.sleep(POLL_SECONDS)
+        finally:
+            os.close(fd)
+
+
+def error_line(log: Path, start: int, run_dir: Path, code: int) -> str:
+    """Why a trial failed: train.py's `error:` line, else the last error in its train.log, else how it ended."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    train_log = run_dir / "train.log"
+    logged = train_log.read_text(errors="replace").splitlines() if train_log.is_file() else []
+    errors = [line for line in lines if line.startswith("error:")]
+    errors = errors or [line.split(" ERROR ", 1)[1].split(": ", 1)[-1] for line in logged if " ERROR " in line]
+    ended = [f"killed by {signal.Signals(-code).name}" if code < 0 else lines[-1] if lines else f"exit {code}"]
+    return (errors or ended)[-1][:500]
+
+
+class Worker:
+    """Asks the study for trials and runs each as a train.py process until the study has enough finished ones."""
+
+    def __init__(self, sweep: Sweep, study, storage, args):
+        self.sweep, self.study, self.storage, self.args = sweep, study, storage, args
+        self.process: subprocess.Popen | None = None
         self.stop_signal = None
         self.preexec = parent_death_signal()
-        (sweep.folder / "logs").mkdir(exist_ok=True)
-
-    def run_dir(self, trial: Trial) -> Path:
-        return self.sweep.folder / trial.run
-
-    def start(self, index: int) -> None:
-        sweep = self.sweep
-        before = self.trials.get(index)
-        params = before.params if before else sweep.sampler.params(index)
-        run = f"trial-{index:03d}"
-        self.ledger.append(
-            {
-                "event": "start",
-                "trial": index,
-                "params": params,
-                "run": run,
-                "resume": before is not None,
-                "time": time.time(),
-            }
-        )
-        self.trials[index] = trial = Trial(index, params, run, "running", seconds=before.seconds if before else 0.0)
-        self.curves.setdefault(index, [])
-        try:  # a combination the probes did not try: no process needed to learn it is refused
-            load_config(sweep.config_path, sweep.fixed + overrides(params), source=Path(sweep.config_path).name)
-        except ConfigError as error:
-            self.end(index, "failed", error=f"error: {error}", exit=2)
-            return
-        command = [sys.executable, str(TRAIN), "-r", "auto", "-c", sweep.config_path, "--run-id", run]
-        # last, so that the trial's folder is saved/<name>/sweep-<id>/trial-NNN whatever --set said
-        for text in (
-            sweep.fixed
-            + overrides(params)
-            + [f"name={json.dumps(sweep.folder.name)}", f"trainer.save_dir={json.dumps(str(sweep.folder.parent))}"]
-        ):
-            command += ["--set", text]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if sweep.parallel > 1:  # several trials on one accelerator: each takes memory as it needs it
-            env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        log = sweep.folder / "logs" / f"{run}.log"
-        with open(log, "ab") as out:
-            out.write(f"$ {' '.join(command)}\n".encode())
-            out.flush()
-            log_start = out.tell()
-            try:
-                process = subprocess.Popen(
-                    command,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=self.preexec,
-                )
-            except OSError as error:
-                self.end(index, "failed", error=f"cannot start train.py: {error.strerror or error}")
-                return
-        self.running[index] = Running(process, time.monotonic(), log, log_start, self.run_dir(trial))
-        self.checked[index] = 0
-        if self.stop_signal is not None:  # it came while the process was being started
-            process.send_signal(self.stop_signal)
-        print(
-            f"trial {index}: {'resumed' if before else 'started'}  "
-            + "  ".join(f"{k}={json.dumps(v)}" for k, v in params.items()),
-            flush=True,
-        )
-
-    def end(self, index: int, status: str, seconds: float = 0.0, **extra) -> None:
-        curve = self.curves.get(index, [])
-        value, epoch = best_of(curve, self.sweep.mode)
-        if status == "pruned":
-            value, epoch = curve[extra["epoch"] - 1], extra["epoch"]
-        record = {
-            "event": "end",
-            "trial": index,
-            "status": status,
-            "value": value,
-            "epoch": epoch,
-            "epochs": len(curve),
-            "seconds": round(seconds, 2),
-            "curve": curve,
-            **extra,
-            "time": time.time(),
-        }
-        self.ledger.append(record)
-        self.trials[index] = trial = self.trials[index]._replace(
-            status=status,
-            value=value,
-            epoch=epoch,
-            epochs=len(curve),
-            seconds=self.trials[index].seconds + seconds,
-            error=extra.get("error", ""),
-            curve=tuple(curve),
-        )
-        self.sweep.sampler.tell(index, trial.params, status, value)
-        shown = "" if value is None else f"  {self.sweep.metric} {value:.4f} (epoch {epoch})"
-        why = f"  {extra['error']}" if extra.get("error") else ""
-        if status == "pruned":
-            why = (
-                f"  below the median {extra['median']:.4f} of earlier trials at epoch {extra['epoch']}"
-                if self.sweep.mode == "max"
-                else f"  above the median {extra['median']:.4f} of earlier trials at epoch {extra['epoch']}"
-            )
-        print(f"trial {index}: {status}{shown}{why}", flush=True)
-
-    def watch(self) -> None:
-        """Reads each running trial's new epochs, prunes, and records the trials that exited."""
-        for index, running in list(self.running.items()):
-            code = running.process.poll()
-            rows = read_rows(running.run_dir / METRICS)
-            self.curves[index] = curve_of(rows, self.sweep.metric)
-            if code is None:
-                self.prune(index)
-                continue
-            del self.running[index]
-            seconds = time.monotonic() - running.started
-            reason = self.pruned.pop(index, None)
-            if reason is not None and code in (130, 143):
-                self.end(index, "pruned", seconds, **reason)
-            elif code == 0:  # a pruned trial may have ended on its own before the signal came
-                value, _ = best_of(self.curves[index], self.sweep.mode)
-                if value is None:
-                    self.end(index, "failed", seconds, exit=0, error=f"no {self.sweep.metric} in metrics.jsonl")
-                else:
-                    self.end(index, "done", seconds)
-            elif code in (130, 143) and self.stop_signal is not None:
-                self.ledger.append(
-                    {"event": "stopped", "trial": index, "seconds": round(seconds, 2), "time": time.time()}
-                )
-                self.trials[index] = self.trials[index]._replace(seconds=self.trials[index].seconds + seconds)
-            else:
-                self.end(index, "failed", seconds, exit=code, error=error_line(running))
-
-    def prune(self, index: int) -> None:
-        pruner, curve = self.sweep.pruner, self.curves[index]
-        if pruner is None or index in self.pruned:
-            return
-        for epoch in range(self.checked[index] + 1, len(curve) + 1):
-            self.checked[index] = epoch
-            earlier = [
-                self.curves[j][epoch - 1]
-                for j, t in self.trials.items()
-                if j < index
-                and t.status in ("done", "running")
-                and j not in self.pruned
-                and len(self.curves.get(j, [])) >= epoch
-                and self.curves[j][epoch - 1] is not None
-            ]
-            median = pruner.check(epoch, curve[epoch - 1], earlier, self.sweep.mode)
-            if median is not None:
-                self.pruned[index] = {"epoch": epoch, "median": median}
-                self.running[index].process.send_signal(signal.SIGTERM)  # train.py saves and exits 143
-                return
+        self.space = {p.key: p.distribution() for p in sweep.params}
+        (sweep.folder / "logs").mkdir(parents=True, exist_ok=True)
 
     def stop(self, signum: int) -> None:
-        """First signal: every trial saves and exits (resumable); a second Ctrl-C stops them at once."""
+        """First signal: the trial saves and exits (resumable); a second Ctrl-C stops it at once."""
         again = self.stop_signal is not None
         self.stop_signal = self.stop_signal or signum
-        for running in self.running.values():
-            if running.process.poll() is None:
-                running.process.send_signal(signal.SIGINT if again else signum)
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT if again else signum)
+
+    def run(self) -> None:
+        from optuna.storages import fail_stale_trials
+
+        sweep, study = self.sweep, self.study
+        if self.args.retry_failed:
+            for trial in attempts(study.get_trials(deepcopy=False), sweep.trials).values():
+                if trial.state == FAIL and "error" in trial.user_attrs:
+                    requeue(study, trial)
+        while self.stop_signal is None:
+            fail_stale_trials(study)
+            slots = attempts(study.get_trials(deepcopy=False), sweep.trials)
+            if sum(ended(t) for t in slots.values()) >= sweep.trials:
+                return
+            lost = [t for t in slots.values() if t.state == FAIL and not ended(t)]  # and not queued again: its
+            for t in lost:  # worker died between failing it and queueing it
+                if time.time() - t.datetime_complete.timestamp() > 3 * self.args.heartbeat:
+                    requeue(study, t)
+            if len(slots) >= sweep.trials and not any(t.state == WAITING for t in slots.values()):
+                time.sleep(self.args.heartbeat)  # the last trials run elsewhere; one whose worker dies comes back
+                continue
+            trial = study.ask(self.space)
+            trials = study.get_trials(deepcopy=False)
+            current = attempts(trials, sweep.trials).get(run_of(trials[trial.number]))
+            if current is None or current.number != trial.number:
+                trial.set_user_attr("surplus", True)  # beyond --trials, or a retry queued twice: not run
+                study.tell(trial, state=FAIL)
+                continue
+            self.run_trial(trial, trials[trial.number])
+
+    def run_trial(self, trial, frozen) -> None:
+        sweep, run = self.sweep, run_of(frozen)
+        values = {p.key: p.decode(trial.params[p.key]) for p in sweep.params}
+        resumed = "failed_trial" in frozen.system_attrs
+        shown = "  ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+        print(f"{run}: {'resumed' if resumed else 'started'}  {shown}", flush=True)
+        try:  # a combination the probes did not try: no process needed to learn it is refused
+            load_config(sweep.config_path, sweep.fixed + overrides(values), source=Path(sweep.config_path).name)
+        except ConfigError as error:
+            return self.failed(trial, run, f"error: {error}", 2)
+        command = [sys.executable, str(TRAIN), "-r", "auto", "-c", sweep.config_path, "--run-id", run]
+        place = [f"name={json.dumps(sweep.folder.name)}", f"trainer.save_dir={json.dumps(str(sweep.folder.parent))}"]
+        for text in sweep.fixed + overrides(values) + place:  # the folder last, whatever --set said
+            command += ["--set", text]
+        run_dir, log = sweep.folder / run, sweep.folder / "logs" / f"{run}.log"
+        wait_free(run_dir)
+        with open(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab") as out:
+            out.write(f"$ {' '.join(command)}\n".encode())
+            out.flush()
+            start = out.tell()
+            try:
+                io = dict(stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self.preexec)
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                self.process = subprocess.Popen(command, **io, env=env, start_new_session=True)
+            except OSError as error:
+                return self.failed(trial, run, f"cannot start train.py: {error.strerror or error}", None)
+        if self.stop_signal is not None:  # it came while the process was being started
+            self.process.send_signal(self.stop_signal)
+        reported, pruned, beat, lost = 0, None, 0.0, False
+        while True:
+            code = self.process.poll()
+            curve = curve_of(run_dir / METRICS, sweep.metric)
+            try:
+                if time.monotonic() - beat >= self.args.heartbeat:
+                    self.storage.record_heartbeat(trial._trial_id)
+                    beat = time.monotonic()
+                for epoch in range(reported + 1, len(curve) + 1 if pruned is None else 0):
+                    reported = epoch
+                    if curve[epoch - 1] is not None:
+                        trial.report(curve[epoch - 1], epoch)
+                    if pruned is None and code is None and trial.should_prune():
+                        pruned = epoch
+                        self.process.send_signal(signal.SIGTERM)  # train.py saves and exits 143
+                        break
+            except Exception as error:  # failed by another worker (this one missed its heartbeats): it runs there
+                if not lost:
+                    print(f"{run}: given up here ({type(error).__name__}); another worker runs it", flush=True)
+                    self.process.send_signal(signal.SIGTERM)
+                lost = True
+            if code is not None:
+                break
+            time.sleep(POLL_SECONDS)
+        self.process = None
+        value, epoch = best_of(curve, sweep.mode)
+        if lost:
+            return
+        if pruned is not None and code in (0, 130, 143):
+            print(f"{run}: pruned  {sweep.metric} {curve[pruned - 1]:.4f} at epoch {pruned}", flush=True)
+            self.study.tell(trial, state=PRUNED)
+        elif code == 0 and value is not None:
+            print(f"{run}: done  {sweep.metric} {value:.4f} (epoch {epoch})", flush=True)
+            self.study.tell(trial, value)
+        elif code == 0:
+            self.failed(trial, run, f"no {sweep.metric} in {METRICS}", 0)
+        elif self.stop_signal is not None:  # saved and stopped (130/143), or killed before train.py could save
+            print(f"{run}: stopped at epoch {len(curve)}; it resumes from its checkpoint", flush=True)
+            self.study.tell(trial, state=FAIL)
+            requeue(self.study, self.study.get_trials(deepcopy=False)[trial.number])
+        else:
+            self.failed(trial, run, error_line(log, start, run_dir, code), code)
+
+    def failed(self, trial, run: str, error: str, code: int | None) -> None:
+        print(f"{run}: failed  {error}", flush=True)
+        trial.set_user_attr("error", error)
+        trial.set_user_attr("exit", code)
+        self.study.tell(trial, state=FAIL)
 
 
-def report(sweep: Sweep, trials: dict[int, Trial]) -> Trial | None:
-    """The table (printed), results.csv, the plots and best/config.json; returns the best trial."""
-    keys = [p.key for p in sweep.params]
-    order = ranked(list(trials.values()), sweep.mode)
-    print(f"\n{sweep.folder}: {len(trials)} of {sweep.trials} trials, {sweep.mode} {sweep.metric}, best first")
-    print(table(order, keys, sweep.metric))
-    write_csv(sweep.folder / "results.csv", order, keys, sweep.metric)
-    best = next((t for t in order if t.status == "done"), None)
-    try:
-        written = plot(sweep.folder, order, sweep.params, sweep.metric, sweep.mode)
-        print(f"plots: {', '.join(str(p) for p in written)}")
-    except Exception as error:  # a figure must never hide the results
-        print(f"plots not drawn: {type(error).__name__}: {error}", file=sys.stderr)
-    if best is not None:
-        # what the trial ran, under the config's own name and save_dir (the sweep gave the trial its folder)
-        config = load_config(
-            sweep.config_path, sweep.fixed + overrides(best.params), source=Path(sweep.config_path).name
-        )
-        write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
-        print(
-            f"best: trial {best.index}, {sweep.metric} {best.value:.4f}; reproduce it with "
-            f"python train.py -c {sweep.folder / 'best' / 'config.json'}"
-        )
-    return best
+def workers(argv: list[str], parallel: int) -> list[subprocess.Popen]:
+    """--parallel N: N-1 more workers, this command again in processes tied to this one (signals reach them from
+    it alone). Several trials on one accelerator: each takes memory as it needs it."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--parallel", "1", "--worker"]
+    preexec = parent_death_signal()
+    return [
+        subprocess.Popen([*command, str(i)], preexec_fn=preexec, start_new_session=True) for i in range(1, parallel)
+    ]
 
 
 def main(argv=None) -> int:
-    """Exit status: 0 every trial ended (some may have failed or been pruned), 1 none finished, 2 bad arguments,
-    130/143 stopped by SIGINT/SIGTERM (the same command continues)."""
+    """Exit status: 0 the study has its trials (some may have failed or been pruned), 1 none finished, 2 bad
+    arguments, 130/143 stopped by SIGINT/SIGTERM (the same command continues)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     try:
-        sweep, definition = define(args)
-        sweep.folder.mkdir(parents=True, exist_ok=True)
-        hold(sweep.folder)
-        ledger = Ledger(sweep.folder / "ledger.jsonl")
-        records = ledger.records()
-        if not records:
-            ledger.append({"event": "sweep", "definition": definition, "time": time.time()})
-        elif records[0].get("definition") != definition:
-            changed = sorted(k for k in definition if records[0].get("definition", {}).get(k) != definition[k])
-            raise SweepError(
-                f"{sweep.folder}: this sweep was started with other settings ({', '.join(changed)} "
-                f"differ); use another --id, or the same arguments to continue it"
-            )
+        sweep = define(args)
+        study, storage = open_study(args, sweep)
+        worker = Worker(sweep, study, storage, args)
     except SweepError as error:
         fail(str(error))
     except OSError as error:
         fail(f"cannot write the sweep folder: {error.filename or ''}: {error.strerror or error}")
-    trials = trials_of(records)
-    for trial in trials.values():
-        if trial.status in FINISHED:
-            sweep.sampler.tell(trial.index, trial.params, trial.status, trial.value)
-    sweep.sampler.resume(len(trials))
-    runner = Runner(sweep, ledger, trials)
-    done = sum(t.status in FINISHED for t in trials.values())
-    failed = sum(t.status == "failed" for t in trials.values())
-    retry = f"; {failed} failed, --retry-failed reruns them" if failed and not args.retry_failed else ""
-    print(
-        f"sweep: {sweep.folder} ({done} of {sweep.trials} trials already ended{retry}; rerun the same command to "
-        f"continue after a stop)",
-        flush=True,
-    )
+    if args.worker == 0:
+        print(
+            f"sweep: {sweep.folder} (study {study.study_name}, {sweep.trials} trials; the same command,"
+            " here or elsewhere, adds a worker or continues it)",
+            flush=True,
+        )
+    children = workers(argv, args.parallel) if args.parallel > 1 else []
 
-    previous = {s: signal.signal(s, lambda signum, frame: runner.stop(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    def on_signal(signum, frame):
+        worker.stop(signum)
+        for child in children:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        again = ("running", "failed") if args.retry_failed else ("running",)
-        pending = [i for i in range(sweep.trials) if trials.get(i) is None or trials[i].status in again]
-        while (pending or runner.running) and not (runner.stop_signal and not runner.running):
-            while pending and len(runner.running) < args.parallel and runner.stop_signal is None:
-                runner.start(pending.pop(0))
-            time.sleep(POLL_SECONDS)
-            runner.watch()
+        worker.run()
+        for child in children:
+            child.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    for index, trial in runner.trials.items():  # a trial stopped with the sweep shows how far it got
-        if trial.status == "running" and runner.curves.get(index):
-            value, epoch = best_of(runner.curves[index], sweep.mode)
-            runner.trials[index] = trial._replace(value=value, epoch=epoch, curve=tuple(runner.curves[index]))
-    best = report(sweep, runner.trials)
-    if runner.stop_signal is not None:
-        left = sum(runner.trials.get(i) is None or runner.trials[i].status == "running" for i in range(sweep.trials))
-        print(
-            f"stopped by {signal.Signals(runner.stop_signal).name}: {left} trials to go; the same command continues",
-            file=sys.stderr,
+    if args.worker:
+        return 128 + worker.stop_signal if worker.stop_signal else 0
+    best = report(sweep, study)
+    if best is not None:  # what the trial ran, under the config's own name and save_dir (the sweep gave its folder)
+        config = load_config(
+            sweep.config_path, sweep.fixed + overrides(best["params"]), source=Path(sweep.config_path).name
         )
-        return 128 + runner.stop_signal
+        write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+        print(
+            f"best: trial {best['trial']}, {sweep.metric} {best[sweep.metric]:.4f}; reproduce it with "
+            f"python train.py -c {sweep.folder / 'best' / 'config.json'}"
+        )
+    if worker.stop_signal is not None:
+        print(f"stopped by {signal.Signals(worker.stop_signal).name}; the same command continues", file=sys.stderr)
+        return 128 + worker.stop_signal
     return 0 if best is not None else 1
 
 

@@ -32,7 +32,7 @@ LIBRARY = (
     ".ci/run",
     "model/model.py",
     "training/trainer.py",
-    "training/sweeps.py",
+    "training/sweep_space.py",
     "data_loader/data_loaders.py",
     "inference/exporter.py",
     "tests/conftest.py",

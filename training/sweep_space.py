@@ -1,15 +1,17 @@
 """A sweep's search space: the swept key paths (`--grid`, `--sample`) parsed and checked against the config before
-any trial starts, and the `--set` overrides that give a trial its values.
+any trial starts, as Optuna's distributions, and the `--set` overrides that give a trial its values.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
 from typing import Any, NamedTuple
 
-from training.sweeps import SweepError
+
+class SweepError(Exception):
+    """A bad sweep argument or a study that cannot be used: reported as one line, exit status 2."""
+
 
 DISTRIBUTIONS = "uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH or choice:[v1, v2, ...]"
 
@@ -28,16 +30,22 @@ class Param(NamedTuple):
         """The values a config must accept: every listed one, or both ends of a range."""
         return list(self.values) if self.values else [self.low, self.high]
 
-    def draw(self, rng: random.Random) -> Any:
-        if self.kind == "choice":
-            return rng.choice(self.values)
+    @property
+    def encoded(self) -> bool:
+        """Optuna's choices are None, bool, int, float or str: a list or object value goes as its JSON text."""
+        return any(isinstance(v, (list, dict)) for v in self.values)
+
+    def distribution(self):
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.values:
+            return CategoricalDistribution([json.dumps(v) if self.encoded else v for v in self.values])
         if self.kind == "int":
-            return rng.randint(int(self.low), int(self.high))
-        if self.kind == "loguniform":
-            value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
-        else:
-            value = rng.uniform(self.low, self.high)
-        return min(max(float(f"{value:.4g}"), self.low), self.high)  # 4 digits read well and change nothing
+            return IntDistribution(int(self.low), int(self.high))
+        return FloatDistribution(self.low, self.high, log=self.kind == "loguniform")
+
+    def decode(self, value: Any) -> Any:
+        return json.loads(value) if self.encoded else value
 
 
 def split_assignment(text: str, flag: str, expected: str) -> tuple[str, str]:
