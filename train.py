@@ -230,7 +230,7 @@ def run(args) -> int:
     from model.summary import describe_batch, summary
 
     log.info(f"run folder: {run_dir}")
-    for line in repaired:
+    for line in repaired + trainer.resume_notes:
         log.info(f"resume: {line}")
     log.info(
         f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
