@@ -245,13 +245,15 @@ def started(args: list, env: dict | None = None) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("command", ["train", "predict"])
-def test_a_closed_pipe_ends_quietly_with_status_141(export, command):
+@pytest.mark.parametrize("command", ["train", "test", "predict"])
+def test_a_closed_pipe_ends_quietly_with_status_141(export, run_copy, command):
     """`train.py --list | head -1`: the reader has gone before the output is written. Before: a BrokenPipeError
     traceback and status 1 (or 120 from the flush at exit)."""
-    args = ["train.py", "--list"] if command == "train" else ["inference/predict.py", export / "tiny.onnx"]
-    if command == "predict":
-        args += [export / "x.npy"] * 2000  # 10,000 lines: more than a pipe holds
+    args = {
+        "train": ["train.py", "--list"],
+        "test": ["test.py", "--run", run_copy],
+        "predict": ["inference/predict.py", export / "tiny.onnx", *[export / "x.npy"] * 2000],  # 10,000 lines
+    }[command]
     process = started(args)
     process.stdout.close()  # as `head -1` does once it has its line
     stderr = process.stderr.read().decode()
