@@ -445,4 +445,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training.cli import command  # standard library only, like this file
+
+    sys.exit(command(main))

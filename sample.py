@@ -9,10 +9,11 @@ vocabulary in its preprocessing.json; model/generate.py draws the characters.
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 
-from training.cli import add_run
+from inference.predict import read_preprocessing
+from training.cli import add_run, command
 from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
@@ -36,13 +37,18 @@ def main(argv=None) -> int:
     run_dir = checkpoint_path.parent
     try:
         check_checkpoint_file(checkpoint_path)
-        if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
-            raise ConfigError("--tokens and --temperature must be >= 0, --top-k >= 1")
+        if args.tokens < 0 or not 0 <= args.temperature < math.inf or (args.top_k is not None and args.top_k < 1):
+            raise ConfigError("--tokens and --temperature must be >= 0 (a finite number), --top-k >= 1")
+        if not 0 <= args.seed < 2**63:
+            raise ConfigError(f"--seed {args.seed}: expected an integer from 0 to 2**63 - 1")
         if not args.prompt:
             raise ConfigError("--prompt: give at least one character")
         config = load_config(run_dir / CONFIG, source=CONFIG)
         preprocessing = run_dir / PREPROCESSING
-        vocabulary = json.loads(preprocessing.read_text()).get("vocabulary") if preprocessing.is_file() else None
+        try:
+            vocabulary = read_preprocessing(preprocessing).get("vocabulary")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if not vocabulary:
             raise ConfigError(f"{preprocessing}: no vocabulary (is this a language model's run folder?)")
         unknown = sorted(set(args.prompt) - set(vocabulary))
@@ -76,4 +82,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

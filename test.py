@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.cli import add_run
+from training.cli import add_run, command
 from training.files import CONFIG, check_checkpoint_file
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
@@ -202,7 +202,7 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
         print(f"  {name:<{name_width}}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
         lines.append(f"{json.dumps(name) if ',' in name else name},{p:.6f},{r:.6f},{f:.6f},{n}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n")
+    (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     image = save_confusion_matrix(matrix, out / f"confusion_matrix{suffix}.png", names)
     print(f"wrote {image} and {out / f'per_class{suffix}.csv'}")
 
@@ -228,4 +228,4 @@ def report_predictions(model, params, state, loader, preprocessing: dict, out: P
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from training import debug_modes, distributed, platform, run_location, stop_signals
+from training.cli import command
 from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
 from training.trackers import start_trackers
 from utils import ArgumentParser, ConfigError, assemble, components_text, config_hash, fail, load_config, setup_logging
@@ -230,7 +231,7 @@ def run(args) -> int:
     from model.summary import describe_batch, summary
 
     log.info(f"run folder: {run_dir}")
-    for line in repaired:
+    for line in repaired + trainer.resume_notes:
         log.info(f"resume: {line}")
     log.info(
         f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
@@ -394,4 +395,4 @@ def finish(run_dir: Path, trackers: list, status: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

@@ -212,6 +212,7 @@ def load_config(path: str | Path, overrides: list[str] = (), source: str | None 
 
 
 if __name__ == "__main__":  # python utils.py plot saved/<name>/<run_id>: the run-folder tools live with what they draw
+    from training.cli import command
     from training.plots import main
 
-    sys.exit(main())
+    sys.exit(command(main))

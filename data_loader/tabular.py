@@ -44,10 +44,20 @@ def split_rows(num_rows: int, validation_fraction: float, test_fraction: float, 
 
 
 def _read(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
-    """(header, rows, the file line each row ends on); a row of a different length than the header is an error
-    naming its line."""
+    """(header, rows, the file line each row ends on); a row of a different length than the header, or one the csv
+    module cannot read (a cell over its 131,072 characters), is an error naming its line."""
+    readers = []  # the reader, for the line an error is on
+    try:
+        return _read_rows(path, readers)
+    except csv.Error as error:
+        line = readers[0].line_num if readers else 0
+        raise ValueError(f"{path}: line {line}: not readable as CSV ({error})") from None
+
+
+def _read_rows(path: Path, readers: list) -> tuple[list[str], list[list[str]], list[int]]:
     with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: spreadsheet exports often start with a BOM
         reader = csv.reader(f)
+        readers.append(reader)
         header = next(reader, None)
         if header is None or not any(cell.strip() for cell in header):
             raise ValueError(f"{path}: the file is empty (expected a header row of column names, then data rows)")

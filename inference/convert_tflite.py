@@ -24,7 +24,6 @@ the export (--val-examples 0 exports it on random inputs alone), and one the mod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -39,8 +38,9 @@ from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
 from inference.inputs import Inputs  # noqa: E402
+from inference.predict import read_preprocessing  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
-from training.cli import add_run  # noqa: E402
+from training.cli import add_run, command  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402
 
@@ -126,6 +126,9 @@ def split_loader(run, splits=("validation", "test")):
         return None, None, f"config.json: data_loader.{split}: {error}"
 
 
+MAX_NAME = 100  # bytes of --name: room for the longest name the export gives a file (".<name>.old.XXXXXXXX")
+
+
 def check_arguments(args, formats: list[str]) -> None:
     """Every option on its own, before anything is read or built."""
     if not formats or set(formats) - set(FORMATS):
@@ -134,6 +137,15 @@ def check_arguments(args, formats: list[str]) -> None:
         raise ConfigError("--quantize applies to the TFLite model: add tflite to --formats")
     if not args.name or "/" in args.name or args.name.startswith("."):
         raise ConfigError(f"--name {args.name!r}: expected a plain folder name")
+    if len(os.fsencode(args.name)) > MAX_NAME:
+        raise ConfigError(
+            f"--name {args.name[:40]!r}...: {len(os.fsencode(args.name))} bytes, expected at most {MAX_NAME} (the "
+            "export's file names add suffixes to it, and a file name holds 255 bytes)"
+        )
+    output = Path(args.output_dir)
+    existing = next(p for p in (output.absolute(), *output.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--output-dir {output}: {existing} is not a folder")
     if args.input is not None:
         dims = " ".join(map(str, args.input))
         if len(args.input) < 2:
@@ -229,6 +241,7 @@ def main(argv=None) -> int:
         loader, split, problem = split_loader(run)
         spec_loader = loader or split_loader(run, ("train",))[0]  # a spec needs one batch of any split
         spec, batch = input_spec(args, spec_loader, problem)
+        preprocessing = run_preprocessing(checkpoint_path, spec_loader)
         data_spec = spec_loader.spec["input"] if spec_loader is not None else None
         check_input_against_data(args, spec, data_spec, args.val_examples != 0 and loader is not None, split)
     except ConfigError as error:
@@ -273,7 +286,6 @@ def main(argv=None) -> int:
 
     forward = jax.jit(fn)
     inputs = Inputs(spec, batch)
-    preprocessing = run_preprocessing(checkpoint_path, spec_loader)
     task = task_of(
         config["loss"]["name"], spec_loader.spec if spec_loader is not None else {"input": spec}, preprocessing
     )
@@ -347,11 +359,14 @@ def main(argv=None) -> int:
 def run_preprocessing(checkpoint_path: Path, loader) -> dict:
     """The run's preprocessing.json (written by train.py from the training data), else the data's own."""
     saved = checkpoint_path.parent / PREPROCESSING
-    if saved.is_file():
-        return json.loads(saved.read_text())
+    if saved.exists():
+        try:
+            return read_preprocessing(saved)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     return loader.preprocessing if loader is not None else {}
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.exit(main())
+    sys.exit(command(main))

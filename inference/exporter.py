@@ -426,4 +426,4 @@ def write_extras(folder: Path, report: dict, inputs: Inputs, task: str, source: 
         + "\n"
     )
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (folder / "report.md").write_text(markdown(report))
+    (folder / "report.md").write_text(markdown(report), encoding="utf-8")

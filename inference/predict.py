@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -127,14 +129,25 @@ class TFLiteModel(Runner):
 
 
 def load_model(path: str | Path, threads: int | None = None):
-    """An OnnxModel or a TFLiteModel, by the file's suffix."""
+    """An OnnxModel or a TFLiteModel, by the file's suffix; a file its runtime cannot load (not a model, damaged) is
+    a ValueError naming it and what the runtime said."""
     path = Path(path)
     runners = {".onnx": OnnxModel, ".tflite": TFLiteModel}
     if path.suffix not in runners:
         raise ValueError(f"{path}: expected a .onnx or .tflite file")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    return runners[path.suffix](path, threads)
+    try:
+        return runners[path.suffix](path, threads)
+    except ImportError:
+        raise
+    except Exception as error:  # the runtimes' own error types (onnxruntime's InvalidProtobuf, LiteRT's ValueError)
+        raise ValueError(f"{path}: the runtime cannot load it as a model ({first_line(error)})") from None
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
 def run_batched(model, x, batch_size: int = 256) -> np.ndarray:
@@ -165,9 +178,7 @@ def load_image(path: str | Path, shape: tuple, preprocessing: dict, invert: bool
     from PIL import Image
 
     height, width, channels = shape
-    resample = preprocessing.get("resize", "bilinear")
-    if resample not in RESAMPLING:
-        raise ValueError(f"{PREPROCESSING}: resize {resample!r}: expected one of {', '.join(RESAMPLING)}")
+    resample = preprocessing.get("resize", "bilinear")  # read_preprocessing checked it
     try:
         with Image.open(path) as image:
             if image.mode in ("P", "PA"):  # a palette (with transparency) expands through RGBA, as the loaders do
@@ -195,8 +206,13 @@ def load_rows(path: Path, preprocessing: dict) -> np.ndarray:
     training."""
     import csv
 
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (csv.Error, UnicodeDecodeError) as error:  # a cell past csv's 131,072 characters, not UTF-8 text
+        raise ValueError(f"{path}: not a readable CSV file ({first_line(error)})") from None
+    if not rows:
+        raise ValueError(f"{path}: empty; expected a header of column names, then a row per example")
     header, body = rows[0], [r for r in rows[1:] if r]
     features = preprocessing.get("features") or header
     missing = [c for c in features if c not in header]
@@ -215,8 +231,58 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def is_number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def is_numbers(value) -> bool:
+    return is_number(value) or (type(value) is list and bool(value) and all(map(is_number, value)))
+
+
+def is_names(value) -> bool:
+    return type(value) is list and all(type(v) is str for v in value)
+
+
+# What a preprocessing.json may hold and what each field must be: the file comes with a run folder or an export
+# from elsewhere, and every reader (predict.py, sample.py, the export) takes it through read_preprocessing.
+PREPROCESSING_FIELDS = {
+    "task": (lambda v: type(v) is str, "a string"),
+    "classes": (is_names, "a list of class names"),
+    "vocabulary": (lambda v: type(v) is str and bool(v), "a string of the vocabulary's characters"),
+    "features": (is_names, "a list of column names"),
+    "targets": (is_names, "a list of column names"),
+    "mean": (is_numbers, "a number or a list of numbers"),
+    "std": (lambda v: is_numbers(v) and 0 not in (v if type(v) is list else [v]), "a nonzero number or list of them"),
+    "pixel_scale": (is_number, "a number"),
+    "resize": (lambda v: v in RESAMPLING, f"one of {', '.join(RESAMPLING)}"),
+    "context": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+}
+
+
+def read_preprocessing(path: Path) -> dict:
+    """A run folder's or an export's preprocessing.json, every field it has checked ({} when there is none); what is
+    wrong is a ValueError naming the file and the field."""
+    if not path.exists():
+        return {}
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as error:  # unreadable, not UTF-8, not JSON, nested absurdly deep
+        raise ValueError(f"{path}: not a readable JSON file ({first_line(error)})") from None
+    if type(value) is not dict:
+        raise ValueError(f"{path}: expected a JSON object of the data's preprocessing, got {type(value).__name__}")
+    for name, (accepts, expected) in PREPROCESSING_FIELDS.items():
+        if name in value and not accepts(value[name]):
+            raise ValueError(f"{path}: {name!r} is {json.dumps(value[name])[:60]}, expected {expected}")
+    return value
+
+
 def read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """An optional JSON object (config.json, for the model's name): {} when absent or not an object."""
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8")) if path.is_file() else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return value if type(value) is dict else {}
 
 
 def generate(model, vocabulary: str, prompt: str, tokens: int, temperature: float, seed: int = 0) -> str:
@@ -271,6 +337,7 @@ def main(argv=None) -> int:
         (args.tokens < 0, f"--tokens {args.tokens}: expected 0 or more"),
         (not 0 <= args.temperature < float("inf"), f"--temperature {args.temperature}: expected a number >= 0"),
         (args.threads is not None and args.threads < 1, f"--threads {args.threads}: expected 1 or more"),
+        (not 0 <= args.seed < 2**63, f"--seed {args.seed}: expected an integer from 0 to 2**63 - 1"),
     ]
     for bad, message in checks:
         if bad:
@@ -279,9 +346,9 @@ def main(argv=None) -> int:
 
     model_path = Path(args.model)
     folder = model_path.parent
-    preprocessing = read_json(folder / PREPROCESSING)
-    task = preprocessing.get("task", "classification")
     try:
+        preprocessing = read_preprocessing(folder / PREPROCESSING)
+        task = preprocessing.get("task", "classification")
         model = load_model(model_path, args.threads)
         if preprocessing.get("vocabulary"):
             if args.text is None:
@@ -291,11 +358,14 @@ def main(argv=None) -> int:
         if not args.inputs:
             raise ValueError("give input files (images, .csv rows, .npy or .npz batches)")
         names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert)
+        outputs = run_batched(model, x).astype(np.float64)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # the runtime failed on a model it loaded (a damaged one)
+        print(f"error: {model_path}: the runtime failed to run it ({first_line(error)})", file=sys.stderr)
+        return 2
 
-    outputs = run_batched(model, x).astype(np.float64)
     title = read_json(folder / CONFIG).get("name", model_path.stem)
     print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
     for name, out in zip(names, outputs):
@@ -377,5 +447,24 @@ def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None
     return f"shape {list(output.shape)}, first values {', '.join(f'{v:.4g}' for v in flat[:8])}, ..."
 
 
+def command(main, argv=None) -> int:
+    """training/cli.py's ``command``, repeated because this file ships alone: Ctrl-C is one line and status 130, a
+    closed pipe (``| head -1``) ends quietly with 141, text the terminal's encoding cannot show is escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        try:
+            return main(argv)
+        finally:
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        print("error: stopped by SIGINT (Ctrl-C)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

@@ -179,6 +179,13 @@ WRONG_FIELDS = [
     ("format_version", 3),
     ("format_version", 0),
     ("format_version", None),
+    ("position", -5),  # a position outside the epoch trained a wrong number of steps, "abc" or 1.5 a traceback
+    ("position", 10**30),
+    ("position", "abc"),
+    ("position", 1.5),
+    ("position", True),
+    ("batches", 0),
+    ("config", [1]),
 ]
 
 

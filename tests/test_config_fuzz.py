@@ -470,6 +470,10 @@ def generate() -> list[Case]:
         ("empty key", "=3"),
         ("control character in key", "see\nd=1"),
         ("list index of a dict", "model.0=1"),
+        ("superscript list index", "metrics.\u00b2.name=x"),  # "²".isdigit() is True, int("²") fails
+        ("fullwidth list index", "metrics.\uff11.name=x"),  # isdecimal() is True, but not an ASCII index
+        ("lone surrogate in a path", 'trainer.save_dir="\\ud800"'),
+        ("lone surrogate in a name", 'name="x\\udfff"'),
     ):
         cases.append(Case("overrides", label, args=["--set", override]))
     for label, args in (

@@ -309,7 +309,7 @@ def test_reconcile_repairs_what_a_kill_left(tmp_path):
     tree = {"params": {"w": np.arange(3, dtype=np.float32)}}
     header = {"epoch": 3, "step": 30, "best": 0.5, "best_epoch": 3, "row": {"epoch": 3, "step": 30, "x": 3}}
     checkpoint.save(tmp_path / "checkpoint-latest.params", tree, header)
-    checkpoint.save(tmp_path / "model_best.params", tree, {**header, "epoch": 2, "step": 20})
+    checkpoint.save(tmp_path / "model_best.params", tree, {**header, "epoch": 2, "step": 20, "best_epoch": 2})
     (tmp_path / ".checkpoint-latest.params.abc123.tmp").write_bytes(b"partial")
     rows = [{"epoch": 1}, {"epoch": 2}, {"epoch": 2}, {"epoch": 4}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"epoch": 5, "st')

@@ -137,6 +137,9 @@ FIELDS = {
     "treedef": (lambda v: type(v) is str, "a string"),
     "row": (lambda v: type(v) is dict, "an object"),
     "eval_params": (lambda v: type(v) is str and v.startswith("callbacks."), "a key path under callbacks."),
+    "position": (lambda v: is_int(v, 0), "an integer >= 0"),
+    "batches": (lambda v: is_int(v, 1), "an integer >= 1"),
+    "config": (lambda v: type(v) is dict, "an object"),
 }
 REQUIRED = ("epoch", "step")
 
@@ -151,6 +154,15 @@ def header_problem(header: Any) -> str | None:
     for name, (accepts, expected) in FIELDS.items():
         if name in header and not accepts(header[name]):
             return f"field {name!r} is {kind_of(header[name])}, expected {expected}"
+    # fields that bound each other: a position inside the epoch's batches, no more epochs counted than were run
+    for name, limit, below in (
+        ("position", "batches", True),
+        ("best_epoch", "epoch", False),
+        ("bad_epochs", "epoch", False),
+    ):
+        value, most = header.get(name), header.get(limit)
+        if value is not None and most is not None and (value >= most if below else value > most):
+            return f"field {name!r} is {value}, expected {'less than' if below else 'at most'} {limit!r} ({most})"
     return None
 
 

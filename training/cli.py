@@ -1,5 +1,6 @@
 """What every command-line entry point shares: one `error:` line and exit status 2 for bad input (argparse's too),
-and the logging set up from logger_config.json.
+how a command ends (``command``: Ctrl-C, a closed pipe, a platform JAX cannot start), and the logging set up from
+logger_config.json.
 """
 
 from __future__ import annotations
@@ -8,10 +9,16 @@ import argparse
 import json
 import logging
 import logging.config
+import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from training.config_file import closest
+from training.config_file import ConfigError, closest
+
+INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a command Ctrl-C ended
+CLOSED_PIPE = 128 + signal.SIGPIPE  # the shell's status for a writer whose reader went away (`| head -1`)
 
 
 def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config.json", verbose: bool = True) -> None:
@@ -64,7 +71,60 @@ class _TrainOnly(argparse.Action):
         )
 
 
+def command(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Runs an entry point's ``main`` and returns its exit status, ending the ways every command ends alike:
+    Ctrl-C (KeyboardInterrupt) is one line and status 130; a closed pipe (``test.py ... | head -1``) ends quietly with
+    141, the status a shell shows for a writer SIGPIPE ended; a ConfigError the command did not catch is one line
+    and 2; so is an error raised because JAX cannot start the platform ``JAX_PLATFORMS`` names (``fail`` says
+    that instead of what the command made of the error). Text the terminal's
+    encoding cannot show (class names under an ASCII locale) is printed escaped, never an error."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        try:
+            return main(argv)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe is caught, not at exit (argparse's --help exits too)
+    except KeyboardInterrupt:
+        print("error: stopped by SIGINT (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:
+        # what is still buffered cannot be written either: stdout goes to /dev/null so that the flush at exit does
+        # not raise (and print) the same error again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_PIPE
+    except ConfigError as error:
+        fail(str(error))
+    except Exception:
+        problem = platform_problem()
+        if problem:
+            fail(problem)
+        raise
+
+
+def platform_problem() -> str | None:
+    """Why JAX cannot start the platform ``JAX_PLATFORMS`` names (a GPU asked for where there is none or its plugin
+    is missing), or None. Asked only once something failed: JAX raises that from its first use, wherever it is."""
+    wanted = os.environ.get("JAX_PLATFORMS", "").strip()
+    if not set(wanted.lower().split(",")) - {"cpu", ""} or "jax" not in sys.modules:
+        return None  # the CPU is always there; a JAX not imported yet has not failed to start anything
+    import jax
+
+    try:
+        jax.devices()
+    except Exception as error:  # JAX's own error: a RuntimeError, or an AssertionError without a message
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else "no such device or plugin"
+        return (
+            f"JAX_PLATFORMS={wanted}: JAX cannot start it here ({reason}); unset JAX_PLATFORMS to use what this "
+            "machine has, or install that platform's JAX plugin"
+        )
+    return None
+
+
 def fail(message: str, status: int = 2) -> None:
+    # a platform JAX cannot start makes any first use of JAX fail, and a command's message would blame that use
+    message = platform_problem() or message
     # one line whatever the message quotes: a newline or escape code from a file name or a value is shown escaped
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
     print(f"error: {text}", file=sys.stderr)

@@ -95,6 +95,8 @@ def check_values(value: Any, where: str) -> None:
             raise ConfigError(f"{place}: {show(node)} is too large (at most {MAX_INTEGER:,} accepted)")
         if isinstance(node, float) and not math.isfinite(node):
             raise ConfigError(f"{place}: {show(node)} is not a finite number")
+        if isinstance(node, str) and not encodable(node):
+            raise ConfigError(f"{place}: {show(node)} holds a lone surrogate, which no file or file name can hold")
         if isinstance(node, _DuplicateKeys):
             inside = f" in {'.'.join(path)}" if path else ""
             raise ConfigError(f"{where}: duplicate key {show(node.duplicate)}{inside}")
@@ -105,6 +107,16 @@ def check_values(value: Any, where: str) -> None:
             stack.extend((v, (*path, str(k))) for k, v in reversed(node.items()))
         elif isinstance(node, list):
             stack.extend((v, (*path, str(i))) for i, v in reversed(list(enumerate(node))))
+
+
+def encodable(text: str) -> bool:
+    """Whether `text` can be written to a file or be a file name: a lone surrogate (JSON's "\\ud800") cannot; the
+    ones that stand for the undecodable bytes of a file name (U+DC80..U+DCFF, as Python reads them) can."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_json(path: str | Path, source: str | None = None) -> dict:
@@ -139,13 +151,18 @@ def read_json(path: str | Path, source: str | None = None) -> dict:
     return config
 
 
+def is_index(part: str) -> bool:
+    """A list index in a key path: ASCII digits only ("²".isdigit() and "٣".isdecimal() are true, int("²") fails)."""
+    return part.isascii() and part.isdecimal()
+
+
 def set_path(config: dict, dotted: str, value: Any, source: str) -> None:
     """Sets config[a][b][c] = value for 'a.b.c'; integer parts index lists (metrics.0.args.k)."""
     parts = dotted.split(".")
     node = config
     for i, part in enumerate(parts[:-1]):
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
+            if not is_index(part) or int(part) >= len(node):
                 raise ConfigError(f"{source}: {'.'.join(parts[: i + 1])}: no such list index")
             node = node[int(part)]
         else:
@@ -154,7 +171,7 @@ def set_path(config: dict, dotted: str, value: Any, source: str) -> None:
             raise ConfigError(f"{source}: {'.'.join(parts[: i + 1])} is a value, not a section")
     last = parts[-1]
     if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
+        if not is_index(last) or int(last) >= len(node):
             raise ConfigError(f"{source}: {dotted}: no such list index")
         node[int(last)] = value
     else:

@@ -20,8 +20,20 @@ COLUMNS = 3
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a `metrics.jsonl` file, in order; a resumed run's rows follow the rows before it."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a `metrics.jsonl` file, in order; a resumed run's rows follow the rows before it. A line that is
+    not a JSON object (a hand-edited or foreign file) is a ValueError naming it."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as error:
+            raise ValueError(f"{path}: line {number} is not JSON ({type(error).__name__})") from None
+        if type(row) is not dict:
+            raise ValueError(f"{path}: line {number} is {type(row).__name__}, not a JSON object of an epoch's values")
+        rows.append(row)
+    return rows
 
 
 def curve_names(rows: Sequence[dict]) -> list[str]:

@@ -68,14 +68,17 @@ class Trainer:
         self.run = run
         self.settings = settings or Settings.of(run.config)
         self.state = TrainState(run, self.settings, execution)
-        self.checkpoints = Checkpoints(run_dir, self.settings, run.monitor, config_hash, self.state.evaluated)
         self.train_loader, self.valid_loader = run.loaders["train"], run.loaders.get("validation")
+        self.checkpoints = Checkpoints(
+            run_dir, self.settings, run.monitor, config_hash, self.state.evaluated, run.config, len(self.train_loader)
+        )
         self.callbacks, self.trackers = list(run.callbacks), list(trackers)
         self.ts = None  # the training state: made by init_state(), restore() or load_weights()
         self.origin = None  # where the state came from, for the log
         self.epoch = 0  # epochs completed
         self.position, self.resumed_totals = 0, None  # loader batches of the epoch under way done before a resume
         self.resumed_header = None
+        self.resume_notes = []  # what changed since the checkpoint a run resumed from, for the log
         self.min_loss = math.inf  # the lowest step loss so far, for trainer.divergence_factor
         self.stop_training = None  # a reason set by a callback: the run ends before its next epoch
         self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
@@ -98,17 +101,15 @@ class Trainer:
         return self.ts
 
     def restore(self, path: Path) -> None:
-        """Continues from a checkpoint: state, epoch, position in the epoch, best value and early-stopping count."""
+        """Continues from a checkpoint (``Checkpoints.resume``: what it refuses): state, epoch, position, best value."""
         self.ts, header, self.resumed_totals = self.state.restore(path)
+        self.resume_notes = self.checkpoints.resume(header, path, int(self.ts["step"]))
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
-        self.checkpoints.resume(header)
         self.resumed_header = header
         self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}" + (
             f" ({self.position} step(s) into epoch {self.epoch + 1})" if self.position else ""
         )
-        if header.get("config_hash") != self.checkpoints.config_hash:
-            self.origin += " (the config's model/loss/optimizer/seed differ from the checkpoint's run)"
 
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
