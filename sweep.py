@@ -25,6 +25,8 @@ from collections import namedtuple
 from functools import partial
 from pathlib import Path
 
+from training.cli import command
+from training.config_file import is_index
 from training.files import LOCK_NAME, METRICS, write_atomic
 from training.sweep_results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweep_space import SweepError, check_key, check_space, overrides, parse_grid, parse_sample, probes
@@ -123,7 +125,7 @@ def parse_prune(text: str, epochs: int):
     import optuna.pruners as p
 
     name, *n = text.split(":")
-    if not all(x.isdigit() for x in n):
+    if not all(is_index(x) for x in n):
         n = [-1]
     n = [int(x) for x in n]
     percentile = n.pop(0) if name == "percentile" and n and 0 < n[0] < 100 else 50 if name == "median" else None
@@ -469,4 +471,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

@@ -8,6 +8,8 @@ import json
 import math
 from typing import Any, NamedTuple
 
+from training.config_file import is_index
+
 
 class SweepError(Exception):
     """A bad sweep argument or a study that cannot be used: reported as one line, exit status 2."""
@@ -125,7 +127,7 @@ def check_key(config: dict, key: str, source: str) -> None:
         if isinstance(node, dict):
             found, child = part in node, node.get(part)
         elif isinstance(node, list):
-            found = part.isdigit() and int(part) < len(node)
+            found = is_index(part) and int(part) < len(node)
             child = node[int(part)] if found else None
         else:
             raise SweepError(f"{key}: {'.'.join(parts[:i])} is a value in {source}, not a section")
