@@ -121,9 +121,22 @@ def _open(path: Path, name: str, available, opener) -> np.ndarray:
     return array
 
 
-def _narrow(array: np.ndarray) -> np.ndarray:
+def _narrow(array: np.ndarray, name: str, rows: np.ndarray) -> np.ndarray:
+    """64-bit numbers as 32-bit; an integer the narrower type cannot hold is refused, never wrapped (int64 2**32 + 3
+    would become 3). A float too large becomes inf, which the loader's check of finite values reports."""
     target = NARROW.get(array.dtype)
-    return array.astype(target) if target is not None else array
+    if target is None:
+        return array
+    if array.dtype.kind in "iu" and array.size:
+        info = np.iinfo(target)
+        outside = (array < info.min) | (array > info.max)
+        if outside.any():
+            at = np.unravel_index(int(np.argmax(outside)), array.shape)
+            raise ValueError(
+                f"array {name!r}, row {int(rows[at[0]])}: {array[at]} does not fit {np.dtype(target)} (from "
+                f"{array.dtype}); store it as a narrower type or as floats"
+            )
+    return array.astype(target)
 
 
 class ArraysDataset:
@@ -175,7 +188,7 @@ class ArraysDataset:
 
     def get_batch(self, indices):
         rows = self.rows[indices]
-        read = lambda name: _narrow(np.asarray(self.arrays[name][rows]))  # noqa: E731
+        read = lambda name: _narrow(np.asarray(self.arrays[name][rows]), name, rows)  # noqa: E731
         batch = {
             "input": read(self.inputs)
             if isinstance(self.inputs, str)

@@ -36,6 +36,7 @@ import numpy as np
 
 from model.checks import check_range
 from training.files import atomic_path, write_atomic
+from training.regular_files import open_regular, read_regular
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 SPLITS = ("all", "train", "validation", "test")
@@ -45,6 +46,9 @@ CACHE_VERSION = 1
 RESIZE = "bilinear"  # Pillow's Image.BILINEAR, as inference/predict.py resizes
 CHUNK = 256  # images per task handed to a decoding worker
 MIN_FILES_PER_WORKER = 2000  # below this, starting worker processes costs more than it saves
+# Past this an image is a decompression bomb, not a training image (a few kB of PNG can declare gigapixels): refused
+# from its header, before decoding. Pillow's own guard (DecompressionBombError) stops larger ones in Image.open.
+MAX_PIXELS = 1 << 27
 
 log = logging.getLogger(__name__)
 
@@ -119,20 +123,51 @@ def split_rows(
 
 
 # -------------------------------------------------------------------------------------------------------- decoding
+def eight_bit(image, path):
+    """A Pillow image in a mode the "L"/"RGB" conversion reads correctly: 16-bit gray (PNG's "I;16", or "I" holding
+    values up to 65535) scaled to 8 bits, v * 255 / 65535 rounded, where Pillow's own conversion clips every value
+    above 255 to white. 32-bit integer and floating-point pixels have no range to scale from: refused."""
+    from PIL import Image
+
+    if image.mode.startswith("I;16") or image.mode == "I":
+        pixels = np.asarray(image)
+        if pixels.size and (pixels.min() < 0 or pixels.max() > 65535):
+            raise ValueError(f"{path}: 32-bit integer pixels ({pixels.min()}..{pixels.max()}), not 8 or 16 bits")
+        scaled = (pixels.astype(np.uint32) * 255 + 32767) // 65535
+        return Image.fromarray(scaled.astype(np.uint8), "L")
+    if image.mode == "F":
+        raise ValueError(f"{path}: floating-point pixels have no range to scale to 8 bits; save it as 8 or 16 bits")
+    return image
+
+
+def check_pixels(image, path) -> None:
+    """Refuses an image whose header declares more than MAX_PIXELS pixels, before any of it is decoded."""
+    width, height = image.size
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"{path}: {width} x {height} pixels, more than the {MAX_PIXELS:,} an image may have")
+
+
 def decode(path: str | Path, size: tuple[int, int], channels: int) -> np.ndarray:
-    """One image file as uint8 (height, width, channels); ValueError naming the file if Pillow cannot read it."""
+    """One image file as uint8 (height, width, channels); ValueError naming the file if Pillow cannot read it. Only
+    a regular file of at most MAX_PIXELS pixels is decoded; 16-bit gray is scaled to 8 bits (``eight_bit``)."""
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with open_regular(path) as f, Image.open(f) as image:
+            check_pixels(image, path)
             if image.mode in ("P", "PA"):  # a palette (with transparency) expands through RGBA
                 image = image.convert("RGBA")
-            image = image.convert("L" if channels == 1 else "RGB")
+            image = eight_bit(image, path).convert("L" if channels == 1 else "RGB")
             if image.size != (size[1], size[0]):
                 image = image.resize((size[1], size[0]), Image.BILINEAR)
             return np.asarray(image, np.uint8).reshape(size[0], size[1], channels)
     except MemoryError:
         raise
+    except ValueError as error:
+        if str(error).startswith(f"{path}: "):  # ours (a FIFO, a bomb, 32-bit pixels), already naming the file
+            raise
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"{path}: cannot decode it as an image ({reason})") from None
     except Exception as error:  # Pillow raises many kinds for damaged files: each one is the file's fault
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         reason = reason.replace(f" {str(path)!r}", "").replace(f" {str(path)}", "")  # Pillow names the file too
@@ -156,7 +191,7 @@ def image_size(path: Path) -> tuple[int, int]:
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with open_regular(path) as f, Image.open(f) as image:
             return image.size[1], image.size[0]
     except Exception as error:  # noqa: BLE001 (any failure is the file's)
         raise ValueError(
@@ -226,7 +261,7 @@ def _previous(cache_dir: Path, settings_hash: str, name: str) -> list[tuple[Path
         if meta_path.stem == name:
             continue
         try:
-            found.append((meta_path.with_suffix(".npy"), json.loads(meta_path.read_text())))
+            found.append((meta_path.with_suffix(".npy"), json.loads(read_regular(meta_path))))
         except (OSError, ValueError):
             found.append((meta_path.with_suffix(".npy"), {}))
     return found
@@ -248,7 +283,7 @@ def load_or_build(
     shape = (len(files), size[0], size[1], channels)
     if meta_path.is_file() and data_path.is_file():
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(read_regular(meta_path))
             images = np.load(data_path, mmap_mode="r")
             if meta.get("entries") == entries and images.shape == shape and images.dtype == np.uint8:
                 return images, {int(k): v for k, v in meta["errors"].items()}, {"path": data_path, "built": False}

@@ -86,6 +86,42 @@ def check_batch(batch: Any, batch_size: int) -> None:
             )
 
 
+CHECK_ROWS = 4096  # examples read at once by check_values: large enough to be vectorised, small enough for memory
+
+
+def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: bool = False) -> None:
+    """Every example of `dataset`, read once in blocks through its own ``get_batch``, as the loop would receive it:
+    integer targets are class ids in [0, classes) when `classes` is given (the loss's gather would wrap -1 to the
+    last class, and read past the end for an id too large), and floating-point inputs and targets are finite unless
+    `allow_nonfinite` (a NaN input makes every later loss NaN). ValueError naming the first bad example by its index
+    in the split; the caller adds which split. Checked where a data set is loaded, never in the step."""
+    n = len(dataset)
+    for start in range(0, n, CHECK_ROWS):
+        indices = np.arange(start, min(n, start + CHECK_ROWS))
+        batch = dataset.get_batch(indices)
+        if not isinstance(batch, dict):
+            return  # check_batch names what a batch must be
+        for path, leaf in _paths({k: v for k, v in batch.items() if k != "mask"}):
+            if not isinstance(leaf, np.ndarray) or len(leaf) != len(indices):
+                continue
+            if leaf.dtype.kind == "f" and not allow_nonfinite:
+                bad = ~np.isfinite(leaf).reshape(len(leaf), -1).all(axis=1)
+                if bad.any():
+                    row = int(np.argmax(bad))
+                    value = leaf[row][~np.isfinite(leaf[row])].flat[0]
+                    raise ValueError(
+                        f"example {start + row}: {path} holds {value} (non-finite values are refused; "
+                        "allow_nonfinite: true beside the loader's name lets them through)"
+                    )
+            if path == "target" and classes is not None and leaf.dtype.kind in "iu":
+                flat = leaf.reshape(len(leaf), -1)
+                bad = ((flat < 0) | (flat >= classes)).any(axis=1)
+                if bad.any():
+                    row = int(np.argmax(bad))
+                    value = flat[row][(flat[row] < 0) | (flat[row] >= classes)][0]
+                    raise ValueError(f"example {start + row}: class label {value} is outside [0, {classes})")
+
+
 class DataLoader:
     """Batches of `dataset` in an order that is a function of (seed, epoch).
 

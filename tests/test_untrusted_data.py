@@ -1,0 +1,187 @@
+"""Data from elsewhere, checked where it enters: class labels outside the model's classes, integers that would wrap
+when narrowed, NaN and infinite inputs (refused unless allowed), 16-bit images; and inputs that must be bounded: a
+FIFO or a device where a config or a data file is expected (refused without blocking), a config or a decompressed
+member over its limit, an image over the pixel limit, runtime flags out of range."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_loader import image_folder
+from data_loader.arrays import ArraysDataset
+from data_loader.idx import read_idx
+from tests.test_data_faults import train_error
+from training import regular_files
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def arrays_config(tmp_path: Path, validation: bool = False, **extra) -> dict:
+    train = {"name": "arrays", "args": {"path": str(tmp_path / "data.npz"), "input": "x", "target": "y"}, **extra}
+    loaders = {"train": train}
+    if validation:
+        loaders["validation"] = {
+            "name": "arrays",
+            "args": {"path": str(tmp_path / "valid.npz"), "input": "x", "target": "y"},
+            **extra,
+        }
+    return {
+        "name": "untrusted",
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [8], "num_classes": 10}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [{"name": "accuracy"}],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": loaders,
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"},
+    }
+
+
+def tiny_arrays(n: int = 300, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((n, 6)).astype(np.float32), "y": rng.integers(0, 10, n).astype(np.int32)}
+
+
+@pytest.mark.parametrize(
+    "label, row, message",
+    [
+        (-1, 3, "example 3: class label -1 is outside [0, 10)"),  # take_along_axis used to wrap it to class 9
+        (10, 290, "example 290: class label 10 is outside [0, 10)"),  # in the last batch, not the first
+    ],
+)
+def test_a_label_outside_the_classes_is_refused_naming_split_and_example(
+    tmp_path, capsys, monkeypatch, label, row, message
+):
+    data = tiny_arrays()
+    data["y"][row] = label
+    np.savez(tmp_path / "data.npz", **data)
+    line = train_error(tmp_path, capsys, monkeypatch, arrays_config(tmp_path))
+    assert f"data_loader.train: {message}" in line, line
+    assert not (tmp_path / "saved").exists()
+
+
+def test_an_int64_label_that_would_wrap_when_narrowed_is_refused(tmp_path, capsys, monkeypatch):
+    data = tiny_arrays()
+    y = data["y"].astype(np.int64)
+    y[7] = 2**32 + 3  # int32 would read it as 3: a valid class, silently wrong
+    np.savez(tmp_path / "data.npz", x=data["x"], y=y)
+    line = train_error(tmp_path, capsys, monkeypatch, arrays_config(tmp_path))
+    assert "array 'y', row 7: 4294967299 does not fit int32" in line, line
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_nan_inputs_are_refused_by_default_and_trained_on_when_allowed(tmp_path, capsys, monkeypatch, split):
+    train, valid = tiny_arrays(), tiny_arrays(40, seed=1)
+    (train if split == "train" else valid)["x"][25, 2] = np.nan
+    np.savez(tmp_path / "data.npz", **train)
+    np.savez(tmp_path / "valid.npz", **valid)
+    line = train_error(tmp_path, capsys, monkeypatch, arrays_config(tmp_path, validation=True))
+    assert f"data_loader.{split}: example 25: input holds nan" in line, line
+    assert "allow_nonfinite" in line
+
+    from utils import assemble, validate
+
+    allowed = validate(arrays_config(tmp_path, validation=True, allow_nonfinite=True))
+    loaders = assemble(allowed).load_data()  # the data reaches the loop as it is
+    assert np.isnan(loaders[split].dataset.get_batch(np.array([25]))["input"]).any()
+
+
+def test_allow_nonfinite_must_be_a_boolean(tmp_path, capsys, monkeypatch):
+    np.savez(tmp_path / "data.npz", **tiny_arrays())
+    line = train_error(tmp_path, capsys, monkeypatch, arrays_config(tmp_path, allow_nonfinite="yes"))
+    assert "data_loader.train.allow_nonfinite: expected true" in line, line
+
+
+# --------------------------------------------------------------------------------------------------- 16-bit images
+def write_16_bit_png(path: Path, value: int) -> None:
+    from PIL import Image
+
+    Image.fromarray(np.full((4, 4), value, np.uint16)).save(path)  # mode I;16
+
+
+def test_a_16_bit_png_is_read_with_its_full_range_in_training_and_in_predict(tmp_path):
+    from inference.predict import load_image
+
+    for value in (0, 32768, 65535):
+        path = tmp_path / f"{value}.png"
+        write_16_bit_png(path, value)
+        expected = round(value * 255 / 65535)
+        # was 255 for every value above 255: Pillow's conversion to "L" clips
+        assert (image_folder.decode(path, (4, 4), 1) == expected).all(), value
+        assert (image_folder.decode(path, (4, 4), 3) == expected).all(), value
+        assert np.allclose(load_image(path, (4, 4, 1), {}), expected), value
+
+
+# ------------------------------------------------------------------------------------------------- bounded inputs
+def run_script(*args, timeout: float = 60) -> subprocess.CompletedProcess:
+    """A tool in a child process; a hang fails the test (TimeoutExpired) instead of blocking the suite."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_a_fifo_or_a_device_as_the_config_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    assert "a FIFO (named pipe), not a regular file" in one_line(run_script("train.py", "-c", fifo))
+    assert "/dev/zero: a character device, not a regular file" in one_line(run_script("train.py", "-c", "/dev/zero"))
+
+
+def test_a_config_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "config.json"
+    with open(path, "wb") as f:  # sparse: 20 MB of nothing on disk
+        f.truncate(20 << 20)
+    assert "20 MB, more than the 16 MB a config file may have" in one_line(run_script("train.py", "-c", path))
+    path.write_text("[" + "{}," * (6 << 20) + "{}]")  # 18 MB of empty objects: memory, not a setting
+    assert "more than the 16 MB a config file may have" in one_line(run_script("train.py", "-c", path))
+
+
+def test_a_fifo_as_a_data_file_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "train-labels-idx1-ubyte.gz")
+    with pytest.raises(ValueError, match="a FIFO \\(named pipe\\), not a regular file"):
+        read_idx(tmp_path / "train-labels-idx1-ubyte.gz")
+    folder = tmp_path / "arrays"
+    folder.mkdir()
+    np.save(folder / "x.npy", np.zeros((4, 2), np.float32))
+    os.mkfifo(folder / "y.npy")
+    with pytest.raises(ValueError, match="y.npy: a FIFO"):
+        ArraysDataset(folder, "x", "y")
+    os.mkfifo(tmp_path / "data.npz")
+    with pytest.raises(ValueError, match="data.npz: a FIFO"):
+        ArraysDataset(tmp_path / "data.npz", "x", "y")
+
+
+def test_a_gzip_bomb_is_refused_before_it_inflates(tmp_path, monkeypatch):
+    monkeypatch.setattr(regular_files, "MAX_INFLATED_BYTES", 1 << 20)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    header = bytes([0, 0, 8, 1]) + (64 << 20).to_bytes(4, "big")  # declares 64 MB of uint8
+    with gzip.open(path, "wb") as f:
+        f.write(header + bytes(64 << 20))
+    assert path.stat().st_size < 100_000
+    with pytest.raises(ValueError, match="declares 64 MB, more than the 1 MB an IDX file may hold"):
+        read_idx(path)
+    # a header that lies small: no more than it declares is inflated
+    with gzip.open(path, "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + (10).to_bytes(4, "big") + bytes(64 << 20))
+    with pytest.raises(ValueError, match="more than 18 bytes, header says 18"):
+        read_idx(path)
+
+
+def test_a_compressed_npz_member_over_the_limit_is_refused_before_it_inflates(tmp_path, monkeypatch):
+    monkeypatch.setattr(regular_files, "MAX_INFLATED_BYTES", 1 << 20)
+    np.savez_compressed(tmp_path / "data.npz", x=np.zeros((1 << 18, 2), np.float32), y=np.zeros(1 << 18, np.int32))
+    with pytest.raises(ValueError, match="array 'x' declares 2 MB uncompressed, more than the 1 MB"):
+        ArraysDataset(tmp_path / "data.npz", "x", "y")
