@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from model.checks import check_range
+from training import stop_signals
 from training.files import atomic_path, write_atomic
 from training.regular_files import open_regular, read_regular
 
@@ -174,11 +175,16 @@ def decode(path: str | Path, size: tuple[int, int], channels: int) -> np.ndarray
         raise ValueError(f"{path}: cannot decode it as an image ({reason})") from None
 
 
-def decode_chunk(paths: list[str], size: tuple[int, int], channels: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
-    """(uint8 (len(paths), H, W, C), [(position, error message)]): a worker's task; failed rows stay zero."""
+def decode_chunk(
+    paths: list[str], size: tuple[int, int], channels: int, in_process: bool = False
+) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """(uint8 (len(paths), H, W, C), [(position, error message)]): a worker's task; failed rows stay zero. In the
+    loading process (`in_process`) it ends early when a stop signal is pending, which the caller then raises."""
     out = np.zeros((len(paths), size[0], size[1], channels), np.uint8)
     errors = []
     for i, path in enumerate(paths):
+        if in_process and stop_signals.pending():
+            break
         try:
             out[i] = decode(path, size, channels)
         except ValueError as error:
@@ -214,16 +220,20 @@ def decode_into(
     errors: dict[int, str] = {}
     starts = range(0, len(paths), CHUNK)
     if workers <= 1:
-        results = (decode_chunk(paths[s : s + CHUNK], size, channels) for s in starts)
+        results = (decode_chunk(paths[s : s + CHUNK], size, channels, in_process=True) for s in starts)
         pool = None
     else:
         # spawn, not fork: the parent may already run JAX's threads, which a forked child would inherit locked
-        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_interrupts_to_the_parent
+        )
         results = pool.map(
             decode_chunk, (paths[s : s + CHUNK] for s in starts), [size] * len(starts), [channels] * len(starts)
         )
     try:
         for start, (array, chunk_errors) in zip(starts, results):
+            # a stop signal (SIGTERM, Ctrl-C) ends the decoding within a chunk, not when the folder is done
+            stop_signals.safe_point()
             out[start : start + len(array)] = array
             errors.update({start + i: message for i, message in chunk_errors})
             if errors and stop_on_error:
@@ -232,6 +242,14 @@ def decode_into(
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     return errors
+
+
+def _leave_interrupts_to_the_parent() -> None:
+    """A decoding worker ignores Ctrl-C (sent to the whole process group): the loading process stops it, without a
+    traceback from every worker."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ----------------------------------------------------------------------------------------------------------- cache
@@ -378,6 +396,7 @@ def load_or_build(
     for old_data, _ in previous:  # stale caches of this folder and settings
         old_data.unlink(missing_ok=True)
         old_data.with_suffix(".json").unlink(missing_ok=True)
+    stop_signals.KEPT.append(f"the image cache {data_path}")  # a stop from here on leaves it for the next run
     info = {
         "path": data_path,
         "built": True,

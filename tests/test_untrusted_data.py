@@ -6,6 +6,7 @@ member over its limit, an image over the pixel limit, runtime flags out of range
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -185,3 +186,138 @@ def test_a_compressed_npz_member_over_the_limit_is_refused_before_it_inflates(tm
     np.savez_compressed(tmp_path / "data.npz", x=np.zeros((1 << 18, 2), np.float32), y=np.zeros(1 << 18, np.int32))
     with pytest.raises(ValueError, match="array 'x' declares 2 MB uncompressed, more than the 1 MB"):
         ArraysDataset(tmp_path / "data.npz", "x", "y")
+
+
+def test_a_png_over_the_pixel_limit_is_one_line_in_training_and_in_predict(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from inference import predict
+
+    path = tmp_path / "big.png"
+    Image.new("L", (40, 30)).save(path)
+    monkeypatch.setattr(image_folder, "MAX_PIXELS", 1000)
+    monkeypatch.setattr(predict, "MAX_PIXELS", 1000)
+    with pytest.raises(ValueError, match="big.png: 40 x 30 pixels, more than the 1,000 an image may have"):
+        image_folder.decode(path, (4, 4), 1)
+    with pytest.raises(ValueError, match="big.png: 40 x 30 pixels, more than the 1,000 an image may have"):
+        predict.load_image(path, (4, 4, 1), {})
+    # past Pillow's own guard, Image.open raises DecompressionBombError (not an OSError): one line too
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
+    with pytest.raises(ValueError, match="big.png: cannot decode it as an image .*decompression bomb"):
+        image_folder.decode(path, (4, 4), 1)
+    with pytest.raises(ValueError, match="big.png: cannot read it as an image .*decompression bomb"):
+        predict.load_image(path, (4, 4, 1), {})
+
+
+def tiny_onnx_model(folder: Path) -> Path:
+    """A real .onnx file: (B, 4, 4, 1) float images flattened to 16 logits, with a preprocessing.json."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["input"], ["logits"], axis=1)],
+        "tiny",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["B", 4, 4, 1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 16])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = folder / "tiny.onnx"
+    onnx.save(model, path)
+    (folder / "preprocessing.json").write_text(json.dumps({"classes": [str(i) for i in range(16)]}))
+    return path
+
+
+def test_predict_refuses_a_fifo_input_and_unbounded_flags_without_blocking(tmp_path):
+    model = tiny_onnx_model(tmp_path)
+    np.save(tmp_path / "good.npy", np.zeros((2, 4, 4, 1), np.float32))
+    assert run_script("inference/predict.py", model, tmp_path / "good.npy").returncode == 0
+    for suffix in (".npy", ".npz", ".csv", ".png"):
+        os.mkfifo(tmp_path / f"fifo{suffix}")
+        line = one_line(run_script("inference/predict.py", model, tmp_path / f"fifo{suffix}"))
+        assert f"fifo{suffix}: not a regular file" in line, line
+    for flag, value in (("--threads", 100000), ("--threads", 0), ("--tokens", 10**9), ("--seed", -1)):
+        line = one_line(run_script("inference/predict.py", model, tmp_path / "good.npy", flag, value))
+        assert f"{flag} {value}: expected" in line, line
+
+
+def test_a_config_json_in_a_run_folder_that_is_a_fifo_is_refused(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint-latest.params").write_bytes(b"not read: the config comes first")
+    os.mkfifo(run / "config.json")
+    line = one_line(run_script("train.py", "-r", run / "checkpoint-latest.params"))
+    assert "config.json: a FIFO (named pipe), not a regular file" in line, line
+
+
+STOPPED_DECODING = r"""
+import os, signal, sys
+sys.path.insert(0, os.getcwd())
+from data_loader import image_folder
+when = os.environ["STOP_WHEN"]
+real_decode, real_build, decoded = image_folder.decode, image_folder.load_or_build, []
+def decode(*args):
+    decoded.append(1)
+    if when == "decoding" and len(decoded) == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_decode(*args)
+def load_or_build(*args):
+    result = real_build(*args)
+    if when == "built":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return result
+image_folder.decode, image_folder.load_or_build = decode, load_or_build
+import train
+status = train.main(sys.argv[1:])
+print(f"decoded {len(decoded)}")
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("when", ["decoding", "built"])
+def test_sigterm_while_decoding_images_stops_within_a_chunk_and_says_what_was_kept(tmp_path, when):
+    from PIL import Image
+
+    root = tmp_path / "images"
+    for label in range(2):
+        (root / str(label)).mkdir(parents=True)
+        for i in range(300):  # more than one decoding chunk (image_folder.CHUNK)
+            Image.new("L", (8, 8), 255 * label).save(root / str(label) / f"{i}.png")
+    config = {
+        "name": "images",
+        "seed": 0,
+        "model": {"name": "mlp", "args": {"hidden": [4], "num_classes": 2}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {
+            "train": {
+                "name": "image_folder",
+                "args": {"root": str(root), "channels": 1, "workers": 0, "dtype": "float32"},
+            }
+        },
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "off"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = subprocess.run(
+        [sys.executable, "-c", STOPPED_DECODING, "-c", str(tmp_path / "config.json")],
+        cwd=ROOT,
+        env={**os.environ, "STOP_WHEN": when, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 143, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "saved").exists()
+    if when == "decoding":  # within the chunk under way, not after all 600 images; the partial cache removed
+        assert int(result.stdout.split()[-1]) < image_folder.CHUNK, result.stdout
+        assert line == "error: stopped by SIGTERM before training started; nothing was written", line
+        assert not (root / ".cache").exists()
+    else:
+        cache = next((root / ".cache").glob("*.npy"))
+        assert line == (
+            f"error: stopped by SIGTERM before training started; no run folder was written; kept the image cache "
+            f"{cache}"
+        ), line

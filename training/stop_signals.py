@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 RECEIVED: list[int] = []  # stop signals received during start-up
+# What start-up wrote that a stop leaves in place (an image cache decoded for later runs), for the stop's message.
+KEPT: list[str] = []
 
 
 class Interrupted(BaseException):
@@ -29,6 +31,7 @@ def noted_until_safe_points():
     """Start-up: a stop signal is noted (``RECEIVED``) and raised as ``Interrupted`` at the next ``safe_point()``;
     the previous handlers come back at the end."""
     RECEIVED.clear()
+    KEPT.clear()
     previous = {signum: signal.signal(signum, stop_at_safe_point) for signum in STOP_SIGNALS}
     try:
         yield
@@ -46,6 +49,12 @@ def stop_at_safe_point(signum, frame):
 def safe_point() -> None:
     if RECEIVED:
         raise Interrupted(RECEIVED[0])
+
+
+def pending() -> bool:
+    """Whether a stop signal waits for the next safe point: long loops of start-up (decoding images) ask between
+    items and reach their safe point early."""
+    return bool(RECEIVED)
 
 
 def signal_in(error: BaseException | None) -> BaseException | None:
