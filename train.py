@@ -97,11 +97,7 @@ def main(argv=None) -> int:
                 distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
                 raise
             signum = getattr(stop, "signum", signal.SIGINT)
-            kept = "; ".join(stop_signals.KEPT)  # e.g. an image cache decoded before the stop, reused next time
-            written = f"no run folder was written; kept {kept}" if kept else "nothing was written"
-            print(
-                f"error: stopped by {signal.Signals(signum).name} before training started; {written}", file=sys.stderr
-            )
+            print(f"error: {stop_signals.stopped_at_start_up(signum)}", file=sys.stderr)
             return 128 + signum
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 # The config API in one place for the scripts: reading (training/config_file.py), components by name
 # (training/components.py) and the command-line helpers (training/cli.py), with the validation and the assembly here.
+from data_loader.loader import check_split
 from training.cli import ArgumentParser, fail, setup_logging  # noqa: F401
 from training.components import (  # noqa: F401
     CLASS_COUNT_ARGUMENTS,
@@ -120,8 +121,7 @@ class Run:
 
     def load_data(self, splits=None) -> dict:
         """Builds the loaders of ``splits`` (default: every split of the config) and reads each one's first batch
-        now (its ``spec``: every shape and dtype the run compiles for), not mid-run; then every example once
-        (``check_values``)."""
+        now (its ``spec``: every shape and dtype the run compiles for), not mid-run; then every example once."""
         loaders = {}
         for split in splits or self.config["data_loader"]:
             loaders[split] = build(
@@ -131,22 +131,8 @@ class Run:
                 seed=self.config["seed"],
             )
             loaders[split].spec  # noqa: B018
-            self.check_values(split, loaders[split])
+            check_split(self, split, loaders[split])
         return self.use_data(loaders)
-
-    def check_values(self, split: str, loader) -> None:
-        """Every example of the split once, before anything trains on it or reports it: class ids the model can
-        score, finite inputs unless the split's ``allow_nonfinite`` (a ConfigError naming the split and example)."""
-        from data_loader.loader import check_values
-        from training.tasks import label_bound  # JAX: config errors are reported before it loads
-
-        spec = self.config["data_loader"].get(split, {})
-        allow = isinstance(spec, dict) and spec.get("allow_nonfinite", False)
-        where = f"{self.source}: data_loader.{split}"
-        try:
-            check_values(loader.dataset, label_bound(self.config, self.model, loader, self.augment, self.source), allow)
-        except ValueError as error:
-            raise ConfigError(f"{where}: {error}") from None
 
     def use_data(self, loaders: dict) -> dict:
         self.loaders.update(loaders)

@@ -34,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from data_loader.image_files import open_image
 from model.checks import check_range
-from training import stop_signals
+from training import regular_files, stop_signals
 from training.files import atomic_path, write_atomic
-from training.regular_files import open_regular, read_regular
+from training.stop_signals import IN_WORKERS
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 SPLITS = ("all", "train", "validation", "test")
@@ -47,9 +48,6 @@ CACHE_VERSION = 1
 RESIZE = "bilinear"  # Pillow's Image.BILINEAR, as inference/predict.py resizes
 CHUNK = 256  # images per task handed to a decoding worker
 MIN_FILES_PER_WORKER = 2000  # below this, starting worker processes costs more than it saves
-# Past this an image is a decompression bomb, not a training image (a few kB of PNG can declare gigapixels): refused
-# from its header, before decoding. Pillow's own guard (DecompressionBombError) stops larger ones in Image.open.
-MAX_PIXELS = 1 << 27
 
 log = logging.getLogger(__name__)
 
@@ -124,67 +122,32 @@ def split_rows(
 
 
 # -------------------------------------------------------------------------------------------------------- decoding
-def eight_bit(image, path):
-    """A Pillow image in a mode the "L"/"RGB" conversion reads correctly: 16-bit gray (PNG's "I;16", or "I" holding
-    values up to 65535) scaled to 8 bits, v * 255 / 65535 rounded, where Pillow's own conversion clips every value
-    above 255 to white. 32-bit integer and floating-point pixels have no range to scale from: refused."""
-    from PIL import Image
-
-    if image.mode.startswith("I;16") or image.mode == "I":
-        pixels = np.asarray(image)
-        if pixels.size and (pixels.min() < 0 or pixels.max() > 65535):
-            raise ValueError(f"{path}: 32-bit integer pixels ({pixels.min()}..{pixels.max()}), not 8 or 16 bits")
-        scaled = (pixels.astype(np.uint32) * 255 + 32767) // 65535
-        return Image.fromarray(scaled.astype(np.uint8), "L")
-    if image.mode == "F":
-        raise ValueError(f"{path}: floating-point pixels have no range to scale to 8 bits; save it as 8 or 16 bits")
-    return image
-
-
-def check_pixels(image, path) -> None:
-    """Refuses an image whose header declares more than MAX_PIXELS pixels, before any of it is decoded."""
-    width, height = image.size
-    if width * height > MAX_PIXELS:
-        raise ValueError(f"{path}: {width} x {height} pixels, more than the {MAX_PIXELS:,} an image may have")
-
-
 def decode(path: str | Path, size: tuple[int, int], channels: int) -> np.ndarray:
-    """One image file as uint8 (height, width, channels); ValueError naming the file if Pillow cannot read it. Only
-    a regular file of at most MAX_PIXELS pixels is decoded; 16-bit gray is scaled to 8 bits (``eight_bit``)."""
+    """One image file as uint8 (height, width, channels); ValueError naming the file if it cannot be (or if
+    open_image refuses it: not a regular file, too many pixels)."""
     from PIL import Image
 
     try:
-        with open_regular(path) as f, Image.open(f) as image:
-            check_pixels(image, path)
+        with open_image(path) as image:
             if image.mode in ("P", "PA"):  # a palette (with transparency) expands through RGBA
                 image = image.convert("RGBA")
-            image = eight_bit(image, path).convert("L" if channels == 1 else "RGB")
+            image = image.convert("L" if channels == 1 else "RGB")
             if image.size != (size[1], size[0]):
                 image = image.resize((size[1], size[0]), Image.BILINEAR)
             return np.asarray(image, np.uint8).reshape(size[0], size[1], channels)
     except MemoryError:
         raise
-    except ValueError as error:
-        if str(error).startswith(f"{path}: "):  # ours (a FIFO, a bomb, 32-bit pixels), already naming the file
-            raise
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(f"{path}: cannot decode it as an image ({reason})") from None
     except Exception as error:  # Pillow raises many kinds for damaged files: each one is the file's fault
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = str(error).splitlines()[0].removeprefix(f"{path}: ") if str(error) else type(error).__name__
         reason = reason.replace(f" {str(path)!r}", "").replace(f" {str(path)}", "")  # Pillow names the file too
         raise ValueError(f"{path}: cannot decode it as an image ({reason})") from None
 
 
-def decode_chunk(
-    paths: list[str], size: tuple[int, int], channels: int, in_process: bool = False
-) -> tuple[np.ndarray, list[tuple[int, str]]]:
-    """(uint8 (len(paths), H, W, C), [(position, error message)]): a worker's task; failed rows stay zero. In the
-    loading process (`in_process`) it ends early when a stop signal is pending, which the caller then raises."""
+def decode_chunk(paths: list[str], size: tuple[int, int], channels: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """(uint8 (len(paths), H, W, C), [(position, error message)]): a worker's task; failed rows stay zero."""
     out = np.zeros((len(paths), size[0], size[1], channels), np.uint8)
     errors = []
     for i, path in enumerate(paths):
-        if in_process and stop_signals.pending():
-            break
         try:
             out[i] = decode(path, size, channels)
         except ValueError as error:
@@ -194,10 +157,9 @@ def decode_chunk(
 
 def image_size(path: Path) -> tuple[int, int]:
     """(height, width) of an image file, from its header."""
-    from PIL import Image
 
     try:
-        with open_regular(path) as f, Image.open(f) as image:
+        with open_image(path) as image:
             return image.size[1], image.size[0]
     except Exception as error:  # noqa: BLE001 (any failure is the file's)
         raise ValueError(
@@ -218,22 +180,20 @@ def decode_into(
 ) -> dict[int, str]:
     """Decodes `paths` into rows of `out` (a memory map), in `workers` processes (0: this one); {row: error}."""
     errors: dict[int, str] = {}
-    starts = range(0, len(paths), CHUNK)
+    step = CHUNK if workers > 1 else 1  # in this process, a stop signal is heard between any two images
+    starts = range(0, len(paths), step)
     if workers <= 1:
-        results = (decode_chunk(paths[s : s + CHUNK], size, channels, in_process=True) for s in starts)
+        results = (decode_chunk(paths[s : s + step], size, channels) for s in starts)
         pool = None
     else:
         # spawn, not fork: the parent may already run JAX's threads, which a forked child would inherit locked
-        pool = concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_interrupts_to_the_parent
-        )
+        pool = concurrent.futures.ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), *IN_WORKERS)
         results = pool.map(
             decode_chunk, (paths[s : s + CHUNK] for s in starts), [size] * len(starts), [channels] * len(starts)
         )
     try:
         for start, (array, chunk_errors) in zip(starts, results):
-            # a stop signal (SIGTERM, Ctrl-C) ends the decoding within a chunk, not when the folder is done
-            stop_signals.safe_point()
+            stop_signals.safe_point()  # SIGTERM or Ctrl-C: decoding ends within a chunk (an image in this process)
             out[start : start + len(array)] = array
             errors.update({start + i: message for i, message in chunk_errors})
             if errors and stop_on_error:
@@ -242,14 +202,6 @@ def decode_into(
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     return errors
-
-
-def _leave_interrupts_to_the_parent() -> None:
-    """A decoding worker ignores Ctrl-C (sent to the whole process group): the loading process stops it, without a
-    traceback from every worker."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ----------------------------------------------------------------------------------------------------------- cache
@@ -279,7 +231,7 @@ def _previous(cache_dir: Path, settings_hash: str, name: str) -> list[tuple[Path
         if meta_path.stem == name:
             continue
         try:
-            found.append((meta_path.with_suffix(".npy"), json.loads(read_regular(meta_path))))
+            found.append((meta_path.with_suffix(".npy"), json.loads(regular_files.read_regular(meta_path))))
         except (OSError, ValueError):
             found.append((meta_path.with_suffix(".npy"), {}))
     return found
@@ -301,7 +253,7 @@ def load_or_build(
     shape = (len(files), size[0], size[1], channels)
     if meta_path.is_file() and data_path.is_file():
         try:
-            meta = json.loads(read_regular(meta_path))
+            meta = json.loads(regular_files.read_regular(meta_path))
             images = np.load(data_path, mmap_mode="r")
             if meta.get("entries") == entries and images.shape == shape and images.dtype == np.uint8:
                 return images, {int(k): v for k, v in meta["errors"].items()}, {"path": data_path, "built": False}

@@ -46,15 +46,20 @@ def stop_at_safe_point(signum, frame):
     RECEIVED.append(signum)
 
 
+def stopped_at_start_up(signum: int) -> str:
+    """The one line of a stop before training started: what it leaves behind."""
+    written = f"no run folder was written; kept {'; '.join(KEPT)}" if KEPT else "nothing was written"
+    return f"stopped by {signal.Signals(signum).name} before training started; {written}"
+
+
 def safe_point() -> None:
     if RECEIVED:
         raise Interrupted(RECEIVED[0])
 
 
-def pending() -> bool:
-    """Whether a stop signal waits for the next safe point: long loops of start-up (decoding images) ask between
-    items and reach their safe point early."""
-    return bool(RECEIVED)
+# A worker process's initializer (with its arguments; e.g. decoding images): Ctrl-C reaches the whole process group,
+# and the loading process stops its workers itself, without a traceback from each.
+IN_WORKERS = (signal.signal, (signal.SIGINT, signal.SIG_IGN))
 
 
 def signal_in(error: BaseException | None) -> BaseException | None:
