@@ -155,8 +155,11 @@ import os, sys
 sys.path.insert(0, os.getcwd())
 from data_loader.arrays import ArraysDataset
 from data_loader.idx import read_idx
+from data_loader.tabular import CsvDataset
+from data_loader.text import CharDataset
 for read in (lambda: read_idx(sys.argv[1]), lambda: ArraysDataset(sys.argv[2], "x", "y"),
-             lambda: ArraysDataset(sys.argv[3], "x", "y")):
+             lambda: ArraysDataset(sys.argv[3], "x", "y"), lambda: CsvDataset(sys.argv[4], "y"),
+             lambda: CharDataset(sys.argv[5])):
     try:
         read()
     except ValueError as error:
@@ -166,18 +169,19 @@ for read in (lambda: read_idx(sys.argv[1]), lambda: ArraysDataset(sys.argv[2], "
 
 def test_a_fifo_as_a_data_file_is_refused_without_blocking(tmp_path):
     """In a child process: a read that blocks fails the test by its timeout instead of hanging the suite."""
-    os.mkfifo(tmp_path / "train-labels-idx1-ubyte.gz")
     folder = tmp_path / "arrays"
     folder.mkdir()
     np.save(folder / "x.npy", np.zeros((4, 2), np.float32))
     os.mkfifo(folder / "y.npy")
-    os.mkfifo(tmp_path / "data.npz")
-    result = run_script(
-        "-c", READ_DATA_FILES, tmp_path / "train-labels-idx1-ubyte.gz", folder, tmp_path / "data.npz", timeout=30
-    )
+    names = ["train-labels-idx1-ubyte.gz", "data.npz", "rows.csv", "text.txt"]
+    for name in names:
+        os.mkfifo(tmp_path / name)
+    paths = [tmp_path / names[0], folder, *(tmp_path / name for name in names[1:])]
+    result = run_script("-c", READ_DATA_FILES, *paths, timeout=30)
     lines = result.stdout.splitlines()
-    assert len(lines) == 3 and all("a FIFO (named pipe), not a regular file" in line for line in lines), result
-    assert "ubyte.gz: a FIFO" in lines[0] and "y.npy: a FIFO" in lines[1] and "data.npz: a FIFO" in lines[2]
+    assert len(lines) == 5 and all("a FIFO (named pipe), not a regular file" in line for line in lines), result
+    for line, name in zip(lines, [names[0], "y.npy", *names[1:]]):
+        assert f"{name}: a FIFO" in line, line
 
 
 def test_a_gzip_bomb_is_refused_before_it_inflates(tmp_path, monkeypatch):
