@@ -86,7 +86,7 @@ def check_batch(batch: Any, batch_size: int) -> None:
             )
 
 
-CHECK_ROWS = 4096  # examples read at once by check_values: large enough to be vectorised, small enough for memory
+CHECK_BYTES = 8 << 20  # what check_values reads at once: enough rows to be vectorised, little memory
 
 
 def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: bool = False) -> None:
@@ -95,10 +95,11 @@ def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: 
     last class, and read past the end for an id too large), and floating-point inputs and targets are finite unless
     `allow_nonfinite` (a NaN input makes every later loss NaN). ValueError naming the first bad example by its index
     in the split; the caller adds which split. Checked where a data set is loaded, never in the step."""
-    n = len(dataset)
-    for start in range(0, n, CHECK_ROWS):
-        indices = np.arange(start, min(n, start + CHECK_ROWS))
+    n, start, rows = len(dataset), 0, 64
+    while start < n:
+        indices = np.arange(start, min(n, start + rows))
         batch = dataset.get_batch(indices)
+        start += len(indices)
         if not isinstance(batch, dict):
             return  # check_batch names what a batch must be
         for path, leaf in _paths({k: v for k, v in batch.items() if k != "mask"}):
@@ -110,7 +111,7 @@ def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: 
                     row = int(np.argmax(bad))
                     value = leaf[row][~np.isfinite(leaf[row])].flat[0]
                     raise ValueError(
-                        f"example {start + row}: {path} holds {value} (non-finite values are refused; "
+                        f"example {indices[row]}: {path} holds {value} (non-finite values are refused; "
                         "allow_nonfinite: true beside the loader's name lets them through)"
                     )
             if path == "target" and classes is not None and leaf.dtype.kind in "iu":
@@ -119,7 +120,9 @@ def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: 
                 if bad.any():
                     row = int(np.argmax(bad))
                     value = flat[row][(flat[row] < 0) | (flat[row] >= classes)][0]
-                    raise ValueError(f"example {start + row}: class label {value} is outside [0, {classes})")
+                    raise ValueError(f"example {indices[row]}: class label {value} is outside [0, {classes})")
+        size = sum(leaf.nbytes for _, leaf in _paths(batch) if isinstance(leaf, np.ndarray))
+        rows = int(np.clip(CHECK_BYTES * len(indices) // max(size, 1), 64, 65536))
 
 
 def check_split(run, split: str, loader) -> None:
