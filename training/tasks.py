@@ -101,17 +101,17 @@ def label_bound(config: dict, model, loader, augment, source: str) -> int | None
     named = preprocessing.get("vocabulary") or preprocessing.get("classes")
     if named:
         return len(named)
-    outputs = model_outputs(model, loader, augment, source)
-    return outputs.shape[-1] if hasattr(outputs, "shape") else None
+    # a label past the outputs in the first batch says more as the model's fault: "set num_classes to ..."
+    return check_model_fits_data(config, model, loader, augment, source)
 
 
-def check_model_fits_data(config: dict, model, loader, augment, source: str) -> None:
+def check_model_fits_data(config: dict, model, loader, augment, source: str) -> int | None:
     """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
     language model with fewer outputs than the data has classes (its loss would be NaN from the first step on), is
-    refused naming what to change."""
+    refused naming what to change. Returns the classifier's number of outputs (None for other tasks)."""
     outputs = model_outputs(model, loader, augment, source)
     if not takes_class_ids(config, loader) or not hasattr(outputs, "shape"):
-        return
+        return None
     task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
     classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
     width = outputs.shape[-1]
@@ -124,3 +124,4 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
             f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
             f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs")
         )
+    return width
