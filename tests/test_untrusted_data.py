@@ -257,6 +257,11 @@ def test_predict_refuses_a_fifo_input_and_unbounded_flags_without_blocking(tmp_p
         os.mkfifo(tmp_path / f"fifo{suffix}")
         line = one_line(run_script("inference/predict.py", model, tmp_path / f"fifo{suffix}"))
         assert f"fifo{suffix}: not a regular file" in line, line
+    with open(tmp_path / "huge.npy", "wb") as f:  # sparse: a header, then 8 GB that take no disk
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (1 << 27, 4, 4, 1)})
+        f.truncate(8 << 30)
+    line = one_line(run_script("inference/predict.py", model, tmp_path / "huge.npy"))
+    assert "huge.npy: 8,589,934,592 bytes, more than the 1,073,741,824 an input file may have" in line, line
     for flag, value in (("--threads", 100000), ("--threads", 0), ("--tokens", 10**9), ("--seed", -1)):
         line = one_line(run_script("inference/predict.py", model, tmp_path / "good.npy", flag, value))
         assert f"{flag} {value}: expected" in line, line
