@@ -405,8 +405,14 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
         single = n == 1 and path.suffix not in (".npy", ".npz", ".csv")
         names += [str(path)] if single else [f"{path}[{i}]" for i in range(n)]
         parts.append(named)
-    x = {k: np.concatenate([p[k] for p in parts]).astype(expected[k]["dtype"]) for k in expected}
-    return names, x
+    x = {k: np.concatenate([p[k] for p in parts]) for k in expected}
+    for k, v in x.items():  # int64 ids 2**32 + 3 would wrap to 3 as the model's int32: refused, not guessed
+        dtype = expected[k]["dtype"]
+        if v.dtype.kind in "iu" and dtype.kind in "iu" and v.size:
+            info = np.iinfo(dtype)
+            if v.min() < info.min or v.max() > info.max:
+                raise ValueError(f"input {k!r}: values {v.min()}..{v.max()} do not fit the model's {dtype}")
+    return names, {k: v.astype(expected[k]["dtype"]) for k, v in x.items()}
 
 
 THRESHOLD = 0.5  # a multi-label output counts as predicted above this probability, as the metrics count it

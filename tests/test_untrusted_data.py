@@ -347,3 +347,23 @@ def test_sigterm_while_decoding_images_stops_within_a_chunk_and_says_what_was_ke
             f"error: stopped by SIGTERM before training started; no run folder was written; kept the image cache "
             f"{cache}"
         ), line
+
+
+def test_predict_refuses_int64_ids_that_would_wrap_in_the_models_int32(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["input"], ["logits"], to=TensorProto.FLOAT)],
+        "ids",
+        [helper.make_tensor_value_info("input", TensorProto.INT32, ["B", 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "ids.onnx")
+    np.save(tmp_path / "ok.npy", np.array([[0, 1, 2]], np.int64))
+    assert run_script("inference/predict.py", tmp_path / "ids.onnx", tmp_path / "ok.npy").returncode == 0
+    np.save(tmp_path / "wraps.npy", np.array([[0, 1, 2**32 + 3]], np.int64))
+    line = one_line(run_script("inference/predict.py", tmp_path / "ids.onnx", tmp_path / "wraps.npy"))
+    assert "input 'input': values 0..4294967299 do not fit the model's int32" in line, line
