@@ -98,10 +98,7 @@ def main(argv=None) -> int:
                 distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
                 raise
             signum = getattr(stop, "signum", signal.SIGINT)
-            print(
-                f"error: stopped by {signal.Signals(signum).name} before training started; nothing was written",
-                file=sys.stderr,
-            )
+            print(f"error: {stop_signals.stopped_at_start_up(signum)}", file=sys.stderr)
             return 128 + signum
 
 

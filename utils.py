@@ -20,6 +20,7 @@ from typing import Any
 
 # The config API in one place for the scripts: reading (training/config_file.py), components by name
 # (training/components.py) and the command-line helpers (training/cli.py), with the validation and the assembly here.
+from data_loader.loader import check_split
 from training.cli import ArgumentParser, fail, setup_logging  # noqa: F401
 from training.components import (  # noqa: F401
     CLASS_COUNT_ARGUMENTS,
@@ -120,7 +121,7 @@ class Run:
 
     def load_data(self, splits=None) -> dict:
         """Builds the loaders of ``splits`` (default: every split of the config) and reads each one's first batch
-        now (its ``spec``: every shape and dtype the run compiles for), not mid-run."""
+        now (its ``spec``: every shape and dtype the run compiles for), not mid-run; then every example once."""
         loaders = {}
         for split in splits or self.config["data_loader"]:
             loaders[split] = build(
@@ -130,6 +131,7 @@ class Run:
                 seed=self.config["seed"],
             )
             loaders[split].spec  # noqa: B018
+            check_split(self, split, loaders[split])
         return self.use_data(loaders)
 
     def use_data(self, loaders: dict) -> dict:

@@ -23,54 +23,76 @@ import numpy as np
 
 from data_loader.tabular import split_rows
 from model.checks import check_range
+from training import regular_files
+from training.regular_files import open_regular, size_text
 
 SPLITS = ("all", "train", "validation", "test")
 NARROW = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32, np.dtype(np.float64): np.float32}
 
 
-def _npz_member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, mmap: bool) -> np.ndarray:
-    """One member of an .npz file: a memory map at its offset when stored uncompressed, else read."""
+def _memmap(f, path: Path, name: str) -> np.ndarray:
+    """The .npy array that starts at f's position, memory-mapped through the open file (never reopened by name)."""
+    version = np.lib.format.read_magic(f)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = reader(f)
+    if dtype.hasobject:
+        raise ValueError(f"{path}: array {name!r} holds Python objects, not numbers")
+    if not shape or 0 in shape:
+        return np.zeros(shape, dtype)
+    return np.memmap(f, dtype, "r", f.tell(), shape, order="F" if fortran else "C")
+
+
+def _npz_member(path: Path, f, archive: zipfile.ZipFile, info: zipfile.ZipInfo, mmap: bool) -> np.ndarray:
+    """One member of an .npz file: a memory map at its offset when stored uncompressed, else read (no more than its
+    declared size, which zipfile holds it to, and at most regular_files.MAX_INFLATED_BYTES)."""
+    name = info.filename[:-4]
     if mmap and info.compress_type == zipfile.ZIP_STORED:
-        with open(path, "rb") as f:
-            f.seek(info.header_offset)
-            local = f.read(30)
-            if local[:4] != b"PK\x03\x04":
-                raise ValueError(f"{path}: damaged zip file (member {info.filename!r} has no local header)")
-            name_length, extra_length = struct.unpack("<HH", local[26:30])
-            f.seek(info.header_offset + 30 + name_length + extra_length)
-            version = np.lib.format.read_magic(f)
-            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = reader(f)
-            offset = f.tell()
-        if dtype.hasobject:
-            raise ValueError(f"{path}: array {info.filename[:-4]!r} holds Python objects, not numbers")
-        if not shape or 0 in shape:
-            return np.zeros(shape, dtype)
-        return np.memmap(path, dtype, "r", offset, shape, order="F" if fortran else "C")
+        f.seek(info.header_offset)
+        local = f.read(30)
+        if local[:4] != b"PK\x03\x04":
+            raise ValueError(f"{path}: damaged zip file (member {info.filename!r} has no local header)")
+        name_length, extra_length = struct.unpack("<HH", local[26:30])
+        f.seek(info.header_offset + 30 + name_length + extra_length)
+        return _memmap(f, path, name)
+    limit = regular_files.MAX_INFLATED_BYTES
+    if info.file_size > limit:
+        raise ValueError(
+            f"{path}: array {name!r} declares {size_text(info.file_size)} uncompressed, more than the "
+            f"{size_text(limit)} a compressed member may inflate to (store it uncompressed with np.savez to "
+            "memory-map it instead)"
+        )
     return np.load(io.BytesIO(archive.read(info)), allow_pickle=False)
+
+
+def _npy(path: Path, mmap: bool) -> np.ndarray:
+    """A .npy file, opened only if it is a regular file (a FIFO or a device is refused without blocking)."""
+    with open_regular(path) as f:
+        return _memmap(f, path, path.stem) if mmap else np.load(f, allow_pickle=False)
 
 
 def open_arrays(path: str | Path, names: list[str], mmap: bool = True) -> dict[str, np.ndarray]:
     """The arrays called `names` in an .npz file or a folder of <name>.npy files; unknown names list what exists."""
     path = Path(path)
-    archive = None
+    archive = file = None
     if path.is_dir():
         available = {p.stem: p for p in sorted(path.glob("*.npy"))}
-        mode = "r" if mmap else None
-        opener = lambda name: np.load(available[name], mmap_mode=mode, allow_pickle=False)  # noqa: E731
-    elif path.is_file():
+        opener = lambda name: _npy(available[name], mmap)  # noqa: E731
+    elif path.exists():
         if path.suffix == ".npy":
             raise ValueError(
                 f"{path}: a single .npy file holds one unnamed array; give the folder it is in (each "
                 f"<name>.npy there is the array <name>) or an .npz file"
             )
         try:
-            archive = zipfile.ZipFile(path)
+            file = open_regular(path)
+            archive = zipfile.ZipFile(file)
         except (zipfile.BadZipFile, OSError) as error:
+            if file is not None:
+                file.close()
             raise ValueError(f"{path}: not an .npz file ({error})") from None
         members = {info.filename[:-4]: info for info in archive.infolist() if info.filename.endswith(".npy")}
         available = members
-        opener = lambda name: _npz_member(path, archive, members[name], mmap)  # noqa: E731
+        opener = lambda name: _npz_member(path, file, archive, members[name], mmap)  # noqa: E731
     else:
         raise FileNotFoundError(f"{path}: no such file or folder (expected an .npz file or a folder of .npy files)")
     try:
@@ -78,6 +100,7 @@ def open_arrays(path: str | Path, names: list[str], mmap: bool = True) -> dict[s
     finally:
         if archive is not None:
             archive.close()
+            file.close()
 
 
 def _open(path: Path, name: str, available, opener) -> np.ndarray:
@@ -98,9 +121,22 @@ def _open(path: Path, name: str, available, opener) -> np.ndarray:
     return array
 
 
-def _narrow(array: np.ndarray) -> np.ndarray:
+def _narrow(array: np.ndarray, name: str, rows: np.ndarray) -> np.ndarray:
+    """64-bit numbers as 32-bit; an integer the narrower type cannot hold is refused, never wrapped (int64 2**32 + 3
+    would become 3). A float too large becomes inf, which the loader's check of finite values reports."""
     target = NARROW.get(array.dtype)
-    return array.astype(target) if target is not None else array
+    if target is None:
+        return array
+    if array.dtype.kind in "iu" and array.size:
+        info = np.iinfo(target)
+        outside = (array < info.min) | (array > info.max)
+        if outside.any():
+            at = np.unravel_index(int(np.argmax(outside)), array.shape)
+            raise ValueError(
+                f"array {name!r}, row {int(rows[at[0]])}: {array[at]} does not fit {np.dtype(target)} (from "
+                f"{array.dtype}); store it as a narrower type or as floats"
+            )
+    return array.astype(target)
 
 
 class ArraysDataset:
@@ -152,7 +188,7 @@ class ArraysDataset:
 
     def get_batch(self, indices):
         rows = self.rows[indices]
-        read = lambda name: _narrow(np.asarray(self.arrays[name][rows]))  # noqa: E731
+        read = lambda name: _narrow(np.asarray(self.arrays[name][rows]), name, rows)  # noqa: E731
         batch = {
             "input": read(self.inputs)
             if isinstance(self.inputs, str)

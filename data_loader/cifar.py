@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from data_loader.download import checksum, download
+from training.regular_files import open_regular, read_regular
 
 PIXELS = 32 * 32 * 3
 SOURCES = {
@@ -98,7 +99,8 @@ def locate(dataset: str, data_dir: Path, name: str) -> Path | None:
 def read_records(path: Path, label_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 images (N, 32, 32, 3), uint8 labels (N, label_bytes)) of one binary file."""
     try:
-        data = np.fromfile(path, np.uint8)
+        with open_regular(path) as f:  # a FIFO or a device is refused without blocking
+            data = np.frombuffer(f.read(), np.uint8)
     except OSError as error:
         raise ValueError(f"{path}: cannot read it ({(error.strerror or str(error)).lower()})") from None
     record = label_bytes + PIXELS
@@ -117,7 +119,8 @@ def class_names(dataset: str, data_dir: Path, label: str) -> list[str]:
     path = locate(dataset, data_dir, SOURCES[dataset]["names"][label])
     count = SOURCES[dataset]["classes"][label]
     if path is not None:
-        names = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        text = read_regular(path).decode(errors="replace")
+        names = [line.strip() for line in text.splitlines() if line.strip()]
         if len(names) == count:
             return names
     return CIFAR10_CLASSES if dataset == "cifar10" else [str(i) for i in range(count)]

@@ -7,13 +7,15 @@ import urllib.request
 from pathlib import Path
 
 from training.files import atomic_output
+from training.regular_files import open_regular
 
 
 def checksum(path: str | Path, algorithm: str = "md5") -> str:
-    """The file's hex digest, read in blocks (data files can be large); ValueError naming a file it cannot read."""
+    """The file's hex digest, read in blocks (data files can be large); ValueError naming a file it cannot read, or
+    one that is not a regular file (a FIFO would block, a device never end)."""
     digest = hashlib.new(algorithm)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     except OSError as error:  # permission denied, a directory, a disk error

@@ -34,8 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from data_loader.image_files import open_image
 from model.checks import check_range
+from training import regular_files, stop_signals
 from training.files import atomic_path, write_atomic
+from training.stop_signals import IN_WORKERS
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 SPLITS = ("all", "train", "validation", "test")
@@ -120,11 +123,12 @@ def split_rows(
 
 # -------------------------------------------------------------------------------------------------------- decoding
 def decode(path: str | Path, size: tuple[int, int], channels: int) -> np.ndarray:
-    """One image file as uint8 (height, width, channels); ValueError naming the file if Pillow cannot read it."""
+    """One image file as uint8 (height, width, channels); ValueError naming the file if it cannot be (or if
+    open_image refuses it: not a regular file, too many pixels)."""
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             if image.mode in ("P", "PA"):  # a palette (with transparency) expands through RGBA
                 image = image.convert("RGBA")
             image = image.convert("L" if channels == 1 else "RGB")
@@ -134,7 +138,7 @@ def decode(path: str | Path, size: tuple[int, int], channels: int) -> np.ndarray
     except MemoryError:
         raise
     except Exception as error:  # Pillow raises many kinds for damaged files: each one is the file's fault
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = str(error).splitlines()[0].removeprefix(f"{path}: ") if str(error) else type(error).__name__
         reason = reason.replace(f" {str(path)!r}", "").replace(f" {str(path)}", "")  # Pillow names the file too
         raise ValueError(f"{path}: cannot decode it as an image ({reason})") from None
 
@@ -153,10 +157,9 @@ def decode_chunk(paths: list[str], size: tuple[int, int], channels: int) -> tupl
 
 def image_size(path: Path) -> tuple[int, int]:
     """(height, width) of an image file, from its header."""
-    from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             return image.size[1], image.size[0]
     except Exception as error:  # noqa: BLE001 (any failure is the file's)
         raise ValueError(
@@ -177,18 +180,20 @@ def decode_into(
 ) -> dict[int, str]:
     """Decodes `paths` into rows of `out` (a memory map), in `workers` processes (0: this one); {row: error}."""
     errors: dict[int, str] = {}
-    starts = range(0, len(paths), CHUNK)
+    step = CHUNK if workers > 1 else 1  # in this process, a stop signal is heard between any two images
+    starts = range(0, len(paths), step)
     if workers <= 1:
-        results = (decode_chunk(paths[s : s + CHUNK], size, channels) for s in starts)
+        results = (decode_chunk(paths[s : s + step], size, channels) for s in starts)
         pool = None
     else:
         # spawn, not fork: the parent may already run JAX's threads, which a forked child would inherit locked
-        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = concurrent.futures.ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), *IN_WORKERS)
         results = pool.map(
             decode_chunk, (paths[s : s + CHUNK] for s in starts), [size] * len(starts), [channels] * len(starts)
         )
     try:
         for start, (array, chunk_errors) in zip(starts, results):
+            stop_signals.safe_point()  # SIGTERM or Ctrl-C: decoding ends within a chunk (an image in this process)
             out[start : start + len(array)] = array
             errors.update({start + i: message for i, message in chunk_errors})
             if errors and stop_on_error:
@@ -226,7 +231,7 @@ def _previous(cache_dir: Path, settings_hash: str, name: str) -> list[tuple[Path
         if meta_path.stem == name:
             continue
         try:
-            found.append((meta_path.with_suffix(".npy"), json.loads(meta_path.read_text())))
+            found.append((meta_path.with_suffix(".npy"), json.loads(regular_files.read_regular(meta_path))))
         except (OSError, ValueError):
             found.append((meta_path.with_suffix(".npy"), {}))
     return found
@@ -248,7 +253,7 @@ def load_or_build(
     shape = (len(files), size[0], size[1], channels)
     if meta_path.is_file() and data_path.is_file():
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(regular_files.read_regular(meta_path))
             images = np.load(data_path, mmap_mode="r")
             if meta.get("entries") == entries and images.shape == shape and images.dtype == np.uint8:
                 return images, {int(k): v for k, v in meta["errors"].items()}, {"path": data_path, "built": False}
@@ -343,6 +348,7 @@ def load_or_build(
     for old_data, _ in previous:  # stale caches of this folder and settings
         old_data.unlink(missing_ok=True)
         old_data.with_suffix(".json").unlink(missing_ok=True)
+    stop_signals.KEPT.append(f"the image cache {data_path}")  # a stop from here on leaves it for the next run
     info = {
         "path": data_path,
         "built": True,

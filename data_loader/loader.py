@@ -86,6 +86,60 @@ def check_batch(batch: Any, batch_size: int) -> None:
             )
 
 
+CHECK_BYTES = 8 << 20  # what check_values reads at once: enough rows to be vectorised, little memory
+
+
+def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: bool = False) -> None:
+    """Every example of `dataset`, read once in blocks through its own ``get_batch``, as the loop would receive it:
+    integer targets are class ids in [0, classes) when `classes` is given (the loss's gather would wrap -1 to the
+    last class, and read past the end for an id too large), and floating-point inputs and targets are finite unless
+    `allow_nonfinite` (a NaN input makes every later loss NaN). ValueError naming the first bad example by its index
+    in the split; the caller adds which split. Checked where a data set is loaded, never in the step."""
+    n, start, rows = len(dataset), 0, 64
+    while start < n:
+        indices = np.arange(start, min(n, start + rows))
+        batch = dataset.get_batch(indices)
+        start += len(indices)
+        if not isinstance(batch, dict):
+            return  # check_batch names what a batch must be
+        for path, leaf in _paths({k: v for k, v in batch.items() if k != "mask"}):
+            if not isinstance(leaf, np.ndarray) or len(leaf) != len(indices):
+                continue
+            if leaf.dtype.kind == "f" and not allow_nonfinite:
+                bad = ~np.isfinite(leaf).reshape(len(leaf), -1).all(axis=1)
+                if bad.any():
+                    row = int(np.argmax(bad))
+                    value = leaf[row][~np.isfinite(leaf[row])].flat[0]
+                    raise ValueError(
+                        f"example {indices[row]}: {path} holds {value} (non-finite values are refused; "
+                        "allow_nonfinite: true beside the loader's name lets them through)"
+                    )
+            if path == "target" and classes is not None and leaf.dtype.kind in "iu":
+                flat = leaf.reshape(len(leaf), -1)
+                bad = ((flat < 0) | (flat >= classes)).any(axis=1)
+                if bad.any():
+                    row = int(np.argmax(bad))
+                    value = flat[row][(flat[row] < 0) | (flat[row] >= classes)][0]
+                    raise ValueError(f"example {indices[row]}: class label {value} is outside [0, {classes})")
+        size = sum(leaf.nbytes for _, leaf in _paths(batch) if isinstance(leaf, np.ndarray))
+        rows = int(np.clip(CHECK_BYTES * len(indices) // max(size, 1), 64, 65536))
+
+
+def check_split(run, split: str, loader) -> None:
+    """``check_values`` on a split of a run (``utils.Run``) as its config describes it: class ids up to the classes
+    the data names, else the model's outputs; NaN and infinities unless the split's ``allow_nonfinite``. A
+    ConfigError naming the split and the example."""
+    from training.config_file import ConfigError
+    from training.tasks import label_bound  # JAX, which reading the loader's spec has imported already
+
+    spec = run.config["data_loader"].get(split, {})
+    allow = isinstance(spec, dict) and spec.get("allow_nonfinite", False)
+    try:
+        check_values(loader.dataset, label_bound(run.config, run.model, loader, run.augment, run.source), allow)
+    except ValueError as error:
+        raise ConfigError(f"{run.source}: data_loader.{split}: {error}") from None
+
+
 class DataLoader:
     """Batches of `dataset` in an order that is a function of (seed, epoch).
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import math
 from pathlib import Path
 
 import numpy as np
 
 from data_loader.download import checksum
+from training.regular_files import open_regular
 
 SPLITS = ("train", "validation", "test")
 
@@ -55,7 +57,8 @@ def _read(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
 
 
 def _read_rows(path: Path, readers: list) -> tuple[list[str], list[list[str]], list[int]]:
-    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: spreadsheet exports often start with a BOM
+    # a regular file only (a FIFO would block); -sig: spreadsheet exports often start with a byte-order mark
+    with open_regular(path) as raw, io.TextIOWrapper(raw, "utf-8-sig", newline="") as f:
         reader = csv.reader(f)
         readers.append(reader)
         header = next(reader, None)
@@ -130,7 +133,7 @@ class CsvDataset:
         path = Path(path)
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"{path}: no such file")
         actual = checksum(path, "sha256") if sha256 is not None else None
         if sha256 is not None and actual != sha256.lower():

@@ -7,15 +7,17 @@ from pathlib import Path
 
 import numpy as np
 
+from training.regular_files import read_regular
+
 SPLITS = ("train", "validation", "test")
 
 
 def read_text(path: str | Path, sha256: str | None = None) -> str:
     """A UTF-8 text file, its SHA-256 checked when given."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such text file")
-    data = path.read_bytes()
+    data = read_regular(path)  # a FIFO or a device is refused without blocking
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(
             f"{path}: checksum mismatch (sha256 {hashlib.sha256(data).hexdigest()}, expected {sha256}); "

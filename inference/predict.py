@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -30,6 +31,13 @@ import numpy as np
 # not imported from training/, because this file ships alone; they are the run folder's names (training/files.py).
 CONFIG = "config.json"
 PREPROCESSING = "preprocessing.json"
+
+# Bounds on what a file or a flag may ask of this machine: an input file (a .npy, .npz member or .csv read whole),
+# an image's pixels (a few kB of PNG can declare gigapixels), runtime threads, generated characters.
+MAX_INPUT_BYTES = 1 << 30
+MAX_PIXELS = 1 << 27
+MAX_THREADS = 256
+MAX_TOKENS = 1_000_000
 
 ONNX_DTYPES = {
     "tensor(float)": np.float32,
@@ -167,6 +175,39 @@ def run_batched(model, x, batch_size: int = 256) -> np.ndarray:
     return np.concatenate(outputs)
 
 
+def open_input(path: str | Path, limit: int | None = MAX_INPUT_BYTES):
+    """`path` opened for binary reading if it is a regular file of at most `limit` bytes: opened without blocking (a
+    FIFO would wait for a writer forever), checked with fstat on the open file, then read normally. The same check
+    as training/regular_files.py, repeated here because this file ships alone."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file (a folder, a FIFO or a device)")
+        if limit is not None and info.st_size > limit:
+            raise ValueError(f"{path}: {info.st_size:,} bytes, more than the {limit:,} an input file may have")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def eight_bit(image, path):
+    """16-bit gray ("I;16", or "I" up to 65535) scaled to 8 bits, v * 255 / 65535 rounded, as the image folder loader
+    does (Pillow's conversion to "L" would clip it to white); 32-bit and floating-point pixels refused."""
+    from PIL import Image
+
+    if image.mode.startswith("I;16") or image.mode == "I":
+        pixels = np.asarray(image)
+        if pixels.size and (pixels.min() < 0 or pixels.max() > 65535):
+            raise ValueError(f"{path}: 32-bit integer pixels ({pixels.min()}..{pixels.max()}), not 8 or 16 bits")
+        return Image.fromarray(((pixels.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8), "L")
+    if image.mode == "F":
+        raise ValueError(f"{path}: floating-point pixels have no range to scale to 8 bits; save it as 8 or 16 bits")
+    return image
+
+
 RESAMPLING = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}  # Pillow's numbers
 
 
@@ -180,14 +221,18 @@ def load_image(path: str | Path, shape: tuple, preprocessing: dict, invert: bool
     height, width, channels = shape
     resample = preprocessing.get("resize", "bilinear")  # read_preprocessing checked it
     try:
-        with Image.open(path) as image:
+        with open_input(path, None) as f, Image.open(f) as image:
+            if image.size[0] * image.size[1] > MAX_PIXELS:  # from the header, before decoding
+                raise ValueError(
+                    f"{path}: {image.size[0]} x {image.size[1]} pixels, more than the {MAX_PIXELS:,} an image may have"
+                )
             if image.mode in ("P", "PA"):  # a palette (with transparency) expands through RGBA, as the loaders do
                 image = image.convert("RGBA")
-            image = image.convert("L" if channels == 1 else "RGB")
+            image = eight_bit(image, path).convert("L" if channels == 1 else "RGB")
             if image.size != (width, height):
                 image = image.resize((width, height), RESAMPLING[resample])
             pixels = np.asarray(image, np.float32).reshape(height, width, channels)
-    except OSError as error:  # not an image, or a damaged one: named, not a traceback
+    except (OSError, Image.DecompressionBombError) as error:  # not an image, a damaged one, a bomb: named
         reason = str(error).splitlines()[0] or type(error).__name__
         raise ValueError(f"{path}: cannot read it as an image ({reason})") from None
     if invert:  # dark strokes on a light background, the reverse of MNIST
@@ -205,9 +250,10 @@ def load_rows(path: Path, preprocessing: dict) -> np.ndarray:
     """A CSV file of raw feature rows (with the training data's column names as its header), standardised as in
     training."""
     import csv
+    import io
 
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open_input(path) as raw, io.TextIOWrapper(raw, "utf-8-sig", newline="") as f:
             rows = list(csv.reader(f))
     except (csv.Error, UnicodeDecodeError) as error:  # a cell past csv's 131,072 characters, not UTF-8 text
         raise ValueError(f"{path}: not a readable CSV file ({first_line(error)})") from None
@@ -334,9 +380,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     checks = [
         (args.top is not None and args.top < 1, f"--top {args.top}: expected 1 or more"),
-        (args.tokens < 0, f"--tokens {args.tokens}: expected 0 or more"),
+        (not 0 <= args.tokens <= MAX_TOKENS, f"--tokens {args.tokens}: expected 0 to {MAX_TOKENS:,}"),
         (not 0 <= args.temperature < float("inf"), f"--temperature {args.temperature}: expected a number >= 0"),
-        (args.threads is not None and args.threads < 1, f"--threads {args.threads}: expected 1 or more"),
+        (
+            args.threads is not None and not 1 <= args.threads <= MAX_THREADS,
+            f"--threads {args.threads}: expected 1 to {MAX_THREADS}",
+        ),
         (not 0 <= args.seed < 2**63, f"--seed {args.seed}: expected an integer from 0 to 2**63 - 1"),
     ]
     for bad, message in checks:
@@ -380,10 +429,17 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
     names, parts = [], []
     for path in paths:
         if path.suffix == ".npz":
-            with np.load(path) as archive:
+            with open_input(path) as f, np.load(f, allow_pickle=False) as archive:
                 missing = sorted(set(expected) - set(archive.files))
                 if missing:
                     raise ValueError(f"{path}: no array {missing[0]!r}; the model takes {model.names()}")
+                # a compressed member inflates to what it declares (zipfile holds it to that): bounded before
+                declared = sum(archive.zip.getinfo(f"{k}.npy").file_size for k in expected)
+                if declared > MAX_INPUT_BYTES:
+                    raise ValueError(
+                        f"{path}: its arrays declare {declared:,} bytes, more than the {MAX_INPUT_BYTES:,} an "
+                        "input file may hold"
+                    )
                 named = {k: archive[k] for k in expected}
         elif len(model.inputs) > 1:
             raise ValueError(
@@ -391,7 +447,8 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
                 "files with one array per name"
             )
         elif path.suffix == ".npy":
-            named = {model.inputs[0]["name"]: np.load(path)}
+            with open_input(path) as f:
+                named = {model.inputs[0]["name"]: np.load(f, allow_pickle=False)}
         elif path.suffix == ".csv":
             named = {model.inputs[0]["name"]: load_rows(path, preprocessing)}
         else:
@@ -416,8 +473,14 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
         single = n == 1 and path.suffix not in (".npy", ".npz", ".csv")
         names += [str(path)] if single else [f"{path}[{i}]" for i in range(n)]
         parts.append(named)
-    x = {k: np.concatenate([p[k] for p in parts]).astype(expected[k]["dtype"]) for k in expected}
-    return names, x
+    x = {k: np.concatenate([p[k] for p in parts]) for k in expected}
+    for k, v in x.items():  # int64 ids 2**32 + 3 would wrap to 3 as the model's int32: refused, not guessed
+        dtype = expected[k]["dtype"]
+        if v.dtype.kind in "iu" and dtype.kind in "iu" and v.size:
+            info = np.iinfo(dtype)
+            if v.min() < info.min or v.max() > info.max:
+                raise ValueError(f"input {k!r}: values {v.min()}..{v.max()} do not fit the model's {dtype}")
+    return names, {k: v.astype(expected[k]["dtype"]) for k, v in x.items()}
 
 
 THRESHOLD = 0.5  # a multi-label output counts as predicted above this probability, as the metrics count it

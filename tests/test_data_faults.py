@@ -83,9 +83,9 @@ def test_a_raw_idx_file_cut_short_or_with_a_broken_header_is_named(tmp_path):
 
 def test_a_directory_or_a_missing_file_is_named(tmp_path):
     (tmp_path / "folder.gz").mkdir()
-    refused(tmp_path / "folder.gz", "is a directory")
+    refused(tmp_path / "folder.gz", "a folder, not a regular file")
     refused(tmp_path / "none.gz", "no such file")
-    with pytest.raises(ValueError, match="folder.gz: cannot read it"):
+    with pytest.raises(ValueError, match="folder.gz: a folder, not a regular file"):
         checksum(tmp_path / "folder.gz")
 
 
@@ -191,7 +191,7 @@ def test_train_and_test_py_report_a_damaged_file_in_one_line(tmp_path, capsys, m
         train.main(["-c", str(config_path)])
     assert exit_info.value.code == 2
     line = one_error_line(capsys)
-    assert str(path) in line and ("truncated" in line or "corrupt" in line or "is a directory" in line), line
+    assert str(path) in line and ("truncated" in line or "corrupt" in line or "not a regular file" in line), line
     assert not (tmp_path / "saved").exists()
 
     (tmp_path / "model_best.params").write_bytes(b"")  # never read: the data fails first

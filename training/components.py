@@ -21,7 +21,7 @@ COMPONENT_MODULES = KINDS
 
 
 # Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
-EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment",)}
+EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment", "allow_nonfinite")}
 
 
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.

@@ -13,10 +13,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from training.regular_files import FileRefused, read_regular
+
 # Past these a config is a typo or an attack, not a setting: nesting deeper than any real config, integers
-# wider than int64.
+# wider than int64, a file larger than any config written by hand or by a tool (the largest shipped is a few kB).
 MAX_DEPTH = 32
 MAX_INTEGER = 2**63 - 1
+MAX_CONFIG_BYTES = 16 << 20
 
 
 class ConfigError(Exception):
@@ -121,11 +124,14 @@ def encodable(text: str) -> bool:
 
 def read_json(path: str | Path, source: str | None = None) -> dict:
     """A JSON object from a UTF-8 file (a UTF-8 byte-order mark is allowed, as json.load allows it); errors name
-    `source` (default: the path)."""
+    `source` (default: the path). Only a regular file of at most MAX_CONFIG_BYTES is read: a FIFO, a device or a
+    huge file is refused before it can block or fill memory."""
     path = Path(path)
     source = source or str(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_CONFIG_BYTES, "config file")
+    except FileRefused as error:
+        raise ConfigError(str(error)) from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -213,6 +213,11 @@ def check_loaders(config: dict, source: str) -> None:
         _, args = check_component(spec, "data_loader", f"{source}: data_loader.{split}", supplied=("seed",))
         if "batch_size" in args:
             check_number(spec["args"], "batch_size", f"{source}: data_loader.{split}.args.", int, 1, maximum=MAX_BATCH)
+        if isinstance(spec, dict) and not isinstance(spec.get("allow_nonfinite", False), bool):
+            raise ConfigError(
+                f"{source}: data_loader.{split}.allow_nonfinite: expected true (train on NaN and infinite inputs) "
+                f"or false (refuse them: the default), got {show(spec['allow_nonfinite'])}"
+            )
         if split != "train" and isinstance(spec, dict) and "augment" in spec:
             raise ConfigError(
                 f"{source}: data_loader.{split}.augment: augmentation belongs to the train split; "

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 RECEIVED: list[int] = []  # stop signals received during start-up
+# What start-up wrote that a stop leaves in place (an image cache decoded for later runs), for the stop's message.
+KEPT: list[str] = []
 
 
 class Interrupted(BaseException):
@@ -29,6 +31,7 @@ def noted_until_safe_points():
     """Start-up: a stop signal is noted (``RECEIVED``) and raised as ``Interrupted`` at the next ``safe_point()``;
     the previous handlers come back at the end."""
     RECEIVED.clear()
+    KEPT.clear()
     previous = {signum: signal.signal(signum, stop_at_safe_point) for signum in STOP_SIGNALS}
     try:
         yield
@@ -43,9 +46,20 @@ def stop_at_safe_point(signum, frame):
     RECEIVED.append(signum)
 
 
+def stopped_at_start_up(signum: int) -> str:
+    """The one line of a stop before training started: what it leaves behind."""
+    written = f"no run folder was written; kept {'; '.join(KEPT)}" if KEPT else "nothing was written"
+    return f"stopped by {signal.Signals(signum).name} before training started; {written}"
+
+
 def safe_point() -> None:
     if RECEIVED:
         raise Interrupted(RECEIVED[0])
+
+
+# A worker process's initializer (with its arguments; e.g. decoding images): Ctrl-C reaches the whole process group,
+# and the loading process stops its workers itself, without a traceback from each.
+IN_WORKERS = (signal.signal, (signal.SIGINT, signal.SIG_IGN))
 
 
 def signal_in(error: BaseException | None) -> BaseException | None:

@@ -56,16 +56,15 @@ def class_count(preprocessing: dict, targets: Callable[[], np.ndarray]) -> tuple
     return largest + 1, f"classes (a label {largest} in its first batch)"
 
 
-def check_model_fits_data(config: dict, model, loader, augment, source: str) -> None:
-    """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
-    language model with fewer outputs than the data has classes (its loss would be NaN from the first step on), is
-    refused naming what to change."""
+def model_outputs(model, loader, augment, source: str):
+    """The model's outputs traced on the data's input (``jax.ShapeDtypeStruct`` leaves, nothing compiled); a model
+    that cannot take the input is a ConfigError naming what to change."""
     try:
         spec = loader.spec if augment is None else augment.spec(loader.spec)
     except ValueError as error:  # an op that cannot take this data (names its place in the list)
         raise ConfigError(str(error)) from None
     try:
-        outputs = jax.eval_shape(lambda x: model(*model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
+        return jax.eval_shape(lambda x: model(*model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
     except (TypeError, ValueError) as error:  # shape and dtype errors from inside a layer: the first line says what
         reason = (str(error).strip() or type(error).__name__).splitlines()[0]
         pixels = any(np.dtype(leaf.dtype).kind == "u" for leaf in jax.tree.leaves(spec["input"]))
@@ -80,15 +79,40 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
         raise ConfigError(
             f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} ({reason}){hint}"
         ) from None
+
+
+def takes_class_ids(config: dict, loader) -> bool:
+    """Whether the loader's targets are integer class ids a classifier or language model gathers its outputs by."""
     task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
     target = loader.spec.get("target")
-    if (
-        task not in ("classification", "sequence")
-        or target is None
-        or not np.issubdtype(np.dtype(target.dtype), np.integer)
-        or not hasattr(outputs, "shape")
-    ):
-        return
+    return (
+        task in ("classification", "sequence")
+        and target is not None
+        and np.issubdtype(np.dtype(target.dtype), np.integer)
+    )
+
+
+def label_bound(config: dict, model, loader, augment, source: str) -> int | None:
+    """The class ids the loader's targets may hold, [0, bound): as many as the data names (class names, a
+    vocabulary), else as many as the model has outputs; None when its targets are no class ids."""
+    if not takes_class_ids(config, loader):
+        return None
+    preprocessing = loader.preprocessing
+    named = preprocessing.get("vocabulary") or preprocessing.get("classes")
+    if named:
+        return len(named)
+    # a label past the outputs in the first batch says more as the model's fault: "set num_classes to ..."
+    return check_model_fits_data(config, model, loader, augment, source)
+
+
+def check_model_fits_data(config: dict, model, loader, augment, source: str) -> int | None:
+    """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
+    language model with fewer outputs than the data has classes (its loss would be NaN from the first step on), is
+    refused naming what to change. Returns the classifier's number of outputs (None for other tasks)."""
+    outputs = model_outputs(model, loader, augment, source)
+    if not takes_class_ids(config, loader) or not hasattr(outputs, "shape"):
+        return None
+    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
     classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
     width = outputs.shape[-1]
     if width < classes:
@@ -100,3 +124,4 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
             f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
             f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs")
         )
+    return width
