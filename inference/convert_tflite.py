@@ -335,7 +335,10 @@ def main(argv=None) -> int:
             id_bound,
             source,
             validation_split=split,
+            replace=args.force,
         )
+    except ConfigError as error:  # another export of the name at work, or one written meanwhile
+        fail(str(error))
     except ExportError as error:
         print(error, file=sys.stderr)
         return 1

@@ -1,14 +1,17 @@
 """Where train.py writes a run, decided from its validated config before anything is loaded (no JAX): a new run's
-folder name, the named run that ``-r auto`` continues, and the symbolic links refused on the way."""
+folder name, the named run that ``-r auto`` continues, whether a resumed checkpoint sits in its run folder, and the
+symbolic links refused on the way."""
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 from datetime import datetime
 from pathlib import Path
 
-from training.config_file import ConfigError, read_json
-from training.files import CONFIG
+from training.config_file import ConfigError, config_hash, read_json
+from training.files import CONFIG, LOCK_NAME
 from training.trackers import new_run_id, wandb_on
 
 
@@ -50,3 +53,41 @@ def check_not_linked(config: dict, run_id: str | None = None) -> None:
                 f"only into real folders under {parent.parent}: remove the link or choose another "
                 f"{'--run-id' if folder != parent else 'name'}"
             )
+
+
+HEADER_LIMIT = 100 * 2**20  # a checkpoint's JSON header is kilobytes; a larger length field is not one
+
+
+def run_folder_of(checkpoint_path: Path) -> Path | None:
+    """The run folder a checkpoint continues in: its own folder when that is one and the checkpoint belongs to it
+    (a ``.lock`` of a run, and a ``config.json`` with the config hash the checkpoint records), else None: a
+    checkpoint copied elsewhere (``./x.params``, beside a project's own config.json) is continued in a new run
+    folder under save_dir, and nothing is written beside it."""
+    folder = checkpoint_path.parent
+    try:
+        for name in (CONFIG, LOCK_NAME):
+            if not stat.S_ISREG(os.lstat(folder / name).st_mode):
+                return None
+        saved = json.loads((folder / CONFIG).read_text())
+        recorded = header_of(checkpoint_path).get("config_hash")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return folder if isinstance(saved, dict) and recorded and recorded == config_hash(saved) else None
+
+
+def header_of(path: Path) -> dict:
+    """A checkpoint's header without JAX or the arrays (a safetensors file: an 8-byte length, then its JSON, whose
+    metadata holds the header as text). Raises OSError or ValueError on anything else; ``checkpoint.read``
+    checks the file in full when the run loads it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a pipe opens at once, to be refused
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        length = int.from_bytes(f.read(8), "little")
+        if length > min(size - 8, HEADER_LIMIT):
+            raise ValueError("not a checkpoint")
+        header = json.loads(json.loads(f.read(length))["__metadata__"]["header"])
+    if not isinstance(header, dict):
+        raise ValueError("not a checkpoint header")
+    return header
