@@ -9,6 +9,7 @@ if __name__ == "__main__":  # before anything imports JAX; may re-execute once (
 
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -315,10 +316,10 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     if args.resume:
         resume = Path(args.resume)
         check_checkpoint_file(resume, "-r")
+        if os.path.lexists(resume.parent / LOCK_NAME):  # a run's folder, maybe from elsewhere: no planted links
+            check_run_files(resume.parent)
         # a checkpoint outside its run folder continues in a new run folder: nothing is written beside it
         resume_dir = run_location.run_folder_of(resume)
-        if resume_dir is not None:
-            check_run_files(resume_dir)
     if args.weights:
         check_checkpoint_file(Path(args.weights), "--weights")
     config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
