@@ -9,7 +9,6 @@ if __name__ == "__main__":  # before anything imports JAX; may re-execute once (
 
 import json
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -17,18 +16,7 @@ import tempfile
 from pathlib import Path
 
 from training import debug_modes, distributed, platform, run_location, stop_signals
-from training.cli import log_files
-from training.files import (
-    CONFIG,
-    LATEST,
-    LOCK_NAME,
-    METRICS,
-    PREPROCESSING,
-    RUN_FILES,
-    UnsafeFile,
-    check_checkpoint_file,
-    refuse_unsafe,
-)
+from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
 from training.trackers import start_trackers
 from utils import ArgumentParser, ConfigError, assemble, components_text, config_hash, fail, load_config, setup_logging
 
@@ -316,20 +304,12 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     if args.resume:
         resume = Path(args.resume)
         check_checkpoint_file(resume, "-r")
-        if os.path.lexists(resume.parent / LOCK_NAME):  # a run's folder, maybe from elsewhere: no planted links
-            check_run_files(resume.parent)
-        # a checkpoint outside its run folder continues in a new run folder: nothing is written beside it
-        resume_dir = run_location.run_folder_of(resume)
+        resume_dir = run_location.run_folder_of(resume)  # None: continued in a new run folder under save_dir
     if args.weights:
         check_checkpoint_file(Path(args.weights), "--weights")
     config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
     if config_path is None:
-        if args.resume:
-            raise ConfigError(
-                f"-r {args.resume}: not in the run folder it was trained in (no {CONFIG} and {LOCK_NAME} of its run "
-                f"beside it); give its config with -c CONFIG, and it continues in a new run folder under save_dir"
-            )
-        raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
+        raise ConfigError(run_location.no_config(args.resume))
     overrides = list(args.overrides)
     if args.lr is not None:
         overrides.append(f"optimizer.args.lr={args.lr}")
@@ -354,16 +334,6 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     return config, resume_dir
 
 
-def check_run_files(run_dir: Path) -> None:
-    """A run folder to continue may come from elsewhere: a link or a pipe planted where the run writes one of its
-    files is refused (one line, exit 2) before anything is written."""
-    for name in (*RUN_FILES, *log_files()):
-        try:
-            refuse_unsafe(run_dir / name)
-        except UnsafeFile as error:
-            raise ConfigError(f"{error}; a run folder from elsewhere may hold planted links") from None
-
-
 def resolve_auto(args) -> tuple[dict, Path | None]:
     """``-r auto``: one command for a job that may be requeued. The run named by --run-id (or trainer.run_id)
     continues from its checkpoint-latest.params when it has one, and starts under exactly that name otherwise."""
@@ -375,7 +345,7 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
     args.exact_run_dir = True
     if (run_dir / LATEST).is_file():
         args.resume = str(run_dir / LATEST)
-        check_run_files(run_dir)
+        run_location.check_run_files(run_dir)
         return config, run_dir
     return config, None
 

@@ -10,8 +10,9 @@ import stat
 from datetime import datetime
 from pathlib import Path
 
+from training.cli import log_files
 from training.config_file import ConfigError, config_hash, read_json
-from training.files import CONFIG, LOCK_NAME
+from training.files import CONFIG, LOCK_NAME, RUN_FILES, UnsafeFile, refuse_unsafe
 from training.trackers import new_run_id, wandb_on
 
 
@@ -55,6 +56,26 @@ def check_not_linked(config: dict, run_id: str | None = None) -> None:
             )
 
 
+def no_config(resume: str | None) -> str:
+    """What train.py says when it has no config: none given, and no run folder around the checkpoint to resume."""
+    if resume:
+        return (
+            f"-r {resume}: not in the run folder it was trained in (no {CONFIG} and {LOCK_NAME} of its run beside "
+            f"it); give its config with -c CONFIG, and it continues in a new run folder under save_dir"
+        )
+    return "give a config with -c config.json (or -r a checkpoint inside a run folder)"
+
+
+def check_run_files(run_dir: Path) -> None:
+    """A ConfigError (one line, exit 2) when a link, a folder or a pipe stands where a run writes one of its files:
+    checked before a resume writes anything."""
+    for name in (*RUN_FILES, *log_files()):
+        try:
+            refuse_unsafe(run_dir / name)
+        except UnsafeFile as error:
+            raise ConfigError(f"{error}; a run folder from elsewhere may hold planted links") from None
+
+
 HEADER_LIMIT = 100 * 2**20  # a checkpoint's JSON header is kilobytes; a larger length field is not one
 
 
@@ -62,8 +83,11 @@ def run_folder_of(checkpoint_path: Path) -> Path | None:
     """The run folder a checkpoint continues in: its own folder when that is one and the checkpoint belongs to it
     (a ``.lock`` of a run, and a ``config.json`` with the config hash the checkpoint records), else None: a
     checkpoint copied elsewhere (``./x.params``, beside a project's own config.json) is continued in a new run
-    folder under save_dir, and nothing is written beside it."""
+    folder under save_dir, and nothing is written beside it. A folder with a run's lock may come from elsewhere: a
+    link planted where the run writes a file is refused first (``check_run_files``)."""
     folder = checkpoint_path.parent
+    if os.path.lexists(folder / LOCK_NAME):
+        check_run_files(folder)
     try:
         for name in (CONFIG, LOCK_NAME):
             if not stat.S_ISREG(os.lstat(folder / name).st_mode):
