@@ -11,7 +11,7 @@ dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
 onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size and, where
 the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see inference/exporter.py).
 Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into place
-at the end.
+at the end (with --force swapped with the old one in one step), under a lock on the name (docs/export.md).
 
 Batch: TFLite fixed (the first --input dimension, default 1: LiteRT runs a fixed batch much faster), ONNX and JAX
 symbolic. --batch N fixes every format at N, --dynamic-batch makes every one symbolic.
