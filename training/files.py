@@ -40,9 +40,22 @@ BEST = "model_best.params"
 METRICS = "metrics.jsonl"  # one row per epoch
 LOCK_NAME = ".lock"  # held by the process training in the folder (a sweep's folder has one too)
 CURVES = "curves.png"  # drawn from metrics.jsonl when a run ends (and by `utils.py plot`)
+LR_FINDER_TABLE, LR_FINDER_PLOT = "lr_finder.csv", "lr_finder.png"  # callbacks.lr_finder's
+SAMPLES_TEXT = "samples.txt"  # callbacks.generate_text's
 # What a run writes into its folder besides numbered checkpoints: train.py checks them all before resuming, so a
 # planted link is refused before anything is written (with the log files that logger_config.json names).
-RUN_FILES = (LOCK_NAME, CONFIG, PREPROCESSING, LATEST, BEST, METRICS, CURVES)
+RUN_FILES = (
+    LOCK_NAME,
+    CONFIG,
+    PREPROCESSING,
+    LATEST,
+    BEST,
+    METRICS,
+    CURVES,
+    LR_FINDER_TABLE,
+    LR_FINDER_PLOT,
+    SAMPLES_TEXT,
+)
 
 # atomic_path's temporaries (mkstemp's names as it asks for them).
 TEMP_NAME = re.compile(r"\..+\.[^.]+\.tmp")

@@ -75,12 +75,12 @@ def curves_figure(rows: Sequence[dict]):
     return fig
 
 
-def save_figure(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path, **options) -> Path:
     """Written atomically (a temporary then a rename: never half an image, never through a link at ``path``), in
-    the format its suffix names (png by default)."""
+    the format its suffix names (png by default); ``options`` go to ``savefig``."""
     path = Path(path)
     with atomic_output(path) as f:
-        fig.savefig(f, format=path.suffix[1:].lower() or "png")
+        fig.savefig(f, format=path.suffix[1:].lower() or "png", **options)
     return path
 
 
