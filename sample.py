@@ -14,6 +14,7 @@ import sys
 
 from training.cli import add_run
 from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
+from training.run_location import check_config_writes
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
@@ -41,6 +42,7 @@ def main(argv=None) -> int:
         if not args.prompt:
             raise ConfigError("--prompt: give at least one character")
         config = load_config(run_dir / CONFIG, source=CONFIG)
+        check_config_writes(config, run_dir)  # the run folder's own config: where it may write is checked
         preprocessing = run_dir / PREPROCESSING
         vocabulary = json.loads(preprocessing.read_text()).get("vocabulary") if preprocessing.is_file() else None
         if not vocabulary:

@@ -23,6 +23,7 @@ import numpy as np
 
 from training.cli import add_run
 from training.files import CONFIG, UnsafeFile, check_checkpoint_file, refuse_unsafe, write_atomic
+from training.run_location import check_config_writes
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
         if not args.config and not config_path.exists():
             raise ConfigError(f"{config_path}: no such file; give the run's config with -c CONFIG")
         config = load_config(config_path, args.overrides, source=config_path.name)
+        if not args.config:  # the run folder's own config: where it may write is checked
+            check_config_writes(config, checkpoint_path.parent)
     except ConfigError as error:
         fail(str(error))
     except (OSError, UnicodeDecodeError) as error:  # permission denied, a folder, not text

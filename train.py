@@ -324,6 +324,8 @@ def resolve_config(args) -> tuple[dict, Path | None]:
             value = getattr(args, flag)
             raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
     config = load_config(config_path, overrides, source=Path(config_path).name)
+    if resume_dir and not args.config:  # the run folder's own config: where it may write is checked
+        run_location.check_config_writes(config, resume_dir)
     if args.exclude and not args.weights:
         raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
     if args.lr is not None and "schedule" in config["optimizer"]:

@@ -42,6 +42,7 @@ from inference.inputs import Inputs  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
 from training.cli import add_run  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
+from training.run_location import check_config_writes  # noqa: E402
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402
 
 
@@ -224,6 +225,8 @@ def main(argv=None) -> int:
             raise ConfigError(f"{target} exists; pass --force to replace it")
         config_path, checkpoint_path = resolve_run(args)
         config = load_config(config_path, source=config_path.name)
+        if not args.config:  # the run folder's own config: where it may write is checked
+            check_config_writes(config, checkpoint_path.parent)
         run = assemble(config)
         model = run.model
         loader, split, problem = split_loader(run)

@@ -145,6 +145,19 @@ def test_test_py_refuses_a_link_planted_where_it_writes(trained, tmp_path, name)
     assert target.read_bytes() == VICTIM_BYTES
 
 
+@pytest.mark.slow
+def test_a_run_folders_config_writes_nowhere_outside_it_unless_given_with_c(trained, tmp_path):
+    copy = shared_copy(trained, tmp_path)
+    config = json.loads((copy / "config.json").read_text())
+    for spec in config["data_loader"].values():  # the data_dir outside: a download would write there
+        spec["args"]["download"] = True
+    (copy / "config.json").write_text(json.dumps(config))
+    refused = run("test.py", "--run", copy)
+    one_error_line(refused, "data_loader.train.args.data_dir", "outside the run folder", "-c")
+    vouched = run("test.py", "--run", copy, "-c", copy / "config.json")
+    assert vouched.returncode == 0, vouched.stderr
+
+
 def test_utils_plot_refuses_a_link_at_curves_png(tmp_path):
     rows = [{"epoch": e, "train/loss": 1.0 / e, "val/loss": 1.2 / e} for e in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -66,6 +66,26 @@ def no_config(resume: str | None) -> str:
     return "give a config with -c config.json (or -r a checkpoint inside a run folder)"
 
 
+def check_config_writes(config: dict, run_dir: Path, source: str = CONFIG) -> None:
+    """A run folder's own config.json travels with the folder, so it may come from elsewhere: a place it names where
+    a tool would write (a loader's ``cache_dir``, the ``data_dir`` of a loader that may ``download``) must lie inside
+    that run folder or the working folder (a shipped config's ``data/...``). Elsewhere (an absolute path, ``../``) it
+    is a ConfigError unless the config is given with ``-c``, which vouches for it."""
+    allowed = (run_dir.resolve(), Path.cwd().resolve())
+    for split, spec in (config.get("data_loader") or {}).items():
+        args = (spec.get("args") or {}) if isinstance(spec, dict) else {}
+        named = {"cache_dir": args.get("cache_dir"), "data_dir": args.get("data_dir") if args.get("download") else None}
+        for key, value in named.items():
+            path = None if value is None else Path(value).resolve()
+            if path is None or any(path == folder or folder in path.parents for folder in allowed):
+                continue
+            raise ConfigError(
+                f"{source}: data_loader.{split}.args.{key}: {value} is outside the run folder {run_dir} and the "
+                f"working folder, and a run folder's own config may come from elsewhere; give it with "
+                f"-c {run_dir / CONFIG} to write there"
+            )
+
+
 def check_run_files(run_dir: Path) -> None:
     """A ConfigError (one line, exit 2) when a link, a folder or a pipe stands where a run writes one of its files:
     checked before a resume writes anything."""
