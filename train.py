@@ -347,7 +347,6 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
     args.exact_run_dir = True
     if (run_dir / LATEST).is_file():
         args.resume = str(run_dir / LATEST)
-        run_location.check_run_files(run_dir)
         return config, run_dir
     return config, None
 

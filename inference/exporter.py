@@ -357,16 +357,17 @@ def export_folder(
     finally:
         if folder.exists():
             shutil.rmtree(folder)
-        os.close(lock)
+        files.unlock(lock_path(target), lock)
     return report
 
 
 def hold(target: Path, replace: bool) -> int:
-    """Locks the export's name (``<output-dir>/.<name>.lock``) for this process: two exports of one name never
-    build at once; the second is refused naming the first. Under the lock, what killed exports of the name left
-    (hidden ``.<name>.XXXXXXXX/`` folders) is removed, and an existing export is kept unless ``replace``."""
+    """Locks the export's name (``<output-dir>/.<name>.lock``, removed when the export ends) for this process: two
+    exports of one name never build at once; the second is refused naming the first. Under the lock, what killed
+    exports of the name left (hidden ``.<name>.XXXXXXXX/`` folders) is removed, and an existing export is kept
+    unless ``replace``."""
     try:
-        fd, holder = files.try_lock(target.parent / f".{target.name}.lock")
+        fd, holder = files.try_lock(lock_path(target))
     except files.UnsafeFile as error:
         raise ConfigError(str(error)) from None
     if fd is None:
@@ -383,9 +384,13 @@ def hold(target: Path, replace: bool) -> int:
             if not replace:
                 raise ConfigError(f"{target} exists (written by another export meanwhile?); pass --force to replace it")
     except BaseException:
-        os.close(fd)
+        files.unlock(lock_path(target), fd)
         raise
     return fd
+
+
+def lock_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
 
 
 def build_report(

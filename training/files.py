@@ -193,19 +193,37 @@ def write_atomic(path: str | Path, data: bytes) -> None:
 def try_lock(path: str | Path) -> tuple[int | None, str]:
     """An exclusive lock on the file ``path`` (made if missing, never through a link), released when the process
     exits however it exits. Returns (its descriptor, "") with this process's id written in it, or (None, the
-    holder's id) when another process holds it."""
+    holder's id) when another process holds it. ``unlock`` removes the file again: a lock taken on a file that was
+    removed meanwhile is taken again on the new one, so two processes never both hold ``path``."""
     import fcntl
 
-    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        return None, holder
+    while True:
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            return None, holder
+        try:
+            current = os.lstat(path)
+        except FileNotFoundError:
+            current = None
+        held = os.fstat(fd)
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # unlocked and removed by its holder between our open and our lock: again, on the new file
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd, ""
+
+
+def unlock(path: str | Path, fd: int) -> None:
+    """Releases ``try_lock``'s lock and removes its file (first, while still held), so nothing stays behind."""
+    try:
+        os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 def temporary_folder(target: Path, separator: str = ".") -> Path:

@@ -40,7 +40,10 @@ def named_run(config: dict) -> Path:
     if not config["trainer"]["run_id"]:
         raise ConfigError("-r auto: name the run with --run-id NAME (or trainer.run_id), so a requeued job finds it")
     check_not_linked(config, config["trainer"]["run_id"])
-    return Path(config["trainer"]["save_dir"]) / config["name"] / config["trainer"]["run_id"]
+    folder = Path(config["trainer"]["save_dir"]) / config["name"] / config["trainer"]["run_id"]
+    if folder.is_dir():  # continued, or reused after an attempt that ended before its first checkpoint
+        check_run_files(folder)
+    return folder
 
 
 def check_not_linked(config: dict, run_id: str | None = None) -> None:
