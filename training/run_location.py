@@ -12,7 +12,7 @@ from pathlib import Path
 
 from training.cli import log_files
 from training.config_file import ConfigError, config_hash, read_json
-from training.files import CONFIG, LOCK_NAME, RUN_FILES, UnsafeFile, refuse_unsafe
+from training.files import CONFIG, LOCK_NAME, METRICS, RUN_FILES, UnsafeFile, refuse_unsafe
 from training.trackers import new_run_id, wandb_on
 
 
@@ -63,8 +63,8 @@ def no_config(resume: str | None) -> str:
     """What train.py says when it has no config: none given, and no run folder around the checkpoint to resume."""
     if resume:
         return (
-            f"-r {resume}: not in the run folder it was trained in (no {CONFIG} and {LOCK_NAME} of its run beside "
-            f"it); give its config with -c CONFIG, and it continues in a new run folder under save_dir"
+            f"-r {resume}: not in the run folder it was trained in (no {CONFIG} of its run beside it); give its "
+            f"config with -c CONFIG, and it continues in a new run folder under save_dir"
         )
     return "give a config with -c config.json (or -r a checkpoint inside a run folder)"
 
@@ -99,22 +99,21 @@ def check_run_files(run_dir: Path) -> None:
             raise ConfigError(f"{error}; a run folder from elsewhere may hold planted links") from None
 
 
+RUN_MARKS = (LOCK_NAME, METRICS)  # files only a run makes: a project's folder with a config.json has neither
 HEADER_LIMIT = 100 * 2**20  # a checkpoint's JSON header is kilobytes; a larger length field is not one
 
 
 def run_folder_of(checkpoint_path: Path) -> Path | None:
     """The run folder a checkpoint continues in: its own folder when that is one and the checkpoint belongs to it
-    (a ``.lock`` of a run, and a ``config.json`` with the config hash the checkpoint records), else None: a
-    checkpoint copied elsewhere (``./x.params``, beside a project's own config.json) is continued in a new run
-    folder under save_dir, and nothing is written beside it. A folder with a run's lock may come from elsewhere: a
-    link planted where the run writes a file is refused first (``check_run_files``)."""
+    (what only a run makes, its ``.lock`` or its ``metrics.jsonl``, and a ``config.json`` with the config hash the
+    checkpoint records), else None: a checkpoint copied elsewhere (``./x.params``, beside a project's own
+    config.json) is continued in a new run folder under save_dir, and nothing is written beside it. A run folder may
+    come from elsewhere: a link planted where the run writes a file is refused first (``check_run_files``)."""
     folder = checkpoint_path.parent
-    if os.path.lexists(folder / LOCK_NAME):
-        check_run_files(folder)
+    if not any(os.path.lexists(folder / name) for name in RUN_MARKS):
+        return None
+    check_run_files(folder)
     try:
-        for name in (CONFIG, LOCK_NAME):
-            if not stat.S_ISREG(os.lstat(folder / name).st_mode):
-                return None
         saved = json.loads((folder / CONFIG).read_text())
         recorded = header_of(checkpoint_path).get("config_hash")
     except (OSError, ValueError, RecursionError, AttributeError):
