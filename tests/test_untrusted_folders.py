@@ -123,7 +123,9 @@ def shared_copy(run: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [".lock", "train.log", "metrics.jsonl", "curves.png", "config.json"])
+@pytest.mark.parametrize(
+    "name", [".lock", "train.log", "metrics.jsonl", "curves.png", "config.json", "checkpoint-epoch_1.params"]
+)
 def test_resume_refuses_a_link_planted_in_the_run_folder(trained, tmp_path, name):
     copy = shared_copy(trained, tmp_path)
     target = victim(tmp_path)

@@ -12,7 +12,16 @@ from pathlib import Path
 
 from training.cli import log_files
 from training.config_file import ConfigError, config_hash, read_json
-from training.files import CONFIG, LOCK_NAME, METRICS, RUN_FILES, UnsafeFile, refuse_unsafe
+from training.files import (
+    CONFIG,
+    LOCK_NAME,
+    METRICS,
+    RUN_FILES,
+    UnsafeFile,
+    epoch_checkpoint,
+    refuse_unsafe,
+    step_checkpoint,
+)
 from training.trackers import new_run_id, wandb_on
 
 
@@ -91,8 +100,9 @@ def check_config_writes(config: dict, run_dir: Path, source: str = CONFIG) -> No
 
 def check_run_files(run_dir: Path) -> None:
     """A ConfigError (one line, exit 2) when a link, a folder or a pipe stands where a run writes one of its files:
-    checked before a resume writes anything."""
-    for name in (*RUN_FILES, *log_files()):
+    checked before a resume writes anything (numbered checkpoints too: a resume may rewrite or rotate them)."""
+    numbered = [p.name for pattern in (epoch_checkpoint("*"), step_checkpoint("*")) for p in run_dir.glob(pattern)]
+    for name in (*RUN_FILES, *log_files(), *numbered):
         try:
             refuse_unsafe(run_dir / name)
         except UnsafeFile as error:
