@@ -21,9 +21,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
+
+from training.files import remove_stale_folders, temporary_folder
 
 TEMPLATE = Path(__file__).resolve().parent
 
@@ -379,20 +380,36 @@ def create(target: Path, name: str, samples: list[str], template: Path = TEMPLAT
             raise ProjectError(f"--samples {sample}: the template has no {SAMPLES[sample].config}")
     target.parent.mkdir(parents=True, exist_ok=True)
     notes = []
-    building = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    hold(target.parent)
+    remove_stale_folders(target, "-")  # what a killed new_project.py left
+    building = temporary_folder(target, "-")
     try:
         copy_library(template, building)
         add_samples(template, building, samples, name)
         write_docs(template, building, name, samples)
         notes += dangling_references(building)
-        if target.exists():
-            target.rmdir()
-        building.rename(target)
+        os.rename(building, target)  # over an empty target folder too, in one step
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
     git_commit(target, notes)
     return notes
+
+
+def hold(parent: Path) -> None:
+    """Locks the folder the project is made in, for this process (released when it exits): two new_project.py in
+    one folder take turns, so neither removes the other's temporary folder as a killed one's. A lock on the folder
+    itself (flock on its descriptor), so nothing is written there for it."""
+    import fcntl
+
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ProjectError(
+            f"{parent}: another new_project.py is writing a project in it now; try again once it ends"
+        ) from None
 
 
 def parse_samples(text: str) -> list[str]:

@@ -15,6 +15,7 @@ import sys
 from inference.predict import read_preprocessing
 from training.cli import add_run, command
 from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
+from training.run_location import check_config_writes
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
@@ -44,6 +45,7 @@ def main(argv=None) -> int:
         if not args.prompt:
             raise ConfigError("--prompt: give at least one character")
         config = load_config(run_dir / CONFIG, source=CONFIG)
+        check_config_writes(config, run_dir)  # the run folder's own config: where it may write is checked
         preprocessing = run_dir / PREPROCESSING
         try:
             vocabulary = read_preprocessing(preprocessing).get("vocabulary")

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from training.cli import add_run, command
-from training.files import CONFIG, check_checkpoint_file
+from training.files import CONFIG, UnsafeFile, check_checkpoint_file, refuse_unsafe, write_atomic
+from training.run_location import check_config_writes
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config
 
 
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
         if not args.config and not config_path.exists():
             raise ConfigError(f"{config_path}: no such file; give the run's config with -c CONFIG")
         config = load_config(config_path, args.overrides, source=config_path.name)
+        if not args.config:  # the run folder's own config: where it may write is checked
+            check_config_writes(config, checkpoint_path.parent)
     except ConfigError as error:
         fail(str(error))
     except (OSError, UnicodeDecodeError) as error:  # permission denied, a folder, not text
@@ -107,6 +110,12 @@ def main(argv=None) -> int:
 
     preprocessing = loader.preprocessing
     task = task_of(config["loss"]["name"], spec, preprocessing)
+    suffix = "" if args.split == "test" else f"_{args.split}"
+    try:  # the folder may come from elsewhere: a link or a pipe where a file goes is refused before the evaluation
+        for name in OUTPUTS.get(task, ()):
+            refuse_unsafe(out / name.format(suffix=suffix))
+    except UnsafeFile as error:
+        fail(str(error))
     names = {m.name for m in metrics}
     if task == "classification" and "confusion_matrix" not in names:
         metrics = [*metrics, confusion_matrix()]
@@ -142,7 +151,6 @@ def main(argv=None) -> int:
         elif name != "confusion_matrix" and np.ndim(value) == 1:  # per class or label (an average of "none")
             print(f"  {name}:")
             print_per_class(value, preprocessing.get("classes"))
-    suffix = "" if args.split == "test" else f"_{args.split}"
     try:
         if task == "classification":
             report_classes(
@@ -167,6 +175,13 @@ def main(argv=None) -> int:
             1,
         )
     return 0
+
+
+# The files each task writes (every one atomically: a temporary renamed over the name, never through a link).
+OUTPUTS = {
+    "classification": ("per_class{suffix}.csv", "confusion_matrix{suffix}.png"),
+    "regression": ("predictions{suffix}.png",),
+}
 
 
 def class_names(classes, count: int) -> list[str]:
@@ -202,9 +217,10 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
         print(f"  {name:<{name_width}}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
         lines.append(f"{json.dumps(name) if ',' in name else name},{p:.6f},{r:.6f},{f:.6f},{n}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"per_class{suffix}.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    image = save_confusion_matrix(matrix, out / f"confusion_matrix{suffix}.png", names)
-    print(f"wrote {image} and {out / f'per_class{suffix}.csv'}")
+    table_path, image_path = (out / name.format(suffix=suffix) for name in OUTPUTS["classification"])
+    write_atomic(table_path, ("\n".join(lines) + "\n").encode())
+    image = save_confusion_matrix(matrix, image_path, names)
+    print(f"wrote {image} and {table_path}")
 
 
 def report_predictions(model, params, state, loader, preprocessing: dict, out: Path, suffix: str) -> None:
@@ -222,7 +238,10 @@ def report_predictions(model, params, state, loader, preprocessing: dict, out: P
         true.append(np.asarray(target_of(batch))[real])
     out.mkdir(parents=True, exist_ok=True)
     image = save_predictions(
-        np.concatenate(predicted), np.concatenate(true), out / f"predictions{suffix}.png", preprocessing.get("targets")
+        np.concatenate(predicted),
+        np.concatenate(true),
+        out / OUTPUTS["regression"][0].format(suffix=suffix),
+        preprocessing.get("targets"),
     )
     print(f"wrote {image}")
 

@@ -302,12 +302,12 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     if args.resume:
         resume = Path(args.resume)
         check_checkpoint_file(resume, "-r")
-        resume_dir = resume.parent
+        resume_dir = run_location.run_folder_of(resume)  # None: continued in a new run folder under save_dir
     if args.weights:
         check_checkpoint_file(Path(args.weights), "--weights")
     config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
     if config_path is None:
-        raise ConfigError("give a config with -c config.json (or -r a checkpoint inside a run folder)")
+        raise ConfigError(run_location.no_config(args.resume))
     overrides = list(args.overrides)
     if args.lr is not None:
         overrides.append(f"optimizer.args.lr={args.lr}")
@@ -322,6 +322,8 @@ def resolve_config(args) -> tuple[dict, Path | None]:
             value = getattr(args, flag)
             raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
     config = load_config(config_path, overrides, source=Path(config_path).name)
+    if resume_dir and not args.config:  # the run folder's own config: where it may write is checked
+        run_location.check_config_writes(config, resume_dir)
     if args.exclude and not args.weights:
         raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
     if args.lr is not None and "schedule" in config["optimizer"]:

@@ -11,7 +11,7 @@ dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
 onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size and, where
 the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see inference/exporter.py).
 Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into place
-at the end.
+at the end (with --force swapped with the old one in one step), under a lock on the name (docs/export.md).
 
 Batch: TFLite fixed (the first --input dimension, default 1: LiteRT runs a fixed batch much faster), ONNX and JAX
 symbolic. --batch N fixes every format at N, --dynamic-batch makes every one symbolic.
@@ -42,6 +42,7 @@ from inference.predict import read_preprocessing  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
 from training.cli import add_run, command  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
+from training.run_location import check_config_writes  # noqa: E402
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402
 
 
@@ -236,6 +237,8 @@ def main(argv=None) -> int:
             raise ConfigError(f"{target} exists; pass --force to replace it")
         config_path, checkpoint_path = resolve_run(args)
         config = load_config(config_path, source=config_path.name)
+        if not args.config:  # the run folder's own config: where it may write is checked
+            check_config_writes(config, checkpoint_path.parent)
         run = assemble(config)
         model = run.model
         loader, split, problem = split_loader(run)
@@ -347,7 +350,10 @@ def main(argv=None) -> int:
             id_bound,
             source,
             validation_split=split,
+            replace=args.force,
         )
+    except ConfigError as error:  # another export of the name at work, or one written meanwhile
+        fail(str(error))
     except ExportError as error:
         print(error, file=sys.stderr)
         return 1

@@ -14,9 +14,9 @@ once or not at all.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,8 @@ from inference.inputs import Inputs, random_inputs, shape_text
 from inference.predict import CONFIG, PREPROCESSING, run_batched
 from inference.report import MEASURES, fmt_size, markdown
 from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner
+from training import files
+from training.config_file import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 FORMATS = ("tflite", "onnx", "jax")
@@ -312,18 +314,21 @@ def export_folder(
     validation_split: str | None = None,
     log=print,
     warn=None,
+    replace: bool = False,
 ) -> dict:
     """Writes `target` (<output-dir>/<name>): each of `formats` exported, reloaded and checked (`export_format`),
     then config.json, a copy of model/, predict.py, preprocessing.json, report.json and report.md. Returns the report.
 
-    The folder is built as a hidden sibling and renamed into place (replacing an existing `target`) only once every
-    format has passed, so a failure leaves nothing behind: ExportError then names each failed format and what still
-    works. `skipped` says why there is no `validation` (the report carries it; random inputs alone are no pass on real
-    data)."""
+    The folder is built as a hidden sibling and renamed into place (``replace``: swapped with an existing `target` in
+    one step, files.replace_folder) only once every format has passed, under a lock on the name (a second export of
+    it is a ConfigError naming the first), so a failure leaves nothing behind: ExportError then names each failed
+    format and what still works. `skipped` says why there is no `validation` (the report carries it; random inputs
+    alone are no pass on real data)."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
     name = target.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    lock = hold(target, replace)
+    folder = files.temporary_folder(target)
     try:
         entries, failed = [], []
         for fmt in formats:
@@ -348,17 +353,44 @@ def export_folder(
             raise ExportError("export failed, nothing written" + "".join(f"; {h}" for h in hints))
         report = build_report(name, entries, inputs, task, options, validation, skipped, validation_split, source)
         write_extras(folder, report, inputs, task, source)
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=target.parent))
-            target.rename(old / name)
-            folder.rename(target)
-            shutil.rmtree(old)
-        else:
-            folder.rename(target)
+        files.replace_folder(folder, target)
     finally:
         if folder.exists():
             shutil.rmtree(folder)
+        files.unlock(lock_path(target), lock)
     return report
+
+
+def hold(target: Path, replace: bool) -> int:
+    """Locks the export's name (``<output-dir>/.<name>.lock``, removed when the export ends) for this process: two
+    exports of one name never build at once; the second is refused naming the first. Under the lock, what killed
+    exports of the name left (hidden ``.<name>.XXXXXXXX/`` folders) is removed, and an existing export is kept
+    unless ``replace``."""
+    try:
+        fd, holder = files.try_lock(lock_path(target))
+    except files.UnsafeFile as error:
+        raise ConfigError(str(error)) from None
+    if fd is None:
+        raise ConfigError(
+            f"{target}: process {holder} is exporting it now; wait for it to end, or choose another --name"
+        )
+    try:
+        files.remove_stale_folders(target)
+        if os.path.lexists(target):
+            if os.path.islink(target) or not target.is_dir():
+                raise ConfigError(
+                    f"{target}: not an export folder (a link or a file); remove it or choose another --name"
+                )
+            if not replace:
+                raise ConfigError(f"{target} exists (written by another export meanwhile?); pass --force to replace it")
+    except BaseException:
+        files.unlock(lock_path(target), fd)
+        raise
+    return fd
+
+
+def lock_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
 
 
 def build_report(

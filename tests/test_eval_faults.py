@@ -75,11 +75,12 @@ def test_a_good_run_writes_its_files(run_dir, capsys):
     assert (run_dir / "per_class.csv").is_file() and (run_dir / "confusion_matrix.png").is_file()
 
 
-def test_a_file_that_cannot_be_written_exits_1_after_the_results(run_dir, capsys):
-    (run_dir / "per_class.csv").mkdir()  # open() fails on it for every user, root included
+def test_a_folder_where_a_file_goes_is_refused_before_the_evaluation(run_dir, capsys):
+    (run_dir / "per_class.csv").mkdir()  # as a link or a pipe would be: nothing is written in its place
     status, out, err = evaluate(capsys, "--run", run_dir)
-    assert status == 1 and "accuracy" in out and "per class:" in out  # the results came first
-    assert err.startswith(f"error: cannot write {run_dir / 'per_class.csv'} (Is a directory)"), err
+    assert status == 2 and out == ""  # refused before anything was evaluated
+    assert err.startswith(f"error: {run_dir / 'per_class.csv'}: a folder stands where a regular file"), err
+    (run_dir / "per_class.csv").rmdir()
 
 
 def test_a_read_only_output_folder_exits_1_after_the_results(run_dir, tmp_path, capsys):

@@ -325,9 +325,10 @@ def test_train_py_from_an_image_folder(tmp_path):
     assert preprocessing["classes"] == ["dark", "light"] and preprocessing["input_size"] == [8, 8]
     row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert np.isfinite(row["train/loss"]) and "val/accuracy" in row
-    evaluated = run("test.py", "--run", run_dir, "--split", "validation")
+    # the config names a cache outside the run folder: given with -c, which vouches for it (docs/runs.md)
+    evaluated = run("test.py", "--run", run_dir, "-c", run_dir / "config.json", "--split", "validation")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "accuracy" in evaluated.stdout and "light" in evaluated.stdout  # the per-class table names the folders
-    tested = run("test.py", "--run", run_dir)  # the folder's test split: 6 images of each class
+    tested = run("test.py", "--run", run_dir, "-c", run_dir / "config.json")  # the test split: 6 of each class
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert "test split, 12 examples" in tested.stdout

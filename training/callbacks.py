@@ -24,6 +24,7 @@ Add one by writing a function here that returns a ``Callback``, decorated with `
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 from pathlib import Path
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model.registry import register
+from training.files import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
 
 log = logging.getLogger("train")
 
@@ -137,10 +139,11 @@ class LRFinder(Callback):
     def report(
         self, run_dir: Path, rates: list[float], losses: list[float], smoothed_losses: list[float]
     ) -> float | None:
-        with open(run_dir / "lr_finder.csv", "w", newline="") as file:
-            writer = csv.writer(file)
-            writer.writerow(["step", "lr", "loss", "smoothed_loss"])
-            writer.writerows([i, r, l, s] for i, (r, l, s) in enumerate(zip(rates, losses, smoothed_losses)))
+        table = io.StringIO(newline="")
+        writer = csv.writer(table)
+        writer.writerow(["step", "lr", "loss", "smoothed_loss"])
+        writer.writerows([i, r, l, s] for i, (r, l, s) in enumerate(zip(rates, losses, smoothed_losses)))
+        write_atomic(run_dir / LR_FINDER_TABLE, table.getvalue().encode())
         finite = [i for i, s in enumerate(smoothed_losses) if math.isfinite(s)]
         suggestion = None
         if len(finite) >= 3:
@@ -153,13 +156,15 @@ class LRFinder(Callback):
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
 
+            from training.plots import save_figure
+
             figure, axis = plt.subplots(figsize=(6, 4))
             axis.plot(rates, smoothed_losses)
             axis.set(xscale="log", xlabel="learning rate", ylabel="smoothed training loss", title="lr finder")
             if suggestion:
                 axis.axvline(suggestion, color="tab:red", linestyle="--", label=f"steepest fall: {suggestion:.2g}")
                 axis.legend()
-            figure.savefig(run_dir / "lr_finder.png", dpi=100, bbox_inches="tight")
+            save_figure(figure, run_dir / LR_FINDER_PLOT, dpi=100, bbox_inches="tight")
             plt.close(figure)
         except Exception as error:  # the CSV holds the result; a figure is a convenience
             log.warning(f"lr_finder.png not drawn: {type(error).__name__}: {error}")
@@ -215,7 +220,7 @@ class GenerateText(Callback):
         params, state = trainer.state.eval_params(trainer.ts), trainer.ts["state"]
         text = self.generator(params, state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
         log.info(f"generate_text after epoch {epoch}:\n{text}")
-        with open(trainer.run_dir / "samples.txt", "a", encoding="utf-8") as file:
+        with open_append(trainer.run_dir / SAMPLES_TEXT) as file:
             file.write(f"--- epoch {epoch}, step {row['step']}\n{text}\n")
 
 

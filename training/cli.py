@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import logging.config
+import logging.handlers
 import os
 import signal
 import sys
@@ -16,26 +17,62 @@ from collections.abc import Callable
 from pathlib import Path
 
 from training.config_file import ConfigError, closest
+from training.files import open_append
 
 INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a command Ctrl-C ended
 CLOSED_PIPE = 128 + signal.SIGPIPE  # the shell's status for a writer whose reader went away (`| head -1`)
 
+# The project's own logging setup: beside train.py, whatever the working folder (a config's paths are the user's,
+# relative to where the command runs; this one belongs to the code).
+LOGGER_CONFIG = Path(__file__).resolve().parents[1] / "logger_config.json"
 
-def setup_logging(run_dir: Path | None, config_path: str | Path = "logger_config.json", verbose: bool = True) -> None:
-    """Console + rotating file (`train.log` in the run folder) from logger_config.json."""
-    path = Path(config_path)
-    if not path.exists():
-        path = Path(__file__).parent / "logger_config.json"
-    spec = json.loads(path.read_text())
+
+class _NoFollow:
+    """A log file opened to append, never through a link planted at its name (files.open_append)."""
+
+    def _open(self):
+        return open_append(self.baseFilename, encoding=self.encoding, errors=self.errors)
+
+
+class FileHandler(_NoFollow, logging.FileHandler):
+    pass
+
+
+class RotatingFileHandler(_NoFollow, logging.handlers.RotatingFileHandler):
+    pass  # a rollover renames the files (a rename moves a link, it never writes through one), then opens anew
+
+
+NOFOLLOW_HANDLERS = {
+    "logging.FileHandler": f"{__name__}.FileHandler",
+    "logging.handlers.RotatingFileHandler": f"{__name__}.RotatingFileHandler",
+}
+
+
+def log_files(config_path: str | Path = LOGGER_CONFIG) -> list[str]:
+    """The names of the files the logging setup writes in a run folder (``train.log``)."""
+    handlers = json.loads(Path(config_path).read_text()).get("handlers", {}).values()
+    return [h["filename"] for h in handlers if "filename" in h]
+
+
+def setup_logging(run_dir: Path | None, config_path: str | Path = LOGGER_CONFIG, verbose: bool = True) -> None:
+    """Console + rotating file (`train.log` in the run folder) from logger_config.json. A link or a pipe planted
+    at the log file's name raises files.UnsafeFile (an OSError)."""
+    spec = json.loads(Path(config_path).read_text())
     for handler in spec.get("handlers", {}).values():
         if "filename" in handler:
+            handler["class"] = NOFOLLOW_HANDLERS.get(handler.get("class"), handler.get("class"))
             if run_dir is None:
                 handler["class"], handler["filename"] = "logging.NullHandler", None
                 handler.pop("filename"), handler.pop("maxBytes", None), handler.pop("backupCount", None)
                 handler.pop("encoding", None)
             else:
                 handler["filename"] = str(Path(run_dir) / handler["filename"])
-    logging.config.dictConfig(spec)
+    try:
+        logging.config.dictConfig(spec)
+    except ValueError as error:  # dictConfig wraps a handler's error: the file's own error is the one to report
+        if isinstance(error.__cause__, OSError):
+            raise error.__cause__ from None
+        raise
 
 
 class ArgumentParser(argparse.ArgumentParser):

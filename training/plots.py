@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.cli import ArgumentParser, fail
-from training.files import METRICS
+from training.files import CURVES, METRICS, atomic_output
 
 PANEL_INCHES = (4.0, 3.0)
 DPI = 100
@@ -87,10 +87,17 @@ def curves_figure(rows: Sequence[dict]):
     return fig
 
 
-def save_curves(rows: Sequence[dict], path: str | Path) -> Path:
+def save_figure(fig, path: str | Path, **options) -> Path:
+    """Written atomically (a temporary then a rename: never half an image, never through a link at ``path``), in
+    the format its suffix names (png by default); ``options`` go to ``savefig``."""
     path = Path(path)
-    curves_figure(rows).savefig(path)
+    with atomic_output(path) as f:
+        fig.savefig(f, format=path.suffix[1:].lower() or "png", **options)
     return path
+
+
+def save_curves(rows: Sequence[dict], path: str | Path) -> Path:
+    return save_figure(curves_figure(rows), path)
 
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
@@ -99,7 +106,7 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     metrics = run_dir / METRICS
     if not metrics.is_file():
         raise FileNotFoundError(f"{metrics}: no such file (is {run_dir} a run folder with a finished epoch?)")
-    return save_curves(read_metrics(metrics), path or run_dir / "curves.png")
+    return save_curves(read_metrics(metrics), path or run_dir / CURVES)
 
 
 def confusion_figure(matrix, class_names: Sequence[str] | None = None):
@@ -138,9 +145,7 @@ def confusion_figure(matrix, class_names: Sequence[str] | None = None):
 
 
 def save_confusion_matrix(matrix, path: str | Path, class_names: Sequence[str] | None = None) -> Path:
-    path = Path(path)
-    confusion_figure(matrix, class_names).savefig(path)
-    return path
+    return save_figure(confusion_figure(matrix, class_names), path)
 
 
 def predictions_figure(predicted, true, names: Sequence[str] | None = None):
@@ -164,9 +169,7 @@ def predictions_figure(predicted, true, names: Sequence[str] | None = None):
 
 
 def save_predictions(predicted, true, path: str | Path, names: Sequence[str] | None = None) -> Path:
-    path = Path(path)
-    predictions_figure(predicted, true, names).savefig(path)
-    return path
+    return save_figure(predictions_figure(predicted, true, names), path)
 
 
 def main(argv=None) -> int:

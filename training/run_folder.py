@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from training import checkpoint
-from training.files import BEST, LOCK_NAME, METRICS, epoch_checkpoint
+from training.files import BEST, LOCK_NAME, METRICS, UnsafeFile, epoch_checkpoint, open_append, open_nofollow
 
 
 class RunFolderError(Exception):
@@ -83,7 +83,9 @@ def hold(run_dir: Path, mark: bool = True) -> int | None:
 
     path = run_dir / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if mark else 0), 0o644)
+        fd = open_nofollow(path, os.O_RDWR | (os.O_CREAT if mark else 0))  # a planted link: refused
+    except UnsafeFile as error:
+        raise RunFolderError(f"{error}; nothing was changed") from None
     except OSError as error:
         if isinstance(error, FileNotFoundError) and not mark:
             return None
@@ -136,7 +138,7 @@ class Writer:
 
 def append_row(run_dir: Path, row: dict) -> None:
     """One epoch's row in metrics.jsonl, flushed to disk before the epoch counts as logged."""
-    with open(run_dir / METRICS, "a") as f:
+    with open_append(run_dir / METRICS) as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
