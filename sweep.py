@@ -27,7 +27,7 @@ from pathlib import Path
 
 from training.cli import command
 from training.config_file import is_index
-from training.files import LOCK_NAME, METRICS, write_atomic
+from training.files import LOCK_NAME, METRICS, open_nofollow, write_atomic
 from training.sweep_results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweep_space import SweepError, check_key, check_space, overrides, parse_grid, parse_sample, probes
 from utils import ArgumentParser, ConfigError, fail, load_config, read_json
@@ -259,7 +259,10 @@ def wait_free(run_dir: Path, seconds: float = 60) -> None:
 
     deadline = time.monotonic() + seconds
     while (run_dir / LOCK_NAME).is_file() and time.monotonic() < deadline:
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+        try:  # a link or a pipe planted at the lock: train.py refuses it in one line, the trial's error
+            fd = open_nofollow(run_dir / LOCK_NAME, os.O_RDONLY)
+        except OSError:
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
@@ -345,7 +348,7 @@ class Worker:
             command += ["--set", text]
         run_dir, log = sweep.folder / run, sweep.folder / "logs" / f"{run}.log"
         wait_free(run_dir)
-        with open(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab") as out:
+        with os.fdopen(open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
             out.write(f"$ {' '.join(command)}\n".encode())
             out.flush()
             start = out.tell()
