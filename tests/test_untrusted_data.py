@@ -271,9 +271,10 @@ def test_a_config_json_in_a_run_folder_that_is_a_fifo_is_refused(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoint-latest.params").write_bytes(b"not read: the config comes first")
+    (run / "metrics.jsonl").write_text("")  # what makes it a run folder (a loose checkpoint's folder is not read)
     os.mkfifo(run / "config.json")
     line = one_line(run_script("train.py", "-r", run / "checkpoint-latest.params"))
-    assert "config.json: a FIFO (named pipe), not a regular file" in line, line
+    assert "run/config.json: a named pipe stands where a regular file is written" in line, line
 
 
 STOPPED_DECODING = r"""

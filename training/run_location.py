@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from training.cli import log_files
-from training.config_file import ConfigError, config_hash, read_json
+from training.config_file import MAX_CONFIG_BYTES, ConfigError, config_hash, read_json
 from training.files import (
     CONFIG,
     LOCK_NAME,
@@ -22,6 +22,7 @@ from training.files import (
     refuse_unsafe,
     step_checkpoint,
 )
+from training.regular_files import read_regular
 from training.trackers import new_run_id, wandb_on
 
 
@@ -124,7 +125,7 @@ def run_folder_of(checkpoint_path: Path) -> Path | None:
         return None
     check_run_files(folder)
     try:
-        saved = json.loads((folder / CONFIG).read_text())
+        saved = json.loads(read_regular(folder / CONFIG, MAX_CONFIG_BYTES, "config file"))
         recorded = header_of(checkpoint_path).get("config_hash")
     except (OSError, ValueError, RecursionError, AttributeError):
         return None
