@@ -23,7 +23,7 @@ import numpy as np
 
 from training.cli import add_run
 from training.files import CONFIG, check_checkpoint_file
-from utils import ArgumentParser, ConfigError, assemble, fail, load_config
+from utils import ArgumentParser, ConfigError, assemble, fail, load_config, load_run
 
 
 def parse_args(argv=None):
@@ -113,17 +113,10 @@ def main(argv=None) -> int:
     if task == "sequence" and "accuracy" not in names:
         metrics = [*metrics, accuracy()]
     try:
-        template = jax.eval_shape(
-            lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec["input"])))
-        )
-    except Exception as error:  # shape errors from deep inside a layer: their first line says what
-        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
-        fail(f"config.json: model: cannot take the data's input ({reason})")
-    try:
-        tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
-    except checkpoint.CheckpointError as error:
+        loaded = load_run(checkpoint_path, config, spec["input"])
+    except (ConfigError, checkpoint.CheckpointError) as error:
         fail(str(error))
-    params, state = tree["params"], tree["state"]
+    params, state, header = loaded.params, loaded.state, loaded.header
 
     eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment), donate_argnums=(2,))
     totals = empty_stats(model, loss_fn, metrics, params, state, raw_spec, augment)
