@@ -211,6 +211,9 @@ def run(args) -> int:
             preprocessing = loaders["train"].preprocessing
             if run.augment is not None:  # its normalisation, folded into what predict.py computes
                 preprocessing = run.augment.preprocessing(preprocessing, loaders["train"].spec)
+            from data_loader.augment import input_range
+
+            preprocessing.update(input_range(loaders["train"], run.augment))
             if preprocessing:
                 write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
             setup_logging(run_dir)

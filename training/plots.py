@@ -131,21 +131,30 @@ def save_confusion_matrix(matrix, path: str | Path, class_names: Sequence[str] |
     return path
 
 
+MAX_PANELS = 36  # output columns drawn in predictions.png; test.py says when there are more
+IMAGE_ROWS = 8  # examples in an image grid
+
+
 def predictions_figure(predicted, true, names: Sequence[str] | None = None):
-    """Predicted against true values, one panel per output column (at most six), with the identity line."""
+    """Predicted against true values, one panel per output column (the first MAX_PANELS), with the identity line."""
     import numpy as np
     from matplotlib.figure import Figure
 
     predicted = np.asarray(predicted, np.float64).reshape(len(predicted), -1)
     true = np.asarray(true, np.float64).reshape(len(true), -1)
-    columns = min(predicted.shape[1], 6)
-    fig = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[0]), dpi=DPI, layout="constrained")
-    for i, ax in enumerate(np.atleast_1d(fig.subplots(1, columns))):
+    panels = min(predicted.shape[1], MAX_PANELS)
+    columns = min(panels, 6)
+    rows = -(-panels // columns)
+    fig = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[0] * rows), dpi=DPI, layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, columns)).reshape(-1)
+    for ax in axes[panels:]:
+        ax.set_axis_off()
+    for i, ax in enumerate(axes[:panels]):
         lo, hi = min(true[:, i].min(), predicted[:, i].min()), max(true[:, i].max(), predicted[:, i].max())
         ax.plot([lo, hi], [lo, hi], color="0.6", lw=1)
         ax.scatter(true[:, i], predicted[:, i], s=4, alpha=0.5)
         rmse = float(np.sqrt(np.mean((predicted[:, i] - true[:, i]) ** 2)))
-        ax.set_title(f"{names[i] if names else f'output {i}'}: rmse {rmse:.4g}")
+        ax.set_title(f"{names[i] if names and i < len(names) else f'output {i}'}: rmse {rmse:.4g}")
         ax.set_xlabel("true")
         ax.set_ylabel("predicted")
     return fig
@@ -154,6 +163,52 @@ def predictions_figure(predicted, true, names: Sequence[str] | None = None):
 def save_predictions(predicted, true, path: str | Path, names: Sequence[str] | None = None) -> Path:
     path = Path(path)
     predictions_figure(predicted, true, names).savefig(path)
+    return path
+
+
+def is_image(array) -> bool:
+    """A batch of images: (B, H, W) or (B, H, W, C) with 1, 3 or 4 channels."""
+    return array.ndim == 3 or (array.ndim == 4 and array.shape[-1] in (1, 3, 4))
+
+
+def displayable(image):
+    """One image for imshow: gray (H, W) or colour (H, W, 3|4) scaled to 0..1 by its own range (a normalised input,
+    logits or values in any unit are all visible); another channel count shows its first channel."""
+    import numpy as np
+
+    image = np.asarray(image, np.float64)
+    if image.ndim == 3:
+        image = image[..., 0] if image.shape[-1] not in (3, 4) else image[..., :3]
+    lo, hi = image.min(), image.max()
+    return (image - lo) / (hi - lo) if hi > lo else np.zeros_like(image)
+
+
+def image_grid_figure(inputs, targets, predictions, titles: Sequence[str] = ("input", "target", "prediction")):
+    """A row per example (the first IMAGE_ROWS): its input, target and prediction side by side. A column that is not
+    an image (a vector input) is left out."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    columns = [(t, np.asarray(a)) for t, a in zip(titles, (inputs, targets, predictions)) if a is not None]
+    columns = [(t, a) for t, a in columns if is_image(a)]
+    rows = min(len(columns[0][1]), IMAGE_ROWS)
+    fig = Figure(figsize=(2.2 * len(columns), 2.2 * rows), dpi=DPI, layout="constrained")
+    axes = np.asarray(fig.subplots(rows, len(columns), squeeze=False))
+    for r in range(rows):
+        for c, (title, images) in enumerate(columns):
+            ax = axes[r, c]
+            image = displayable(images[r])
+            ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(title)
+    return fig
+
+
+def save_image_grid(inputs, targets, predictions, path: str | Path) -> Path:
+    path = Path(path)
+    image_grid_figure(inputs, targets, predictions).savefig(path)
     return path
 
 
