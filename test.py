@@ -129,6 +129,8 @@ def main(argv=None) -> int:
         f"{checkpoint_path} (epoch {header.get('epoch')}, step {header.get('step')}), "
         f"{args.split} split, {loader.num_examples} examples, task: {task}"
     )
+    if header.get("eval_params"):  # an ema callback's average, say: what the run evaluated and saved as best
+        print(f"  weights: {header['eval_params']} (the run evaluated these, not the trained parameters)")
     for name, value in results.items():
         if isinstance(value, float):
             label = "token accuracy" if task == "sequence" and name == "accuracy" else name

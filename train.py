@@ -244,6 +244,12 @@ def run(args) -> int:
         log.warning(ignored)
     log.info(f"batch: {describe_batch(trainer.state.batch_spec)}")
     log.info(f"state: {trainer.origin}")
+    for spec, callback in zip(config["callbacks"], run.callbacks):
+        if callback.evaluated:  # what is evaluated and saved is not what the optimizer updates: said once, here
+            log.info(
+                f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "
+                f"(callbacks: {json.dumps(spec)}), not the trained ones"
+            )
     log.info(summary(run.model, trainer.ts["params"], trainer.ts["state"], trainer.state.model_input_spec))
     monitored = run.monitor.name if run.monitor else None
     trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
@@ -259,7 +265,7 @@ def run(args) -> int:
         if args.fast_dev_run:
             debug_modes.fast_dev_checks(trainer, loaders, run_dir)
         else:
-            log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
+            log.info(done_line(config["trainer"]["monitor"], best, run_dir, args))
         status = 0
     except TrainingDiverged as error:
         if existed is not None and not (run_dir / LATEST).exists():  # kept nothing: undone
@@ -285,8 +291,8 @@ def run(args) -> int:
         )
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
     finally:
-        if distributed.is_main():
-            finish(run_dir, trackers, status)
+        if distributed.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
+            finish(run_dir, trackers, status, trainer.state.lr_fn, curves=not args.fast_dev_run)
             if discarded:
                 run_folder.remove_new(run_dir, existed)
         if args.fast_dev_run:
@@ -380,13 +386,27 @@ def stop_all(message: str) -> None:
     fail(message)
 
 
-def finish(run_dir: Path, trackers: list, status: int) -> None:
-    """curves.png from metrics.jsonl, then the trackers' last words; neither can change how the run ends."""
-    if (run_dir / METRICS).is_file():
+def done_line(monitor: str, best, run_dir: Path, args) -> str:
+    """The run's last line: the best monitored value to six significant digits (a float32's noise left out), and
+    where the checkpoints are, or that none were written (an lr_finder run that stopped after its range test)."""
+    said = [] if best is None or monitor == "off" else [f"best {monitor} = {float(best):.6g}"]
+    if any(run_dir.glob("*.params")):
+        said.append(f"checkpoints in {run_dir}")
+    else:
+        said.append(f"no checkpoint written (the run's files are in {run_dir})")
+    if args.overfit_batches:  # a check, not a model to keep: its folder stays for its curves, like any run's
+        said.append("an --overfit-batches check: remove the folder when done")
+    return "done: " + "; ".join(said)
+
+
+def finish(run_dir: Path, trackers: list, status: int, lr_fn=None, curves: bool = True) -> None:
+    """curves.png from metrics.jsonl (``lr_fn``: the learning rate of every step), then the trackers' last words;
+    neither can change how the run ends. ``curves`` False: none (a --fast-dev-run's folder is removed at the end)."""
+    if curves and (run_dir / METRICS).is_file():
         try:
             from training.plots import plot_run
 
-            log.info(f"curves: {plot_run(run_dir)}")
+            log.info(f"curves: {plot_run(run_dir, lr_fn=lr_fn)}")
         except Exception as error:
             log.warning(f"curves.png not drawn: {type(error).__name__}: {error}")
     for tracker in trackers:

@@ -44,8 +44,35 @@ def grid(panels: int) -> tuple[int, int]:
     return math.ceil(panels / columns), columns
 
 
-def curves_figure(rows: Sequence[dict]):
-    """One panel per quantity, train (solid) and validation (dashed) against the epoch."""
+LR_POINTS = 500  # steps at which curves.png draws the learning rate, spread over the run
+
+
+def lr_per_step(rows: Sequence[dict], lr_fn) -> tuple[list[float], list[float]]:
+    """(epochs, learning rates) at up to LR_POINTS steps of the run, each step placed by the epochs' ends (the rows'
+    ``step``): a cyclic or warm-up schedule shows its shape, not one value per epoch."""
+    import numpy as np
+
+    ends = [(r["step"], r["epoch"]) for r in rows if isinstance(r.get("step"), int) and isinstance(r.get("epoch"), int)]
+    if ends and ends[0][1] == 1:
+        ends.insert(0, (0, 0))  # a resumed run's rows may start later: its steps before them are not placed
+    if len(ends) < 2 or ends[-1][0] <= ends[0][0]:
+        return [], []
+    steps, epochs = (np.asarray(v) for v in zip(*ends))
+    count = min(LR_POINTS, int(steps[-1] - steps[0]))
+    sampled = np.unique(np.linspace(steps[0], steps[-1] - 1, count).astype(np.int64))
+    where = np.interp(sampled + 1, steps, epochs)  # step s (counted from 0) ends with s + 1 steps done
+    try:  # a schedule is a jnp function of the step: all at once
+        values = np.asarray(lr_fn(sampled), np.float64).reshape(-1)
+        if len(values) != len(sampled):
+            raise ValueError
+    except Exception:
+        values = np.array([float(lr_fn(int(step))) for step in sampled])
+    return where.tolist(), values.tolist()
+
+
+def curves_figure(rows: Sequence[dict], lr_fn=None):
+    """One panel per quantity, train (solid) and validation (dashed) against the epoch; the learning rate at every
+    step (``lr_fn``, sampled) or, without it, as the rows logged it at each epoch's end."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -56,7 +83,11 @@ def curves_figure(rows: Sequence[dict]):
     fig = Figure(figsize=(PANEL_INCHES[0] * ncols, PANEL_INCHES[1] * nrows), dpi=DPI, layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, name in zip(axes, names):
-        if name == "lr":
+        if name == "lr" and lr_fn is not None:
+            epochs, values = lr_per_step(rows, lr_fn)
+            ax.plot(epochs, values, "-", label="learning rate (per step)")
+            series = []
+        elif name == "lr":
             series = [("learning rate", "lr", "-")]
         else:
             series = [("train", f"train/{name}", "-"), ("validation", f"val/{name}", "--")]
@@ -75,19 +106,38 @@ def curves_figure(rows: Sequence[dict]):
     return fig
 
 
-def save_curves(rows: Sequence[dict], path: str | Path) -> Path:
+def save_curves(rows: Sequence[dict], path: str | Path, lr_fn=None) -> Path:
     path = Path(path)
-    curves_figure(rows).savefig(path)
+    curves_figure(rows, lr_fn).savefig(path)
     return path
 
 
-def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
-    """`<run_dir>/metrics.jsonl` -> `<run_dir>/curves.png` (or `path`)."""
+def plot_run(run_dir: str | Path, path: str | Path | None = None, lr_fn=None) -> Path:
+    """`<run_dir>/metrics.jsonl` -> `<run_dir>/curves.png` (or `path`); ``lr_fn``: the run's learning rate by step
+    (train.py gives its own; without it, the schedule of the run's config.json, else the logged values)."""
     run_dir = Path(run_dir)
     metrics = run_dir / METRICS
     if not metrics.is_file():
         raise FileNotFoundError(f"{metrics}: no such file (is {run_dir} a run folder with a finished epoch?)")
-    return save_curves(read_metrics(metrics), path or run_dir / "curves.png")
+    rows = read_metrics(metrics)
+    return save_curves(rows, path or run_dir / "curves.png", lr_fn or schedule_of(run_dir, rows))
+
+
+def schedule_of(run_dir: Path, rows: Sequence[dict]):
+    """The learning rate by step of the run's config.json, with an epoch's steps as the first logged epoch took
+    them; None where that cannot be known (no config, no step counts, a config this version cannot build)."""
+    from training.files import CONFIG
+
+    first = next((r for r in rows if isinstance(r.get("step"), int) and r.get("epoch") == 1), None)
+    if first is None or not (run_dir / CONFIG).is_file():
+        return None
+    try:
+        from training.components import build_optimizer
+
+        config = json.loads((run_dir / CONFIG).read_text())
+        return build_optimizer(config, first["step"], CONFIG)[1]
+    except Exception:  # a figure is a convenience: the logged values are drawn instead
+        return None
 
 
 def confusion_figure(matrix, class_names: Sequence[str] | None = None):
