@@ -18,7 +18,17 @@ from pathlib import Path
 from training import debug_modes, distributed, platform, run_location, stop_signals
 from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
 from training.trackers import start_trackers
-from utils import ArgumentParser, ConfigError, assemble, components_text, config_hash, fail, load_config, setup_logging
+from utils import (
+    ArgumentParser,
+    ConfigError,
+    assemble,
+    components_text,
+    config_hash,
+    fail,
+    load_config,
+    run_preprocessing,
+    setup_logging,
+)
 
 log = logging.getLogger("train")
 
@@ -208,12 +218,7 @@ def run(args) -> int:
         trainer.run_dir = run_dir
         if distributed.is_main():
             write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
-            preprocessing = loaders["train"].preprocessing
-            if run.augment is not None:  # its normalisation, folded into what predict.py computes
-                preprocessing = run.augment.preprocessing(preprocessing, loaders["train"].spec)
-            from data_loader.augment import input_range
-
-            preprocessing.update(input_range(loaders["train"], run.augment))
+            preprocessing = run_preprocessing(run)  # the data's, with the augmentation's normalisation folded in
             if preprocessing:
                 write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
             setup_logging(run_dir)
