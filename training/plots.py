@@ -221,21 +221,23 @@ def is_image(array) -> bool:
     return array.ndim == 3 or (array.ndim == 4 and array.shape[-1] in (1, 3, 4))
 
 
-def displayable(image):
-    """One image for imshow: gray (H, W) or colour (H, W, 3|4) scaled to 0..1 by its own range (a normalised input,
-    logits or values in any unit are all visible); another channel count shows its first channel."""
+def displayable(image, scale=None):
+    """One image for imshow: gray (H, W) or colour (H, W, 3|4), mapped to 0..1 from ``scale`` (lo, hi) or its own
+    range (a normalised input or values in any unit are all visible); another channel count shows its first
+    channel."""
     import numpy as np
 
     image = np.asarray(image, np.float64)
     if image.ndim == 3:
         image = image[..., 0] if image.shape[-1] not in (3, 4) else image[..., :3]
-    lo, hi = image.min(), image.max()
-    return (image - lo) / (hi - lo) if hi > lo else np.zeros_like(image)
+    lo, hi = scale if scale is not None else (image.min(), image.max())
+    return np.clip((image - lo) / (hi - lo), 0, 1) if hi > lo else np.zeros_like(image)
 
 
 def image_grid_figure(inputs, targets, predictions, titles: Sequence[str] = ("input", "target", "prediction")):
-    """A row per example (the first IMAGE_ROWS): its input, target and prediction side by side. A column that is not
-    an image (a vector input) is left out."""
+    """A row per example (the first IMAGE_ROWS): its input, target and prediction side by side, the prediction on
+    its target's scale (an error of amplitude shows; a mask's logits show their sign). A column that is not an image
+    (a vector input) is left out."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -245,9 +247,11 @@ def image_grid_figure(inputs, targets, predictions, titles: Sequence[str] = ("in
     fig = Figure(figsize=(2.2 * len(columns), 2.2 * rows), dpi=DPI, layout="constrained")
     axes = np.asarray(fig.subplots(rows, len(columns), squeeze=False))
     for r in range(rows):
+        target = np.asarray(targets[r], np.float64) if targets is not None else None
+        shared = (target.min(), target.max()) if target is not None and target.max() > target.min() else None
         for c, (title, images) in enumerate(columns):
             ax = axes[r, c]
-            image = displayable(images[r])
+            image = displayable(images[r], shared if title in titles[1:] else None)
             ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
