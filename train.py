@@ -237,7 +237,7 @@ def run(args) -> int:
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
     from model.summary import describe_batch, summary
 
-    log.info(f"run folder: {run_dir}")
+    log.info(f"run folder: {run_dir}" + (" (a temporary one, removed at the end)" if args.fast_dev_run else ""))
     for line in repaired:
         log.info(f"resume: {line}")
     log.info(
