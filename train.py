@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from training import debug_modes, distributed, platform, run_location, stop_signals
-from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
+from training.files import CONFIG, LATEST, METRICS, check_checkpoint_file
 from training.trackers import start_trackers
 from utils import (
     ArgumentParser,
@@ -26,8 +26,8 @@ from utils import (
     config_hash,
     fail,
     load_config,
-    run_preprocessing,
     setup_logging,
+    write_run_files,
 )
 
 log = logging.getLogger("train")
@@ -161,7 +161,7 @@ def run(args) -> int:
     import jax
 
     from training import run_folder
-    from training.checkpoint import CheckpointError, remove_stale_temps, write_atomic
+    from training.checkpoint import CheckpointError, remove_stale_temps
     from training.trainer import Stopped, Trainer, TrainingDiverged
 
     # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
@@ -207,20 +207,11 @@ def run(args) -> int:
             if existed == run_dir:  # -r auto reusing the folder of an attempt that ended before its first checkpoint
                 existed = None
             run_folder.hold(run_dir)
-            shutil.copytree(
-                Path(__file__).parent / "model",
-                run_dir / "model",
-                ignore=shutil.ignore_patterns("__pycache__"),
-                dirs_exist_ok=True,
-            )
             # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
         if distributed.is_main():
-            write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
-            preprocessing = run_preprocessing(run)  # the data's, with the augmentation's normalisation folded in
-            if preprocessing:
-                write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
+            write_run_files(run_dir, config, run, new=not resume_dir)  # config, preprocessing, a new run's model/
             setup_logging(run_dir)
             distributed.share_text("run_dir", str(run_dir))
         else:
