@@ -6,7 +6,8 @@ The new folder gets the library (`model/`, `training/`, `data_loader/`), the pip
 `sample.py`, `sweep.py`, `utils.py`), the export (`inference/`), the tests of all of them, and of the samples only the
 chosen ones: their configs, data and end-to-end tests. The first sample's config becomes `config.json`, the one
 `make train` trains. Benchmarks, run folders, exports, virtual environments, caches and notes stay behind; the README
-and docs/ are copied, fitted to the samples kept. With git installed the folder starts as a repository with one commit.
+and docs/ are copied, fitted to the samples kept. With git installed the folder starts as a repository with one commit,
+and `.template-commit` names the template commit it came from (docs/new_project.md: taking the template's later fixes).
 
 Standard library only: it runs before anything is installed.
 """
@@ -325,6 +326,31 @@ def write_docs(template: Path, target: Path, name: str, samples: list[str]) -> N
 
 
 # ------------------------------------------------------------------------------------------------------------ git
+TEMPLATE_COMMIT = ".template-commit"  # the template commit a project was made from: later fixes start after it
+
+
+def record_template(template: Path, target: Path, notes: list[str]) -> None:
+    """Writes the template's commit to TEMPLATE_COMMIT, the start of the range of template commits the project can
+    take later (docs/new_project.md: `git cherry-pick $(cat .template-commit)..template/main`). A template that is
+    no repository, or has changes not committed, says so in a note."""
+    git = shutil.which("git")
+    if git is None:
+        return  # git_commit says that git is missing
+    head = subprocess.run([git, "rev-parse", "--verify", "-q", "HEAD"], cwd=template, capture_output=True, text=True)
+    if head.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", head.stdout.strip()):
+        notes.append(f"{template} is not a git repository with a commit: no {TEMPLATE_COMMIT} to take later fixes from")
+        return
+    (target / TEMPLATE_COMMIT).write_text(head.stdout.strip() + "\n")
+    changed = subprocess.run(
+        [git, "status", "--porcelain", "--untracked-files=no"], cwd=template, capture_output=True, text=True
+    )
+    if changed.stdout.strip():
+        notes.append(
+            f"git status: the template has changes not committed; {TEMPLATE_COMMIT} names "
+            f"{head.stdout.strip()[:12]}, the commit they were made on; a later update takes only committed fixes"
+        )
+
+
 def git_commit(target: Path, notes: list[str]) -> bool:
     git = shutil.which("git")
     if git is None:
@@ -388,6 +414,7 @@ def create(target: Path, name: str, samples: list[str], template: Path = TEMPLAT
         add_samples(template, building, samples, name)
         write_docs(template, building, name, samples)
         notes += dangling_references(building)
+        record_template(template, building, notes)
         os.rename(building, target)  # over an empty target folder too, in one step
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)

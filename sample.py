@@ -16,7 +16,7 @@ from inference.predict import read_preprocessing
 from training.cli import add_run, command
 from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
 from training.run_location import check_config_writes
-from utils import ArgumentParser, ConfigError, assemble, fail, load_config
+from utils import ArgumentParser, ConfigError, assemble, fail, load_config, load_run
 
 
 def parse_args(argv=None):
@@ -71,15 +71,13 @@ def main(argv=None) -> int:
     from training import checkpoint
 
     context = spec.shape[1]
-    buffer = jax.ShapeDtypeStruct((1, context), spec.dtype)
-    template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), buffer))))
     try:
-        tree, _ = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
-    except checkpoint.CheckpointError as error:
+        loaded = load_run(checkpoint_path, config, jax.ShapeDtypeStruct((1, context), spec.dtype))
+    except (ConfigError, checkpoint.CheckpointError) as error:
         fail(str(error))
 
     generator = Generator(model, spec, vocabulary)
-    print(generator(tree["params"], tree["state"], args.prompt, args.tokens, args.temperature, args.top_k, args.seed))
+    print(generator(loaded.params, loaded.state, args.prompt, args.tokens, args.temperature, args.top_k, args.seed))
     return 0
 
 

@@ -5,8 +5,9 @@ checkpoint-latest.params when the run monitors nothing) or --run a checkpoint fi
 Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
 per_class.csv); for a language model (a class per position) perplexity and token accuracy; for regression a
-predicted-vs-true plot (predictions.png). Files go next to the checkpoint (or to DIR), with the split in their names
-when it is not the test split.
+predicted-vs-true plot of every output column (predictions.png); for outputs that are images (regression, masks) a
+grid of input / target / prediction of the first examples instead. Files go next to the checkpoint (or to DIR), with
+the split in their names when it is not the test split.
 
 Exit status: 0 done; 1 the results were printed but a file could not be written (one `error:` line names it); 2 bad
 input (arguments, config, data, checkpoint), reported in one `error:` line before anything is evaluated."""
@@ -24,7 +25,7 @@ import numpy as np
 from training.cli import add_run, command
 from training.files import CONFIG, UnsafeFile, check_checkpoint_file, refuse_unsafe, write_atomic
 from training.run_location import check_config_writes
-from utils import ArgumentParser, ConfigError, assemble, fail, load_config
+from utils import ArgumentParser, ConfigError, assemble, fail, load_config, load_run
 
 
 def parse_args(argv=None):
@@ -122,17 +123,10 @@ def main(argv=None) -> int:
     if task == "sequence" and "accuracy" not in names:
         metrics = [*metrics, accuracy()]
     try:
-        template = jax.eval_shape(
-            lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec["input"])))
-        )
-    except Exception as error:  # shape errors from deep inside a layer: their first line says what
-        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
-        fail(f"config.json: model: cannot take the data's input ({reason})")
-    try:
-        tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
-    except checkpoint.CheckpointError as error:
+        loaded = load_run(checkpoint_path, config, spec["input"])
+    except (ConfigError, checkpoint.CheckpointError) as error:
         fail(str(error))
-    params, state = tree["params"], tree["state"]
+    params, state, header = loaded.params, loaded.state, loaded.header
 
     eval_step = jax.jit(make_eval_step(model, loss_fn, metrics, augment), donate_argnums=(2,))
     totals = empty_stats(model, loss_fn, metrics, params, state, raw_spec, augment)
@@ -144,6 +138,8 @@ def main(argv=None) -> int:
         f"{checkpoint_path} (epoch {header.get('epoch')}, step {header.get('step')}), "
         f"{args.split} split, {loader.num_examples} examples, task: {task}"
     )
+    if header.get("eval_params"):  # an ema callback's average, say: what the run evaluated and saved as best
+        print(f"  weights: {header['eval_params']} (the run evaluated these, not the trained parameters)")
     for name, value in results.items():
         if isinstance(value, float):
             label = "token accuracy" if task == "sequence" and name == "accuracy" else name
@@ -158,7 +154,7 @@ def main(argv=None) -> int:
             )
         elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
             print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
-        elif task == "regression":
+        elif task == "regression" or (task == "multilabel" and len(spec.get("target", spec["input"]).shape) >= 3):
             report_predictions(
                 model,
                 params,
@@ -224,26 +220,34 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
 
 
 def report_predictions(model, params, state, loader, preprocessing: dict, out: Path, suffix: str) -> None:
-    """Predicted against true values of every real example: predictions.png."""
+    """Predicted against true values of every real example (predictions.png): a scatter per output column, or, for
+    outputs that are images, a grid of input / target / prediction of the first examples."""
     import jax
 
-    from training.plots import save_predictions
+    from training.plots import IMAGE_ROWS, MAX_PANELS, is_image, save_image_grid, save_predictions
     from training.step import target_of
 
     forward = jax.jit(lambda x: model(params, state, x, train=False)[0])
-    predicted, true = [], []
+    inputs, predicted, true = [], [], []
     for batch in loader.batches():
         real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
         predicted.append(np.asarray(forward(batch["input"]))[real])
         true.append(np.asarray(target_of(batch))[real])
+        x = batch["input"]
+        inputs.append(None if isinstance(x, dict) else np.asarray(x)[real])
+    predicted, true = np.concatenate(predicted), np.concatenate(true)
     out.mkdir(parents=True, exist_ok=True)
-    image = save_predictions(
-        np.concatenate(predicted),
-        np.concatenate(true),
-        out / OUTPUTS["regression"][0].format(suffix=suffix),
-        preprocessing.get("targets"),
-    )
-    print(f"wrote {image}")
+    path = out / OUTPUTS["regression"][0].format(suffix=suffix)
+    if is_image(predicted):
+        shown = inputs[0] is not None and is_image(inputs[0])
+        image = save_image_grid(np.concatenate(inputs) if shown else None, true, predicted, path)
+        what = "input / target / prediction" if shown else "target / prediction"
+        print(f"wrote {image} ({what} of the first {min(len(predicted), IMAGE_ROWS)} of {len(predicted)} examples)")
+        return
+    image = save_predictions(predicted, true, path, preprocessing.get("targets"))
+    outputs = int(np.prod(predicted.shape[1:]))
+    shown = f"all {outputs} outputs" if outputs <= MAX_PANELS else f"the first {MAX_PANELS} of {outputs} outputs"
+    print(f"wrote {image} ({shown})")
 
 
 if __name__ == "__main__":

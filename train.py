@@ -17,9 +17,19 @@ from pathlib import Path
 
 from training import debug_modes, distributed, platform, run_location, stop_signals
 from training.cli import command
-from training.files import CONFIG, LATEST, METRICS, PREPROCESSING, check_checkpoint_file
+from training.files import CONFIG, LATEST, METRICS, check_checkpoint_file
 from training.trackers import start_trackers
-from utils import ArgumentParser, ConfigError, assemble, components_text, config_hash, fail, load_config, setup_logging
+from utils import (
+    ArgumentParser,
+    ConfigError,
+    assemble,
+    components_text,
+    config_hash,
+    fail,
+    load_config,
+    setup_logging,
+    write_run_files,
+)
 
 log = logging.getLogger("train")
 
@@ -149,7 +159,7 @@ def run(args) -> int:
     import jax
 
     from training import run_folder
-    from training.checkpoint import CheckpointError, remove_stale_temps, write_atomic
+    from training.checkpoint import CheckpointError, remove_stale_temps
     from training.trainer import Stopped, Trainer, TrainingDiverged
 
     # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
@@ -195,22 +205,11 @@ def run(args) -> int:
             if existed == run_dir:  # -r auto reusing the folder of an attempt that ended before its first checkpoint
                 existed = None
             run_folder.hold(run_dir)
-            shutil.copytree(
-                Path(__file__).parent / "model",
-                run_dir / "model",
-                ignore=shutil.ignore_patterns("__pycache__"),
-                dirs_exist_ok=True,
-            )
             # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
         if distributed.is_main():
-            write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
-            preprocessing = loaders["train"].preprocessing
-            if run.augment is not None:  # its normalisation, folded into what predict.py computes
-                preprocessing = run.augment.preprocessing(preprocessing, loaders["train"].spec)
-            if preprocessing:
-                write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
+            write_run_files(run_dir, config, run, new=not resume_dir)  # config, preprocessing, a new run's model/
             setup_logging(run_dir)
             distributed.share_text("run_dir", str(run_dir))
         else:
@@ -227,7 +226,7 @@ def run(args) -> int:
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
     from model.summary import describe_batch, summary
 
-    log.info(f"run folder: {run_dir}")
+    log.info(f"run folder: {run_dir}" + (" (a temporary one, removed at the end)" if args.fast_dev_run else ""))
     for line in repaired + trainer.resume_notes:
         log.info(f"resume: {line}")
     log.info(
@@ -239,6 +238,12 @@ def run(args) -> int:
         log.warning(ignored)
     log.info(f"batch: {describe_batch(trainer.state.batch_spec)}")
     log.info(f"state: {trainer.origin}")
+    for spec, callback in zip(config["callbacks"], run.callbacks):
+        if callback.evaluated:  # what is evaluated and saved is not what the optimizer updates: said once, here
+            log.info(
+                f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "
+                f"(callbacks: {json.dumps(spec)}), not the trained ones"
+            )
     log.info(summary(run.model, trainer.ts["params"], trainer.ts["state"], trainer.state.model_input_spec))
     monitored = run.monitor.name if run.monitor else None
     trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
@@ -254,7 +259,7 @@ def run(args) -> int:
         if args.fast_dev_run:
             debug_modes.fast_dev_checks(trainer, loaders, run_dir)
         else:
-            log.info(f"done: best {config['trainer']['monitor']} = {best}; checkpoints in {run_dir}")
+            log.info(done_line(config["trainer"]["monitor"], best, run_dir, args))
         status = 0
     except TrainingDiverged as error:
         if existed is not None and not (run_dir / LATEST).exists():  # kept nothing: undone
@@ -280,8 +285,8 @@ def run(args) -> int:
         )
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
     finally:
-        if distributed.is_main():
-            finish(run_dir, trackers, status)
+        if distributed.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
+            finish(run_dir, trackers, status, trainer.state.lr_fn, curves=not args.fast_dev_run)
             if discarded:
                 run_folder.remove_new(run_dir, existed)
         if args.fast_dev_run:
@@ -377,13 +382,27 @@ def stop_all(message: str) -> None:
     fail(message)
 
 
-def finish(run_dir: Path, trackers: list, status: int) -> None:
-    """curves.png from metrics.jsonl, then the trackers' last words; neither can change how the run ends."""
-    if (run_dir / METRICS).is_file():
+def done_line(monitor: str, best, run_dir: Path, args) -> str:
+    """The run's last line: the best monitored value to six significant digits (a float32's noise left out), and
+    where the checkpoints are, or that none were written (an lr_finder run that stopped after its range test)."""
+    said = [] if best is None or monitor == "off" else [f"best {monitor} = {float(best):.6g}"]
+    if any(run_dir.glob("*.params")):
+        said.append(f"checkpoints in {run_dir}")
+    else:
+        said.append(f"no checkpoint written (the run's files are in {run_dir})")
+    if args.overfit_batches:  # a check, not a model to keep: its folder stays for its curves, like any run's
+        said.append("an --overfit-batches check: remove the folder when done")
+    return "done: " + "; ".join(said)
+
+
+def finish(run_dir: Path, trackers: list, status: int, lr_fn=None, curves: bool = True) -> None:
+    """curves.png from metrics.jsonl (``lr_fn``: the learning rate of every step), then the trackers' last words;
+    neither can change how the run ends. ``curves`` False: none (a --fast-dev-run's folder is removed at the end)."""
+    if curves and (run_dir / METRICS).is_file():
         try:
             from training.plots import plot_run
 
-            log.info(f"curves: {plot_run(run_dir)}")
+            log.info(f"curves: {plot_run(run_dir, lr_fn=lr_fn)}")
         except Exception as error:
             log.warning(f"curves.png not drawn: {type(error).__name__}: {error}")
     for tracker in trackers:

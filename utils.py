@@ -12,8 +12,10 @@ every problem is reported as one line that names its place in the file: `config.
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,35 +181,298 @@ def assemble(config: dict, source: str = "config.json") -> Run:
     return run
 
 
-def fit(config: dict, run_dir: str | Path | None = None, source: str = "config") -> list[dict]:
+def fit(config: dict, run_dir: str | Path | None = None, source: str = "config", resume: bool = False) -> list[dict]:
     """Trains from a config in this process, as a notebook would (Keras' ``fit``): validated, assembled and loaded
-    as train.py does, the state initialised from the seed, checkpoints written to ``run_dir`` (default: a new
-    temporary folder). Returns the rows train.py logs, one per epoch (``train/loss``, ``val/accuracy``, ``lr``...)."""
-    import tempfile
+    as train.py does, the state initialised from the seed. Returns the rows train.py logs, one per epoch
+    (``train/loss``, ``val/accuracy``, ``lr``...), and prints the epoch lines train.py prints (plain lines, as many
+    as trainer.log_every asks for, unless logging is set up already).
 
+    Each call is a new, complete run folder, as train.py writes one: ``run_dir`` (new or empty), or by default a new
+    folder under trainer.save_dir/<name>/ named as train.py names it: config.json, a copy of model/,
+    preprocessing.json, metrics.jsonl and the checkpoints, so ``test.py --run``, the export and ``load_run`` take it.
+    ``resume=True`` continues the run in ``run_dir`` from its checkpoint-latest.params instead. A component registered
+    in the notebook itself is recorded (notebook.json): the command-line tools refuse the run in one line, since only
+    this kernel knows that component."""
+    import os
+
+    from training import run_folder, run_location
+    from training.files import LATEST
     from training.trackers import History
     from training.trainer import Trainer
 
     config = validate(config, source)
+    if resume and (run_dir is None or not (Path(run_dir) / LATEST).is_file()):
+        raise ConfigError(f"fit(resume=True): {run_dir}/{LATEST}: no such checkpoint; give the run folder to continue")
+    if not resume and run_dir is not None and Path(run_dir).is_dir() and any(Path(run_dir).iterdir()):
+        raise ConfigError(
+            f"fit: {run_dir} already holds a run; fit(..., resume=True) continues it, another run_dir (or none: a "
+            "new folder under trainer.save_dir) starts a new one"
+        )
     run = assemble(config, source)
     run.load_data()
     run.check_data()
-    run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix=f"{config['name']}-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    history = History()
-    trainer = Trainer(run, run_dir, trackers=[history], config_hash=config_hash(config))
-    trainer.init_state()
-    trainer.fit()
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        parent = Path(config["trainer"]["save_dir"]) / config["name"]
+        run_dir = run_folder.create(parent, run_location.run_id_of(config))
+    lock = run_folder.hold(run_dir)
+    try:
+        with console_lines():
+            history = History()
+            trainer = Trainer(run, run_dir, trackers=[history], config_hash=config_hash(config))
+            if resume:
+                trainer.restore(run_dir / LATEST)
+            else:
+                trainer.init_state()
+            write_run_files(run_dir, config, run, new=not resume)
+            logging.getLogger("train").info(f"run folder: {run_dir}")
+            trainer.fit()
+    finally:
+        os.close(lock)  # the kernel lives on: the next fit in this folder (resume=True) takes the lock again
     return history.rows
+
+
+@contextmanager
+def console_lines():
+    """The run's log lines ("train") printed as plain lines while it lasts, unless a console handler prints them
+    already (train.py's logging set up in this process); a notebook has none, and fit would print nothing."""
+    logger = logging.getLogger("train")
+    consoles = [
+        h
+        for h in (*logger.handlers, *logging.getLogger().handlers)
+        if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (sys.stdout, sys.stderr)
+    ]
+    if consoles:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # a handler of the caller's (a capture, a file) would print them twice
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+def run_preprocessing(run: Run) -> dict:
+    """preprocessing.json of a run: the training data's preprocessing, the augmentation's normalisation folded in
+    (what predict.py computes), and the range of the model's inputs (predict.py's range check)."""
+    from data_loader.augment import input_range
+
+    loader = run.loaders["train"]
+    preprocessing = loader.preprocessing
+    if run.augment is not None:
+        preprocessing = run.augment.preprocessing(preprocessing, loader.spec)
+    preprocessing.update(input_range(loader, run.augment))
+    return preprocessing
+
+
+NOTEBOOK = "notebook.json"  # a run folder's components registered in a notebook's kernel, which no other process has
+
+
+def write_run_files(run_dir: Path, config: dict, run: Run, new: bool = True) -> None:
+    """What makes a folder a run that test.py, sample.py, the export and load_run take, as train.py writes it: the
+    resolved config, the training data's preprocessing, a copy of model/ (``new``: the code of the weights), and
+    notebook.json naming the components that only this process knows."""
+    import json
+    import shutil
+
+    from training.files import CONFIG, PREPROCESSING, write_atomic
+
+    if new:
+        shutil.copytree(
+            Path(__file__).parent / "model",
+            run_dir / "model",
+            ignore=shutil.ignore_patterns("__pycache__"),
+            dirs_exist_ok=True,
+        )
+    write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+    preprocessing = run_preprocessing(run)
+    if preprocessing:
+        write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
+    local = kernel_components(config)
+    if local:
+        write_atomic(run_dir / NOTEBOOK, (json.dumps({"registered_in_notebook": local}, indent=2) + "\n").encode())
+
+
+def kernel_components(config: dict) -> dict[str, list[str]]:
+    """The config's components registered by code run in this process's ``__main__`` (a notebook's cells), by
+    kind: another process (test.py, the export) cannot import them."""
+    from model.registry import entries
+
+    named = set()
+
+    def walk(value, top=False):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "name" and isinstance(item, str) and not top:
+                    named.add(item)
+                else:
+                    walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for key, value in config.items():
+        if key != "name":
+            walk(value)
+    local = {}
+    for kind in COMPONENT_MODULES:
+        names = [n for n, e in entries(kind).items() if n in named and getattr(e.fn, "__module__", "") == "__main__"]
+        if names:
+            local[kind] = names
+    return local
+
+
+def check_kernel_components(run_dir: Path, source: str) -> None:
+    """A run whose notebook.json names a component this process does not know: one line saying why (it lived in a
+    notebook's kernel) and what to do."""
+    import json
+
+    from model.registry import KINDS
+
+    path = run_dir / NOTEBOOK
+    if not path.is_file():
+        return
+    try:
+        local = json.loads(path.read_text()).get("registered_in_notebook") or {}
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return  # what it says is a hint; validation names an unknown component anyway
+    for kind, names in local.items():
+        if kind not in KINDS or not isinstance(names, list):
+            continue
+        for name in names:
+            if isinstance(name, str) and name not in available(kind):
+                module = KINDS[kind].replace(".", "/") + ".py"
+                raise ConfigError(
+                    f"{source}: {kind} {name!r} was registered in a notebook ({path.name}), so only that kernel "
+                    f'knows it: move its function into {module} with @register("{kind}") to use this run here'
+                )
 
 
 def load_config(path: str | Path, overrides: list[str] = (), source: str | None = None) -> dict:
     source = source or str(path)
+    check_kernel_components(Path(path).parent, source)
     config = read_json(path, source)
     for text in overrides:
         key, value = parse_override(text)
         set_path(config, key, value, f"--set {key}")
     return validate(config, source)
+
+
+# ------------------------------------------------------------------------------------------------- a trained run
+class ModelInputError(ConfigError):
+    """The model cannot take the input it is loaded for; ``reason`` is the first line of the layer's complaint."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"config.json: model: cannot take the data's input ({reason})")
+        self.reason = reason
+
+
+@dataclass
+class LoadedRun:
+    """A trained run ready to use in Python, made by ``load_run``: the model with its trained ``params`` and
+    ``state``, the ``config`` it trained with, the ``preprocessing`` a user of it needs (class names, vocabulary,
+    normalisation), the components (``run``: loss, metrics, augmentation) and the checkpoint it came from."""
+
+    model: Any
+    params: Any
+    state: Any
+    config: dict
+    preprocessing: dict
+    run: Run
+    checkpoint: Path
+    header: dict  # the checkpoint's header: epoch, step, monitored value
+    input_spec: Any  # what the model takes (shapes and dtypes, batch first), after the augmentation's eval part
+    _forward: Any = field(default=None, repr=False)
+
+    def __call__(self, inputs):
+        """The model's outputs on a batch of inputs as the run's data loader gives them, in inference mode: the train
+        split's deterministic augmentation (normalize...) first, as test.py evaluates. A numpy array."""
+        import jax
+        import numpy as np
+
+        if self._forward is None:
+            augment, model = self.run.augment, self.model
+
+            def forward(params, state, x):
+                if augment is not None:
+                    x = augment({"input": x}, None, train=False)["input"]
+                return model(params, state, x, train=False)[0]
+
+            self._forward = jax.jit(forward)
+        return np.asarray(self._forward(self.params, self.state, inputs))
+
+
+def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> LoadedRun:
+    """A run folder (its best checkpoint, else the latest) or a checkpoint file -> a ``LoadedRun`` ready to call.
+
+    ``config``: a validated config (default: the config.json beside the checkpoint). ``input_spec``: what the model
+    takes (default: read from one batch of the config's data, the train split first). Bad input raises ConfigError,
+    a checkpoint that does not fit the model ``training.checkpoint.CheckpointError``; both carry one line."""
+    import json
+
+    import jax
+
+    from training import checkpoint
+    from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
+
+    checkpoint_path = checkpoint.of_run(path)
+    check_checkpoint_file(checkpoint_path)
+    if config is None:
+        config_path = checkpoint_path.parent / CONFIG
+        if not config_path.is_file():
+            raise ConfigError(f"{config_path}: no such file; pass the run's config as load_run(path, config=...)")
+        config = load_config(config_path, source=CONFIG)
+    run = assemble(config)
+    data_preprocessing = None
+    if input_spec is None:
+        loader = first_loader(run)
+        batch_spec = loader.spec if run.augment is None else run.augment.spec(loader.spec)
+        input_spec = batch_spec["input"]
+        data_preprocessing = loader.preprocessing
+        if run.augment is not None:  # as train.py records it
+            data_preprocessing = run.augment.preprocessing(data_preprocessing, loader.spec)
+    try:
+        template = jax.eval_shape(
+            lambda: dict(zip(("params", "state"), run.model.init(jax.random.PRNGKey(0), input_spec)))
+        )
+    except Exception as error:  # shape errors from deep inside a layer: their first line says what
+        raise ModelInputError((str(error).strip() or type(error).__name__).splitlines()[0]) from None
+    tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
+    saved = checkpoint_path.parent / PREPROCESSING
+    if saved.is_file():  # what train.py recorded of the training data
+        try:
+            preprocessing = json.loads(saved.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise ConfigError(f"{saved}: cannot read it as JSON ({error})") from None
+    else:
+        preprocessing = data_preprocessing or {}
+    return LoadedRun(
+        run.model, tree["params"], tree["state"], config, preprocessing, run, checkpoint_path, header, input_spec
+    )
+
+
+def first_loader(run: Run):
+    """The loader of the first split of the config that reads (train, validation, test): its first batch gives the
+    shapes and dtypes the model takes."""
+    splits = [s for s in ("train", "validation", "test") if s in run.config["data_loader"]]
+    problem = None
+    for split in splits:
+        try:
+            return run.load_data([split])[split]
+        except ConfigError as error:
+            problem = str(error)
+        except (OSError, ValueError) as error:  # the data set's own complaint, which does not say which split
+            problem = f"config.json: data_loader.{split}: {error}"
+    raise ConfigError(problem or "config.json: data_loader: no split to read the model's input shape from")
 
 
 # -------------------------------------------------------------------------------------------------------- logging

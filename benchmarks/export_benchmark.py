@@ -65,19 +65,16 @@ def main(argv=None) -> int:
     from inference.export_onnx import export_onnx, tflite_to_onnx
     from inference.export_tflite import export_tflite
     from inference.predict import OnnxModel, TFLiteModel
-    from training import checkpoint
-    from utils import build, load_config
+    from utils import build, load_config, load_run
 
-    config_path = Path(args.run) / "config.json" if args.run else Path(args.config)
-    config = load_config(config_path)
-    model = build(config["model"], "model")
     spec = jax.ShapeDtypeStruct((1, *args.input), jnp.float32)
-    params, state = model.init(jax.random.PRNGKey(0), spec)
     if args.run:
-        tree, _ = checkpoint.restore(
-            Path(args.run) / "model_best.params", {"params": params, "state": state}, only=("params", "state")
-        )
-        params, state = tree["params"], tree["state"]
+        loaded = load_run(Path(args.run) / "model_best.params", input_spec=spec)
+        config, model, params, state = loaded.config, loaded.model, loaded.params, loaded.state
+    else:
+        config = load_config(Path(args.config))
+        model = build(config["model"], "model")
+        params, state = model.init(jax.random.PRNGKey(0), spec)
 
     def fn(x):
         return model(params, state, x, train=False)[0]

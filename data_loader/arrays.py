@@ -7,7 +7,8 @@ stored without compression (``np.savez``) at its offset inside the zip file. Onl
 (``np.savez_compressed``) has to be read into memory, since its bytes on disk are not the array's. A batch reads
 just its rows, so a file larger than memory trains (the page cache keeps what fits).
 
-Splits are a seeded partition of the rows (the same as the CSV loader's), or "all" for files already split.
+Splits are a partition of the rows (the same as the CSV loader's: ``split_by`` "random", "order" or "group" with
+``group`` naming an array of one id per row), or "all" for files already split.
 64-bit numbers become 32-bit per batch (int64 -> int32, float64 -> float32): JAX computes in 32 bits by default.
 """
 
@@ -24,6 +25,7 @@ import numpy as np
 from data_loader.tabular import split_rows
 from model.checks import check_range
 from training import regular_files
+from training.config_schema import check_split_by
 from training.regular_files import open_regular, size_text
 
 SPLITS = ("all", "train", "validation", "test")
@@ -121,6 +123,13 @@ def _open(path: Path, name: str, available, opener) -> np.ndarray:
     return array
 
 
+def _groups(path, name: str, array: np.ndarray) -> np.ndarray:
+    """The group of every row: one value per row (an id), read whole."""
+    if array.ndim != 1:
+        raise ValueError(f"{path}: group array {name!r} has shape {list(array.shape)}; expected one id per row")
+    return np.asarray(array)
+
+
 def _narrow(array: np.ndarray, name: str, rows: np.ndarray) -> np.ndarray:
     """64-bit numbers as 32-bit; an integer the narrower type cannot hold is refused, never wrapped (int64 2**32 + 3
     would become 3). A float too large becomes inf, which the loader's check of finite values reports."""
@@ -153,8 +162,11 @@ class ArraysDataset:
         split_seed=0,
         mmap=True,
         classes=None,
+        split_by="random",
+        group=None,
     ):
         check_settings(input, target, split, validation_fraction, test_fraction, classes)
+        check_split_by(split_by, group, "an array")
         if isinstance(input, str):
             inputs = input
         elif isinstance(input, dict):
@@ -163,6 +175,7 @@ class ArraysDataset:
             inputs = {name: name for name in input}
         names = [inputs] if isinstance(inputs, str) else list(inputs.values())
         names += [target] if target is not None else []
+        names += [group] if group is not None else []
         self.arrays = open_arrays(path, list(dict.fromkeys(names)), mmap)
         lengths = {name: len(a) for name, a in self.arrays.items()}
         if len(set(lengths.values())) != 1:
@@ -174,7 +187,8 @@ class ArraysDataset:
         if split == "all":
             self.rows = np.arange(rows)
         else:
-            self.rows = split_rows(rows, validation_fraction, test_fraction, split_seed)[split]
+            groups = None if group is None else _groups(path, group, self.arrays[group])
+            self.rows = split_rows(rows, validation_fraction, test_fraction, split_seed, split_by, groups)[split]
         if not len(self.rows):
             raise ValueError(
                 f"{path}: the {split} split of {rows} rows is empty (validation_fraction "

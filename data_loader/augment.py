@@ -225,3 +225,18 @@ class Prepared:
     def batches(self, epoch: int = 0, start: int = 0):
         for batch in self.loader.batches(epoch, start):
             yield jax.device_get(self._prepare(batch))
+
+
+def input_range(loader, augment: Augment | None) -> dict:
+    """{"input_range": [min, max]} of what the model takes, over the real examples of the loader's first batch (after
+    the augmentation's deterministic part): predict.py warns when a user's input falls far outside it (an image of
+    0..255 given to a model trained on 0..1). Empty for named inputs, which have a range each."""
+    batch = next(loader.batches(0, whole=True))
+    if isinstance(batch["input"], dict):
+        return {}
+    if augment is not None:
+        batch = jax.device_get(augment(batch, None, train=False))
+    x = np.asarray(batch["input"])
+    real = np.asarray(batch["mask"]).reshape(len(x), -1).max(axis=1) > 0
+    x = x[real] if real.any() else x
+    return {"input_range": [float(x.min()), float(x.max())]}

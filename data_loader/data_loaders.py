@@ -16,6 +16,7 @@ from data_loader.tabular import CsvDataset
 from data_loader.text import CharDataset
 from model.checks import check_integer, check_range
 from model.registry import register
+from training.config_schema import check_split_by
 
 # The tiny Shakespeare text shipped in data/ (public domain), as published with char-rnn.
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -42,11 +43,14 @@ def check_args(
     dataset="mnist",
     threshold=0.5,
     noise_std=0.0,
+    split_by="random",
+    group=None,
     **_,
 ) -> None:
     """The arguments the loaders here share, checked without reading anything (batch_size: by the resolver)."""
     if split not in ("train", "validation", "test"):
         raise ValueError(f'split: expected "train", "validation" or "test", got {split!r}')
+    check_split_by(split_by, group, "a column")
     if not isinstance(dataset, str) or dataset not in SOURCES:
         raise ValueError(f"dataset: expected one of {', '.join(SOURCES)}, got {dataset!r}")
     # an empty validation split would only fail when the first batch is read
@@ -92,9 +96,12 @@ def _check_arrays(
     classes=None,
     split_seed=0,
     prefetch=2,
+    split_by="random",
+    group=None,
     **_,
 ) -> None:
     arrays_module.check_settings(input, target, split, validation_fraction, test_fraction, classes)
+    check_split_by(split_by, group, "an array")
     _count(split_seed, "split_seed", 0, 2**32 - 1)
     _count(prefetch, "prefetch", 0, 64)
 
@@ -237,11 +244,24 @@ def csv(
     sha256=None,
     prefetch=2,
     seed=0,
+    split_by="random",
+    group=None,
 ):
     """Rows of a CSV file with a header: `targets` (and `features`, default all other columns) name its columns;
-    float32 inputs (B, features), targets (B, targets). See data_loader/tabular.py."""
+    float32 inputs (B, features), targets (B, targets); `split_by` "random", "order" or "group" (with `group` a
+    column). See data_loader/tabular.py."""
     data = CsvDataset(
-        path, targets, features, split, validation_fraction, test_fraction, split_seed, standardize, sha256
+        path,
+        targets,
+        features,
+        split,
+        validation_fraction,
+        test_fraction,
+        split_seed,
+        standardize,
+        sha256,
+        split_by,
+        group,
     )
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 
@@ -356,12 +376,15 @@ def arrays(
     drop_last=False,
     prefetch=2,
     seed=0,
+    split_by="random",
+    group=None,
 ):
     """Named arrays of an .npz file or a folder of .npy files (see data_loader/arrays.py): `input` one name, a
     list of names or {input name: array name}; `target` a name, or null for none (the outputs are compared with
-    the input); memory-mapped, read a batch at a time."""
+    the input); memory-mapped, read a batch at a time; `split_by` "random", "order" or "group" (with `group` an
+    array of one id per row)."""
     data = arrays_module.ArraysDataset(
-        path, input, target, split, validation_fraction, test_fraction, split_seed, mmap, classes
+        path, input, target, split, validation_fraction, test_fraction, split_seed, mmap, classes, split_by, group
     )
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 

@@ -1,7 +1,8 @@
 """Tables of numbers in a CSV file (a header row, then one example per row), held in memory as float32.
 
-The file is split into train / validation / test by a seeded partition of its rows, the same for every split that is
-loaded, so three loaders over one file never share a row. Features are standardised with the mean and standard
+The file is split into train / validation / test by a partition of its rows (``split_by``: seeded at random, in the
+file's order, or by whole groups of a ``group`` column), the same for every split that is loaded, so three loaders
+over one file never share a row. Features are standardised with the mean and standard
 deviation of the train split only, whichever split is loaded: validation and test rows are scaled exactly as the model
 saw during training, and no statistic leaks from them. Targets keep their units, so losses and metrics read in them.
 """
@@ -17,13 +18,24 @@ from pathlib import Path
 import numpy as np
 
 from data_loader.download import checksum
+from training.config_schema import check_split_by
 from training.regular_files import open_regular
 
 SPLITS = ("train", "validation", "test")
 
 
-def split_rows(num_rows: int, validation_fraction: float, test_fraction: float, split_seed: int) -> dict:
-    """Row indices of each split: a function of (num_rows, fractions, split_seed) only, each split in file order."""
+def split_rows(
+    num_rows: int,
+    validation_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+    split_by: str = "random",
+    groups: np.ndarray | None = None,
+) -> dict:
+    """Row indices of each split, each in file order: a function of (num_rows, fractions, split_seed, split_by and
+    the rows' groups) only. "random": a seeded permutation of the rows; "order": the first rows train, then
+    validation, then test; "group": whole groups (``groups``, one value per row) in a seeded order, validation
+    taking groups until it holds its share of the rows, then test, the rest train."""
     if not (0 <= validation_fraction < 1 and 0 <= test_fraction < 1 and validation_fraction + test_fraction < 1):
         raise ValueError(
             f"validation_fraction ({validation_fraction}) and test_fraction ({test_fraction}) must be "
@@ -36,6 +48,16 @@ def split_rows(num_rows: int, validation_fraction: float, test_fraction: float, 
             f"{num_rows} rows leave none for training with validation_fraction {validation_fraction} "
             f"and test_fraction {test_fraction}"
         )
+    if split_by == "order":
+        num_train = num_rows - num_validation - num_test
+        rows = np.arange(num_rows)
+        return {
+            "train": rows[:num_train],
+            "validation": rows[num_train : num_train + num_validation],
+            "test": rows[num_train + num_validation :],
+        }
+    if split_by == "group":
+        return _split_groups(groups, num_validation, num_test, split_seed)
     order = np.random.default_rng(split_seed).permutation(num_rows)
     parts = {
         "validation": order[:num_validation],
@@ -43,6 +65,27 @@ def split_rows(num_rows: int, validation_fraction: float, test_fraction: float, 
         "train": order[num_validation + num_test :],
     }
     return {name: np.sort(rows) for name, rows in parts.items()}
+
+
+def _split_groups(groups: np.ndarray, num_validation: int, num_test: int, split_seed: int) -> dict:
+    """Whole groups to validation until it holds ``num_validation`` rows or more, then to test likewise, the rest
+    to train; the groups in a seeded order, so the splits' sizes follow the fractions as closely as the groups
+    allow."""
+    _, group_of_row, sizes = np.unique(groups, return_inverse=True, return_counts=True)
+    group_of_row = group_of_row.reshape(-1)
+    split_of_group = np.zeros(len(sizes), np.int64)  # 0 train, 1 validation, 2 test
+    taken = [0, 0, 0]
+    for g in np.random.default_rng(split_seed).permutation(len(sizes)):
+        target = 1 if taken[1] < num_validation else 2 if taken[2] < num_test else 0
+        split_of_group[g] = target
+        taken[target] += sizes[g]
+    if not taken[0]:
+        raise ValueError(
+            f"the {len(sizes)} groups leave none for training with these fractions; lower validation_fraction or "
+            "test_fraction, or split into more groups"
+        )
+    split_of_row = split_of_group[group_of_row]
+    return {name: np.flatnonzero(split_of_row == i) for i, name in enumerate(("train", "validation", "test"))}
 
 
 def _read(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
@@ -129,10 +172,13 @@ class CsvDataset:
         split_seed=0,
         standardize=True,
         sha256=None,
+        split_by="random",
+        group=None,
     ):
         path = Path(path)
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        check_split_by(split_by, group, "a column")
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file")
         actual = checksum(path, "sha256") if sha256 is not None else None
@@ -146,8 +192,8 @@ class CsvDataset:
             raise ValueError(f"{path}: no target columns given")
         header, rows, lines = _read(path)
         target_columns = _column_indices(path, header, targets, "target")
-        if features is None:
-            features = [name for name in header if name not in targets]
+        if features is None:  # the group column names rows, it does not describe them
+            features = [name for name in header if name not in targets and name != group]
         features = [features] if isinstance(features, str) else list(features)
         both = sorted(set(features) & set(targets))
         if both:
@@ -158,7 +204,11 @@ class CsvDataset:
 
         x = _numbers(path, header, rows, lines, feature_columns)
         y = _numbers(path, header, rows, lines, target_columns)
-        parts = split_rows(len(rows), validation_fraction, test_fraction, split_seed)
+        groups = None
+        if split_by == "group":
+            (column,) = _column_indices(path, header, [group], "group")
+            groups = np.array([row[column].strip() for row in rows])
+        parts = split_rows(len(rows), validation_fraction, test_fraction, split_seed, split_by, groups)
         if not len(parts[split]):
             raise ValueError(
                 f"{path}: the {split} split of {len(rows)} rows is empty (validation_fraction "

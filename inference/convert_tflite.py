@@ -43,7 +43,7 @@ from training.checkpoint import of_run  # noqa: E402
 from training.cli import add_run, command  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
 from training.run_location import check_config_writes  # noqa: E402
-from utils import ArgumentParser, ConfigError, assemble, fail, load_config  # noqa: E402
+from utils import ArgumentParser, ConfigError, ModelInputError, assemble, fail, load_config, load_run  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -259,22 +259,21 @@ def main(argv=None) -> int:
     asked = f"--input {' '.join(map(str, args.input))}" if args.input else None
     known = spec if data_spec is None else data_spec
     try:
-        template = jax.eval_shape(lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), known))))
-    except Exception as error:  # a shape error from deep inside a layer: its first line says what
+        loaded = load_run(checkpoint_path, config, known)
+    except ModelInputError as error:  # the layer's complaint, with where the shape came from
         if data_spec is None:
             fail(
-                f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the data, "
+                f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({error.reason}); the data, "
                 f"which would give the shape, cannot be read ({problem})"
             )
-        fail(f"config.json: model: cannot take the data's input {described(data_spec, 1)} ({first_line(error)})")
-    try:
-        tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
-    except checkpoint.CheckpointError as error:
+        fail(f"config.json: model: cannot take the data's input {described(data_spec, 1)} ({error.reason})")
+    except (ConfigError, checkpoint.CheckpointError) as error:
         fail(
             str(error)
             + (f" (the model's shapes came from {asked}: the shape it was trained on?)" if data_spec is None else "")
         )
-    params, state = jax.device_put((tree["params"], tree["state"]))
+    header = loaded.header
+    params, state = jax.device_put((loaded.params, loaded.state))
     if data_spec is not None and not same_examples(spec, data_spec):  # --input of another shape, --val-examples 0
         try:
             jax.eval_shape(lambda x: model(params, state, x, train=False)[0], spec)

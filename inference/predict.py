@@ -10,6 +10,10 @@ converter writes next to the model (from the run's data pipeline), plus the run'
 .npy file holds inputs already preprocessed, (N, H, W, C) or one (H, W, C) sample; a model of several named inputs
 takes .npz files with one such array per input name (`np.savez("x.npz", features=..., image=...)`).
 
+`--out FILE` also writes the outputs: .npy, .npz (with the inputs' names), .csv (a row per input of vector outputs)
+or .png (image outputs, one file per input). Inputs far outside the range the model was trained on (`input_range` in
+preprocessing.json: an image of 0..255 given to a model trained on 0..1 arrays) get one `warning:` line on stderr.
+
 This file imports only numpy, Pillow (for images) and the runtime the model needs, onnxruntime or ai-edge-litert:
 no JAX, no TensorFlow. Copied with the export folder, it is all a deployment machine needs. The converter runs its
 parity checks through the same two runner classes.
@@ -18,6 +22,7 @@ parity checks through the same two runner classes.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -377,6 +382,12 @@ def main(argv=None) -> int:
     parser.add_argument("--temperature", type=float, default=0.8, help="language model: 0 = most likely character")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="runtime threads (default: the runtime's)")
+    parser.add_argument(
+        "--out",
+        help="also write the outputs to FILE: .npy (the outputs, a row per input), .npz (outputs and the inputs' "
+        "names), .csv (a row per input of vector outputs), .png (image outputs: FILE for one input, FILE_<i>.png each "
+        "for several)",
+    )
     args = parser.parse_args(argv)
     checks = [
         (args.top is not None and args.top < 1, f"--top {args.top}: expected 1 or more"),
@@ -387,6 +398,10 @@ def main(argv=None) -> int:
             f"--threads {args.threads}: expected 1 to {MAX_THREADS}",
         ),
         (not 0 <= args.seed < 2**63, f"--seed {args.seed}: expected an integer from 0 to 2**63 - 1"),
+        (
+            args.out is not None and Path(args.out).suffix not in OUT_SUFFIXES,
+            f"--out {args.out}: expected a {', '.join(OUT_SUFFIXES)} file",
+        ),
     ]
     for bad, message in checks:
         if bad:
@@ -407,7 +422,10 @@ def main(argv=None) -> int:
         if not args.inputs:
             raise ValueError("give input files (images, .csv rows, .npy or .npz batches)")
         names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert)
-        outputs = run_batched(model, x).astype(np.float64)
+        warning = range_warning(x, preprocessing)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        raw = run_batched(model, x)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -415,11 +433,129 @@ def main(argv=None) -> int:
         print(f"error: {model_path}: the runtime failed to run it ({first_line(error)})", file=sys.stderr)
         return 2
 
+    outputs = raw.astype(np.float64)
     title = read_json(folder / CONFIG).get("name", model_path.stem)
     print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
     for name, out in zip(names, outputs):
         print(f"{name}: {describe(out, task, preprocessing, args.top)}")
+    if args.out is not None:
+        try:
+            written = write_outputs(Path(args.out), names, raw, task, preprocessing)
+        except ValueError as error:  # outputs the format cannot hold: nothing written
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"error: cannot write {error.filename or args.out} ({error.strerror or error})", file=sys.stderr)
+            return 1
+        print(f"wrote {written[0]}" + (f" ... {written[-1].name} ({len(written)} files)" if len(written) > 1 else ""))
     return 0
+
+
+OUT_SUFFIXES = (".npy", ".npz", ".csv", ".png")
+RANGE_SLACK = 1.0  # an input may reach this many widths of the training range beyond it before a warning
+
+
+def range_warning(x, preprocessing: dict) -> str | None:
+    """A line when the inputs lie far outside the range the model was trained on (``input_range`` in
+    preprocessing.json, from the training data): an image of 0..255 given to a model trained on 0..1."""
+    trained = preprocessing.get("input_range")
+    if isinstance(x, dict):  # the recorded range is of a single input
+        x = next(iter(x.values())) if len(x) == 1 else None
+    if not trained or x is None or not np.issubdtype(x.dtype, np.number) or not x.size:
+        return None
+    lo, hi = trained
+    width = max(hi - lo, 1e-12)
+    got_lo, got_hi = float(x.min()), float(x.max())
+    if got_lo >= lo - RANGE_SLACK * width and got_hi <= hi + RANGE_SLACK * width:
+        return None
+    return (
+        f"the inputs range over {got_lo:.4g}..{got_hi:.4g}, the model was trained on {lo:.4g}..{hi:.4g} "
+        f"({PREPROCESSING} input_range): are they prepared as the training data was (pixel_scale, mean, std)?"
+    )
+
+
+def write_outputs(path: Path, names: list[str], outputs: np.ndarray, task: str, preprocessing: dict) -> list[Path]:
+    """The outputs in the file --out names (see its help); each file written whole under a temporary name, then
+    renamed into place. Returns the files written."""
+    if path.suffix == ".png":
+        return write_images(path, outputs, task, preprocessing)
+    if path.suffix == ".csv":
+        if outputs.ndim > 2:
+            raise ValueError(
+                f"--out {path}: outputs of shape {list(outputs.shape[1:])} per input are no table row; "
+                "write .npy, .npz, or .png for images"
+            )
+        flat = outputs.reshape(len(outputs), -1)
+        columns = preprocessing.get("targets") if task == "regression" else preprocessing.get("classes")
+        if not columns or len(columns) != flat.shape[1]:
+            columns = [f"output_{i}" for i in range(flat.shape[1])]
+        lines = [",".join(["input", *map(csv_cell, columns)])]
+        lines += [",".join([csv_cell(n), *(f"{v:.9g}" for v in row)]) for n, row in zip(names, flat)]
+        return [write_file(path, ("\n".join(lines) + "\n").encode())]
+    buffer = io.BytesIO()
+    if path.suffix == ".npy":
+        np.save(buffer, outputs)
+    else:
+        np.savez(buffer, outputs=outputs, names=np.array(names))
+    return [write_file(path, buffer.getvalue())]
+
+
+def csv_cell(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n') else text
+
+
+def write_images(path: Path, outputs: np.ndarray, task: str, preprocessing: dict) -> list[Path]:
+    """One PNG per input: masks (multi-label) as probabilities 0..255, a class per pixel as gray levels, other
+    values mapped from the range the model's inputs had in training (an image-to-image model's own scale), else
+    from each image's own range."""
+    from PIL import Image
+
+    shape = outputs.shape[1:]
+    if not (len(shape) == 2 or (len(shape) == 3 and shape[-1] in (1, 3, 4)) or task == "sequence"):
+        raise ValueError(
+            f"--out {path}: outputs of shape {list(shape)} per input are no image (expected H, W with 1, 3 or 4 "
+            "channels); write .npy or .npz"
+        )
+    values = outputs.astype(np.float64)
+    if task == "multilabel":
+        values = 1.0 / (1.0 + np.exp(-values))
+    elif task == "sequence":  # a class per pixel: its id as a gray level
+        values = values.argmax(-1) / max(values.shape[-1] - 1, 1)
+    elif preprocessing.get("input_range"):
+        lo, hi = preprocessing["input_range"]
+        values = (values - lo) / max(hi - lo, 1e-12)
+    else:
+        lo = values.reshape(len(values), -1).min(axis=1).reshape((-1,) + (1,) * (values.ndim - 1))
+        hi = values.reshape(len(values), -1).max(axis=1).reshape((-1,) + (1,) * (values.ndim - 1))
+        values = (values - lo) / np.maximum(hi - lo, 1e-12)
+    pixels = np.clip(np.rint(values * 255.0), 0, 255).astype(np.uint8)
+    if pixels.ndim == 4 and pixels.shape[-1] == 1:
+        pixels = pixels[..., 0]
+    targets = [path] if len(pixels) == 1 else [path.with_name(f"{path.stem}_{i}.png") for i in range(len(pixels))]
+    for target, image in zip(targets, pixels):
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        write_file(target, buffer.getvalue())
+    return targets
+
+
+def write_file(path: Path, data: bytes) -> Path:
+    """``data`` under a temporary name in the target's folder, fsynced, then renamed over the target: a reader finds
+    the old file or the new one, never half of one; a link at the target is replaced, never written through."""
+    import os
+    import tempfile
+
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tuple[list[str], dict]:

@@ -654,7 +654,8 @@ def test_sample_configs_pass_the_checks_made_before_the_data(name):
 def test_unknown_names_list_only_components():
     for kind in COMPONENT_MODULES:
         assert all(inspect.isfunction(fn) for fn in available(kind).values()), kind
-    with pytest.raises(ConfigError, match=r"available: adagrad, adam, adamw, lion, rmsprop, sgd\. Did you mean 'adam'"):
+    names = ", ".join(sorted(available("optimizer")))  # whatever optimizers a project adds
+    with pytest.raises(ConfigError, match=rf"available: {names}\. Did you mean 'adam'"):
         validate({**base_config(Path("data"), Path("saved")), "optimizer": {"name": "adamm"}})
 
 

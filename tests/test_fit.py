@@ -40,3 +40,54 @@ def test_fit_refuses_a_bad_config_before_reading_data(tmp_path):
             run_dir=tmp_path / "never",
         )
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.slow
+def test_each_fit_is_a_complete_run_folder_that_the_tools_take(tmp_path, data_dir, capsys):
+    config = json.loads(make_config(tmp_path, data_dir, trainer__epochs=1).read_text())
+    fit(config)
+    fit(config)
+    folders = sorted((tmp_path / "saved" / "tiny").iterdir())
+    assert len(folders) == 2  # a new folder per call, named as train.py names them
+    for folder in folders:
+        assert {"config.json", "preprocessing.json", "metrics.jsonl", "model", LATEST} <= {
+            p.name for p in folder.iterdir()
+        }
+        assert len((folder / METRICS).read_text().splitlines()) == 1  # never another call's epochs
+    printed = capsys.readouterr().out  # the epoch lines train.py prints, in a process that set up no logging
+    assert printed.count("epoch 1/1") == 2 and "run folder: " in printed
+    tested = run("test.py", "--run", folders[0])
+    assert tested.returncode == 0, tested.stderr
+    # a folder that holds a run is continued only when asked
+    with pytest.raises(ConfigError, match="already holds a run; fit\\(..., resume=True\\) continues it"):
+        fit(config, run_dir=folders[0])
+    rows = fit({**config, "trainer": {**config["trainer"], "epochs": 2}}, run_dir=folders[0], resume=True)
+    assert [row["epoch"] for row in rows] == [2]
+    assert len((folders[0] / METRICS).read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_a_component_registered_in_a_notebook_is_refused_by_the_tools_in_one_line(tmp_path, data_dir, monkeypatch):
+    from model import registry
+    from model.model import mlp
+
+    def notebook_net(num_classes: int = 10):
+        return mlp(num_classes, hidden=(16,))
+
+    notebook_net.__module__ = "__main__"  # what a function defined in a notebook's cell has
+    monkeypatch.setitem(registry._REGISTERED["model"], "notebook_net", registry.Entry(notebook_net))
+    config = json.loads(make_config(tmp_path, data_dir, trainer__epochs=1).read_text())
+    config["model"] = {"name": "notebook_net"}
+    fit(config, run_dir=tmp_path / "nb")
+    assert json.loads((tmp_path / "nb" / "notebook.json").read_text()) == {
+        "registered_in_notebook": {"model": ["notebook_net"]}
+    }
+    for command in (
+        ["test.py", "--run", tmp_path / "nb"],
+        ["inference/convert_tflite.py", "--run", tmp_path / "nb", "--name", "x"],
+    ):
+        refused = run(*command)
+        assert refused.returncode == 2 and refused.stderr.splitlines() == [
+            "error: config.json: model 'notebook_net' was registered in a notebook (notebook.json), so only that "
+            'kernel knows it: move its function into model/model.py with @register("model") to use this run here'
+        ]

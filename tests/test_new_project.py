@@ -7,6 +7,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,58 @@ def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path
     assert trained.returncode == 0, trained.stderr
     rows = (target / "saved" / "tabular_regression" / "first" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 3 and "val/rmse" in json.loads(rows[-1])
+
+
+def test_a_project_takes_the_template_s_later_fixes_as_docs_new_project_md_says(tmp_path):
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    identity = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER") for what, value in
+                (("NAME", "t"), ("EMAIL", "t@localhost"))}  # fmt: skip
+    env = {**os.environ, **identity}
+    sh = lambda *args, cwd: subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=True)  # noqa: E731
+    # a copy of the template as a repository of its own (the files git tracks here, as they are now)
+    template = tmp_path / "template"
+    tracked = sh(git, "ls-files", "-z", cwd=ROOT).stdout.split("\0")
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (template / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, template / name)
+    sh(git, "init", "-q", "-b", "main", cwd=template)
+    sh(git, "add", "-A", cwd=template)
+    sh(git, "commit", "-qm", "template", cwd=template)
+    made = sh(git, "rev-parse", "HEAD", cwd=template).stdout.strip()
+
+    project = tmp_path / "project"
+    new_project.create(project, "project", ["tabular_regression"], template=template)
+    assert (project / ".template-commit").read_text() == made + "\n"
+    assert not (project / "tests" / "test_samples_cifar.py").exists()
+
+    # two later template commits: a library fix, and a change to a sample the project left out (with a library file)
+    def change(path: str, old: str, new: str) -> None:
+        text = (template / path).read_text()
+        assert old in text, path
+        (template / path).write_text(text.replace(old, new, 1))
+
+    change("training/cli.py", "def fail(", "def fail(  # fixed later\n    ")
+    sh(git, "commit", "-qam", "a library fix", cwd=template)
+    change("tests/test_samples_cifar.py", '"""', '"""Changed later. ')
+    change("data_loader/cifar.py", '"""', '"""Changed later with its sample. ')
+    sh(git, "commit", "-qam", "a sample's change", cwd=template)
+
+    docs = (ROOT / "docs" / "new_project.md").read_text()
+    lines = re.search(r"```bash\n(git remote add template .*?)```", docs, re.S).group(1)
+    lines = lines.replace("https://github.com/<owner>/<template>.git", str(template))
+    taken = subprocess.run(["bash", "-c", lines], cwd=project, env=env, capture_output=True, text=True)
+    assert taken.returncode == 0, taken.stderr
+    conflicts = [line for line in (taken.stdout + taken.stderr).splitlines() if line.startswith("CONFLICT")]
+    assert len(conflicts) == 1 and "tests/test_samples_cifar.py" in conflicts[0], conflicts
+    assert "# fixed later" in (project / "training" / "cli.py").read_text()
+    assert "Changed later with its sample." in (project / "data_loader" / "cifar.py").read_text()
+    assert not (project / "tests" / "test_samples_cifar.py").exists()
+    assert (project / ".template-commit").read_text().strip() == sh(
+        git, "rev-parse", "HEAD", cwd=template
+    ).stdout.strip()
+    assert sh(git, "status", "--porcelain", cwd=project).stdout == ""
+    log = sh(git, "log", "--format=%s", cwd=project).stdout.splitlines()
+    assert log[0].startswith("Template fixes up to ") and log[1:3] == ["a sample's change", "a library fix"]

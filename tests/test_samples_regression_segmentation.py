@@ -133,3 +133,5 @@ def test_mnist_segmentation_sample(tmp_path):
     tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "binary_accuracy" in tested.stdout and "mean_iou" in tested.stdout
+    # masks are images: a grid of input / target / prediction, not a scatter of pixels
+    assert "predictions.png (input / target / prediction of the first 8 of 40 examples)" in tested.stdout
