@@ -24,14 +24,14 @@ from inference.predict import OnnxModel, TFLiteModel
 from model import model as samples
 from model.modules.activations import Activation
 from model.modules.attention import MultiHeadAttention
-from model.modules.conv import Conv2d, ConvTranspose2d
+from model.modules.conv import Conv1d, Conv2d, ConvTranspose2d
 from model.modules.dropout import Dropout
-from model.modules.embedding import Embedding
+from model.modules.embedding import Embedding, PositionalEmbedding
 from model.modules.flatten import Flatten
 from model.modules.linear import Linear
 from model.modules.module import Lambda
 from model.modules.normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
-from model.modules.pooling import AvgPool2d, GlobalAvgPool, MaxPool2d
+from model.modules.pooling import AvgPool1d, AvgPool2d, GlobalAvgPool, MaxPool1d, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
 from model.modules.transformer import TransformerBlock
@@ -72,6 +72,13 @@ CASES = {
     "rms_norm": (RMSNorm(), IMAGE, "normal"),
     "dropout_eval": (Sequential([Linear(6), Dropout(0.5)]), (5,), "normal"),
     "embedding": (Embedding(11, 6), (7,), "ids"),
+    # sequences (B, L, C): the 1-D layers run as their 2-D forms over (B, L, 1, C)
+    "conv1d_stride2_pad": (Conv1d(6, 3, stride=2, padding=(2, 1)), (9, 4), "normal"),
+    "conv1d_pool_positions": (
+        Sequential([PositionalEmbedding(12), Conv1d(6, 3), MaxPool1d(2), AvgPool1d(3, stride=1, padding="SAME")]),
+        (10, 4),
+        "normal",
+    ),
     "attention": (MultiHeadAttention(2), (6, 8), "normal"),
     "attention_cross_features": (MultiHeadAttention(2, qkv_features=12, out_features=5), (6, 8), "normal"),
     "residual": (Residual(Sequential([Linear(5), Activation("gelu")])), (4, 5), "normal"),

@@ -21,7 +21,7 @@ from model.modules import initializers
 from model.modules.activations import gelu
 from model.modules.attention import MultiHeadAttention
 from model.modules.dropout import dropout
-from model.modules.embedding import Embedding
+from model.modules.embedding import Embedding, PositionalEmbedding
 from model.modules.linear import Linear
 from model.modules.module import Module, check_size, shape_of
 from model.modules.normalization import LayerNorm
@@ -113,7 +113,7 @@ class TransformerLM(Module):
         self.vocab_size, self.context, self.dim, self.depth = vocab_size, context, dim, depth
         self.dropout, self.tie_weights = dropout, tie_weights
         self.tokens = Embedding(vocab_size, dim, weight_init=initializers.normal(STDDEV))
-        self.positions = Embedding(context, dim, weight_init=initializers.normal(STDDEV))
+        self.positions = PositionalEmbedding(context, weight_init=initializers.normal(STDDEV))
         residual = STDDEV / math.sqrt(2 * depth)
         self.blocks = [TransformerBlock(num_heads, mlp_ratio, dropout, True, use_bias, residual) for _ in range(depth)]
         self.norm = LayerNorm(use_bias=use_bias)
@@ -125,7 +125,7 @@ class TransformerLM(Module):
         keys = jax.random.split(key, self.depth + 3)
         params = {
             "tokens": self.tokens.init_params(keys[0], ids),
-            "positions": self.positions.init_params(keys[1], ids),
+            "positions": self.positions.init_params(keys[1], x),
             "blocks": {str(i): block.init(keys[3 + i], x)[0] for i, block in enumerate(self.blocks)},
             "norm": self.norm.init_params(None, x),
         }
@@ -138,9 +138,7 @@ class TransformerLM(Module):
         if length > self.context:
             raise ValueError(f"sequences of {length} tokens exceed the model's context of {self.context}")
         keys = jax.random.split(key, self.depth + 1) if key is not None else [None] * (self.depth + 1)
-        # a static slice, not positions[:T]: TFLite rejects the gather that indexing becomes (docs/export.md)
-        positions = jax.lax.slice_in_dim(params["positions"]["embedding"], 0, length)
-        x = self.tokens.forward(params["tokens"], ids) + positions
+        x = self.positions.forward(params["positions"], self.tokens.forward(params["tokens"], ids))
         x = dropout(x, self.dropout if train else 0.0, keys[0])
         for i, block in enumerate(self.blocks):
             x, _ = block(params["blocks"][str(i)], {}, x, train=train, key=keys[i + 1])
