@@ -238,11 +238,18 @@ def build_optimizer(
     for key, value in (spec.get("args") or {}).items():
         if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
             supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")
+            if hasattr(supplied[key], "plateau"):
+                raise ConfigError(
+                    f"{source}: optimizer.args.{key}: reduce_on_plateau sets the learning rate only; give it as "
+                    f"optimizer.schedule"
+                )
     args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
     optimizer = build({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
     lr = supplied.get("lr", args.get("lr", default_of(available("optimizer")[spec["name"]], "lr", 0.0)))
     lr_fn = lr if callable(lr) else (lambda step: lr)
-    return (optimizers.chain(*transforms, optimizer) if transforms else optimizer), lr_fn
+    # reduce_on_plateau: its factor, kept in the optimizer's state, scales the updates after everything else
+    blocks = [*transforms, optimizer, *([optimizers.scale_by_plateau()] if hasattr(lr_fn, "plateau") else [])]
+    return (optimizers.chain(*blocks) if len(blocks) > 1 else optimizer), lr_fn
 
 
 def default_of(fn: Callable, name: str, otherwise: Any) -> Any:

@@ -264,6 +264,12 @@ def check_trainer(config: dict, names: list[str], source: str) -> None:
     if trainer["run_id"] is not None:
         check_folder_name(trainer["run_id"], f"{where}run_id")
     monitor = trainer["monitor"]
+    schedule = config["optimizer"].get("schedule")
+    if monitor == "off" and isinstance(schedule, dict) and schedule.get("name") == "reduce_on_plateau":
+        raise ConfigError(
+            f'{where}monitor: "off", but optimizer.schedule reduce_on_plateau follows the monitored metric; '
+            f'name one, such as "min val/loss"'
+        )
     if monitor != "off":
         mode, _, metric = monitor.partition(" ") if isinstance(monitor, str) else ("", "", "")
         if mode not in ("min", "max") or not metric:

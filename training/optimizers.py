@@ -80,6 +80,13 @@ class LionState(NamedTuple):
     mu: Any
 
 
+class PlateauState(NamedTuple):
+    scale: jax.Array  # float32: the factor the updates are multiplied by, 1 until the first reduction
+    best: jax.Array  # float32: the best monitored value so far, negated for a "max" monitor (lower is better)
+    bad_epochs: jax.Array  # int32
+    cooldown: jax.Array  # int32: epochs left in which bad epochs are not counted
+
+
 def apply_updates(params, updates):
     """``params + updates``, each leaf keeping its param's dtype."""
     return jax.tree.map(lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype), params, updates)
@@ -273,6 +280,69 @@ def clip_by_value(max_delta: float) -> Optimizer:
         return jax.tree.map(lambda g: jnp.clip(g, -max_delta, max_delta), grads), state
 
     return Optimizer(_empty_init, update)
+
+
+def scale_by_plateau() -> Optimizer:
+    """Multiplies the updates by the ``scale`` in its state: the reduce-on-plateau factor of the learning rate, which
+    the trainer changes between epochs (``observe_plateau``); chained after the optimizer, so it scales the weight
+    decay too, as a lower learning rate does."""
+
+    def init(params):
+        return PlateauState(
+            jnp.ones([], jnp.float32), jnp.full([], jnp.inf, jnp.float32), *[jnp.zeros([], jnp.int32)] * 2
+        )
+
+    def update(grads, state, params=None):
+        return jax.tree.map(lambda g: g * state.scale.astype(g.dtype), grads), state
+
+    return Optimizer(init, update)
+
+
+def plateau_state(opt_state) -> PlateauState | None:
+    """The ``scale_by_plateau`` state inside an optimizer's state, if it has one."""
+    found = [s for s in jax.tree.leaves(opt_state, is_leaf=_is_plateau) if _is_plateau(s)]
+    return found[0] if found else None
+
+
+def with_plateau_state(opt_state, new: PlateauState):
+    return jax.tree.map(lambda s: new if _is_plateau(s) else s, opt_state, is_leaf=_is_plateau)
+
+
+def observe_plateau(state: PlateauState, plateau, value: float, higher_is_better: bool) -> PlateauState:
+    """The state after an epoch whose monitored metric was ``value`` (host numbers, at an epoch's end): PyTorch's
+    ``ReduceLROnPlateau.step`` with ``threshold_mode="rel"``; ``plateau`` is the schedule's ``Plateau``."""
+    import numpy as np
+
+    scale, bad, cooldown = float(state.scale), int(state.bad_epochs), int(state.cooldown)
+    best = -float(state.best) if higher_is_better else float(state.best)  # as the monitor reports it
+    if higher_is_better:
+        better = value > best * (1 + plateau.threshold)
+    else:
+        better = value < best * (1 - plateau.threshold)
+    if better:
+        best, bad = value, 0
+    else:
+        bad += 1
+    if cooldown > 0:
+        cooldown, bad = cooldown - 1, 0
+    if bad > plateau.patience:
+        floor = plateau.min_value / plateau.init_value
+        reduced = max(scale * plateau.factor, floor)
+        if plateau.init_value * (scale - reduced) > 1e-8:  # PyTorch's eps: a change below it is none
+            scale = reduced
+        cooldown, bad = plateau.cooldown, 0
+
+    def put(value, like):
+        return jax.device_put(np.asarray(value, like.dtype), like.sharding)
+
+    stored = -best if higher_is_better else best
+    return PlateauState(
+        put(scale, state.scale), put(stored, state.best), put(bad, state.bad_epochs), put(cooldown, state.cooldown)
+    )
+
+
+def _is_plateau(node) -> bool:
+    return isinstance(node, PlateauState)
 
 
 # The optimizers a config names; each is a chain of the blocks above, in optax's order.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax.numpy as jnp
 
@@ -187,6 +188,46 @@ def one_cycle(
         down = cosine(peak_value, end, (step - rise) / max(transition_steps - rise, 1))
         return jnp.where(step < rise, up, jnp.where(step < transition_steps, down, end))
 
+    return schedule
+
+
+class Plateau(NamedTuple):
+    """What ``reduce_on_plateau`` does at the end of an epoch (``training/optimizers.py``: ``observe_plateau``)."""
+
+    init_value: float
+    factor: float
+    patience: int
+    threshold: float
+    cooldown: int
+    min_value: float
+
+
+@register("schedule")
+def reduce_on_plateau(
+    init_value: float,
+    factor: float = 0.1,
+    patience: int = 10,
+    threshold: float = 1e-4,
+    cooldown: int = 0,
+    min_value: float = 0.0,
+) -> Schedule:
+    """``init_value``, multiplied by ``factor`` once the run's monitored metric (``trainer.monitor``) has not
+    improved by a relative ``threshold`` for more than ``patience`` epochs; after a reduction, ``cooldown`` epochs
+    count no bad epoch; never below ``min_value``. PyTorch's ``ReduceLROnPlateau`` (its "rel" threshold mode).
+
+    As a function of the step it is ``init_value``: the reduction is a factor that the optimizer keeps in its state
+    (``scale_by_plateau``), so a checkpoint holds it and a resumed run continues it; the trainer updates it from the
+    monitored value at each epoch's end and logs the rate applied. Only as ``optimizer.schedule``.
+    """
+    check_range(init_value, "init_value", open_low=True)
+    check_range(factor, "factor", 0, 1, open_low=True, open_high=True)
+    check_range(threshold, "threshold")
+    check_range(min_value, "min_value")
+    for name, value in (("patience", patience), ("cooldown", cooldown)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+    schedule = constant(init_value)
+    schedule.plateau = Plateau(float(init_value), float(factor), patience, float(threshold), cooldown, float(min_value))
     return schedule
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from training import distributed, platform
+from training import distributed, optimizers, platform
 from training.commit import Checkpoints
 from training.metrics import metric_results
 from training.settings import Settings
@@ -81,6 +81,7 @@ class Trainer:
         self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
         self.first_call_logged, self.first_call_seconds = False, None
         self.data_wait, self.trace = 0.0, None
+        self.lr_scale = 1.0  # reduce_on_plateau's factor of the learning rate (read_lr_scale)
 
     @property
     def run_dir(self) -> Path | None:
@@ -95,11 +96,13 @@ class Trainer:
         """A fresh state from the config's seed."""
         self.ts = self.state.init()
         self.origin = f"fresh state from seed {self.settings.seed}"
+        self.read_lr_scale()
         return self.ts
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, position in the epoch, best value and early-stopping count."""
         self.ts, header, self.resumed_totals = self.state.restore(path)
+        self.read_lr_scale()
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
         self.checkpoints.resume(header)
@@ -113,8 +116,39 @@ class Trainer:
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
         self.ts = self.state.load_weights(self.ts, path, exclude)
+        self.read_lr_scale()
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
+
+    # ------------------------------------------------------------------------------------------- the learning rate
+    def read_lr_scale(self) -> None:
+        """The reduce-on-plateau factor of the state the run starts from, kept on the host: the logged learning rate
+        is the one applied, and reading it from the device at every logged step would wait for the steps in flight."""
+        plateau = optimizers.plateau_state(self.ts["opt_state"])
+        self.lr_scale = 1.0 if plateau is None else float(plateau.scale)
+
+    def applied_lr(self, step: int) -> float:
+        return float(self.state.lr_fn(step)) * self.lr_scale
+
+    def observe_plateau(self, row: dict) -> None:
+        """reduce_on_plateau: the epoch's monitored value updates the factor in the optimizer's state (before the
+        checkpoint, which so holds it); the next epoch's steps apply it."""
+        plateau = getattr(self.state.lr_fn, "plateau", None)
+        monitor = self.checkpoints.monitor
+        if plateau is None or monitor is None:
+            return
+        value = row.get(monitor.name)
+        if value is None:
+            raise ValueError(f"trainer.monitor: {monitor.name!r} was not computed this epoch")
+        state = optimizers.plateau_state(self.ts["opt_state"])
+        new = optimizers.observe_plateau(state, plateau, float(value), monitor.mode == "max")
+        self.ts = {**self.ts, "opt_state": optimizers.with_plateau_state(self.ts["opt_state"], new)}
+        before, self.lr_scale = self.lr_scale, float(new.scale)
+        if self.lr_scale != before:
+            log.info(
+                f"reduce_on_plateau: {monitor.name} has not improved for more than {plateau.patience} epoch(s); "
+                f"lr {plateau.init_value * before:.3g} -> {plateau.init_value * self.lr_scale:.3g}"
+            )
 
     # ------------------------------------------------------------------------------------------------------ the loop
     def fit(self) -> dict | None:
@@ -156,9 +190,10 @@ class Trainer:
                     "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
                     "time/data_wait_s": self.data_wait,
                     "time/peak_rss_mb": peak_rss_mb(),
-                    "lr": float(self.state.lr_fn(int(self.ts["step"]) - 1)),
+                    "lr": self.applied_lr(int(self.ts["step"]) - 1),
                 }
             )
+            self.observe_plateau(row)
             for callback in self.callbacks:
                 callback.on_epoch_end(self, epoch, row)
             self.epoch = epoch
@@ -293,7 +328,7 @@ class Trainer:
             if step % every == 0:
                 values = {
                     "train/step_loss": float(losses[i]),
-                    "train/lr": float(self.state.lr_fn(step - 1)),
+                    "train/lr": self.applied_lr(step - 1),
                     "train/grad_norm": float(np.asarray(logs["grad_norm"])[i]),
                 }
                 # with a live progress bar the console shows the bar; step lines still reach train.log
@@ -309,7 +344,7 @@ class Trainer:
                 for callback in self.callbacks:
                     callback.on_step(self, step, values)
         if not bar.disable:  # tqdm shows the ETA itself
-            lr = float(self.state.lr_fn(first_step + done + real - 1))
+            lr = self.applied_lr(first_step + done + real - 1)
             bar.set_postfix(
                 {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
             )
