@@ -212,3 +212,78 @@ def test_reduce_on_plateau_logs_the_applied_lr_and_resumes_exactly(tmp_path):
     resumed = run("train.py", "-r", cut / "checkpoint-latest.params", "--epochs", "3")
     assert resumed.returncode == 0, resumed.stderr
     assert_same_state(cut / "checkpoint-latest.params", whole / "checkpoint-latest.params")
+
+
+def test_any_schedules_step_count_argument_takes_steps_epochs_or_all(monkeypatch):
+    """A schedule of one's own: its argument annotated ``Steps`` takes every form, with nothing else to declare."""
+    from model import registry
+    from training.components import build_optimizer
+    from training.config_file import ConfigError
+    from training.config_schema import check_schedule
+
+    def my_ramp(peak: float, ramp: schedules.Steps = 10):
+        return lambda step: peak * jnp.minimum(step / ramp, 1.0)
+
+    registry.entries("schedule")  # the built-in ones registered, then this one beside them for this test
+    monkeypatch.setitem(registry._REGISTERED["schedule"], "my_ramp", registry.Entry(my_ramp))
+    assert schedules.step_arguments(my_ramp) == ("ramp",)
+    config = {
+        "optimizer": {"name": "sgd", "schedule": {"name": "my_ramp", "args": {"peak": 1.0}}},
+        "trainer": {"epochs": 3},
+    }
+    for given, steps in ((40, 40), ({"steps": 40}, 40), ({"epochs": 2}, 20), ({"epochs": 0.5}, 5), ("all", 30)):
+        config["optimizer"]["schedule"]["args"]["ramp"] = given
+        check_schedule(config["optimizer"]["schedule"], "config.json: optimizer.schedule")
+        _, lr = build_optimizer(config, steps_per_epoch=10)
+        assert float(lr(steps)) == 1.0 and float(lr(steps - 1)) < 1.0, given
+    for bad, said in (
+        ({"epoch": 2}, 'expected a number of steps, {"steps": N}, {"epochs": N} or "all", got {"epoch": 2}'),
+        ("most", 'expected a number of steps, {"steps": N}, {"epochs": N} or "all", got "most"'),
+        ({"steps": 2.5}, "ramp.steps: expected int"),
+        ({"epochs": 0}, "ramp.epochs: must be > 0"),
+        (-3, "ramp: must be >= 0"),
+    ):
+        config["optimizer"]["schedule"]["args"]["ramp"] = bad
+        with pytest.raises(ConfigError) as error:
+            check_schedule(config["optimizer"]["schedule"], "config.json: optimizer.schedule")
+        assert said in str(error.value) and "\n" not in str(error.value)
+
+
+def test_length_errors_speak_the_configs_units():
+    from training.components import build_optimizer
+    from training.config_file import ConfigError
+
+    args = {"init_value": 0.0, "peak_value": 1e-3, "warmup_steps": {"epochs": 2}, "decay_steps": "all"}
+    config = {
+        "optimizer": {"name": "adam", "schedule": {"name": "warmup_cosine_decay", "args": args}},
+        "trainer": {"epochs": 2},
+    }
+    for steps_per_epoch in (None, 50):  # before the data is read, then with its 50 steps an epoch
+        with pytest.raises(ConfigError) as error:
+            build_optimizer(config, steps_per_epoch)
+        message = str(error.value)
+        assert 'warmup_steps {"epochs": 2} (' in message and "the whole 2-epoch run" in message
+        assert str(2**20) not in message and str(2**21) not in message
+
+
+@pytest.mark.slow
+def test_an_extended_run_keeps_its_schedules_length(tmp_path):
+    """Resuming a finished run with more epochs: the schedule ("all" = its 2 epochs) has ended and its lr stays at
+    the end value, rather than the decay starting over, stretched."""
+    from tests.conftest import make_idx_dataset
+    from tests.test_train import make_config, run
+
+    data = tmp_path / "mnist"
+    make_idx_dataset(data, n_train=200, n_test=40)
+    cosine = {"name": "cosine_decay", "args": {"init_value": 0.004, "decay_steps": "all", "alpha": 0.1}}
+    config = make_config(tmp_path, data, optimizer={"name": "adam", "schedule": cosine}, trainer__epochs=2)
+    assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
+    folder = tmp_path / "saved/tiny/r"
+    extended = run("train.py", "-r", folder / "checkpoint-latest.params", "--epochs", "4")
+    assert extended.returncode == 0, extended.stderr
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
+    assert [r["lr"] for r in rows[2:]] == pytest.approx([0.0004] * 2)  # the end value, once the 2 epochs are done
+    log = (folder / "train.log").read_text()
+    assert "the schedule keeps the length the run started with (optimizer.schedule.args.decay_steps" in log
+    assert "--set optimizer.schedule.args.decay_steps=N" in log

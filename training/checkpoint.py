@@ -137,6 +137,10 @@ FIELDS = {
     "treedef": (lambda v: type(v) is str, "a string"),
     "row": (lambda v: type(v) is dict, "an object"),
     "eval_params": (lambda v: type(v) is str and v.startswith("callbacks."), "a key path under callbacks."),
+    "schedule_length": (
+        lambda v: type(v) is dict and set(v) == {"epochs", "steps_per_epoch"} and all(is_int(n, 1) for n in v.values()),
+        'an object {"epochs": N, "steps_per_epoch": N}',
+    ),
 }
 REQUIRED = ("epoch", "step")
 

@@ -216,12 +216,14 @@ def build_optimizer(
     (default: trainer.epochs now; a run fixes it when its data is loaded, before a debug mode shortens the run)."""
     from training import optimizers, schedules
 
-    steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
+    nominal = steps_per_epoch is None
+    steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if nominal else steps_per_epoch
     run_epochs = config["trainer"]["epochs"] if epochs is None else epochs
 
     def schedule(spec, where):
+        counts = schedules.step_arguments(available("schedule")[spec["name"]])
         args = {
-            k: steps_of(v, steps_per_epoch, run_epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
+            k: steps_of(v, nominal, steps_per_epoch, run_epochs) if k in counts else v
             for k, v in (spec.get("args") or {}).items()
         }
         return build({**spec, "args": args}, "schedule", where)
@@ -252,15 +254,40 @@ def build_optimizer(
     return (optimizers.chain(*blocks) if len(blocks) > 1 else optimizer), lr_fn
 
 
+def run_length_arguments(config: dict) -> list[str]:
+    """The places of the optimizer's schedule arguments given as "all" or {"epochs": N}: what the run's length
+    decides."""
+    from training import schedules
+
+    spec = config["optimizer"]
+    found = []
+    places = [("optimizer.schedule", spec.get("schedule"))] + [
+        (f"optimizer.args.{k}", v) for k, v in (spec.get("args") or {}).items()
+    ]
+    for place, schedule in places:
+        if not isinstance(schedule, dict) or schedule.get("name") not in available("schedule"):
+            continue
+        counts = schedules.step_arguments(available("schedule")[schedule["name"]])
+        for key, value in (schedule.get("args") or {}).items():
+            if key in counts and (value == "all" or (isinstance(value, dict) and "epochs" in value)):
+                found.append(f"{place}.args.{key}")
+    return found
+
+
 def default_of(fn: Callable, name: str, otherwise: Any) -> Any:
     parameter = inspect.signature(fn).parameters.get(name)
     return otherwise if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
-def steps_of(value: Any, steps_per_epoch: int, epochs: int) -> Any:
-    """A schedule's step count from the config: steps, {"epochs": N} or "all" (every step of the run)."""
-    if value == "all":
-        return steps_per_epoch * epochs
-    if isinstance(value, dict):
-        return max(1, round(value["epochs"] * steps_per_epoch))
+def steps_of(value: Any, nominal: bool, steps_per_epoch: int, epochs: int) -> Any:
+    """A schedule's step count from the config: steps, {"steps": N}, {"epochs": N} or "all" (every step of the run).
+    The last two become a ``StepCount``, which errors show as the config wrote it; ``nominal``: ``steps_per_epoch``
+    stands in for the data's, unknown yet, so no message names its steps."""
+    from training.schedules import StepCount
+
+    if isinstance(value, dict) and "steps" in value:
+        return value["steps"]
+    if value == "all" or isinstance(value, dict):
+        steps = steps_per_epoch * epochs if value == "all" else max(1, round(value["epochs"] * steps_per_epoch))
+        return StepCount(steps, value, None if nominal else steps_per_epoch, epochs)
     return value

@@ -362,26 +362,44 @@ def check_class_count(config: dict, model_fn: Callable, model_args: dict, source
 
 
 def check_schedule(spec: Any, where: str) -> None:
-    """A schedule component; its step counts may be given in epochs ({"epochs": 2.5}) or as "all" (the run)."""
-    from training.schedules import STEP_COUNT_ARGUMENTS
+    """A schedule component; an argument it annotates as a step count (``training/schedules.py``: ``Steps``) may be
+    a number of steps, {"steps": N}, {"epochs": N} (2.5 allowed) or "all" (the run)."""
+    from training.schedules import step_arguments
 
     if not isinstance(spec, dict):
         raise ConfigError(f'{where}: expected {{"name": ..., "args": {{...}}}}, got {show(spec)}')
     args = {} if spec.get("args") is None else spec["args"]
     if not isinstance(args, dict):
         raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
-    plain = {k: v for k, v in args.items() if not (k in STEP_COUNT_ARGUMENTS and (v == "all" or isinstance(v, dict)))}
+    name = spec.get("name")
+    fn = available("schedule").get(name) if isinstance(name, str) else None
+    counts = step_arguments(fn) if fn is not None else ()
+    plain = {k: v for k, v in args.items() if k not in counts}
     check_component({**spec, "args": plain}, "schedule", where, supplied=tuple(k for k in args if k not in plain))
-    for key in STEP_COUNT_ARGUMENTS:
-        value = args.get(key)
-        if isinstance(value, dict):
-            if set(value) != {"epochs"}:
-                raise ConfigError(
-                    f'{where}.args.{key}: expected a number of steps, {{"epochs": N}} or "all", got {show(value)}'
-                )
-            check_number(value, "epochs", f"{where}.args.{key}.", float, 0.0, maximum=MAX_EPOCHS)
-        elif value is not None and value != "all":
-            check_number(args, key, f"{where}.args.", int, 0, maximum=MAX_STEPS)
+    for key in counts:
+        if key in args:
+            check_step_count(args, key, f"{where}.args.")
+
+
+def check_step_count(args: dict, key: str, prefix: str) -> None:
+    """One of a schedule's step counts as a config gives it (``prefix``: its place up to the key)."""
+    value, where = args[key], f"{prefix}{key}"
+    expected = f'expected a number of steps, {{"steps": N}}, {{"epochs": N}} or "all", got {show(value)}'
+    if value == "all":
+        return
+    if isinstance(value, dict):
+        if len(value) != 1 or set(value) - {"steps", "epochs"}:
+            raise ConfigError(f"{where}: {expected}")
+        if "epochs" in value:
+            check_number(value, "epochs", f"{where}.", float, 0.0, maximum=MAX_EPOCHS)
+            if value["epochs"] <= 0:
+                raise ConfigError(f"{where}.epochs: must be > 0, got {show(value['epochs'])}")
+        else:
+            check_number(value, "steps", f"{where}.", int, 0, maximum=MAX_STEPS)
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: {expected}")
+    check_number(args, key, prefix, int, 0, maximum=MAX_STEPS)
 
 
 def metric_names(config: dict, source: str = "config.json") -> list[str]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from training import distributed, optimizers, platform
 from training.commit import Checkpoints
+from training.components import run_length_arguments
 from training.metrics import metric_results
 from training.settings import Settings
 from training.state import TrainState
@@ -112,6 +113,14 @@ class Trainer:
         )
         if header.get("config_hash") != self.checkpoints.config_hash:
             self.origin += " (the config's model/loss/optimizer/seed differ from the checkpoint's run)"
+        length, places = header.get("schedule_length"), run_length_arguments(self.run.config)
+        if length and places and length["epochs"] != self.settings.epochs:
+            self.origin += (
+                f"; the schedule keeps the length the run started with ({', '.join(places)} count "
+                f"{length['epochs']} epochs of {length['steps_per_epoch']} steps): past its end the lr stays where "
+                f"it ended. To stretch it over {self.settings.epochs} epochs, give its length in steps "
+                f"(--set {places[0]}=N) or start a new run from these weights (--weights)"
+            )
 
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
@@ -356,7 +365,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ stopping and saving midway
     def header(self) -> dict:
-        return self.checkpoints.header(self.epoch, int(self.ts["step"]), self.min_loss)
+        header = self.checkpoints.header(self.epoch, int(self.ts["step"]), self.min_loss)
+        return {**header, "schedule_length": self.state.schedule_length()}
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: the loop saves and stops at the next step boundary."""
