@@ -274,6 +274,20 @@ def run_length_arguments(config: dict) -> list[str]:
     return found
 
 
+def schedule_length_note(config: dict, length: dict | None, epochs: int) -> str:
+    """What a resumed run's start-up line adds when it trains longer than the run length its schedules count (a
+    checkpoint's ``schedule_length``), and how to stretch them; "" otherwise."""
+    places = run_length_arguments(config)
+    if not length or not places or length["epochs"] == epochs:
+        return ""
+    return (
+        f"; the schedule keeps the length the run started with ({', '.join(places)} count {length['epochs']} "
+        f"epochs of {length['steps_per_epoch']} steps): past its end the lr stays where it ended. To stretch it over "
+        f"{epochs} epochs, give its length in steps (--set {places[0]}=N) or start a new run from these weights "
+        f"(--weights)"
+    )
+
+
 def default_of(fn: Callable, name: str, otherwise: Any) -> Any:
     parameter = inspect.signature(fn).parameters.get(name)
     return otherwise if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default

@@ -98,25 +98,15 @@ class TrainState:
             out_shardings=self.replicated,
         )
 
-    def jit_train_chunk(self) -> None:
+    def jit_train_chunk(self, schedule_length: dict | None = None) -> None:
+        """The training call; ``schedule_length``: a checkpoint's, which its resumed run's schedules keep counting."""
+        if schedule_length is not None:
+            self.run.epochs, self.run.steps_per_epoch = schedule_length["epochs"], schedule_length["steps_per_epoch"]
+        self.optimizer, self.lr_fn = self.run.optimizer()
         self.chunk_fn = self.chunk_with(self.optimizer)
         self.train_chunk = jax.jit(
             self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
         )
-
-    def schedule_length(self) -> dict:
-        """The run length its schedules' "all" and {"epochs": N} count: a checkpoint stores it, so a run extended
-        later (``-r ... --epochs 20``) keeps its schedules as they started rather than stretching them."""
-        return {"epochs": self.run.epochs, "steps_per_epoch": self.run.steps_per_epoch}
-
-    def keep_schedule_length(self, length: dict | None) -> None:
-        """The schedules of a resumed run counted over ``length``, the checkpoint's (None: one saved before
-        checkpoints stored it, whose schedules count this run's length)."""
-        if length is None or length == self.schedule_length():
-            return
-        self.run.epochs, self.run.steps_per_epoch = length["epochs"], length["steps_per_epoch"]
-        self.optimizer, self.lr_fn = self.run.optimizer()
-        self.jit_train_chunk()
 
     # ---------------------------------------------------------------------------------------- making a state
     @property
@@ -171,7 +161,7 @@ class TrainState:
             return state
 
         tree, header = checkpoint.restore(path, template)
-        self.keep_schedule_length(header.get("schedule_length"))  # before the step compiles
+        self.jit_train_chunk(header.get("schedule_length"))  # before the step compiles
         totals = tree.pop("epoch_totals", None)
         shardings = distributed.state_shardings(tree, self.mesh)
         self.start_compile(with_shardings(tree, shardings))

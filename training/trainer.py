@@ -20,9 +20,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from training import distributed, optimizers, platform
+from training import distributed, platform
+from training.callbacks import of_schedule
 from training.commit import Checkpoints
-from training.components import run_length_arguments
+from training.components import schedule_length_note
 from training.metrics import metric_results
 from training.settings import Settings
 from training.state import TrainState
@@ -71,7 +72,7 @@ class Trainer:
         self.state = TrainState(run, self.settings, execution)
         self.checkpoints = Checkpoints(run_dir, self.settings, run.monitor, config_hash, self.state.evaluated)
         self.train_loader, self.valid_loader = run.loaders["train"], run.loaders.get("validation")
-        self.callbacks, self.trackers = list(run.callbacks), list(trackers)
+        self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.state.lr_fn), list(trackers)
         self.ts = None  # the training state: made by init_state(), restore() or load_weights()
         self.origin = None  # where the state came from, for the log
         self.epoch = 0  # epochs completed
@@ -82,7 +83,7 @@ class Trainer:
         self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
         self.first_call_logged, self.first_call_seconds = False, None
         self.data_wait, self.trace = 0.0, None
-        self.lr_scale = 1.0  # reduce_on_plateau's factor of the learning rate (read_lr_scale)
+        self.lr_scale = 1.0  # reduce_on_plateau's factor of the lr, kept on the host (callbacks.ReduceOnPlateau)
 
     @property
     def run_dir(self) -> Path | None:
@@ -97,13 +98,11 @@ class Trainer:
         """A fresh state from the config's seed."""
         self.ts = self.state.init()
         self.origin = f"fresh state from seed {self.settings.seed}"
-        self.read_lr_scale()
         return self.ts
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: state, epoch, position in the epoch, best value and early-stopping count."""
         self.ts, header, self.resumed_totals = self.state.restore(path)
-        self.read_lr_scale()
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
         self.checkpoints.resume(header)
@@ -113,51 +112,16 @@ class Trainer:
         )
         if header.get("config_hash") != self.checkpoints.config_hash:
             self.origin += " (the config's model/loss/optimizer/seed differ from the checkpoint's run)"
-        length, places = header.get("schedule_length"), run_length_arguments(self.run.config)
-        if length and places and length["epochs"] != self.settings.epochs:
-            self.origin += (
-                f"; the schedule keeps the length the run started with ({', '.join(places)} count "
-                f"{length['epochs']} epochs of {length['steps_per_epoch']} steps): past its end the lr stays where "
-                f"it ended. To stretch it over {self.settings.epochs} epochs, give its length in steps "
-                f"(--set {places[0]}=N) or start a new run from these weights (--weights)"
-            )
+        self.origin += schedule_length_note(self.run.config, header.get("schedule_length"), self.settings.epochs)
 
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
         self.ts = self.state.load_weights(self.ts, path, exclude)
-        self.read_lr_scale()
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
-    # ------------------------------------------------------------------------------------------- the learning rate
-    def read_lr_scale(self) -> None:
-        """The reduce-on-plateau factor of the state the run starts from, kept on the host: the logged learning rate
-        is the one applied, and reading it from the device at every logged step would wait for the steps in flight."""
-        plateau = optimizers.plateau_state(self.ts["opt_state"])
-        self.lr_scale = 1.0 if plateau is None else float(plateau.scale)
-
     def applied_lr(self, step: int) -> float:
         return float(self.state.lr_fn(step)) * self.lr_scale
-
-    def observe_plateau(self, row: dict) -> None:
-        """reduce_on_plateau: the epoch's monitored value updates the factor in the optimizer's state (before the
-        checkpoint, which so holds it); the next epoch's steps apply it."""
-        plateau = getattr(self.state.lr_fn, "plateau", None)
-        monitor = self.checkpoints.monitor
-        if plateau is None or monitor is None:
-            return
-        value = row.get(monitor.name)
-        if value is None:
-            raise ValueError(f"trainer.monitor: {monitor.name!r} was not computed this epoch")
-        state = optimizers.plateau_state(self.ts["opt_state"])
-        new = optimizers.observe_plateau(state, plateau, float(value), monitor.mode == "max")
-        self.ts = {**self.ts, "opt_state": optimizers.with_plateau_state(self.ts["opt_state"], new)}
-        before, self.lr_scale = self.lr_scale, float(new.scale)
-        if self.lr_scale != before:
-            log.info(
-                f"reduce_on_plateau: {monitor.name} has not improved for more than {plateau.patience} epoch(s); "
-                f"lr {plateau.init_value * before:.3g} -> {plateau.init_value * self.lr_scale:.3g}"
-            )
 
     # ------------------------------------------------------------------------------------------------------ the loop
     def fit(self) -> dict | None:
@@ -202,7 +166,6 @@ class Trainer:
                     "lr": self.applied_lr(int(self.ts["step"]) - 1),
                 }
             )
-            self.observe_plateau(row)
             for callback in self.callbacks:
                 callback.on_epoch_end(self, epoch, row)
             self.epoch = epoch
@@ -366,7 +329,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------ stopping and saving midway
     def header(self) -> dict:
         header = self.checkpoints.header(self.epoch, int(self.ts["step"]), self.min_loss)
-        return {**header, "schedule_length": self.state.schedule_length()}
+        return {**header, "schedule_length": {"epochs": self.run.epochs, "steps_per_epoch": self.run.steps_per_epoch}}
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: the loop saves and stops at the next step boundary."""
