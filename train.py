@@ -241,7 +241,9 @@ def run(args) -> int:
         log.warning(ignored)
     log.info(f"batch: {describe_batch(trainer.state.batch_spec)}")
     log.info(f"state: {trainer.origin}")
-    log.info(summary(run.model, trainer.ts["params"], trainer.ts["state"], trainer.state.model_input_spec))
+    trainable = trainer.state.optimizer.trainable  # None unless optimizer.frozen names some parameters
+    params, spec = trainer.ts["params"], trainer.state.model_input_spec
+    log.info(summary(run.model, params, trainer.ts["state"], spec, trainable and trainable(params)))
     monitored = run.monitor.name if run.monitor else None
     trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
     trainer.trackers = trackers

@@ -21,7 +21,7 @@ COMPONENT_MODULES = KINDS
 
 
 # Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
-EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment",)}
+EXTRA_KEYS = {"optimizer": ("schedule", "transforms", "frozen"), "data_loader": ("augment",)}
 
 
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
@@ -124,7 +124,9 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
             raise ConfigError(
                 f"{where}.args.{key}: unknown argument.{closest(key, params)} Accepted: {signature_text(name, fn)}"
             )
-        if key in params:
+        if key in params and kind in ("optimizer", "transforms") and leaf_mask(fn, key) and isinstance(value, list):
+            check_key_paths(value, f"{where}.args.{key}")
+        elif key in params:
             check_type(value, params[key].default, f"{where}.args.{key}", kind == "optimizer" and schedulable(fn, key))
     missing = [
         p
@@ -151,6 +153,26 @@ def schedulable(fn: Callable, argument: str) -> bool:
     from training.optimizers import Hyper  # JAX: config errors are reported before it loads
 
     return typing.get_type_hints(fn).get(argument) == Hyper
+
+
+def leaf_mask(fn: Callable, argument: str) -> bool:
+    """Whether an optimizer's or transform's argument is a pytree of bools over the params (type ``LeafMask``), which
+    a config gives as a list of key-path prefixes."""
+    from training.optimizers import LeafMask  # JAX: config errors are reported before it loads
+
+    return typing.get_type_hints(fn).get(argument) is LeafMask
+
+
+def check_key_paths(value: Any, where: str) -> None:
+    """A list of key-path prefixes of the parameters, as checkpoints name them: ``["params.backbone"]``."""
+    if not isinstance(value, list):
+        raise ConfigError(f'{where}: expected a list of key paths such as ["params.backbone"], got {show(value)}')
+    for i, path in enumerate(value):
+        if not isinstance(path, str) or not path.startswith("params.") or not path[7:] or ".." in path:
+            raise ConfigError(
+                f'{where}.{i}: expected a key path of the parameters such as "params.backbone" (as checkpoints and '
+                f"the summary name them), got {show(path)}"
+            )
 
 
 def component_error(where: str, error: Exception, args: dict) -> str:
@@ -235,7 +257,8 @@ def build_optimizer(
     elif "schedule" in spec:
         supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
     transforms = [
-        build(t, "transforms", f"{source}: optimizer.transforms.{i}") for i, t in enumerate(spec.get("transforms", []))
+        build_masked(t, "transforms", f"{source}: optimizer.transforms.{i}")
+        for i, t in enumerate(spec.get("transforms", []))
     ]
     for key, value in (spec.get("args") or {}).items():
         if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
@@ -246,12 +269,13 @@ def build_optimizer(
                     f"optimizer.schedule"
                 )
     args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
-    optimizer = build({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
+    optimizer = build_masked({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
     lr = supplied.get("lr", args.get("lr", default_of(available("optimizer")[spec["name"]], "lr", 0.0)))
     lr_fn = lr if callable(lr) else (lambda step: lr)
     # reduce_on_plateau: its factor, kept in the optimizer's state, scales the updates after everything else
     blocks = [*transforms, optimizer, *([optimizers.scale_by_plateau()] if hasattr(lr_fn, "plateau") else [])]
-    return (optimizers.chain(*blocks) if len(blocks) > 1 else optimizer), lr_fn
+    optimizer = optimizers.chain(*blocks) if len(blocks) > 1 else optimizer
+    return (optimizers.freeze(optimizer, spec["frozen"]) if spec.get("frozen") else optimizer), lr_fn
 
 
 def run_length_arguments(config: dict) -> list[str]:
@@ -286,6 +310,18 @@ def schedule_length_note(config: dict, length: dict | None, epochs: int) -> str:
         f"{epochs} epochs, give its length in steps (--set {places[0]}=N) or start a new run from these weights "
         f"(--weights)"
     )
+
+
+def build_masked(spec: Any, kind: str, where: str, **supplied) -> Any:
+    """``build`` with each ``LeafMask`` argument given as a list of key-path prefixes made its mask function."""
+    from training.optimizers import prefix_mask
+
+    spec = {"name": spec} if isinstance(spec, str) else spec
+    fn, args = available(kind).get(spec.get("name")), dict(spec.get("args") or {})
+    masks = {
+        k: prefix_mask(args.pop(k)) for k, v in list(args.items()) if fn and isinstance(v, list) and leaf_mask(fn, k)
+    }
+    return build({**spec, "args": args}, kind, where, **supplied, **masks)
 
 
 def default_of(fn: Callable, name: str, otherwise: Any) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.components import CLASS_COUNT_ARGUMENTS, available, build, check_component, default_of
+from training.components import CLASS_COUNT_ARGUMENTS, available, build, check_component, check_key_paths, default_of
 from training.config_file import ConfigError, closest, show
 
 TRAINER_DEFAULTS = {
@@ -190,6 +190,8 @@ def check_optimizer(config: dict, source: str) -> None:
         check_schedule(optimizer["schedule"], f"{source}: optimizer.schedule")
     elif "lr" in optimizer_args and not isinstance(optimizer_args["lr"], dict):
         check_number(optimizer_args, "lr", f"{source}: optimizer.args.", float, 0.0)
+    if "frozen" in optimizer:
+        check_key_paths(optimizer["frozen"], f"{source}: optimizer.frozen")
     transforms = optimizer.get("transforms", [])
     if not isinstance(transforms, list):
         raise ConfigError(f"{source}: optimizer.transforms: expected a list of components")

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from training.metrics import merge
-from training.optimizers import apply_updates, global_norm
+from training.optimizers import apply_updates, global_norm, only_trainable
 from training.precision import Policy
 
 
@@ -119,7 +119,10 @@ def make_train_step(
         # the mean over every unmasked example of the update, whatever the micro-batches held
         count = jnp.maximum(stats["count"], jnp.finfo(jnp.float32).tiny)
         grads = jax.tree.map(lambda g: g / (count * scale), grads)
-        grad_norm = global_norm(grads)
+        # frozen leaves (optimizer.frozen) are no part of what trains: not of the norm either
+        grad_norm = global_norm(
+            grads if optimizer.trainable is None else only_trainable(grads, optimizer.trainable(grads))
+        )
         updates, opt_state = optimizer.update(grads, ts["opt_state"], params)
         new_ts = {
             **ts,
