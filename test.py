@@ -212,13 +212,13 @@ def report_predictions(model, params, state, loader, preprocessing: dict, out: P
     import jax
 
     from training.plots import save_predictions
-    from training.step import target_of
+    from training.step import model_kwargs, target_of
 
-    forward = jax.jit(lambda x: model(params, state, x, train=False)[0])
+    forward = jax.jit(lambda batch: model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0])
     predicted, true = [], []
     for batch in loader.batches():
         real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
-        predicted.append(np.asarray(forward(batch["input"]))[real])
+        predicted.append(np.asarray(forward(batch))[real])
         true.append(np.asarray(target_of(batch))[real])
     out.mkdir(parents=True, exist_ok=True)
     image = save_predictions(

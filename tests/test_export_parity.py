@@ -104,6 +104,12 @@ CASES = {
     "transformer_block": (TransformerBlock(2, mlp_ratio=2, dropout=0.1), (6, 8), "normal"),
     # int32 token ids in, logits per position out; the position slice and the tied head in every route.
     "char_transformer": (samples.char_transformer(vocab_size=11, context=8, dim=16, depth=2, num_heads=2), (8,), "ids"),
+    # an encoder over token ids; called without a mask, every position is a token
+    "text_transformer": (
+        samples.text_transformer(vocab_size=11, num_classes=3, context=8, dim=8, depth=1, num_heads=2),
+        (8,),
+        "ids",
+    ),
     # named inputs: one sample shape per input, each a named input of the export
     "image_and_features": (
         samples.image_and_features(num_classes=3, channels=(4,), hidden=8, width=8),
