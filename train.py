@@ -48,7 +48,7 @@ def parse_args(argv=None):
         const="all",
         metavar="KIND",
         help="print the components a config may name, with their arguments, and exit: every kind, or one (model, "
-        "loss, metrics, optimizer, transforms, schedule, data_loader, augment, callbacks)",
+        "loss, metrics, optimizer, transforms, schedule, data_loader, augment, callbacks), or the layers",
     )
     debug = parser.add_argument_group("debug modes").add_argument
     debug(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -37,19 +38,64 @@ def available(kind: str) -> dict[str, Callable]:
     return {name: entry.fn for name, entry in entries(kind).items()}
 
 
+# What --list prints besides the kinds a config names: the layers a model is written with (model/modules).
+LISTED = (*COMPONENT_MODULES, "layers")
+
+
 def components_text(kind: str = "all") -> str:
-    """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line."""
-    kinds = list(COMPONENT_MODULES) if kind == "all" else [kind]
-    if kind != "all" and kind not in COMPONENT_MODULES:
-        raise ConfigError(
-            f"--list {kind}: unknown kind.{closest(kind, COMPONENT_MODULES)} Kinds: {', '.join(COMPONENT_MODULES)}"
-        )
+    """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line; "layers":
+    every layer class of model/modules (``layers_text``)."""
+    kinds = list(LISTED) if kind == "all" else [kind]
+    if kind != "all" and kind not in LISTED:
+        raise ConfigError(f"--list {kind}: unknown kind.{closest(kind, LISTED)} Kinds: {', '.join(LISTED)}")
     lines = []
     for each in kinds:
+        if each == "layers":
+            lines.append(layers_text())
+            continue
         lines.append(f"{each}:")
         for name, fn in available(each).items():
             task = entries(each)[name].task
             lines.append(f"  {signature_text(name, accepted(each, fn))}" + (f"  [task: {task}]" if task else ""))
+    return "\n".join(lines)
+
+
+def layers() -> dict[str, type]:
+    """Every public layer class (a ``Module``) that model/modules defines, by name, file by file."""
+    import importlib
+    import pkgutil
+
+    import model.modules as modules
+    from model.modules.module import Module
+
+    found = {}
+    for info in pkgutil.iter_modules(modules.__path__):
+        file = importlib.import_module(f"model.modules.{info.name}")
+        for name, obj in vars(file).items():
+            if inspect.isclass(obj) and issubclass(obj, Module) and obj.__module__ == file.__name__:
+                if not name.startswith("_") and obj is not Module:
+                    found[name] = obj
+    return found
+
+
+def layers_text() -> str:
+    """``--list layers``: each layer class with its constructor's arguments, its file and the first paragraph of its
+    docstring (what it is), all read from the classes themselves."""
+    lines = ["layers (model/modules: what a model in model/model.py is built of):"]
+    for name, cls in layers().items():
+        own = any("__init__" in vars(c) for c in cls.__mro__[:-1])  # not object's (*args, **kwargs)
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:] if own else []  # without self
+        shown = inspect.Signature(
+            [
+                p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
+                for p in parameters
+            ]
+        )
+        # the class's own docstring, else its file's (a file of one layer describes it there)
+        text = vars(cls).get("__doc__") or sys.modules[cls.__module__].__doc__ or ""
+        doc = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+        what = doc.rstrip(".") if doc else "(no docstring)"
+        lines.append(f"  {name}{shown}  [{cls.__module__.replace('.', '/')}.py]\n      {what}")
     return "\n".join(lines)
 
 

@@ -31,7 +31,9 @@ STDDEV = 0.02
 
 
 class TransformerBlock(Module):
-    """``x + attn(norm1(x))``, then ``+ fc2(gelu(fc1(norm2(.))))``, with dropout on both residual branches."""
+    """The pre-norm transformer block, ``x + attn(norm1(x))`` then ``+ fc2(gelu(fc1(norm2(.))))`` with dropout on
+    both residual branches: a decoder block (``causal``) or, with ``causal=False``, an encoder block; ``key_mask``
+    in the call marks padding no position attends to."""
 
     def __init__(
         self,
