@@ -273,3 +273,17 @@ def test_config_names_only_losses():
         "kl_divergence_with_logits",
         "focal_loss",
     }
+
+
+def test_class_weights_of_another_count_than_the_models_classes_are_a_config_error(tmp_path):
+    import json
+
+    from tests.test_train import make_config
+    from utils import ConfigError, validate
+
+    config = json.loads(make_config(tmp_path, tmp_path / "none", loss={"name": "focal_loss"}).read_text())
+    config["loss"]["args"] = {"class_weights": [1.0, 2.0]}
+    with pytest.raises(ConfigError, match=r"loss.args.class_weights: 2 weights, but the model scores 10 classes"):
+        validate(config, "c.json")
+    config["loss"]["args"] = {"class_weights": [1.0] * 10, "gamma": 1.0}
+    validate(config, "c.json")

@@ -342,8 +342,9 @@ def check_mesh(config: dict, source: str) -> None:
 
 
 def check_class_count(config: dict, model_fn: Callable, model_args: dict, source: str) -> None:
-    """A metric's `k` above the model's class count (num_classes, or vocab_size of a language model) would fail
-    only once the step is traced, after the data is read; both are in the config."""
+    """A metric's `k` above the model's class count (num_classes, or vocab_size of a language model), or a loss's
+    class_weights of another count, would fail only once the step is traced, after the data is read; both are in the
+    config."""
     classes = next(
         (
             model_args.get(n, default_of(model_fn, n, None))
@@ -354,6 +355,12 @@ def check_class_count(config: dict, model_fn: Callable, model_args: dict, source
     )
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         return  # the model's own check reports it
+    loss = config["loss"] if isinstance(config["loss"], dict) else {}
+    weights = (loss.get("args") or {}).get("class_weights")
+    if isinstance(weights, list) and len(weights) != classes:
+        raise ConfigError(
+            f"{source}: loss.args.class_weights: {len(weights)} weights, but the model scores {classes} classes"
+        )
     for i, spec in enumerate(config["metrics"]):
         name = spec if isinstance(spec, str) else spec["name"]
         fn = available("metrics")[name]
