@@ -92,9 +92,10 @@ def _check_arrays(
     classes=None,
     split_seed=0,
     prefetch=2,
+    mask=None,
     **_,
 ) -> None:
-    arrays_module.check_settings(input, target, split, validation_fraction, test_fraction, classes)
+    arrays_module.check_settings(input, target, split, validation_fraction, test_fraction, classes, mask)
     _count(split_seed, "split_seed", 0, 2**32 - 1)
     _count(prefetch, "prefetch", 0, 64)
 
@@ -356,12 +357,13 @@ def arrays(
     drop_last=False,
     prefetch=2,
     seed=0,
+    mask=None,
 ):
     """Named arrays of an .npz file or a folder of .npy files (see data_loader/arrays.py): `input` one name, a
     list of names or {input name: array name}; `target` a name, or null for none (the outputs are compared with
-    the input); memory-mapped, read a batch at a time."""
+    the input); `mask` a name, the batch's mask (0 on padding); memory-mapped, read a batch at a time."""
     data = arrays_module.ArraysDataset(
-        path, input, target, split, validation_fraction, test_fraction, split_seed, mmap, classes
+        path, input, target, split, validation_fraction, test_fraction, split_seed, mmap, classes, mask
     )
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 

@@ -201,3 +201,38 @@ def test_the_trainer_gives_the_batchs_mask_to_a_model_that_declares_it():
     want = np.asarray(cross_entropy(logits, batch["target"]))[:3].mean()
     assert float(logs["loss"]) == pytest.approx(want, rel=1e-5)
     assert float(stats["count"]) == 3.0
+
+
+@pytest.mark.slow
+def test_padded_text_classification_trains_from_a_config(tmp_path):
+    """train.py end to end: token ids padded to 24 with junk, their mask and a class from the arrays loader; the
+    text_transformer takes the batch's mask and learns which of two tokens a sequence holds more of."""
+    import json
+
+    from tests.test_train import run
+
+    rng = np.random.default_rng(0)
+    n, length = 320, 24
+    lengths = rng.integers(3, length + 1, n)
+    mask = (np.arange(length) < lengths[:, None]).astype(np.float32)
+    ids = np.where(mask > 0, rng.integers(1, 3, (n, length)), rng.integers(0, 50, (n, length))).astype(np.int32)
+    label = ((ids == 2) * mask).sum(1) > ((ids == 1) * mask).sum(1)
+    np.savez(tmp_path / "text.npz", ids=ids, mask=mask, label=label.astype(np.int32))
+    loader = {"path": str(tmp_path / "text.npz"), "input": "ids", "target": "label", "mask": "mask"}
+    config = {
+        "name": "text",
+        "model": {"name": "text_transformer", "args": {"vocab_size": 50, "num_classes": 2, "context": 24, "dim": 16}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": ["accuracy"],
+        "optimizer": {"name": "adam", "args": {"lr": 0.003}},
+        "data_loader": {
+            "train": {"name": "arrays", "args": {**loader, "split": "train", "batch_size": 32, "shuffle": True}},
+            "validation": {"name": "arrays", "args": {**loader, "split": "validation", "batch_size": 32}},
+        },
+        "trainer": {"epochs": 6, "save_dir": str(tmp_path / "saved"), "monitor": "max val/accuracy"},
+    }
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    result = run("train.py", "-c", tmp_path / "c.json", "--run-id", "r")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "saved/text/r/metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train/accuracy"] > 0.8, rows[-1]
