@@ -417,7 +417,8 @@ def test_schedule_lengths_are_the_config_s_in_debug_modes_and_checked_with_the_d
     schedule["args"]["warmup_steps"] = 100  # 2 epochs of 9 steps: "all" is 18
     config = make_config(tmp_path, data_dir, trainer__epochs=2, optimizer__args={}, optimizer__schedule=schedule)
     assert refused(run("train.py", "-c", config, "--run-id", "long_warmup")) == (
-        "error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps (18) must exceed warmup_steps (100)"
+        'error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps "all" (18 steps, the whole 2-epoch '
+        "run) must exceed warmup_steps 100, which it counts"
     )
     assert not (tmp_path / "saved/tiny/long_warmup").exists()
 
