@@ -225,13 +225,13 @@ def report_predictions(model, params, state, loader, preprocessing: dict, out: P
     import jax
 
     from training.plots import IMAGE_ROWS, MAX_PANELS, is_image, save_image_grid, save_predictions
-    from training.step import target_of
+    from training.step import model_kwargs, target_of
 
-    forward = jax.jit(lambda x: model(params, state, x, train=False)[0])
+    forward = jax.jit(lambda batch: model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0])
     inputs, predicted, true = [], [], []
     for batch in loader.batches():
         real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
-        predicted.append(np.asarray(forward(batch["input"]))[real])
+        predicted.append(np.asarray(forward(batch))[real])
         true.append(np.asarray(target_of(batch))[real])
         x = batch["input"]
         inputs.append(None if isinstance(x, dict) else np.asarray(x)[real])

@@ -59,7 +59,7 @@ def parse_args(argv=None):
         const="all",
         metavar="KIND",
         help="print the components a config may name, with their arguments, and exit: every kind, or one (model, "
-        "loss, metrics, optimizer, transforms, schedule, data_loader, augment, callbacks)",
+        "loss, metrics, optimizer, transforms, schedule, data_loader, augment, callbacks), or the layers",
     )
     debug = parser.add_argument_group("debug modes").add_argument
     debug(
@@ -244,7 +244,9 @@ def run(args) -> int:
                 f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "
                 f"(callbacks: {json.dumps(spec)}), not the trained ones"
             )
-    log.info(summary(run.model, trainer.ts["params"], trainer.ts["state"], trainer.state.model_input_spec))
+    trainable = trainer.state.optimizer.trainable  # None unless optimizer.frozen names some parameters
+    params, spec = trainer.ts["params"], trainer.state.model_input_spec
+    log.info(summary(run.model, params, trainer.ts["state"], spec, trainable and trainable(params)))
     monitored = run.monitor.name if run.monitor else None
     trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
     trainer.trackers = trackers

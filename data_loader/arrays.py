@@ -1,7 +1,8 @@
 """Named numpy arrays from a ``.npz`` file or a folder of ``.npy`` files, mapped to a batch's `input` and `target`.
 
 ``input`` names one array, a list of arrays (the model then receives a dict keyed by those names) or a dict
-{input name: array name}; ``target`` names one array (or null: no target, the outputs are compared with the input).
+{input name: array name}; ``target`` names one array (or null: no target, the outputs are compared with the input);
+``mask`` names an array that becomes the batch's mask (e.g. (rows, T), 0 on padding tokens).
 Arrays are memory-mapped, never read whole: a ``.npy`` file through ``np.load(mmap_mode="r")``, an ``.npz`` member
 stored without compression (``np.savez``) at its offset inside the zip file. Only a compressed member
 (``np.savez_compressed``) has to be read into memory, since its bytes on disk are not the array's. A batch reads
@@ -164,8 +165,9 @@ class ArraysDataset:
         classes=None,
         split_by="random",
         group=None,
+        mask=None,
     ):
-        check_settings(input, target, split, validation_fraction, test_fraction, classes)
+        check_settings(input, target, split, validation_fraction, test_fraction, classes, mask)
         check_split_by(split_by, group, "an array")
         if isinstance(input, str):
             inputs = input
@@ -174,8 +176,7 @@ class ArraysDataset:
         else:
             inputs = {name: name for name in input}
         names = [inputs] if isinstance(inputs, str) else list(inputs.values())
-        names += [target] if target is not None else []
-        names += [group] if group is not None else []
+        names += [name for name in (target, mask, group) if name is not None]
         self.arrays = open_arrays(path, list(dict.fromkeys(names)), mmap)
         lengths = {name: len(a) for name, a in self.arrays.items()}
         if len(set(lengths.values())) != 1:
@@ -194,7 +195,7 @@ class ArraysDataset:
                 f"{path}: the {split} split of {rows} rows is empty (validation_fraction "
                 f"{validation_fraction}, test_fraction {test_fraction})"
             )
-        self.inputs, self.target = inputs, target
+        self.inputs, self.target, self.mask = inputs, target, mask
         self.preprocessing = {"classes": list(classes)} if classes else {}
 
     def __len__(self) -> int:
@@ -210,10 +211,14 @@ class ArraysDataset:
         }
         if self.target is not None:
             batch["target"] = read(self.target)
+        if self.mask is not None:
+            batch["mask"] = read(self.mask).astype(np.float32)
         return batch
 
 
-def check_settings(input, target, split="all", validation_fraction=0.1, test_fraction=0.0, classes=None) -> None:
+def check_settings(
+    input, target, split="all", validation_fraction=0.1, test_fraction=0.0, classes=None, mask=None
+) -> None:
     """The settings, checked without reading anything."""
     ok_name = lambda v: isinstance(v, str) and v != ""  # noqa: E731
     if not (
@@ -226,6 +231,8 @@ def check_settings(input, target, split="all", validation_fraction=0.1, test_fra
         )
     if target is not None and not ok_name(target):
         raise ValueError(f"target: expected an array name or null (no target), got {target!r}")
+    if mask is not None and not ok_name(mask):
+        raise ValueError(f"mask: expected an array name or null (no mask), got {mask!r}")
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {', '.join(map(repr, SPLITS))}, got {split!r}")
     for name, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):

@@ -98,9 +98,10 @@ def _check_arrays(
     prefetch=2,
     split_by="random",
     group=None,
+    mask=None,
     **_,
 ) -> None:
-    arrays_module.check_settings(input, target, split, validation_fraction, test_fraction, classes)
+    arrays_module.check_settings(input, target, split, validation_fraction, test_fraction, classes, mask)
     check_split_by(split_by, group, "an array")
     _count(split_seed, "split_seed", 0, 2**32 - 1)
     _count(prefetch, "prefetch", 0, 64)
@@ -378,13 +379,25 @@ def arrays(
     seed=0,
     split_by="random",
     group=None,
+    mask=None,
 ):
     """Named arrays of an .npz file or a folder of .npy files (see data_loader/arrays.py): `input` one name, a
     list of names or {input name: array name}; `target` a name, or null for none (the outputs are compared with
-    the input); memory-mapped, read a batch at a time; `split_by` "random", "order" or "group" (with `group` an
-    array of one id per row)."""
+    the input); `mask` a name, the batch's mask (0 on padding); memory-mapped, read a batch at a time; `split_by`
+    "random", "order" or "group" (with `group` an array of one id per row)."""
     data = arrays_module.ArraysDataset(
-        path, input, target, split, validation_fraction, test_fraction, split_seed, mmap, classes, split_by, group
+        path,
+        input,
+        target,
+        split,
+        validation_fraction,
+        test_fraction,
+        split_seed,
+        mmap,
+        classes,
+        split_by=split_by,
+        group=group,
+        mask=mask,
     )
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 

@@ -17,7 +17,7 @@ from model.modules.normalization import BatchNorm, LayerNorm
 from model.modules.pooling import GlobalAvgPool, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
-from model.modules.transformer import TransformerLM
+from model.modules.transformer import TransformerClassifier, TransformerLM
 from model.registry import register
 
 
@@ -204,6 +204,22 @@ def char_transformer(
     (B, T, vocab_size), T <= context; learned positions, causal pre-norm blocks, the head tied to the token
     embedding unless ``tie_weights`` is false."""
     return TransformerLM(vocab_size, context, dim, depth, num_heads, mlp_ratio, dropout, tie_weights, use_bias)
+
+
+@register("model")
+def text_transformer(
+    vocab_size: int,
+    num_classes: int,
+    context: int,
+    dim: int = 64,
+    depth: int = 2,
+    num_heads: int = 4,
+    mlp_ratio: int = 4,
+    dropout: float = 0.0,
+) -> Module:
+    """A transformer encoder classifying padded token sequences: ids (B, T) and the batch's mask (B, T), zero on
+    padding -> class logits (B, num_classes); the padding changes nothing."""
+    return TransformerClassifier(vocab_size, num_classes, context, dim, depth, num_heads, mlp_ratio, dropout)
 
 
 def resnet_block(width: int, stride: int = 1, project: bool = False) -> Module:

@@ -32,7 +32,9 @@ def summary_rows(model: Module, params, state, x, prefix: str = "") -> list[tupl
     return [(prefix or type(model).__name__, tuple(output_shape(model, params, state, x).shape), count)]
 
 
-def summary(model: Module, params, state, x) -> str:
+def summary(model: Module, params, state, x, trainable=None) -> str:
+    """The table of ``summary_rows`` and the totals; ``trainable``: a tree of bools like ``params``, False on the
+    leaves no update changes (frozen), counted apart."""
     rows = summary_rows(model, params, state, x)
     total = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
     size = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
@@ -40,6 +42,9 @@ def summary(model: Module, params, state, x) -> str:
     lines = [f"{'layer':<{width}}  {'output shape':<20}  {'params':>10}", "-" * (width + 34)]
     lines += [f"{path:<{width}}  {str(shape):<20}  {count:>10,}" for path, shape, count in rows]
     lines += ["-" * (width + 34), f"total parameters: {total:,} ({size / 2**20:.2f} MB)"]
+    if trainable is not None:
+        frozen = sum(math.prod(p.shape) for p, on in zip(jax.tree.leaves(params), jax.tree.leaves(trainable)) if not on)
+        lines[-1] += f"; trainable {total - frozen:,}, frozen {frozen:,}"
     return "\n".join(lines)
 
 

@@ -153,3 +153,27 @@ def test_init_is_deterministic_and_works_in_sequential():
 def test_indivisible_heads_raise():
     with pytest.raises(ValueError, match="num_heads"):
         MultiHeadAttention(num_heads=5).init(KEY, X)
+
+
+def test_key_padding_mask_matches_numpy_flax_and_attention_over_the_real_keys():
+    """key_mask (B, kv_len): padded keys get no weight; each example's output is attention over its real keys
+    alone (a shorter sequence), with the causal mask too."""
+    key_mask = np.ones((B, LQ), np.float32)
+    key_mask[0, 3:] = 0.0  # example 0 has 3 real positions
+    for causal in (False, True):
+        layer = MultiHeadAttention(num_heads=3, causal=causal)
+        params, state = _init(layer, X)
+        y = np.asarray(layer(params, state, jnp.asarray(X), key_mask=jnp.asarray(key_mask))[0])
+        full = (key_mask[:, None, None, :] > 0) & (CAUSAL if causal else True)
+        np.testing.assert_allclose(y, _np_attention(params, X, X, 3, full), **TOL)
+        np.testing.assert_allclose(y, _flax_attention(params, 3, X, X, full), **TOL)
+        short = np.asarray(layer(params, state, jnp.asarray(X[:1, :3]))[0])
+        np.testing.assert_allclose(y[0, :3], short[0], **TOL)
+    check_grads(
+        lambda x: layer(params, state, x, key_mask=jnp.asarray(key_mask))[0],
+        (jnp.asarray(X),),
+        order=1,
+        modes=("rev",),
+        atol=1e-2,
+        rtol=1e-2,
+    )

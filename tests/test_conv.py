@@ -363,3 +363,40 @@ def test_cpu_kernels_switch(monkeypatch):
     assert not uses_kernels() and uses_kernels(cpu_kernels=True)
     monkeypatch.setattr(kernels, "CPU_KERNELS", True)
     assert uses_kernels() and not uses_kernels(cpu_kernels=False)
+
+
+# (kernel, stride, padding, dilation, groups, in_channels, out_channels, length)
+CONFIGS_1D = {
+    "k3_same": (3, 1, "SAME", 1, 1, 3, 4, 9),
+    "k4_s2_valid": (4, 2, "VALID", 1, 1, 2, 5, 11),
+    "k3_pad_before_after_dilated": (3, 1, (3, 1), 2, 1, 3, 4, 8),
+    "k5_int_pad_s3": (5, 3, 2, 1, 1, 2, 3, 10),
+    "depthwise": (3, 1, "SAME", 1, 4, 4, 4, 7),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS_1D)
+def test_conv1d_matches_flax_and_its_gradients_are_right(name):
+    from model.modules.conv import Conv1d
+
+    kernel, stride, padding, dilation, groups, cin, cout, length = CONFIGS_1D[name]
+    layer = Conv1d(cout, kernel, stride, padding, dilation, groups)
+    x = np.random.default_rng(3).normal(size=(2, length, cin)).astype(np.float32)
+    shapes, _ = jax.eval_shape(layer.init, jax.random.key(0), x)
+    assert shapes["weight"].shape == (kernel, cin // groups, cout)
+    params = _random_params(shapes, seed=4)
+    flax_padding = padding if isinstance(padding, str) else [padding if isinstance(padding, tuple) else (padding,) * 2]
+    flax_conv = nn.Conv(cout, (kernel,), (stride,), flax_padding, kernel_dilation=dilation, feature_group_count=groups)
+    flax_params = {"kernel": params["weight"], "bias": params["bias"]}
+    y = jax.jit(lambda p, x: layer(p, {}, x)[0])(params, x)
+    np.testing.assert_allclose(y, flax_conv.apply({"params": flax_params}, x), rtol=1e-5, atol=1e-5)
+    check_grads(lambda p, x: layer(p, {}, x)[0], (params, x), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
+
+
+def test_conv1d_refuses_other_ranks_and_bad_arguments():
+    from model.modules.conv import Conv1d
+
+    with pytest.raises(ValueError, match=r"\(batch, length, channels\)"):
+        Conv1d(4, 3).init(jax.random.key(0), jax.ShapeDtypeStruct((2, 5, 5, 3), jnp.float32))
+    with pytest.raises(ValueError, match="stride must be an int"):
+        Conv1d(4, 3, stride=(1, 2))

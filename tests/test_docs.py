@@ -4,6 +4,8 @@ for the names of components) prints every registered name."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,5 +79,26 @@ def test_train_py_lists_every_registered_component():
     )
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: model, loss, metrics, optimizer, transforms, "
-        "schedule, data_loader, augment, callbacks"
+        "schedule, data_loader, augment, callbacks, layers"
     ]
+
+
+def test_list_layers_shows_every_layer_class_with_its_arguments_and_what_it_is():
+    """Derived from model/modules, nothing typed by hand: each layer class there, its constructor's arguments, and
+    a description from its docstring (or its file's)."""
+    import inspect
+
+    from training.components import layers
+
+    listed = subprocess.run(
+        [sys.executable, "train.py", "--list", "layers"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    for name, cls in layers().items():
+        row = next(i for i, line in enumerate(lines) if line.startswith(f"  {name}("))
+        for argument in list(inspect.signature(cls.__init__).parameters)[1:]:
+            if argument not in ("args", "kwargs"):
+                assert argument in lines[row], (name, argument)
+        assert lines[row + 1].startswith("      ") and "(no docstring)" not in lines[row + 1], name
+    assert "causal=False" in lines[next(i for i, line in enumerate(lines) if "TransformerBlock(" in line) + 1]

@@ -140,3 +140,21 @@ def test_embedding_gradient_scatters_into_used_rows():
     with jax.enable_x64(True):
         table = jnp.asarray(RNG.standard_normal((7, 3)))
         check_grads(lambda t: layer({"embedding": t}, {}, jnp.asarray(ids))[0], (table,), order=1, modes=("fwd", "rev"))
+
+
+def test_positional_embedding_adds_the_first_rows_of_its_table():
+    from model.modules.embedding import PositionalEmbedding
+
+    layer = PositionalEmbedding(10)
+    x = jnp.asarray(np.random.default_rng(7).normal(size=(3, 6, 4)), jnp.float32)
+    params, _ = layer.init(jax.random.key(1), x)
+    table = np.asarray(params["embedding"])
+    assert table.shape == (10, 4)
+    np.testing.assert_allclose(layer(params, {}, x)[0], np.asarray(x) + table[None, :6], rtol=1e-6)
+    check_grads(lambda p, x: layer(p, {}, x)[0], (params, x), order=1, modes=("rev",))
+    # the gradient reaches the rows used, and only those
+    grad = jax.grad(lambda p: layer(p, {}, x)[0].sum())(params)["embedding"]
+    np.testing.assert_allclose(grad[:6], 3.0)
+    np.testing.assert_allclose(grad[6:], 0.0)
+    with pytest.raises(ValueError, match="exceed the position embedding's context of 10"):
+        layer(params, {}, jnp.zeros((1, 11, 4)))

@@ -24,18 +24,33 @@ from inference.predict import OnnxModel, TFLiteModel
 from model import model as samples
 from model.modules.activations import Activation
 from model.modules.attention import MultiHeadAttention
-from model.modules.conv import Conv2d, ConvTranspose2d
+from model.modules.conv import Conv1d, Conv2d, ConvTranspose2d
 from model.modules.dropout import Dropout
-from model.modules.embedding import Embedding
+from model.modules.embedding import Embedding, PositionalEmbedding
 from model.modules.flatten import Flatten
 from model.modules.linear import Linear
-from model.modules.module import Lambda
+from model.modules.module import Lambda, Module
 from model.modules.normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
-from model.modules.pooling import AvgPool2d, GlobalAvgPool, MaxPool2d
+from model.modules.pooling import AvgPool1d, AvgPool2d, GlobalAvgPool, MaxPool1d, MaxPool2d
 from model.modules.residual import Residual
 from model.modules.sequential import Sequential
 from model.modules.transformer import TransformerBlock
 from utils import available
+
+
+class MaskInput(Module):
+    """A model that declares ``mask`` as the export sees it: named inputs ``input`` and ``mask`` (train.py gives it
+    the batch's mask the same way)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def init(self, key, x):
+        return self.model.init(key, x["input"])
+
+    def __call__(self, params, state, x, *, train=False, key=None):
+        return self.model(params, state, x["input"], mask=x["mask"], train=train, key=key)
+
 
 FIXED = 2  # batch of the fixed-batch exports
 DYNAMIC = (1, 5)  # batches a symbolic-batch export runs at
@@ -72,6 +87,13 @@ CASES = {
     "rms_norm": (RMSNorm(), IMAGE, "normal"),
     "dropout_eval": (Sequential([Linear(6), Dropout(0.5)]), (5,), "normal"),
     "embedding": (Embedding(11, 6), (7,), "ids"),
+    # sequences (B, L, C): the 1-D layers run as their 2-D forms over (B, L, 1, C)
+    "conv1d_stride2_pad": (Conv1d(6, 3, stride=2, padding=(2, 1)), (9, 4), "normal"),
+    "conv1d_pool_positions": (
+        Sequential([PositionalEmbedding(12), Conv1d(6, 3), MaxPool1d(2), AvgPool1d(3, stride=1, padding="SAME")]),
+        (10, 4),
+        "normal",
+    ),
     "attention": (MultiHeadAttention(2), (6, 8), "normal"),
     "attention_cross_features": (MultiHeadAttention(2, qkv_features=12, out_features=5), (6, 8), "normal"),
     "residual": (Residual(Sequential([Linear(5), Activation("gelu")])), (4, 5), "normal"),
@@ -97,6 +119,18 @@ CASES = {
     "transformer_block": (TransformerBlock(2, mlp_ratio=2, dropout=0.1), (6, 8), "normal"),
     # int32 token ids in, logits per position out; the position slice and the tied head in every route.
     "char_transformer": (samples.char_transformer(vocab_size=11, context=8, dim=16, depth=2, num_heads=2), (8,), "ids"),
+    # an encoder over token ids; called without a mask, every position is a token
+    "text_transformer": (
+        samples.text_transformer(vocab_size=11, num_classes=3, context=8, dim=8, depth=1, num_heads=2),
+        (8,),
+        "ids",
+    ),
+    # a model that declares mask: the padding mask as a second named input, zero on the padded positions
+    "text_transformer_masked": (
+        MaskInput(samples.text_transformer(vocab_size=11, num_classes=3, context=8, dim=8, depth=1, num_heads=2)),
+        {"input": (8,), "mask": (8,)},
+        "ids_mask",
+    ),
     # named inputs: one sample shape per input, each a named input of the export
     "image_and_features": (
         samples.image_and_features(num_classes=3, channels=(4,), hidden=8, width=8),
@@ -121,6 +155,8 @@ def setup(case):
     spec = jax.tree.map(
         lambda shape: jax.ShapeDtypeStruct((FIXED, *shape), dtype), sample, is_leaf=lambda node: isinstance(node, tuple)
     )
+    if kind == "ids_mask":  # int32 ids and a float32 mask
+        spec = {**spec, "input": jax.ShapeDtypeStruct(spec["input"].shape, jnp.int32)}
     key = jax.random.PRNGKey(len(case))
     params, state = module.init(key, spec)
     # Away from unit scales, zero biases and (0, 1) batch statistics, so that every leaf matters; variances stay > 0.
@@ -140,6 +176,11 @@ def setup(case):
         if kind == "ids":
             vocabulary = getattr(module, "num_embeddings", None) or module.vocab_size
             return rng.integers(0, vocabulary, (n, *sample)).astype(np.int32)
+        if kind == "ids_mask":  # real tokens first, then padding holding any id
+            (length,) = sample["input"]
+            real = np.arange(length) < rng.integers(1, length + 1, (n, 1))
+            ids = rng.integers(0, module.model.vocab_size, (n, length)).astype(np.int32)
+            return {"input": ids, "mask": real.astype(np.float32)}
         return jax.tree.map(
             lambda shape: (rng.standard_normal((n, *shape)) * (3.0 if kind == "wide" else 1.0)).astype(np.float32),
             sample,

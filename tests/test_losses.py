@@ -55,6 +55,71 @@ def test_cross_entropy_one_hot_equals_ids_and_sequence_is_mean_over_positions():
     _close(by_one_hot, reference)
 
 
+def _torch_cross_entropy(logits, labels, weight, smoothing):
+    """PyTorch's documented cross_entropy(weight=w, label_smoothing=a, reduction="none"), in numpy: for class ids y,
+    ``(1 - a) * -w_y log p_y + a * sum_c -w_c log p_c / C``; for probabilities q, ``-sum_c w_c q'_c log p_c`` with
+    ``q' = (1 - a) q + a / C``."""
+    logits = np.asarray(logits, np.float64)
+    log_p = logits - logits.max(-1, keepdims=True)
+    log_p = log_p - np.log(np.exp(log_p).sum(-1, keepdims=True))
+    c = logits.shape[-1]
+    labels = np.asarray(labels)
+    if labels.ndim == logits.ndim - 1:
+        nll = -weight[labels] * np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
+        return (1 - smoothing) * nll + smoothing * (-(weight * log_p).sum(-1) / c)
+    q = (1 - smoothing) * labels + smoothing / c
+    return -(weight * q * log_p).sum(-1)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("soft", [False, True])
+def test_cross_entropy_class_weights_match_pytorchs_formula(smoothing, soft):
+    logits = _logits(B, C)
+    labels = _probs(B, C) if soft else jnp.asarray(rng.integers(0, C, B))
+    weights = rng.uniform(0.1, 3.0, C).astype(np.float32)
+    got = losses.cross_entropy(logits, labels, label_smoothing=smoothing, class_weights=list(map(float, weights)))
+    _close(got, _torch_cross_entropy(logits, labels, weights.astype(np.float64), smoothing))
+    ones = losses.cross_entropy(logits, labels, label_smoothing=smoothing, class_weights=[1.0] * C)
+    _close(ones, losses.cross_entropy(logits, labels, label_smoothing=smoothing))
+
+
+def test_class_weights_of_another_class_count_are_refused():
+    with pytest.raises(ValueError, match="class_weights: 3 weights for logits of 5 classes"):
+        losses.cross_entropy(_logits(B, C), jnp.zeros(B, jnp.int32), class_weights=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="class_weights.1"):
+        losses._check_cross_entropy(class_weights=[1.0, -2.0])
+
+
+def _focal_reference(logits, labels, gamma, alpha):
+    """Lin et al. (2017), eq. 5, with the softmax probability of each class: -alpha_c (1 - p_c)^gamma log p_c."""
+    logits = np.asarray(logits, np.float64)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    terms = -alpha * (1 - p) ** gamma * np.log(p)
+    labels = np.asarray(labels)
+    if labels.ndim == logits.ndim - 1:
+        return np.take_along_axis(terms, labels[..., None], -1)[..., 0]
+    return (labels * terms).sum(-1)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("soft", [False, True])
+def test_focal_loss_matches_the_papers_formula(gamma, soft):
+    logits = _logits(B, C)
+    labels = _probs(B, C) if soft else jnp.asarray(rng.integers(0, C, B))
+    alpha = rng.uniform(0.1, 1.0, C)
+    got = losses.focal_loss(logits, labels, gamma=gamma, class_weights=list(map(float, alpha)))
+    _close(got, _focal_reference(logits, labels, gamma, alpha))
+    if gamma == 0.0:  # no focusing: the cross-entropy
+        _close(losses.focal_loss(logits, labels, gamma=0.0), losses.cross_entropy(logits, labels))
+    if not soft:  # a sequence: the mean over its unmasked positions
+        seq_logits, seq_labels = _logits(B, 4, C), jnp.asarray(rng.integers(0, C, (B, 4)))
+        mask = jnp.asarray(rng.random((B, 4)) > 0.3).at[:, 0].set(True)
+        per_position = _focal_reference(seq_logits, seq_labels, gamma, 1.0)
+        want = (per_position * np.asarray(mask)).sum(1) / np.asarray(mask).sum(1)
+        _close(losses.focal_loss(seq_logits, seq_labels, gamma=gamma, mask=mask), want)
+
+
 def test_cross_entropy_rejects_mismatched_labels():
     with pytest.raises(ValueError):
         losses.cross_entropy(_logits(B, C), jnp.zeros((B, C + 1)))
@@ -170,6 +235,9 @@ def test_stable_at_large_logits(name):
         "huber",
         "kl_divergence",
         "kl_divergence_with_logits",
+        "cross_entropy_class_weights",
+        "focal_loss",
+        "focal_loss_soft",
     ],
 )
 def test_gradients(name):
@@ -184,5 +252,24 @@ def test_gradients(name):
         "huber": lambda x: losses.huber(x, other, delta=0.7),
         "kl_divergence": lambda x: losses.kl_divergence(jax.nn.log_softmax(x), soft),
         "kl_divergence_with_logits": lambda x: losses.kl_divergence_with_logits(x, soft),
+        "cross_entropy_class_weights": lambda x: losses.cross_entropy(
+            x, ids, label_smoothing=0.1, class_weights=[0.5, 2.0, 1.0]
+        ),
+        "focal_loss": lambda x: losses.focal_loss(x, ids, gamma=2.0, class_weights=[0.5, 2.0, 1.0]),
+        "focal_loss_soft": lambda x: losses.focal_loss(x, soft, gamma=1.5),
     }[name]
     check_grads(fn, (x,), order=1, modes=("fwd", "rev"))
+
+
+def test_class_weights_of_another_count_than_the_models_classes_are_a_config_error(tmp_path):
+    import json
+
+    from tests.test_train import make_config
+    from utils import ConfigError, validate
+
+    config = json.loads(make_config(tmp_path, tmp_path / "none", loss={"name": "focal_loss"}).read_text())
+    config["loss"]["args"] = {"class_weights": [1.0, 2.0]}
+    with pytest.raises(ConfigError, match=r"loss.args.class_weights: 2 weights, but the model scores 10 classes"):
+        validate(config, "c.json")
+    config["loss"]["args"] = {"class_weights": [1.0] * 10, "gamma": 1.0}
+    validate(config, "c.json")

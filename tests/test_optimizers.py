@@ -287,3 +287,145 @@ def test_small_model_trains(name):
 
     first, last = train(params)
     assert first > 0.5 and last < TARGET_LOSS, f"loss {float(first):.3f} -> {float(last):.3f} in {TRAIN_STEPS} steps"
+
+
+FROZEN_CASES = {
+    "sgd": ({"name": "sgd", "args": {"lr": 0.1, "momentum": 0.9}}, lambda: optax.sgd(0.1, momentum=0.9)),
+    "adam": ({"name": "adam", "args": {"lr": 0.01}}, lambda: optax.adam(0.01)),
+    "adamw": (
+        {"name": "adamw", "args": {"lr": 0.01, "weight_decay": 0.5}},
+        lambda: optax.adamw(0.01, weight_decay=0.5, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", FROZEN_CASES)
+def test_frozen_leaves_are_untouched_and_the_rest_trains_as_optax_would(name):
+    """optimizer.frozen: the conv and norm leaves stay bit for bit (weight decay included), the optimizer keeps no
+    state for them, and the other leaves follow optax's optimizer run on them alone."""
+    from training.components import build_optimizer
+
+    spec, reference = FROZEN_CASES[name]
+    config = {"optimizer": {**spec, "frozen": ["params.conv", "params.blocks.1.norm"]}, "trainer": {"epochs": 1}}
+    optimizer, _ = build_optimizer(config)
+    params = jax.tree.map(lambda p: p.copy(), PARAMS)
+    params["conv"]["bias"][0] = -0.0  # a negative zero stays one: no "+ 0" update either
+    grads = jax.tree.map(lambda g: g[:20], GRADS)
+
+    @jax.jit
+    def run(params, grads):
+        def step(carry, g):
+            p, s = carry
+            u, s = optimizer.update(g, s, p)
+            return (opt.apply_updates(p, u), s), None
+
+        return jax.lax.scan(step, (params, optimizer.init(params)), grads)[0]
+
+    final, state = run(params, grads)
+    frozen = {"conv": params["conv"], "norm": params["blocks"]["1"]["norm"]}
+    for got, want in zip(
+        jax.tree.leaves({"conv": final["conv"], "norm": final["blocks"]["1"]["norm"]}), jax.tree.leaves(frozen)
+    ):
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    assert np.signbit(np.asarray(final["conv"]["bias"])[0])
+    # no moments or traces for the frozen leaves: the state holds the dense layer's shapes and scalars only
+    assert {np.shape(leaf) for leaf in jax.tree.leaves(state)} <= {(), (4, 3), (3,)}
+    # the trained leaves: optax's optimizer over them alone
+    ref, ref_params = reference(), {"dense": params["blocks"]["1"]["dense"]}
+    ref_state = ref.init(ref_params)
+    for i in range(20):
+        g = {"dense": jax.tree.map(lambda x: x[i], GRADS["blocks"]["1"]["dense"])}
+        u, ref_state = ref.update(g, ref_state, ref_params)
+        ref_params = optax.apply_updates(ref_params, u)
+    for got, want in zip(jax.tree.leaves(final["blocks"]["1"]["dense"]), jax.tree.leaves(ref_params["dense"])):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+def test_frozen_prefixes_must_name_parameters():
+    from training.components import build_optimizer
+    from training.config_file import ConfigError
+    from training.config_schema import check_optimizer
+
+    config = {
+        "optimizer": {"name": "adam", "args": {"lr": 0.1}, "frozen": ["params.conv.weigh"]},
+        "trainer": {"epochs": 1},
+    }
+    optimizer, _ = build_optimizer(config)
+    with pytest.raises(
+        ValueError,
+        match="optimizer.frozen.0: 'params.conv.weigh' matches no parameter; the model's: params.blocks, params.conv",
+    ):
+        optimizer.init(PARAMS)
+    for bad, said in (
+        (["conv"], 'frozen.0: expected a key path of the parameters such as "params.backbone"'),
+        ("params.conv", "frozen: expected a list"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            check_optimizer({"optimizer": {"name": "adam", "args": {"lr": 0.1}, "frozen": bad}}, "c.json")
+
+
+def test_decay_mask_as_key_path_prefixes_in_json():
+    """AdamW's mask from a config: a list of key-path prefixes, the leaves under them decayed (as optax's mask of the
+    same leaves)."""
+    from training.components import build_optimizer
+    from training.config_schema import check_optimizer
+
+    spec = {
+        "name": "adamw",
+        "args": {"lr": 0.01, "weight_decay": 0.3, "mask": ["params.conv", "params.blocks.1.dense.weight"]},
+    }
+    check_optimizer({"optimizer": spec}, "c.json")
+    ours, _ = build_optimizer({"optimizer": spec, "trainer": {"epochs": 1}})
+    mask = {
+        "conv": {"weight": True, "bias": True},
+        "blocks": {"1": {"norm": {"scale": False}, "dense": {"weight": True, "bias": False}}},
+    }
+    assert_matches(ours, optax.adamw(0.01, weight_decay=0.3, mask=mask))
+    transform = {"name": "add_decayed_weights", "args": {"weight_decay": 0.1, "mask": ["params.conv.bias"]}}
+    chained, _ = build_optimizer(
+        {"optimizer": {"name": "sgd", "args": {"lr": 0.1}, "transforms": [transform]}, "trainer": {"epochs": 1}}
+    )
+    updates, _ = chained.update(jax.tree.map(jnp.zeros_like, PARAMS), chained.init(PARAMS), PARAMS)
+    np.testing.assert_allclose(updates["conv"]["bias"], -0.1 * 0.1 * PARAMS["conv"]["bias"], rtol=1e-6)
+    assert not np.asarray(updates["conv"]["weight"]).any()
+
+
+def test_grad_norm_counts_only_the_trainable_leaves():
+    from model import model as samples
+    from training.components import build_optimizer
+    from training.losses import cross_entropy
+    from training.step import make_train_step
+
+    model = samples.mlp(hidden=(8,))
+    x = RNG.standard_normal((6, 4, 4, 1)).astype(np.float32)
+    batch = {"input": x, "target": RNG.integers(0, 10, 6).astype(np.int32), "mask": np.ones(6, np.float32)}
+    params, state = model.init(jax.random.key(0), x)
+    config = {"optimizer": {"name": "adamw", "args": {"lr": 0.1}, "frozen": ["params.fc0"]}, "trainer": {"epochs": 1}}
+    optimizer, _ = build_optimizer(config)
+    ts = {"params": params, "state": state, "opt_state": optimizer.init(params), "step": 0, "rng": jax.random.key(1)}
+    new, _, logs = jax.jit(make_train_step(model, cross_entropy, optimizer, []))(ts, batch)
+
+    def loss(head):
+        outputs, _ = model({**params, "head": head}, state, x, train=True, key=jax.random.fold_in(ts["rng"], 0))
+        return cross_entropy(outputs, batch["target"]).mean()
+
+    head_grads = jax.grad(loss)(params["head"])
+    want = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(head_grads)))
+    assert float(logs["grad_norm"]) == pytest.approx(want, rel=1e-5)
+    for got, kept in zip(jax.tree.leaves(new["params"]["fc0"]), jax.tree.leaves(params["fc0"])):
+        assert np.asarray(got).tobytes() == np.asarray(kept).tobytes()
+    assert not np.allclose(new["params"]["head"]["weight"], params["head"]["weight"])
+
+
+def test_summary_counts_trainable_and_frozen_parameters():
+    from model import model as samples
+    from model.summary import summary
+    from training.components import build_optimizer
+
+    model = samples.mlp(hidden=(8,))
+    x = jax.ShapeDtypeStruct((2, 4, 4, 1), jnp.float32)
+    params, state = model.init(jax.random.key(0), x)
+    config = {"optimizer": {"name": "sgd", "args": {"lr": 0.1}, "frozen": ["params.fc0"]}, "trainer": {"epochs": 1}}
+    optimizer, _ = build_optimizer(config)
+    text = summary(model, params, state, x, optimizer.trainable(params))
+    assert "total parameters: 226 (0.00 MB); trainable 90, frozen 136" in text

@@ -153,3 +153,33 @@ def test_pool_rejects_bad_padding():
         MaxPool2d(2, padding="FULL")
     with pytest.raises(ValueError, match="kernel_size"):
         AvgPool2d(0)
+
+
+# (kernel, stride, padding, length)
+CONFIGS_1D = [(2, None, "VALID", 9), (3, 2, "SAME", 8), (3, 1, (1, 2), 6), (4, 3, 1, 10)]
+
+
+@pytest.mark.parametrize("kernel, stride, padding, length", CONFIGS_1D)
+def test_pools_1d_match_flax(kernel, stride, padding, length):
+    from model.modules.pooling import AvgPool1d, MaxPool1d
+
+    x = jnp.asarray(np.random.default_rng(5).normal(size=(2, length, 3)), jnp.float32)
+    window, strides = (kernel,), (kernel if stride is None else stride,)
+    pads = padding if isinstance(padding, str) else [padding if isinstance(padding, tuple) else (padding,) * 2]
+    for layer, reference in (
+        (MaxPool1d(kernel, stride, padding), lambda x: nn.max_pool(x, window, strides, pads)),
+        (AvgPool1d(kernel, stride, padding), lambda x: nn.avg_pool(x, window, strides, pads, count_include_pad=False)),
+        (
+            AvgPool1d(kernel, stride, padding, count_include_pad=True),
+            lambda x: nn.avg_pool(x, window, strides, pads, count_include_pad=True),
+        ),
+    ):
+        ours = lambda x: layer({}, {}, x)[0]
+        np.testing.assert_allclose(ours(x), reference(x), rtol=1e-6, atol=1e-6)
+        check_grads(ours, (x,), order=1, modes=("rev",))
+
+
+def test_global_avg_pool_over_a_sequence():
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 7, 3)), jnp.float32)
+    np.testing.assert_allclose(GlobalAvgPool()({}, {}, x)[0], np.asarray(x).mean(1), rtol=1e-6)
+    assert GlobalAvgPool(keepdims=True)({}, {}, x)[0].shape == (2, 1, 3)

@@ -421,6 +421,29 @@ def test_schedule_lengths_are_the_config_s_in_debug_modes_and_checked_with_the_d
     schedule["args"]["warmup_steps"] = 100  # 2 epochs of 9 steps: "all" is 18
     config = make_config(tmp_path, data_dir, trainer__epochs=2, optimizer__args={}, optimizer__schedule=schedule)
     assert refused(run("train.py", "-c", config, "--run-id", "long_warmup")) == (
-        "error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps (18) must exceed warmup_steps (100)"
+        'error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps "all" (18 steps, the whole 2-epoch '
+        "run) must exceed warmup_steps 100, which it counts"
     )
     assert not (tmp_path / "saved/tiny/long_warmup").exists()
+
+
+@pytest.mark.slow
+def test_fine_tuning_with_a_frozen_backbone(tmp_path, data_dir):
+    """--weights from another run with optimizer.frozen: the frozen layer keeps the loaded weights bit for bit
+    (AdamW's weight decay included), the head trains, and the summary counts both."""
+    assert run("train.py", "-c", make_config(tmp_path, data_dir, trainer__epochs=1), "--run-id", "base").returncode == 0
+    base = tmp_path / "saved/tiny/base/checkpoint-latest.params"
+    optimizer = {"name": "adamw", "args": {"lr": 0.01, "weight_decay": 0.1}, "frozen": ["params.fc0"]}
+    config = make_config(tmp_path, data_dir, optimizer=optimizer, trainer__epochs=1)
+    tuned = run("train.py", "-c", config, "--run-id", "tuned", "--weights", base, "--exclude", "params.head")
+    assert tuned.returncode == 0, tuned.stderr
+    before, _ = params_of(base)
+    after, _ = params_of(tmp_path / "saved/tiny/tuned/checkpoint-latest.params")
+    for key in ("params.fc0.weight", "params.fc0.bias"):
+        assert after[key].tobytes() == before[key].tobytes(), key
+    assert not np.array_equal(after["params.head.weight"], before["params.head.weight"])
+    assert not any(key.startswith("opt_state") and after[key].shape == (784, 32) for key in after)  # no moments
+    assert (
+        "total parameters: 25,450 (0.10 MB); trainable 330, frozen 25,120"
+        in (tmp_path / "saved/tiny/tuned/train.log").read_text()
+    )

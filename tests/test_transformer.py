@@ -147,3 +147,92 @@ def test_language_model_under_jit_matches_eager_and_compiles_once():
     )  # dropout is a function of the key alone
     forward(params, (ids + 1) % 11, jax.random.PRNGKey(8))
     assert len(traces) == 1
+
+
+def test_encoder_classifier_logits_ignore_the_padding_exactly():
+    """A text classifier (encoder blocks, masked mean pooling) given the batch's mask: padding 60 -> 80 and junk
+    in the padded positions leave every logit bit for bit the same."""
+    from model.model import text_transformer
+
+    model = text_transformer(vocab_size=30, num_classes=4, context=80, dim=16, depth=2, num_heads=2)
+    rng = np.random.default_rng(0)
+    lengths = np.array([60, 17, 1, 44])
+    ids60 = np.where(np.arange(60) < lengths[:, None], rng.integers(1, 30, (4, 60)), 0).astype(np.int32)
+    mask60 = (np.arange(60) < lengths[:, None]).astype(np.float32)
+    params, state = model.init(jax.random.key(0), jax.ShapeDtypeStruct((4, 80), jnp.int32))
+    forward = jax.jit(lambda ids, mask: model(params, state, ids, mask=mask)[0])
+    logits60 = np.asarray(forward(ids60, mask60))
+    ids80 = np.pad(ids60, ((0, 0), (0, 20)))
+    mask80 = np.pad(mask60, ((0, 0), (0, 20)))
+    np.testing.assert_array_equal(np.asarray(forward(ids80, mask80)), logits60)
+    junk = np.where(mask80 > 0, ids80, rng.integers(0, 1000, ids80.shape)).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(forward(junk, mask80)), logits60)
+    # the mask matters: without it the padding is read as tokens
+    assert not np.allclose(np.asarray(forward(junk, np.ones_like(mask80))), logits60)
+    # the only real token of example 2 decides its logits: the same as that token alone
+    alone = np.asarray(forward(ids80[2:3, :1].repeat(4, 0), np.ones((4, 1), np.float32)))[0]
+    np.testing.assert_allclose(logits60[2], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_the_trainer_gives_the_batchs_mask_to_a_model_that_declares_it():
+    """make_train_step: the loss of a padded batch classified as a whole uses the model's masked logits, and each
+    example with any real token counts once."""
+    from model.model import text_transformer
+    from training.losses import cross_entropy
+    from training.metrics import accuracy
+    from training.step import make_train_step
+
+    model = text_transformer(vocab_size=30, num_classes=4, context=12, dim=8, depth=1, num_heads=2)
+    rng = np.random.default_rng(1)
+    mask = (np.arange(12) < np.array([12, 5, 8, 0])[:, None]).astype(np.float32)  # the last: a padded example
+    batch = {
+        "input": np.where(mask > 0, rng.integers(0, 30, (4, 12)), 7).astype(np.int32),
+        "target": np.array([0, 3, 1, 2], np.int32),
+        "mask": mask,
+    }
+    params, state = model.init(jax.random.key(0), batch["input"])
+    ts = {"params": params, "state": state, "opt_state": (), "step": 0, "rng": jax.random.key(1)}
+    from training.optimizers import sgd
+
+    optimizer = sgd(0.0)
+    ts["opt_state"] = optimizer.init(params)
+    _, stats, logs = jax.jit(make_train_step(model, cross_entropy, optimizer, [accuracy()]))(ts, batch)
+    logits = model(params, state, batch["input"], mask=batch["mask"])[0]
+    want = np.asarray(cross_entropy(logits, batch["target"]))[:3].mean()
+    assert float(logs["loss"]) == pytest.approx(want, rel=1e-5)
+    assert float(stats["count"]) == 3.0
+
+
+@pytest.mark.slow
+def test_padded_text_classification_trains_from_a_config(tmp_path):
+    """train.py end to end: token ids padded to 24 with junk, their mask and a class from the arrays loader; the
+    text_transformer takes the batch's mask and learns which of two tokens a sequence holds more of."""
+    import json
+
+    from tests.test_train import run
+
+    rng = np.random.default_rng(0)
+    n, length = 320, 24
+    lengths = rng.integers(3, length + 1, n)
+    mask = (np.arange(length) < lengths[:, None]).astype(np.float32)
+    ids = np.where(mask > 0, rng.integers(1, 3, (n, length)), rng.integers(0, 50, (n, length))).astype(np.int32)
+    label = ((ids == 2) * mask).sum(1) > ((ids == 1) * mask).sum(1)
+    np.savez(tmp_path / "text.npz", ids=ids, mask=mask, label=label.astype(np.int32))
+    loader = {"path": str(tmp_path / "text.npz"), "input": "ids", "target": "label", "mask": "mask"}
+    config = {
+        "name": "text",
+        "model": {"name": "text_transformer", "args": {"vocab_size": 50, "num_classes": 2, "context": 24, "dim": 16}},
+        "loss": {"name": "cross_entropy"},
+        "metrics": ["accuracy"],
+        "optimizer": {"name": "adam", "args": {"lr": 0.003}},
+        "data_loader": {
+            "train": {"name": "arrays", "args": {**loader, "split": "train", "batch_size": 32, "shuffle": True}},
+            "validation": {"name": "arrays", "args": {**loader, "split": "validation", "batch_size": 32}},
+        },
+        "trainer": {"epochs": 6, "save_dir": str(tmp_path / "saved"), "monitor": "max val/accuracy"},
+    }
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    result = run("train.py", "-c", tmp_path / "c.json", "--run-id", "r")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "saved/text/r/metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train/accuracy"] > 0.8, rows[-1]

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model.registry import register
+from training import optimizers
 from training.files import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
 
 log = logging.getLogger("train")
@@ -239,3 +240,37 @@ def generate_text(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed: expected an integer from 0 to 2**32 - 1, got {seed!r}")
     return GenerateText(prompt, tokens, float(temperature), every, seed)
+
+
+class ReduceOnPlateau(Callback):
+    """The host side of the ``reduce_on_plateau`` schedule, added by the trainer when the optimizer's schedule is one:
+    at each epoch's end the monitored value updates the factor in the optimizer's state (before the checkpoint,
+    which so holds it), and the trainer's ``lr_scale``, kept on the host so that the logged learning rate is the one
+    applied without waiting for the steps in flight."""
+
+    name = "reduce_on_plateau"
+
+    def on_train_start(self, trainer) -> None:
+        trainer.lr_scale = float(optimizers.plateau_state(trainer.ts["opt_state"]).scale)  # a resumed run's
+
+    def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
+        plateau, monitor = trainer.state.lr_fn.plateau, trainer.checkpoints.monitor
+        value = row.get(monitor.name)
+        if value is None:
+            raise ValueError(f"trainer.monitor: {monitor.name!r} was not computed this epoch")
+        opt_state = trainer.ts["opt_state"]
+        new = optimizers.observe_plateau(
+            optimizers.plateau_state(opt_state), plateau, float(value), monitor.mode == "max"
+        )
+        trainer.ts = {**trainer.ts, "opt_state": optimizers.with_plateau_state(opt_state, new)}
+        before, trainer.lr_scale = trainer.lr_scale, float(new.scale)
+        if trainer.lr_scale != before:
+            log.info(
+                f"reduce_on_plateau: {monitor.name} has not improved for more than {plateau.patience} epoch(s); "
+                f"lr {plateau.init_value * before:.3g} -> {plateau.init_value * trainer.lr_scale:.3g}"
+            )
+
+
+def of_schedule(lr_fn) -> list[Callback]:
+    """The callbacks a learning-rate schedule needs besides the config's: reduce_on_plateau's."""
+    return [ReduceOnPlateau()] if hasattr(lr_fn, "plateau") else []

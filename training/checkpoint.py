@@ -140,6 +140,10 @@ FIELDS = {
     "position": (lambda v: is_int(v, 0), "an integer >= 0"),
     "batches": (lambda v: is_int(v, 1), "an integer >= 1"),
     "config": (lambda v: type(v) is dict, "an object"),
+    "schedule_length": (
+        lambda v: type(v) is dict and set(v) == {"epochs", "steps_per_epoch"} and all(is_int(n, 1) for n in v.values()),
+        'an object {"epochs": N, "steps_per_epoch": N}',
+    ),
 }
 REQUIRED = ("epoch", "step")
 

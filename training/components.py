@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ COMPONENT_MODULES = KINDS
 
 
 # Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
-EXTRA_KEYS = {"optimizer": ("schedule", "transforms"), "data_loader": ("augment", "allow_nonfinite")}
+EXTRA_KEYS = {"optimizer": ("schedule", "transforms", "frozen"), "data_loader": ("augment", "allow_nonfinite")}
 
 
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
@@ -37,19 +38,64 @@ def available(kind: str) -> dict[str, Callable]:
     return {name: entry.fn for name, entry in entries(kind).items()}
 
 
+# What --list prints besides the kinds a config names: the layers a model is written with (model/modules).
+LISTED = (*COMPONENT_MODULES, "layers")
+
+
 def components_text(kind: str = "all") -> str:
-    """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line."""
-    kinds = list(COMPONENT_MODULES) if kind == "all" else [kind]
-    if kind != "all" and kind not in COMPONENT_MODULES:
-        raise ConfigError(
-            f"--list {kind}: unknown kind.{closest(kind, COMPONENT_MODULES)} Kinds: {', '.join(COMPONENT_MODULES)}"
-        )
+    """Every registered component of ``kind`` (or of every kind) with its config arguments, one per line; "layers":
+    every layer class of model/modules (``layers_text``)."""
+    kinds = list(LISTED) if kind == "all" else [kind]
+    if kind != "all" and kind not in LISTED:
+        raise ConfigError(f"--list {kind}: unknown kind.{closest(kind, LISTED)} Kinds: {', '.join(LISTED)}")
     lines = []
     for each in kinds:
+        if each == "layers":
+            lines.append(layers_text())
+            continue
         lines.append(f"{each}:")
         for name, fn in available(each).items():
             task = entries(each)[name].task
             lines.append(f"  {signature_text(name, accepted(each, fn))}" + (f"  [task: {task}]" if task else ""))
+    return "\n".join(lines)
+
+
+def layers() -> dict[str, type]:
+    """Every public layer class (a ``Module``) that model/modules defines, by name, file by file."""
+    import importlib
+    import pkgutil
+
+    import model.modules as modules
+    from model.modules.module import Module
+
+    found = {}
+    for info in pkgutil.iter_modules(modules.__path__):
+        file = importlib.import_module(f"model.modules.{info.name}")
+        for name, obj in vars(file).items():
+            if inspect.isclass(obj) and issubclass(obj, Module) and obj.__module__ == file.__name__:
+                if not name.startswith("_") and obj is not Module:
+                    found[name] = obj
+    return found
+
+
+def layers_text() -> str:
+    """``--list layers``: each layer class with its constructor's arguments, its file and the first paragraph of its
+    docstring (what it is), all read from the classes themselves."""
+    lines = ["layers (model/modules: what a model in model/model.py is built of):"]
+    for name, cls in layers().items():
+        own = any("__init__" in vars(c) for c in cls.__mro__[:-1])  # not object's (*args, **kwargs)
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:] if own else []  # without self
+        shown = inspect.Signature(
+            [
+                p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
+                for p in parameters
+            ]
+        )
+        # the class's own docstring, else its file's (a file of one layer describes it there)
+        text = vars(cls).get("__doc__") or sys.modules[cls.__module__].__doc__ or ""
+        doc = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+        what = doc.rstrip(".") if doc else "(no docstring)"
+        lines.append(f"  {name}{shown}  [{cls.__module__.replace('.', '/')}.py]\n      {what}")
     return "\n".join(lines)
 
 
@@ -124,7 +170,9 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
             raise ConfigError(
                 f"{where}.args.{key}: unknown argument.{closest(key, params)} Accepted: {signature_text(name, fn)}"
             )
-        if key in params:
+        if key in params and kind in ("optimizer", "transforms") and leaf_mask(fn, key) and isinstance(value, list):
+            check_key_paths(value, f"{where}.args.{key}")
+        elif key in params:
             check_type(value, params[key].default, f"{where}.args.{key}", kind == "optimizer" and schedulable(fn, key))
     missing = [
         p
@@ -151,6 +199,26 @@ def schedulable(fn: Callable, argument: str) -> bool:
     from training.optimizers import Hyper  # JAX: config errors are reported before it loads
 
     return typing.get_type_hints(fn).get(argument) == Hyper
+
+
+def leaf_mask(fn: Callable, argument: str) -> bool:
+    """Whether an optimizer's or transform's argument is a pytree of bools over the params (type ``LeafMask``), which
+    a config gives as a list of key-path prefixes."""
+    from training.optimizers import LeafMask  # JAX: config errors are reported before it loads
+
+    return typing.get_type_hints(fn).get(argument) is LeafMask
+
+
+def check_key_paths(value: Any, where: str) -> None:
+    """A list of key-path prefixes of the parameters, as checkpoints name them: ``["params.backbone"]``."""
+    if not isinstance(value, list):
+        raise ConfigError(f'{where}: expected a list of key paths such as ["params.backbone"], got {show(value)}')
+    for i, path in enumerate(value):
+        if not isinstance(path, str) or not path.startswith("params.") or not path[7:] or ".." in path:
+            raise ConfigError(
+                f'{where}.{i}: expected a key path of the parameters such as "params.backbone" (as checkpoints and '
+                f"the summary name them), got {show(path)}"
+            )
 
 
 def component_error(where: str, error: Exception, args: dict) -> str:
@@ -216,12 +284,14 @@ def build_optimizer(
     (default: trainer.epochs now; a run fixes it when its data is loaded, before a debug mode shortens the run)."""
     from training import optimizers, schedules
 
-    steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if steps_per_epoch is None else steps_per_epoch
+    nominal = steps_per_epoch is None
+    steps_per_epoch = NOMINAL_STEPS_PER_EPOCH if nominal else steps_per_epoch
     run_epochs = config["trainer"]["epochs"] if epochs is None else epochs
 
     def schedule(spec, where):
+        counts = schedules.step_arguments(available("schedule")[spec["name"]])
         args = {
-            k: steps_of(v, steps_per_epoch, run_epochs) if k in schedules.STEP_COUNT_ARGUMENTS else v
+            k: steps_of(v, nominal, steps_per_epoch, run_epochs) if k in counts else v
             for k, v in (spec.get("args") or {}).items()
         }
         return build({**spec, "args": args}, "schedule", where)
@@ -233,16 +303,71 @@ def build_optimizer(
     elif "schedule" in spec:
         supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
     transforms = [
-        build(t, "transforms", f"{source}: optimizer.transforms.{i}") for i, t in enumerate(spec.get("transforms", []))
+        build_masked(t, "transforms", f"{source}: optimizer.transforms.{i}")
+        for i, t in enumerate(spec.get("transforms", []))
     ]
     for key, value in (spec.get("args") or {}).items():
         if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
             supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")
+            if hasattr(supplied[key], "plateau"):
+                raise ConfigError(
+                    f"{source}: optimizer.args.{key}: reduce_on_plateau sets the learning rate only; give it as "
+                    f"optimizer.schedule"
+                )
     args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
-    optimizer = build({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
+    optimizer = build_masked({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
     lr = supplied.get("lr", args.get("lr", default_of(available("optimizer")[spec["name"]], "lr", 0.0)))
     lr_fn = lr if callable(lr) else (lambda step: lr)
-    return (optimizers.chain(*transforms, optimizer) if transforms else optimizer), lr_fn
+    # reduce_on_plateau: its factor, kept in the optimizer's state, scales the updates after everything else
+    blocks = [*transforms, optimizer, *([optimizers.scale_by_plateau()] if hasattr(lr_fn, "plateau") else [])]
+    optimizer = optimizers.chain(*blocks) if len(blocks) > 1 else optimizer
+    return (optimizers.freeze(optimizer, spec["frozen"]) if spec.get("frozen") else optimizer), lr_fn
+
+
+def run_length_arguments(config: dict) -> list[str]:
+    """The places of the optimizer's schedule arguments given as "all" or {"epochs": N}: what the run's length
+    decides."""
+    from training import schedules
+
+    spec = config["optimizer"]
+    found = []
+    places = [("optimizer.schedule", spec.get("schedule"))] + [
+        (f"optimizer.args.{k}", v) for k, v in (spec.get("args") or {}).items()
+    ]
+    for place, schedule in places:
+        if not isinstance(schedule, dict) or schedule.get("name") not in available("schedule"):
+            continue
+        counts = schedules.step_arguments(available("schedule")[schedule["name"]])
+        for key, value in (schedule.get("args") or {}).items():
+            if key in counts and (value == "all" or (isinstance(value, dict) and "epochs" in value)):
+                found.append(f"{place}.args.{key}")
+    return found
+
+
+def schedule_length_note(config: dict, length: dict | None, epochs: int) -> str:
+    """What a resumed run's start-up line adds when it trains longer than the run length its schedules count (a
+    checkpoint's ``schedule_length``), and how to stretch them; "" otherwise."""
+    places = run_length_arguments(config)
+    if not length or not places or length["epochs"] == epochs:
+        return ""
+    return (
+        f"; the schedule keeps the length the run started with ({', '.join(places)} count {length['epochs']} "
+        f"epochs of {length['steps_per_epoch']} steps): past its end the lr stays where it ended. To stretch it over "
+        f"{epochs} epochs, give its length in steps (--set {places[0]}=N) or start a new run from these weights "
+        f"(--weights)"
+    )
+
+
+def build_masked(spec: Any, kind: str, where: str, **supplied) -> Any:
+    """``build`` with each ``LeafMask`` argument given as a list of key-path prefixes made its mask function."""
+    from training.optimizers import prefix_mask
+
+    spec = {"name": spec} if isinstance(spec, str) else spec
+    fn, args = available(kind).get(spec.get("name")), dict(spec.get("args") or {})
+    masks = {
+        k: prefix_mask(args.pop(k)) for k, v in list(args.items()) if fn and isinstance(v, list) and leaf_mask(fn, k)
+    }
+    return build({**spec, "args": args}, kind, where, **supplied, **masks)
 
 
 def default_of(fn: Callable, name: str, otherwise: Any) -> Any:
@@ -250,10 +375,15 @@ def default_of(fn: Callable, name: str, otherwise: Any) -> Any:
     return otherwise if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
-def steps_of(value: Any, steps_per_epoch: int, epochs: int) -> Any:
-    """A schedule's step count from the config: steps, {"epochs": N} or "all" (every step of the run)."""
-    if value == "all":
-        return steps_per_epoch * epochs
-    if isinstance(value, dict):
-        return max(1, round(value["epochs"] * steps_per_epoch))
+def steps_of(value: Any, nominal: bool, steps_per_epoch: int, epochs: int) -> Any:
+    """A schedule's step count from the config: steps, {"steps": N}, {"epochs": N} or "all" (every step of the run).
+    The last two become a ``StepCount``, which errors show as the config wrote it; ``nominal``: ``steps_per_epoch``
+    stands in for the data's, unknown yet, so no message names its steps."""
+    from training.schedules import StepCount
+
+    if isinstance(value, dict) and "steps" in value:
+        return value["steps"]
+    if value == "all" or isinstance(value, dict):
+        steps = steps_per_epoch * epochs if value == "all" else max(1, round(value["epochs"] * steps_per_epoch))
+        return StepCount(steps, value, None if nominal else steps_per_epoch, epochs)
     return value

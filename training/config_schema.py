@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.components import CLASS_COUNT_ARGUMENTS, available, build, check_component, default_of
+from training.components import CLASS_COUNT_ARGUMENTS, available, build, check_component, check_key_paths, default_of
 from training.config_file import ConfigError, closest, show
 
 TRAINER_DEFAULTS = {
@@ -195,6 +195,8 @@ def check_optimizer(config: dict, source: str) -> None:
         check_schedule(optimizer["schedule"], f"{source}: optimizer.schedule")
     elif "lr" in optimizer_args and not isinstance(optimizer_args["lr"], dict):
         check_number(optimizer_args, "lr", f"{source}: optimizer.args.", float, 0.0)
+    if "frozen" in optimizer:
+        check_key_paths(optimizer["frozen"], f"{source}: optimizer.frozen")
     transforms = optimizer.get("transforms", [])
     if not isinstance(transforms, list):
         raise ConfigError(f"{source}: optimizer.transforms: expected a list of components")
@@ -274,6 +276,12 @@ def check_trainer(config: dict, names: list[str], source: str) -> None:
     if trainer["run_id"] is not None:
         check_folder_name(trainer["run_id"], f"{where}run_id")
     monitor = trainer["monitor"]
+    schedule = config["optimizer"].get("schedule")
+    if monitor == "off" and isinstance(schedule, dict) and schedule.get("name") == "reduce_on_plateau":
+        raise ConfigError(
+            f'{where}monitor: "off", but optimizer.schedule reduce_on_plateau follows the monitored metric; '
+            f'name one, such as "min val/loss"'
+        )
     if monitor != "off":
         mode, _, metric = monitor.partition(" ") if isinstance(monitor, str) else ("", "", "")
         if mode not in ("min", "max") or not metric:
@@ -344,8 +352,9 @@ def check_mesh(config: dict, source: str) -> None:
 
 
 def check_class_count(config: dict, model_fn: Callable, model_args: dict, source: str) -> None:
-    """A metric's `k` above the model's class count (num_classes, or vocab_size of a language model) would fail
-    only once the step is traced, after the data is read; both are in the config."""
+    """A metric's `k` above the model's class count (num_classes, or vocab_size of a language model), or a loss's
+    class_weights of another count, would fail only once the step is traced, after the data is read; both are in the
+    config."""
     classes = next(
         (
             model_args.get(n, default_of(model_fn, n, None))
@@ -356,6 +365,12 @@ def check_class_count(config: dict, model_fn: Callable, model_args: dict, source
     )
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         return  # the model's own check reports it
+    loss = config["loss"] if isinstance(config["loss"], dict) else {}
+    weights = (loss.get("args") or {}).get("class_weights")
+    if isinstance(weights, list) and len(weights) != classes:
+        raise ConfigError(
+            f"{source}: loss.args.class_weights: {len(weights)} weights, but the model scores {classes} classes"
+        )
     for i, spec in enumerate(config["metrics"]):
         name = spec if isinstance(spec, str) else spec["name"]
         fn = available("metrics")[name]
@@ -366,26 +381,44 @@ def check_class_count(config: dict, model_fn: Callable, model_args: dict, source
 
 
 def check_schedule(spec: Any, where: str) -> None:
-    """A schedule component; its step counts may be given in epochs ({"epochs": 2.5}) or as "all" (the run)."""
-    from training.schedules import STEP_COUNT_ARGUMENTS
+    """A schedule component; an argument it annotates as a step count (``training/schedules.py``: ``Steps``) may be
+    a number of steps, {"steps": N}, {"epochs": N} (2.5 allowed) or "all" (the run)."""
+    from training.schedules import step_arguments
 
     if not isinstance(spec, dict):
         raise ConfigError(f'{where}: expected {{"name": ..., "args": {{...}}}}, got {show(spec)}')
     args = {} if spec.get("args") is None else spec["args"]
     if not isinstance(args, dict):
         raise ConfigError(f"{where}.args: expected an object, got {show(args)}")
-    plain = {k: v for k, v in args.items() if not (k in STEP_COUNT_ARGUMENTS and (v == "all" or isinstance(v, dict)))}
+    name = spec.get("name")
+    fn = available("schedule").get(name) if isinstance(name, str) else None
+    counts = step_arguments(fn) if fn is not None else ()
+    plain = {k: v for k, v in args.items() if k not in counts}
     check_component({**spec, "args": plain}, "schedule", where, supplied=tuple(k for k in args if k not in plain))
-    for key in STEP_COUNT_ARGUMENTS:
-        value = args.get(key)
-        if isinstance(value, dict):
-            if set(value) != {"epochs"}:
-                raise ConfigError(
-                    f'{where}.args.{key}: expected a number of steps, {{"epochs": N}} or "all", got {show(value)}'
-                )
-            check_number(value, "epochs", f"{where}.args.{key}.", float, 0.0, maximum=MAX_EPOCHS)
-        elif value is not None and value != "all":
-            check_number(args, key, f"{where}.args.", int, 0, maximum=MAX_STEPS)
+    for key in counts:
+        if key in args:
+            check_step_count(args, key, f"{where}.args.")
+
+
+def check_step_count(args: dict, key: str, prefix: str) -> None:
+    """One of a schedule's step counts as a config gives it (``prefix``: its place up to the key)."""
+    value, where = args[key], f"{prefix}{key}"
+    expected = f'expected a number of steps, {{"steps": N}}, {{"epochs": N}} or "all", got {show(value)}'
+    if value == "all":
+        return
+    if isinstance(value, dict):
+        if len(value) != 1 or set(value) - {"steps", "epochs"}:
+            raise ConfigError(f"{where}: {expected}")
+        if "epochs" in value:
+            check_number(value, "epochs", f"{where}.", float, 0.0, maximum=MAX_EPOCHS)
+            if value["epochs"] <= 0:
+                raise ConfigError(f"{where}.epochs: must be > 0, got {show(value['epochs'])}")
+        else:
+            check_number(value, "steps", f"{where}.", int, 0, maximum=MAX_STEPS)
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: {expected}")
+    check_number(args, key, prefix, int, 0, maximum=MAX_STEPS)
 
 
 def metric_names(config: dict, source: str = "config.json") -> list[str]:

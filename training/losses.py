@@ -58,9 +58,44 @@ def weighted_mean(per_example: jax.Array, weights: jax.Array | None = None) -> j
     return total / jnp.maximum(weights.sum(), jnp.finfo(per_example.dtype).tiny)
 
 
-def _check_cross_entropy(label_smoothing: float = 0.0) -> None:
+def _check_class_weights(class_weights) -> None:
+    if class_weights is None:
+        return
+    if not isinstance(class_weights, (list, tuple)) or not class_weights:
+        raise ValueError(f"class_weights: expected a list of one weight per class, got {class_weights!r}")
+    for i, weight in enumerate(class_weights):
+        check_range(weight, f"class_weights.{i}")
+
+
+def _check_cross_entropy(label_smoothing: float = 0.0, class_weights: list | None = None) -> None:
     # 1 or more leaves nothing of the labels; below 0 rewards confidence in others
     check_range(label_smoothing, "label_smoothing", 0, 1, open_high=True)
+    _check_class_weights(class_weights)
+
+
+def _check_focal(gamma: float = 2.0, class_weights: list | None = None) -> None:
+    check_range(gamma, "gamma")
+    _check_class_weights(class_weights)
+
+
+def _class_weight_vector(class_weights, num_classes: int, dtype) -> jax.Array | None:
+    """The config's per-class weights as an array; their count must be the logits' class count."""
+    if class_weights is None:
+        return None
+    if len(class_weights) != num_classes:
+        raise ValueError(f"class_weights: {len(class_weights)} weights for logits of {num_classes} classes")
+    return jnp.asarray(class_weights, dtype)
+
+
+def _targets(labels: jax.Array, logits: jax.Array) -> tuple[jax.Array | None, jax.Array | None]:
+    """(integer class ids (B, ...), None) or (None, class probabilities shaped like ``logits``)."""
+    if labels.ndim == logits.ndim - 1:
+        return labels.astype(jnp.int32), None
+    if labels.shape == logits.shape:
+        return None, labels.astype(logits.dtype)
+    raise ValueError(
+        f"labels of shape {labels.shape} fit neither class ids nor probabilities for logits of shape {logits.shape}"
+    )
 
 
 def _check_huber(delta: float = 1.0) -> None:
@@ -70,29 +105,61 @@ def _check_huber(delta: float = 1.0) -> None:
 
 @register("loss", task="classification", check=_check_cross_entropy)
 def cross_entropy(
-    logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0, mask: jax.Array | None = None
+    logits: jax.Array,
+    labels: jax.Array,
+    *,
+    label_smoothing: float = 0.0,
+    class_weights: list | None = None,
+    mask: jax.Array | None = None,
 ) -> jax.Array:
     """Softmax cross-entropy over the last axis of ``logits`` (B, ..., C).
 
     ``labels`` are either integer class ids of shape (B, ...) or class probabilities / one-hot vectors of the same
     shape as ``logits``. With ``label_smoothing`` a, the target becomes ``(1 - a) * labels + a / C``, as in
-    ``optax.smooth_labels``.
+    ``optax.smooth_labels``. ``class_weights`` (one per class) weigh each class's term ``-w_c * y_c * log p_c``, as
+    PyTorch's ``cross_entropy(weight=...)`` with ``reduction="none"``: a rare class's examples count more. The
+    training step then takes the plain mean of these per-example values (PyTorch's "mean" would divide by the sum
+    of the weights of the batch's labels instead, which changes the loss's scale from batch to batch).
     """
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     num_classes = logits.shape[-1]
-    if labels.ndim == logits.ndim - 1:
-        ids = labels.astype(jnp.int32)[..., None]
-        nll = -jnp.take_along_axis(log_probs, ids, axis=-1)[..., 0]
+    weights = _class_weight_vector(class_weights, num_classes, log_probs.dtype)
+    ids, probs = _targets(labels, logits)
+    weighted = log_probs if weights is None else log_probs * weights
+    if ids is not None:
+        nll = -jnp.take_along_axis(weighted, ids[..., None], axis=-1)[..., 0]
         # Smoothing with integer labels never builds the one-hot matrix: the uniform part is the mean log-prob.
-        loss = (1.0 - label_smoothing) * nll - label_smoothing * log_probs.mean(axis=-1)
-    elif labels.shape == logits.shape:
-        probs = labels.astype(log_probs.dtype)
-        probs = (1.0 - label_smoothing) * probs + label_smoothing / num_classes
-        loss = -(probs * log_probs).sum(axis=-1)
+        loss = (1.0 - label_smoothing) * nll - label_smoothing * weighted.mean(axis=-1)
     else:
-        raise ValueError(
-            f"labels of shape {labels.shape} fit neither class ids nor probabilities for logits of shape {logits.shape}"
-        )
+        probs = (1.0 - label_smoothing) * probs + label_smoothing / num_classes
+        loss = -(probs * weighted).sum(axis=-1)
+    return _mean_over_examples(loss, mask)
+
+
+@register("loss", task="classification", check=_check_focal)
+def focal_loss(
+    logits: jax.Array,
+    labels: jax.Array,
+    *,
+    gamma: float = 2.0,
+    class_weights: list | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Softmax focal loss (Lin et al., 2017): ``-w_c * (1 - p_c) ** gamma * log p_c`` of the true class c, summed
+    over the classes for probability targets; ``gamma`` 0 is the cross-entropy. Well-classified examples
+    (``p_c`` near 1) weigh little, so the hard ones, often of the rare classes, dominate the gradient.
+    ``class_weights``: the paper's alpha, one per class. Labels as ``cross_entropy`` takes them.
+    """
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    weights = _class_weight_vector(class_weights, logits.shape[-1], log_probs.dtype)
+    ids, probs = _targets(labels, logits)
+    # (1 - p) ** gamma through expm1: exact near p = 1, where 1 - exp(log p) loses every digit
+    focus = jnp.power(jnp.maximum(-jnp.expm1(log_probs), 0.0), gamma) if gamma else 1.0
+    terms = -focus * log_probs if weights is None else -focus * log_probs * weights
+    if ids is not None:
+        loss = jnp.take_along_axis(terms, ids[..., None], axis=-1)[..., 0]
+    else:
+        loss = (probs * terms).sum(axis=-1)
     return _mean_over_examples(loss, mask)
 
 

@@ -14,8 +14,8 @@ schedule ``step -> value`` (see ``training/schedules.py``); a block that takes o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, NewType
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,9 @@ from model.registry import register
 
 Schedule = Callable[[jax.Array], jax.Array]
 Hyper = float | Schedule  # a hyperparameter: a constant or a schedule
+# An argument that is a pytree of bools over the params (a decay mask): a config gives it as a list of key-path
+# prefixes, ["params.encoder", "params.head.weight"], True on the leaves under them (prefix_mask).
+LeafMask = NewType("LeafMask", object)
 
 
 def check_hyper(value: Hyper, name: str, low: float = 0.0, high: float = math.inf, **open_ends: bool) -> None:
@@ -42,6 +45,8 @@ def check_hyper(value: Hyper, name: str, low: float = 0.0, high: float = math.in
 class Optimizer(NamedTuple):
     init: Callable[[Any], Any]  # params -> state
     update: Callable[..., tuple[Any, Any]]  # (grads, state, params=None) -> (updates, state)
+    # params -> a tree of Python bools, False on the frozen leaves (``freeze``); None: every leaf trains
+    trainable: Callable[[Any], Any] | None = None
 
 
 class EmptyState(NamedTuple):
@@ -80,9 +85,21 @@ class LionState(NamedTuple):
     mu: Any
 
 
+class PlateauState(NamedTuple):
+    scale: jax.Array  # float32: the factor the updates are multiplied by, 1 until the first reduction
+    best: jax.Array  # float32: the best monitored value so far, negated for a "max" monitor (lower is better)
+    bad_epochs: jax.Array  # int32
+    cooldown: jax.Array  # int32: epochs left in which bad epochs are not counted
+
+
 def apply_updates(params, updates):
-    """``params + updates``, each leaf keeping its param's dtype."""
-    return jax.tree.map(lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype), params, updates)
+    """``params + updates``, each leaf keeping its param's dtype; a None update (a frozen leaf) leaves its param
+    as it is, bit for bit."""
+
+    def apply(u, p):
+        return p if u is None else jnp.asarray(p + u).astype(jnp.asarray(p).dtype)
+
+    return jax.tree.map(apply, updates, params, is_leaf=lambda u: u is None)
 
 
 def chain(*optimizers: Optimizer) -> Optimizer:
@@ -220,14 +237,15 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Optimizer:
 
 
 @register("transforms")
-def add_decayed_weights(weight_decay: Hyper, mask: Any = "default") -> Optimizer:
+def add_decayed_weights(weight_decay: Hyper, mask: LeafMask = "default") -> Optimizer:
     """Adds ``weight_decay * params`` to the leaves the mask selects (decoupled weight decay when it is followed by
     ``scale_by_learning_rate``, as in AdamW). ``mask`` is one of:
 
     - ``"default"``: leaves with ``ndim > 1`` (weights and kernels; not biases, norm scales or other vectors);
     - ``None`` or ``"all"``: every leaf;
     - a function ``(path, leaf) -> bool``, ``path`` the dotted key path such as ``"blocks.1.norm.scale"``;
-    - a pytree of bools shaped like the params (or a prefix of them).
+    - a pytree of bools shaped like the params (or a prefix of them);
+    - in a config, a list of key-path prefixes (``["params.encoder"]``): the leaves under them (``prefix_mask``).
     """
     check_hyper(weight_decay, "weight_decay")
     if (isinstance(mask, str) and mask not in ("default", "all")) or not (
@@ -275,6 +293,113 @@ def clip_by_value(max_delta: float) -> Optimizer:
     return Optimizer(_empty_init, update)
 
 
+def scale_by_plateau() -> Optimizer:
+    """Multiplies the updates by the ``scale`` in its state: the reduce-on-plateau factor of the learning rate, which
+    the trainer changes between epochs (``observe_plateau``); chained after the optimizer, so it scales the weight
+    decay too, as a lower learning rate does."""
+
+    def init(params):
+        return PlateauState(
+            jnp.ones([], jnp.float32), jnp.full([], jnp.inf, jnp.float32), *[jnp.zeros([], jnp.int32)] * 2
+        )
+
+    def update(grads, state, params=None):
+        return jax.tree.map(lambda g: g * state.scale.astype(g.dtype), grads), state
+
+    return Optimizer(init, update)
+
+
+def plateau_state(opt_state) -> PlateauState | None:
+    """The ``scale_by_plateau`` state inside an optimizer's state, if it has one."""
+    found = [s for s in jax.tree.leaves(opt_state, is_leaf=_is_plateau) if _is_plateau(s)]
+    return found[0] if found else None
+
+
+def with_plateau_state(opt_state, new: PlateauState):
+    return jax.tree.map(lambda s: new if _is_plateau(s) else s, opt_state, is_leaf=_is_plateau)
+
+
+def observe_plateau(state: PlateauState, plateau, value: float, higher_is_better: bool) -> PlateauState:
+    """The state after an epoch whose monitored metric was ``value`` (host numbers, at an epoch's end): PyTorch's
+    ``ReduceLROnPlateau.step`` with ``threshold_mode="rel"``; ``plateau`` is the schedule's ``Plateau``."""
+    import numpy as np
+
+    scale, bad, cooldown = float(state.scale), int(state.bad_epochs), int(state.cooldown)
+    best = -float(state.best) if higher_is_better else float(state.best)  # as the monitor reports it
+    if higher_is_better:
+        better = value > best * (1 + plateau.threshold)
+    else:
+        better = value < best * (1 - plateau.threshold)
+    if better:
+        best, bad = value, 0
+    else:
+        bad += 1
+    if cooldown > 0:
+        cooldown, bad = cooldown - 1, 0
+    if bad > plateau.patience:
+        floor = plateau.min_value / plateau.init_value
+        reduced = max(scale * plateau.factor, floor)
+        if plateau.init_value * (scale - reduced) > 1e-8:  # PyTorch's eps: a change below it is none
+            scale = reduced
+        cooldown, bad = plateau.cooldown, 0
+
+    def put(value, like):
+        return jax.device_put(np.asarray(value, like.dtype), like.sharding)
+
+    stored = -best if higher_is_better else best
+    return PlateauState(
+        put(scale, state.scale), put(stored, state.best), put(bad, state.bad_epochs), put(cooldown, state.cooldown)
+    )
+
+
+def _is_plateau(node) -> bool:
+    return isinstance(node, PlateauState)
+
+
+def prefix_mask(prefixes: Sequence[str]) -> Callable[[str, Any], bool]:
+    """A mask function ``(path, leaf) -> bool``: True on the leaves at or under one of the key-path prefixes, written
+    as checkpoints name the parameters (``params.encoder``; ``params.encoder`` does not cover ``params.encoder2``)."""
+    prefixes = tuple(prefixes)
+
+    def mask(path: str, leaf=None) -> bool:
+        full = f"params.{path}"
+        return any(full == p or full.startswith(p + ".") for p in prefixes)
+
+    return mask
+
+
+def freeze(optimizer: Optimizer, prefixes: Sequence[str]) -> Optimizer:
+    """``optimizer`` over the leaves outside the key-path prefixes (``params.backbone``, as checkpoints name them);
+    the leaves under them are frozen: no update reaches them (weight decay included) and the optimizer keeps no
+    state for them (no Adam moments). A prefix that matches no parameter is an error."""
+    frozen = prefix_mask(prefixes)
+
+    def trainable(params):
+        paths = [key_path_str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        for i, prefix in enumerate(prefixes):
+            if not any(prefix_mask([prefix])(path) for path in paths):
+                names = sorted({"params." + path.split(".")[0] for path in paths})
+                raise ValueError(
+                    f"optimizer.frozen.{i}: {prefix!r} matches no parameter; the model's: {', '.join(names)}"
+                )
+        return jax.tree_util.tree_map_with_path(lambda path, p: not frozen(key_path_str(path)), params)
+
+    def init(params):
+        return optimizer.init(only_trainable(params, trainable(params)))
+
+    def update(grads, state, params=None):
+        keep = trainable(grads)
+        params = None if params is None else only_trainable(params, keep)
+        return optimizer.update(only_trainable(grads, keep), state, params)
+
+    return Optimizer(init, update, trainable)
+
+
+def only_trainable(tree, trainable):
+    """``tree`` with None in place of its frozen leaves: a tree.map over it skips them, and stores nothing."""
+    return jax.tree.map(lambda x, on: x if on else None, tree, trainable)
+
+
 # The optimizers a config names; each is a chain of the blocks above, in optax's order.
 
 
@@ -291,7 +416,12 @@ def adam(lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Op
 
 @register("optimizer")
 def adamw(
-    lr: Hyper, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: Hyper = 1e-4, mask: Any = "default"
+    lr: Hyper,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: Hyper = 1e-4,
+    mask: LeafMask = "default",
 ) -> Optimizer:
     """Adam with decoupled weight decay; the decay is multiplied by the learning rate (optax and PyTorch)."""
     return chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr))
@@ -312,7 +442,9 @@ def adagrad(lr: Hyper, initial_accumulator_value: float = 0.1, eps: float = 1e-7
 
 
 @register("optimizer")
-def lion(lr: Hyper, b1: float = 0.9, b2: float = 0.99, weight_decay: Hyper = 0.0, mask: Any = "default") -> Optimizer:
+def lion(
+    lr: Hyper, b1: float = 0.9, b2: float = 0.99, weight_decay: Hyper = 0.0, mask: LeafMask = "default"
+) -> Optimizer:
     """Lion (Chen et al., 2023); its updates are signs, so it wants a learning rate 3-10x smaller than Adam's."""
     return chain(scale_by_lion(b1, b2), add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr))
 

@@ -10,8 +10,11 @@ same name, so the two can be swapped and compared:
 
 from __future__ import annotations
 
+import json
 import math
+import typing
 from collections.abc import Callable
+from typing import NamedTuple, NewType
 
 import jax.numpy as jnp
 
@@ -19,10 +22,45 @@ from model.checks import check_range
 from model.registry import register
 
 # What a config can name as a schedule.
-# Arguments that count steps: a config may give them in epochs ({"epochs": 2.5}) or as "all", the run's length.
-STEP_COUNT_ARGUMENTS = ("step_size", "transition_steps", "transition_begin", "decay_steps", "warmup_steps")
 
 Schedule = Callable[[int], jnp.ndarray]
+
+# A schedule's argument that counts steps: annotated so, a config may give it as a number of steps, as
+# {"steps": N}, in epochs ({"epochs": 2.5}) or as "all" (the run's length); the trainer turns each into steps.
+Steps = NewType("Steps", int)
+
+
+def step_arguments(fn: Callable) -> tuple[str, ...]:
+    """The arguments of a schedule factory annotated as ``Steps``."""
+    hints = typing.get_type_hints(fn)
+    return tuple(name for name, hint in hints.items() if hint is Steps)
+
+
+class StepCount(int):
+    """A number of steps resolved from a config's ``{"epochs": N}`` or ``"all"``: an int that shows itself in the
+    config's own words, so a schedule's error speaks the user's units (``{"epochs": 2} (the whole 2-epoch run)``),
+    not in steps the user never wrote."""
+
+    def __new__(cls, steps: int, given, steps_per_epoch: int | None, epochs: int):
+        count = super().__new__(cls, steps)
+        count.given, count.steps_per_epoch, count.epochs = given, steps_per_epoch, epochs
+        return count
+
+    def __str__(self) -> str:
+        given = json.dumps(self.given)
+        span = self.epochs if self.given == "all" else self.given["epochs"]
+        whole = (
+            f"the whole {self.epochs:g}-epoch run" if span == self.epochs else f"{span:g} of the run's {self.epochs}"
+        )
+        if span != self.epochs:
+            whole += " epochs"
+        steps = f"{int(self):,} steps, " if self.steps_per_epoch else ""
+        return f"{given} ({steps}{whole})"
+
+    __repr__ = __str__
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int(self).__format__(spec)
 
 
 @register("schedule")
@@ -59,7 +97,7 @@ def piecewise_constant(init_value: float, boundaries_and_scales: dict | None = N
 
 
 @register("schedule")
-def step_decay(init_value: float, step_size: int, gamma: float = 0.1) -> Schedule:
+def step_decay(init_value: float, step_size: Steps, gamma: float = 0.1) -> Schedule:
     """``init_value * gamma ** (step // step_size)``: multiply by ``gamma`` every ``step_size`` steps."""
     check_range(init_value, "init_value")
     check_range(gamma, "gamma")
@@ -71,9 +109,9 @@ def step_decay(init_value: float, step_size: int, gamma: float = 0.1) -> Schedul
 @register("schedule")
 def exponential_decay(
     init_value: float,
-    transition_steps: int,
+    transition_steps: Steps,
     decay_rate: float,
-    transition_begin: int = 0,
+    transition_begin: Steps = 0,
     staircase: bool = False,
     end_value: float | None = None,
 ) -> Schedule:
@@ -105,7 +143,7 @@ def exponential_decay(
 
 
 @register("schedule")
-def cosine_decay(init_value: float, decay_steps: int, alpha: float = 0.0) -> Schedule:
+def cosine_decay(init_value: float, decay_steps: Steps, alpha: float = 0.0) -> Schedule:
     """Half a cosine from ``init_value`` down to ``alpha * init_value`` over ``decay_steps``, then flat."""
     check_range(init_value, "init_value")
     check_range(alpha, "alpha")
@@ -121,7 +159,7 @@ def cosine_decay(init_value: float, decay_steps: int, alpha: float = 0.0) -> Sch
 
 
 @register("schedule")
-def linear(init_value: float, end_value: float, transition_steps: int, transition_begin: int = 0) -> Schedule:
+def linear(init_value: float, end_value: float, transition_steps: Steps, transition_begin: Steps = 0) -> Schedule:
     """From ``init_value`` at ``transition_begin`` to ``end_value`` ``transition_steps`` later; flat outside.
 
     As in optax, a non-positive ``transition_steps`` gives a constant ``init_value``.
@@ -141,14 +179,16 @@ def linear(init_value: float, end_value: float, transition_steps: int, transitio
 
 @register("schedule")
 def warmup_cosine_decay(
-    init_value: float, peak_value: float, warmup_steps: int, decay_steps: int, end_value: float = 0.0
+    init_value: float, peak_value: float, warmup_steps: Steps, decay_steps: Steps, end_value: float = 0.0
 ) -> Schedule:
     """Linear warm-up from ``init_value`` to ``peak_value`` over ``warmup_steps``, then cosine decay to
     ``end_value``; ``decay_steps`` counts the warm-up too (optax's convention)."""
     for name, value in (("init_value", init_value), ("peak_value", peak_value), ("end_value", end_value)):
         check_range(value, name)
     if decay_steps <= warmup_steps:
-        raise ValueError(f"warmup_cosine_decay: decay_steps ({decay_steps}) must exceed warmup_steps ({warmup_steps})")
+        raise ValueError(
+            f"warmup_cosine_decay: decay_steps {decay_steps} must exceed warmup_steps {warmup_steps}, which it counts"
+        )
     warmup = linear(init_value, peak_value, warmup_steps)
     decay = cosine_decay(peak_value, decay_steps - warmup_steps, alpha=end_value / peak_value if peak_value else 0.0)
 
@@ -160,7 +200,7 @@ def warmup_cosine_decay(
 
 @register("schedule")
 def one_cycle(
-    transition_steps: int,
+    transition_steps: Steps,
     peak_value: float,
     pct_start: float = 0.3,
     div_factor: float = 25.0,
@@ -187,6 +227,46 @@ def one_cycle(
         down = cosine(peak_value, end, (step - rise) / max(transition_steps - rise, 1))
         return jnp.where(step < rise, up, jnp.where(step < transition_steps, down, end))
 
+    return schedule
+
+
+class Plateau(NamedTuple):
+    """What ``reduce_on_plateau`` does at the end of an epoch (``training/optimizers.py``: ``observe_plateau``)."""
+
+    init_value: float
+    factor: float
+    patience: int
+    threshold: float
+    cooldown: int
+    min_value: float
+
+
+@register("schedule")
+def reduce_on_plateau(
+    init_value: float,
+    factor: float = 0.1,
+    patience: int = 10,
+    threshold: float = 1e-4,
+    cooldown: int = 0,
+    min_value: float = 0.0,
+) -> Schedule:
+    """``init_value``, multiplied by ``factor`` once the run's monitored metric (``trainer.monitor``) has not
+    improved by a relative ``threshold`` for more than ``patience`` epochs; after a reduction, ``cooldown`` epochs
+    count no bad epoch; never below ``min_value``. PyTorch's ``ReduceLROnPlateau`` (its "rel" threshold mode).
+
+    As a function of the step it is ``init_value``: the reduction is a factor that the optimizer keeps in its state
+    (``scale_by_plateau``), so a checkpoint holds it and a resumed run continues it; the trainer updates it from the
+    monitored value at each epoch's end and logs the rate applied. Only as ``optimizer.schedule``.
+    """
+    check_range(init_value, "init_value", open_low=True)
+    check_range(factor, "factor", 0, 1, open_low=True, open_high=True)
+    check_range(threshold, "threshold")
+    check_range(min_value, "min_value")
+    for name, value in (("patience", patience), ("cooldown", cooldown)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+    schedule = constant(init_value)
+    schedule.plateau = Plateau(float(init_value), float(factor), patience, float(threshold), cooldown, float(min_value))
     return schedule
 
 

@@ -91,14 +91,21 @@ class TrainState:
         self.compiled_eval, self.eval_batch_size = None, None
         fsdp = self.mesh.shape["fsdp"] > 1
         self.sharding = distributed.state_shardings(self.template(), self.mesh) if fsdp else self.replicated
-        self.chunk_fn = self.chunk_with(self.optimizer)
-        self.train_chunk = jax.jit(
-            self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
-        )
+        self.jit_train_chunk()
         self.eval_step = jax.jit(
             make_eval_step(run.model, run.loss_fn, run.metrics, run.augment, self.policy),
             donate_argnums=(2,),
             out_shardings=self.replicated,
+        )
+
+    def jit_train_chunk(self, schedule_length: dict | None = None) -> None:
+        """The training call; ``schedule_length``: a checkpoint's, which its resumed run's schedules keep counting."""
+        if schedule_length is not None:
+            self.run.epochs, self.run.steps_per_epoch = schedule_length["epochs"], schedule_length["steps_per_epoch"]
+        self.optimizer, self.lr_fn = self.run.optimizer()
+        self.chunk_fn = self.chunk_with(self.optimizer)
+        self.train_chunk = jax.jit(
+            self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
         )
 
     # ---------------------------------------------------------------------------------------- making a state
@@ -154,6 +161,7 @@ class TrainState:
             return state
 
         tree, header = checkpoint.restore(path, template)
+        self.jit_train_chunk(header.get("schedule_length"))  # before the step compiles
         totals = tree.pop("epoch_totals", None)
         shardings = distributed.state_shardings(tree, self.mesh)
         self.start_compile(with_shardings(tree, shardings))

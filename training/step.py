@@ -12,13 +12,14 @@ the state unchanged.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from training.metrics import merge
-from training.optimizers import apply_updates, global_norm
+from training.optimizers import apply_updates, global_norm, only_trainable
 from training.precision import Policy
 
 
@@ -26,11 +27,25 @@ def target_of(batch: dict):
     return batch["target"] if "target" in batch else batch["input"]
 
 
+def model_kwargs(model, batch: dict) -> dict:
+    """What a model's call declares of the batch besides its input: the ``mask`` (a padding mask, say)."""
+    return {"mask": batch["mask"]} if "mask" in inspect.signature(model.__call__).parameters else {}
+
+
+def loss_mask(batch: dict):
+    """The batch's mask as losses and metrics take it. A per-element mask the targets do not have (padded tokens of
+    a sequence classified as a whole, which the model took) counts each example with any unmasked element."""
+    mask, target = batch["mask"], target_of(batch)
+    if mask.ndim > 1 and hasattr(target, "shape") and tuple(target.shape[: mask.ndim]) != mask.shape:
+        return jnp.any(mask.reshape(mask.shape[0], -1) != 0, axis=1).astype(mask.dtype)
+    return mask
+
+
 def example_losses(loss_fn: Callable, outputs, batch: dict):
     """(per-example losses, their weights). A per-element mask goes to the loss, which averages each example over
     its unmasked elements; the example then weighs as many elements as it kept, so the weighted mean is the mean
     over every unmasked element (every real token of a padded batch of sequences, say)."""
-    mask = batch["mask"]
+    mask = loss_mask(batch)
     if mask.ndim == 1:
         return loss_fn(outputs, target_of(batch)), mask
     return loss_fn(outputs, target_of(batch), mask=mask), mask.reshape(mask.shape[0], -1).sum(axis=1)
@@ -41,7 +56,7 @@ def batch_stats(metrics: Sequence, outputs, batch, per_example_loss, weights) ->
     return {
         "loss_sum": jnp.sum(jnp.where(weights > 0, per_example_loss * weights, 0.0)),
         "count": jnp.sum(weights),
-        "metrics": {m.name: m.stats(outputs, target_of(batch), batch["mask"]) for m in metrics},
+        "metrics": {m.name: m.stats(outputs, target_of(batch), loss_mask(batch)) for m in metrics},
     }
 
 
@@ -54,7 +69,7 @@ def output_spec(model, params, state, batch: dict, augment=None):
     def forward(params, state, batch):
         if augment is not None:
             batch = augment(batch, None, train=False, outputs=None)
-        return model(params, state, batch["input"], train=False)[0]
+        return model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0]
 
     return jax.eval_shape(forward, params, state, batch)
 
@@ -81,7 +96,9 @@ def make_train_step(
 
     def objective(params, state, batch, key, scale):
         """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
-        outputs, new_state = policy.apply(model, params, state, batch["input"], train=True, key=key)
+        outputs, new_state = policy.apply(
+            model, params, state, batch["input"], train=True, key=key, **model_kwargs(model, batch)
+        )
         per_example, weights = example_losses(loss_fn, outputs, batch)
         total = jnp.sum(jnp.where(weights > 0, per_example * weights, 0.0))
         return total * scale, (outputs, new_state, per_example, weights)
@@ -119,7 +136,10 @@ def make_train_step(
         # the mean over every unmasked example of the update, whatever the micro-batches held
         count = jnp.maximum(stats["count"], jnp.finfo(jnp.float32).tiny)
         grads = jax.tree.map(lambda g: g / (count * scale), grads)
-        grad_norm = global_norm(grads)
+        # frozen leaves (optimizer.frozen) are no part of what trains: not of the norm either
+        grad_norm = global_norm(
+            grads if optimizer.trainable is None else only_trainable(grads, optimizer.trainable(grads))
+        )
         updates, opt_state = optimizer.update(grads, ts["opt_state"], params)
         new_ts = {
             **ts,
@@ -187,7 +207,7 @@ def make_eval_stats(model, loss_fn: Callable, metrics: Sequence, augment=None, p
     def eval_stats(params, state, batch):
         if augment is not None:
             batch = augment(batch, None, train=False, outputs=output_spec(model, params, state, batch, augment))
-        outputs, _ = policy.apply(model, params, state, batch["input"], train=False)
+        outputs, _ = policy.apply(model, params, state, batch["input"], train=False, **model_kwargs(model, batch))
         return batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
 
     return eval_stats

@@ -21,7 +21,9 @@ import jax
 import numpy as np
 
 from training import distributed, platform
+from training.callbacks import of_schedule
 from training.commit import Checkpoints
+from training.components import schedule_length_note
 from training.metrics import metric_results
 from training.settings import Settings
 from training.state import TrainState
@@ -72,7 +74,7 @@ class Trainer:
         self.checkpoints = Checkpoints(
             run_dir, self.settings, run.monitor, config_hash, self.state.evaluated, run.config, len(self.train_loader)
         )
-        self.callbacks, self.trackers = list(run.callbacks), list(trackers)
+        self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.state.lr_fn), list(trackers)
         self.ts = None  # the training state: made by init_state(), restore() or load_weights()
         self.origin = None  # where the state came from, for the log
         self.epoch = 0  # epochs completed
@@ -84,6 +86,7 @@ class Trainer:
         self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
         self.first_call_logged, self.first_call_seconds = False, None
         self.data_wait, self.trace = 0.0, None
+        self.lr_scale = 1.0  # reduce_on_plateau's factor of the lr, kept on the host (callbacks.ReduceOnPlateau)
 
     @property
     def run_dir(self) -> Path | None:
@@ -110,12 +113,16 @@ class Trainer:
         self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}" + (
             f" ({self.position} step(s) into epoch {self.epoch + 1})" if self.position else ""
         )
+        self.origin += schedule_length_note(self.run.config, header.get("schedule_length"), self.settings.epochs)
 
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
         self.ts = self.state.load_weights(self.ts, path, exclude)
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
+
+    def applied_lr(self, step: int) -> float:
+        return float(self.state.lr_fn(step)) * self.lr_scale
 
     # ------------------------------------------------------------------------------------------------------ the loop
     def fit(self) -> dict | None:
@@ -157,7 +164,7 @@ class Trainer:
                     "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
                     "time/data_wait_s": self.data_wait,
                     "time/peak_rss_mb": peak_rss_mb(),
-                    "lr": float(self.state.lr_fn(int(self.ts["step"]) - 1)),
+                    "lr": self.applied_lr(int(self.ts["step"]) - 1),
                 }
             )
             for callback in self.callbacks:
@@ -294,7 +301,7 @@ class Trainer:
             if step % every == 0:
                 values = {
                     "train/step_loss": float(losses[i]),
-                    "train/lr": float(self.state.lr_fn(step - 1)),
+                    "train/lr": self.applied_lr(step - 1),
                     "train/grad_norm": float(np.asarray(logs["grad_norm"])[i]),
                 }
                 # with a live progress bar the console shows the bar; step lines still reach train.log
@@ -310,7 +317,7 @@ class Trainer:
                 for callback in self.callbacks:
                     callback.on_step(self, step, values)
         if not bar.disable:  # tqdm shows the ETA itself
-            lr = float(self.state.lr_fn(first_step + done + real - 1))
+            lr = self.applied_lr(first_step + done + real - 1)
             bar.set_postfix(
                 {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
             )
@@ -322,7 +329,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ stopping and saving midway
     def header(self) -> dict:
-        return self.checkpoints.header(self.epoch, int(self.ts["step"]), self.min_loss)
+        header = self.checkpoints.header(self.epoch, int(self.ts["step"]), self.min_loss)
+        return {**header, "schedule_length": {"epochs": self.run.epochs, "steps_per_epoch": self.run.steps_per_epoch}}
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: the loop saves and stops at the next step boundary."""

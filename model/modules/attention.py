@@ -91,8 +91,14 @@ class MultiHeadAttention(Module):
         }
         return params, {}
 
-    def __call__(self, params, state, x, *, context=None, mask=None, train=False, key=None):
+    def __call__(self, params, state, x, *, context=None, mask=None, key_mask=None, train=False, key=None):
+        """``mask``: booleans broadcastable to (batch, heads, q_len, kv_len), True where a query may attend;
+        ``key_mask``: (batch, kv_len), nonzero on the real keys, zero on padding, which no query attends to (a
+        query whose keys are all padding gets the mean of the values)."""
         context = x if context is None else context
+        if key_mask is not None:
+            keys = (key_mask != 0)[:, None, None, :]
+            mask = keys if mask is None else jnp.logical_and(mask, keys)
         proj, out, head_dim = self._projections(x.shape[-1])
 
         def split_heads(name, inputs):

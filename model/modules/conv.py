@@ -1,4 +1,4 @@
-"""2-D convolution and transposed convolution (NHWC inputs, HWIO kernels).
+"""2-D convolution and transposed convolution (NHWC inputs, HWIO kernels); 1-D convolution (NLC inputs, WIO kernels).
 
 Both layers are ``lax.conv_general_dilated`` differentiated by JAX. On the CPU backend their training path goes
 through ``model/kernels`` instead (same values and gradients, formulated for XLA:CPU); ``cpu_kernels`` and
@@ -154,6 +154,68 @@ class Conv2d(Module):
     def forward(self, params, x):
         y = conv2d(x, params["weight"], self.stride, self.padding, self.dilation, self.groups)
         return y + params["bias"] if self.use_bias else y
+
+
+def as_2d(value, name: str, other):
+    """A 1-D layer's stride, dilation or padding as its 2-D form over (length, 1): ``other`` on the added axis."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, other)
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return (value[0], other)
+    if name == "padding" and isinstance(value, (list, tuple)) and len(value) == 2:
+        return (tuple(value), other)  # (before, after)
+    raise ValueError(
+        f"{name} must be {'an int, (before, after), ' if name == 'padding' else 'an int'}"
+        f"{' or SAME/VALID' if name == 'padding' else ''}, got {value!r}"
+    )
+
+
+class Conv1d(Module):
+    """1-D convolution over the middle axis of (N, L, C) inputs (a sequence, a time series); in_channels is inferred
+    at init. Kernel WIO (k, in / groups, out), as flax's ``Conv`` with a 1-D kernel.
+
+    padding: "SAME" | "VALID" | int | (before, after). It runs as ``Conv2d`` over (N, L, 1, C), so it exports
+    wherever the 2-D convolution does.
+    """
+
+    def __init__(
+        self,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        padding="SAME",
+        dilation: int = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        weight_init="he_normal",
+        bias_init="zeros",
+    ):
+        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
+        self.out_channels, self.groups, self.use_bias = out_channels, groups, use_bias
+        self.weight_init, self.bias_init = weight_init, bias_init
+        self._conv = Conv2d(
+            out_channels,
+            as_2d(kernel_size, "kernel_size", 1),
+            as_2d(stride, "stride", 1),
+            as_2d(padding, "padding", (0, 0)),
+            as_2d(dilation, "dilation", 1),
+            groups,
+            use_bias,
+            weight_init,
+            bias_init,
+        )
+
+    def init_params(self, key, x):
+        if len(x.shape) != 3:
+            raise ValueError(f"Conv1d takes (batch, length, channels) inputs, got shape {tuple(x.shape)}")
+        params = self._conv.init_params(key, jax.ShapeDtypeStruct((x.shape[0], x.shape[1], 1, x.shape[2]), x.dtype))
+        return {**params, "weight": params["weight"][:, 0]}
+
+    def forward(self, params, x):
+        y = self._conv.forward({**params, "weight": params["weight"][:, None]}, lax.expand_dims(x, (2,)))
+        return lax.squeeze(y, (2,))
 
 
 class ConvTranspose2d(Module):

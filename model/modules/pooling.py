@@ -1,4 +1,4 @@
-"""Max and average pooling over H, W of NHWC inputs, and global average pooling.
+"""Max and average pooling over H, W of NHWC inputs or over L of NLC inputs (sequences), and global average pooling.
 
 No ``lax.reduce_window``: its max-pool gradient (select-and-scatter) is ~45% of a small CNN's training step on
 XLA:CPU, and exporters mishandle it (jax2onnx emits a MaxPool onnxruntime rejects; a dynamic-batch average pool
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from model.modules.conv import as_pair, explicit_padding
+from model.modules.conv import as_2d, as_pair, explicit_padding
 from model.modules.module import Module
 
 
@@ -81,11 +81,51 @@ class AvgPool2d(Module):
         return total / counts.sum((2, 3))[:, :, None].astype(total.dtype)
 
 
+def _pool1d(layer: Module, pool: Module, x):
+    """A 2-D pooling over (N, L, 1, C): a 1-D window exports wherever a 2-D one does."""
+    if x.ndim != 3:
+        raise ValueError(f"{type(layer).__name__} takes (batch, length, channels) inputs, got shape {x.shape}")
+    return lax.squeeze(pool.forward({}, lax.expand_dims(x, (2,))), (2,))
+
+
+class MaxPool1d(Module):
+    """Max over windows of ``kernel_size`` positions of (N, L, C) inputs; ``stride`` defaults to the kernel size.
+    padding: "SAME" | "VALID" | int | (before, after); padding never wins the max."""
+
+    def __init__(self, kernel_size: int, stride: int | None = None, padding="VALID"):
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        kernel, padding = as_2d(kernel_size, "kernel_size", 1), as_2d(padding, "padding", (0, 0))
+        self._pool = MaxPool2d(kernel, kernel if stride is None else as_2d(stride, "stride", 1), padding)
+
+    def forward(self, params, x):
+        return _pool1d(self, self._pool, x)
+
+
+class AvgPool1d(Module):
+    """Mean over windows of ``kernel_size`` positions of (N, L, C) inputs; ``stride`` defaults to the kernel size.
+    With padding, the mean is over the input positions in each window only, unless ``count_include_pad``."""
+
+    def __init__(self, kernel_size: int, stride: int | None = None, padding="VALID", count_include_pad: bool = False):
+        self.kernel_size, self.stride, self.padding, self.count_include_pad = (
+            kernel_size,
+            stride,
+            padding,
+            count_include_pad,
+        )
+        kernel, padding = as_2d(kernel_size, "kernel_size", 1), as_2d(padding, "padding", (0, 0))
+        stride = kernel if stride is None else as_2d(stride, "stride", 1)
+        self._pool = AvgPool2d(kernel, stride, padding, count_include_pad)
+
+    def forward(self, params, x):
+        return _pool1d(self, self._pool, x)
+
+
 class GlobalAvgPool(Module):
-    """Mean over H and W: (N, H, W, C) -> (N, C), or (N, 1, 1, C) with ``keepdims``."""
+    """Mean over every axis between the batch and the channels: (N, H, W, C) or (N, L, C) -> (N, C); with
+    ``keepdims`` those axes stay, of size 1 ((N, 1, 1, C), (N, 1, C))."""
 
     def __init__(self, keepdims: bool = False):
         self.keepdims = keepdims
 
     def forward(self, params, x):
-        return x.mean((1, 2), keepdims=self.keepdims)
+        return x.mean(tuple(range(1, x.ndim - 1)), keepdims=self.keepdims)

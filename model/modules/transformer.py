@@ -1,4 +1,5 @@
-"""Decoder-only transformer: the pre-norm block of GPT-2 / nanoGPT and a language model over token ids.
+"""Transformers: the pre-norm block of GPT-2 / nanoGPT, a language model over token ids (decoder-only, causal) and
+a classifier of padded token sequences (an encoder: every position attends to every real one).
 
     model = TransformerLM(vocab_size=65, context=64, dim=128, depth=4, num_heads=4)
     params, state = model.init(key, jax.ShapeDtypeStruct((12, 64), jnp.int32))
@@ -21,7 +22,7 @@ from model.modules import initializers
 from model.modules.activations import gelu
 from model.modules.attention import MultiHeadAttention
 from model.modules.dropout import dropout
-from model.modules.embedding import Embedding
+from model.modules.embedding import Embedding, PositionalEmbedding
 from model.modules.linear import Linear
 from model.modules.module import Module, check_size, shape_of
 from model.modules.normalization import LayerNorm
@@ -30,7 +31,9 @@ STDDEV = 0.02
 
 
 class TransformerBlock(Module):
-    """``x + attn(norm1(x))``, then ``+ fc2(gelu(fc1(norm2(.))))``, with dropout on both residual branches."""
+    """The pre-norm transformer block, ``x + attn(norm1(x))`` then ``+ fc2(gelu(fc1(norm2(.))))`` with dropout on
+    both residual branches: a decoder block (``causal``) or, with ``causal=False``, an encoder block; ``key_mask``
+    in the call marks padding no position attends to."""
 
     def __init__(
         self,
@@ -71,11 +74,13 @@ class TransformerBlock(Module):
         }
         return params, {}
 
-    def __call__(self, params, state, x, *, train=False, key=None):
+    def __call__(self, params, state, x, *, key_mask=None, train=False, key=None):
+        """``key_mask``: (batch, length), zero on padding: no position attends to a padded one."""
         fc1, fc2 = self._mlp(x.shape[-1])
         rate = self.dropout if train else 0.0
         keys = jax.random.split(key, 3) if key is not None and rate > 0 else (None, None, None)
-        h, _ = self.attn(params["attn"], {}, self.norm1.forward(params["norm1"], x), train=train, key=keys[0])
+        normed = self.norm1.forward(params["norm1"], x)
+        h, _ = self.attn(params["attn"], {}, normed, key_mask=key_mask, train=train, key=keys[0])
         x = x + dropout(h, rate, keys[1])
         h = fc2.forward(params["fc2"], gelu(fc1.forward(params["fc1"], self.norm2.forward(params["norm2"], x))))
         return x + dropout(h, rate, keys[2]), state
@@ -113,7 +118,7 @@ class TransformerLM(Module):
         self.vocab_size, self.context, self.dim, self.depth = vocab_size, context, dim, depth
         self.dropout, self.tie_weights = dropout, tie_weights
         self.tokens = Embedding(vocab_size, dim, weight_init=initializers.normal(STDDEV))
-        self.positions = Embedding(context, dim, weight_init=initializers.normal(STDDEV))
+        self.positions = PositionalEmbedding(context, weight_init=initializers.normal(STDDEV))
         residual = STDDEV / math.sqrt(2 * depth)
         self.blocks = [TransformerBlock(num_heads, mlp_ratio, dropout, True, use_bias, residual) for _ in range(depth)]
         self.norm = LayerNorm(use_bias=use_bias)
@@ -125,7 +130,7 @@ class TransformerLM(Module):
         keys = jax.random.split(key, self.depth + 3)
         params = {
             "tokens": self.tokens.init_params(keys[0], ids),
-            "positions": self.positions.init_params(keys[1], ids),
+            "positions": self.positions.init_params(keys[1], x),
             "blocks": {str(i): block.init(keys[3 + i], x)[0] for i, block in enumerate(self.blocks)},
             "norm": self.norm.init_params(None, x),
         }
@@ -138,9 +143,7 @@ class TransformerLM(Module):
         if length > self.context:
             raise ValueError(f"sequences of {length} tokens exceed the model's context of {self.context}")
         keys = jax.random.split(key, self.depth + 1) if key is not None else [None] * (self.depth + 1)
-        # a static slice, not positions[:T]: TFLite rejects the gather that indexing becomes (docs/export.md)
-        positions = jax.lax.slice_in_dim(params["positions"]["embedding"], 0, length)
-        x = self.tokens.forward(params["tokens"], ids) + positions
+        x = self.positions.forward(params["positions"], self.tokens.forward(params["tokens"], ids))
         x = dropout(x, self.dropout if train else 0.0, keys[0])
         for i, block in enumerate(self.blocks):
             x, _ = block(params["blocks"][str(i)], {}, x, train=train, key=keys[i + 1])
@@ -149,3 +152,67 @@ class TransformerLM(Module):
             table = params["tokens"]["embedding"]
             return (x.reshape(-1, self.dim) @ table.T).reshape(*x.shape[:-1], self.vocab_size), state
         return self.head.forward(params["head"], x), state
+
+
+class TransformerClassifier(Module):
+    """Token ids (B, T), T <= context, padded at the end or anywhere -> class logits (B, num_classes): token and
+    learned position embeddings, ``depth`` pre-norm encoder blocks (``causal=False``), a final LayerNorm, the mean
+    over the real positions and a linear head. It declares ``mask`` (B, T), nonzero on real tokens: the trainer
+    gives it the batch's mask, and padded positions then change nothing (not the attention, not the mean), so the
+    logits are the same whatever the padding's length or content."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        context: int,
+        dim: int = 64,
+        depth: int = 2,
+        num_heads: int = 4,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+    ):
+        for name, size in (("vocab_size", vocab_size), ("num_classes", num_classes), ("depth", depth)):
+            check_size(size, name)
+        check_range(dropout, "dropout", 0, 1)
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.vocab_size, self.num_classes, self.context = vocab_size, num_classes, context
+        self.dim, self.depth, self.dropout = dim, depth, dropout
+        self.tokens = Embedding(vocab_size, dim, weight_init=initializers.normal(STDDEV))
+        self.positions = PositionalEmbedding(context, weight_init=initializers.normal(STDDEV))
+        self.blocks = [TransformerBlock(num_heads, mlp_ratio, dropout, causal=False) for _ in range(depth)]
+        self.norm = LayerNorm()
+        self.head = Linear(num_classes)
+
+    def init(self, key, ids):
+        ids = shape_of(ids)
+        x = jax.ShapeDtypeStruct((*ids.shape, self.dim), jnp.float32)
+        keys = jax.random.split(key, self.depth + 3)
+        params = {
+            "tokens": self.tokens.init_params(keys[0], ids),
+            "positions": self.positions.init_params(keys[1], x),
+            "blocks": {str(i): block.init(keys[3 + i], x)[0] for i, block in enumerate(self.blocks)},
+            "norm": self.norm.init_params(None, x),
+            "head": self.head.init_params(keys[2], jax.ShapeDtypeStruct((ids.shape[0], self.dim), jnp.float32)),
+        }
+        return params, {}
+
+    def __call__(self, params, state, ids, *, mask=None, train=False, key=None):
+        keys = jax.random.split(key, self.depth + 1) if key is not None else [None] * (self.depth + 1)
+        real = jnp.ones(ids.shape, jnp.float32) if mask is None else (mask != 0).astype(jnp.float32)
+        if ids.shape[-1] > self.context:
+            raise ValueError(f"sequences of {ids.shape[-1]} tokens exceed the model's context of {self.context}")
+        # computed at the full context whatever the batch's padding: sums over the positions then run over the same
+        # shapes, so the logits of a sequence are bit for bit the same however far its batch was padded
+        pad = ((0, 0), (0, self.context - ids.shape[-1]))
+        ids, real = jnp.pad(ids, pad), jnp.pad(real, pad)
+        x = self.positions.forward(params["positions"], self.tokens.forward(params["tokens"], ids))
+        x = dropout(x, self.dropout if train else 0.0, keys[0])
+        for i, block in enumerate(self.blocks):
+            x, _ = block(params["blocks"][str(i)], {}, x, key_mask=real, train=train, key=keys[i + 1])
+        x = self.norm.forward(params["norm"], x)
+        # where, not a product: a padded position may hold anything, even an overflow, and must add exactly 0
+        total = jnp.where(real[..., None] > 0, x, 0.0).sum(axis=-2)
+        pooled = total / jnp.maximum(real.sum(axis=-1, keepdims=True), 1.0)
+        return self.head.forward(params["head"], pooled), state
