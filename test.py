@@ -101,17 +101,28 @@ def main(argv=None) -> int:
     import jax
 
     from training import checkpoint
+    from training.components import of_output
     from training.metrics import accuracy, confusion_matrix, metric_results
     from training.step import empty_stats, make_eval_step
-    from training.tasks import task_of
+    from training.tasks import output_preprocessing, output_tasks, task_of
 
     preprocessing = loader.preprocessing
     task = task_of(config["loss"]["name"], spec, preprocessing)
+    # each output of a model of several named outputs is reported by its own task, under its name
+    tasks = output_tasks(config["loss"], spec, preprocessing)
+    heads = (
+        [(name, each, output_preprocessing(preprocessing, name)) for name, each in tasks.items()]
+        if tasks
+        else [(None, task, preprocessing)]
+    )
     names = {m.name for m in metrics}
-    if task == "classification" and "confusion_matrix" not in names:
-        metrics = [*metrics, confusion_matrix()]
-    if task == "sequence" and "accuracy" not in names:
-        metrics = [*metrics, accuracy()]
+    for output, each, _ in heads:
+        prefix = "" if output is None else f"{output}/"
+        named = (lambda m: m) if output is None else (lambda m, output=output: of_output(m, output))
+        if each == "classification" and f"{prefix}confusion_matrix" not in names:
+            metrics = [*metrics, named(confusion_matrix())]
+        if each == "sequence" and f"{prefix}accuracy" not in names:
+            metrics = [*metrics, named(accuracy())]
     try:
         template = jax.eval_shape(
             lambda: dict(zip(("params", "state"), model.init(jax.random.PRNGKey(0), spec["input"])))
@@ -131,35 +142,44 @@ def main(argv=None) -> int:
         totals = eval_step(params, state, totals, batch)
     results = metric_results(metrics, totals)
 
+    described = ", ".join(f"{name} {each}" for name, each, _ in heads) if tasks else task
     print(
         f"{checkpoint_path} (epoch {header.get('epoch')}, step {header.get('step')}), "
-        f"{args.split} split, {loader.num_examples} examples, task: {task}"
+        f"{args.split} split, {loader.num_examples} examples, task{'s' if tasks else ''}: {described}"
     )
+    tokens = {f"{'' if o is None else o + '/'}accuracy" for o, each, _ in heads if each == "sequence"}
+    classes_of = {f"{'' if o is None else o + '/'}": p.get("classes") for o, _, p in heads}
     for name, value in results.items():
         if isinstance(value, float):
-            label = "token accuracy" if task == "sequence" and name == "accuracy" else name
+            label = f"{name[: -len('accuracy')]}token accuracy" if name in tokens else name
             print(f"  {label:<20} {value:.4f}")
-        elif name != "confusion_matrix" and np.ndim(value) == 1:  # per class or label (an average of "none")
+        elif not name.endswith("confusion_matrix") and np.ndim(value) == 1:  # per class or label ("none")
             print(f"  {name}:")
-            print_per_class(value, preprocessing.get("classes"))
-    suffix = "" if args.split == "test" else f"_{args.split}"
+            print_per_class(value, classes_of.get(name[: name.rfind("/") + 1]))
     try:
-        if task == "classification":
-            report_classes(
-                np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"), out, suffix
-            )
-        elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
-            print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
-        elif task == "regression":
-            report_predictions(
-                model,
-                params,
-                state,
-                loader if augment is None else Prepared(loader, augment),
-                preprocessing,
-                out,
-                suffix,
-            )
+        for output, each, info in heads:
+            prefix = "" if output is None else f"{output}/"
+            suffix = ("" if output is None else f"_{output}") + ("" if args.split == "test" else f"_{args.split}")
+            if output is not None:
+                print(f"output {output} ({each}):")
+            if each == "classification":
+                matrix = np.asarray(results[f"{prefix}confusion_matrix"], dtype=np.int64)
+                report_classes(matrix, info.get("classes"), out, suffix)
+            elif each == "sequence" and tasks is None and config["loss"]["name"] == "cross_entropy":
+                if "perplexity" not in results:
+                    perplexity = math.exp(min(results["loss"], 700.0))
+                    print(f"  {'perplexity':<20} {perplexity:.4f}   (exp of the loss per position)")
+            elif each == "regression":
+                report_predictions(
+                    model,
+                    params,
+                    state,
+                    loader if augment is None else Prepared(loader, augment),
+                    info,
+                    out,
+                    suffix,
+                    output,
+                )
     except OSError as error:  # a read-only or full disk: the results above stand, the files do not
         fail(
             f"cannot write {error.filename or out} ({error.strerror or error}); the results above are complete, "
@@ -207,19 +227,25 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     print(f"wrote {image} and {out / f'per_class{suffix}.csv'}")
 
 
-def report_predictions(model, params, state, loader, preprocessing: dict, out: Path, suffix: str) -> None:
-    """Predicted against true values of every real example: predictions.png."""
+def report_predictions(
+    model, params, state, loader, preprocessing: dict, out: Path, suffix: str, output: str | None = None
+) -> None:
+    """Predicted against true values of every real example: predictions.png (of the named ``output`` of a model
+    of several)."""
     import jax
 
     from training.plots import save_predictions
     from training.step import model_kwargs, target_of
 
-    forward = jax.jit(lambda batch: model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0])
+    pick = (lambda tree: tree) if output is None else (lambda tree: tree[output])
+    forward = jax.jit(
+        lambda batch: pick(model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0])
+    )
     predicted, true = [], []
     for batch in loader.batches():
         real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
         predicted.append(np.asarray(forward(batch))[real])
-        true.append(np.asarray(target_of(batch))[real])
+        true.append(np.asarray(pick(target_of(batch)))[real])
     out.mkdir(parents=True, exist_ok=True)
     image = save_predictions(
         np.concatenate(predicted), np.concatenate(true), out / f"predictions{suffix}.png", preprocessing.get("targets")

@@ -11,6 +11,10 @@ how to judge agreement with the JAX model.
 | other | a loss that declares no task (a loss of your own, KL) | - | tolerance only |
 
 A dataset may override the derived task with ``preprocessing["task"]``.
+
+A model of several named outputs (a ``weighted_sum`` loss: one loss per output) has a task per output, each
+derived as above from that output's loss and target (``output_tasks``); ``preprocessing["outputs"][name]`` is that
+output's own preprocessing (its class names, say).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 from model.registry import TASKS, entries
 from model.summary import describe_batch
-from training.components import CLASS_COUNT_ARGUMENTS, available
+from training.components import CLASS_COUNT_ARGUMENTS, available, output_losses
 from training.config_file import ConfigError
 
 
@@ -43,6 +47,40 @@ def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None)
         per_example = len(target.shape) == (1 if ids else 2)
         return "classification" if per_example else "sequence"
     return task
+
+
+def per_output_losses(loss_spec) -> dict | None:
+    """``{output name: its loss's config}`` of a loss of one loss per named output (``weighted_sum``); None for a
+    model of one output."""
+    if not isinstance(loss_spec, dict) or loss_spec.get("name") not in available("loss"):
+        return None
+    fn = available("loss")[loss_spec["name"]]
+    nested = [value for key, value in (loss_spec.get("args") or {}).items() if output_losses(fn, key)]
+    return nested[0] if nested else None
+
+
+def output_preprocessing(preprocessing: dict | None, output: str) -> dict:
+    """One named output's preprocessing (``preprocessing["outputs"][output]``, its class names, say)."""
+    return dict(((preprocessing or {}).get("outputs") or {}).get(output) or {})
+
+
+def output_tasks(loss_spec, batch_spec: dict, preprocessing: dict | None = None) -> dict[str, str] | None:
+    """``{output name: task}`` of a model of several named outputs, each from its own loss and target; None for a
+    model of one output."""
+    losses = per_output_losses(loss_spec)
+    if losses is None:
+        return None
+    targets = batch_spec.get("target", batch_spec["input"])
+    return {
+        name: task_of(
+            spec["name"],
+            {"input": batch_spec["input"], "target": targets[name]}
+            if isinstance(targets, dict) and name in targets
+            else {"input": batch_spec["input"]},
+            output_preprocessing(preprocessing, name),
+        )
+        for name, spec in losses.items()
+    }
 
 
 def class_count(preprocessing: dict, targets: Callable[[], np.ndarray]) -> tuple[int, str]:
@@ -80,6 +118,7 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
         raise ConfigError(
             f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} ({reason}){hint}"
         ) from None
+    check_outputs_named(config, outputs, loader.spec.get("target"), source)
     task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
     target = loader.spec.get("target")
     if (
@@ -100,3 +139,21 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
             f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
             f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs")
         )
+
+
+def check_outputs_named(config: dict, outputs, target, source: str) -> None:
+    """Each output a per-output loss or metric names is one the model gives and the data has a target for."""
+    places = [(f"loss.args.losses.{name}", name) for name in per_output_losses(config["loss"]) or {}]
+    places += [
+        (f"metrics.{i}.output", spec["output"])
+        for i, spec in enumerate(config.get("metrics", []))
+        if isinstance(spec, dict) and "output" in spec
+    ]
+    for where, name in places:
+        if not isinstance(outputs, dict) or name not in outputs:
+            has = f"outputs {', '.join(sorted(outputs))}" if isinstance(outputs, dict) else "one output, not named"
+            raise ConfigError(f"{source}: {where}: the model has no output {name!r}; it has {has}")
+        if isinstance(target, dict) and name not in target:
+            raise ConfigError(
+                f"{source}: {where}: the data has no target {name!r}; its targets are {', '.join(sorted(target))}"
+            )
