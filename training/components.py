@@ -304,8 +304,8 @@ def check_output_losses(value: Any, where: str) -> None:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
             raise ConfigError(f"{where}.{output}.weight: expected a number >= 0, got {show(weight)}")
         inner = {k: v for k, v in spec.items() if k != "weight"}
-        name = inner.get("name")
-        if isinstance(name, str) and name in available("loss") and output_losses(available("loss")[name], "losses"):
+        fn = available("loss").get(inner.get("name")) if isinstance(inner.get("name"), str) else None
+        if fn is not None and any(output_losses(fn, p) for p in inspect.signature(fn).parameters):
             raise ConfigError(f"{where}.{output}.name: a loss of one output, not another {inner['name']}")
         check_component(inner, "loss", f"{where}.{output}")
 
