@@ -91,7 +91,7 @@ def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 1
 def mnist_multitask(num_classes: int = 10, channels: tuple = (16, 32), hidden: int = 64) -> Module:
     """Two outputs of one CNN body ([conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, a hidden dense
     layer): ``digit``, the class logits (B, num_classes), and ``ink``, one value per image (B, 1), the regression
-    head of the multi-task sample (configs/mnist_multitask.json)."""
+    head of the multi-task sample `mnist_multitask`."""
     check_size(num_classes, "num_classes")
     check_sizes(channels, "channels")
     check_size(hidden, "hidden")
