@@ -4,6 +4,7 @@ Reloading needs only JAX, not the model code:
 
     exported = jax.export.deserialize(bytearray(open("jax_mnist.jax", "rb").read()))
     outputs = exported.call(images)           # any batch size; several inputs: exported.call(a, b) in name order
+                                              # several named outputs: a tuple of them, in name order
 """
 
 from __future__ import annotations

@@ -240,3 +240,21 @@ def test_export_checks_each_named_output_on_dict_targets():
     with pytest.raises(exporter.ExportError, match="output 'ink', random inputs") as error:
         exporter.check(runner(off), forward, inputs, validation, "other", options, False, {}, outputs)
     assert "'digit'" not in str(error.value)
+
+
+def test_a_classifier_head_narrower_than_its_targets_classes_is_refused(tmp_path):
+    from tests.conftest import make_idx_dataset
+    from tests.test_train import run
+
+    make_idx_dataset(tmp_path / "mnist", n_train=60, n_test=20)
+    config = base_config(model__args__num_classes=5, trainer__save_dir=str(tmp_path / "saved"))
+    for loader in config["data_loader"].values():
+        loader["args"] = {**loader["args"], "data_dir": str(tmp_path / "mnist"), "verify": False, "validation_size": 20}
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    result = run("train.py", "-c", tmp_path / "c.json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        "c.json: model.args.num_classes: the model's output 'digit' gives 5 outputs per example, but the data has "
+        "10 classes; set it to 10"
+    ) in result.stderr
+    assert not (tmp_path / "saved").exists()

@@ -119,8 +119,30 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
             f"{source}: model: cannot take the data's {describe_batch({'input': spec['input']})} ({reason}){hint}"
         ) from None
     check_outputs_named(config, outputs, loader.spec.get("target"), source)
-    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
-    target = loader.spec.get("target")
+    tasks = output_tasks(config["loss"], loader.spec, loader.preprocessing)
+    if tasks is None:
+        task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+        check_class_width(config, task, outputs, loader.spec.get("target"), loader.preprocessing, loader, source)
+        return
+    for output, task in tasks.items():  # each classifier head against its own target's classes
+        target = loader.spec.get("target", {})
+        check_class_width(
+            config,
+            task,
+            outputs[output],
+            target.get(output) if isinstance(target, dict) else None,
+            output_preprocessing(loader.preprocessing, output),
+            loader,
+            source,
+            output,
+        )
+
+
+def check_class_width(
+    config: dict, task: str, outputs, target, preprocessing: dict, loader, source: str, output: str | None = None
+) -> None:
+    """A classifier or language model (or such an output of a model of several) with fewer outputs than the data
+    has classes is refused naming what to change."""
     if (
         task not in ("classification", "sequence")
         or target is None
@@ -128,15 +150,17 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
         or not hasattr(outputs, "shape")
     ):
         return
-    classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
+    pick = (lambda batch: batch["target"]) if output is None else (lambda batch: batch["target"][output])
+    classes, origin = class_count(preprocessing, lambda: pick(next(loader.batches(whole=True))))
     width = outputs.shape[-1]
     if width < classes:
         parameters = inspect.signature(available("model")[config["model"]["name"]]).parameters
         name = next((n for n in CLASS_COUNT_ARGUMENTS if n in parameters), None)
         where = f"model.args.{name}" if name else "model"
         per = "position" if task == "sequence" else "example"
+        gives = "the model gives" if output is None else f"the model's output {output!r} gives"
         raise ConfigError(
-            f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
+            f"{source}: {where}: {gives} {width} outputs per {per}, but the data has {classes} "
             f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs")
         )
 
