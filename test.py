@@ -5,8 +5,9 @@ checkpoint-latest.params when the run monitors nothing) or --run a checkpoint fi
 Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
 per_class.csv); for a language model (a class per position) perplexity and token accuracy; for regression a
-predicted-vs-true plot (predictions.png). Files go next to the checkpoint (or to DIR), with the split in their names
-when it is not the test split.
+predicted-vs-true plot (predictions.png). A model of several named outputs has each reported by its own task under
+its name (digit/accuracy, confusion_matrix_digit.png, predictions_ink.png). Files go next to the checkpoint (or to
+DIR), with the split in their names when it is not the test split.
 
 Exit status: 0 done; 1 the results were printed but a file could not be written (one `error:` line names it); 2 bad
 input (arguments, config, data, checkpoint), reported in one `error:` line before anything is evaluated."""
