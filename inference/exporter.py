@@ -200,18 +200,21 @@ def check(
         agree = agreements[name]
         per_random[name] = {**result.to_dict(), "agreement": None if agree[0] is None else float(np.mean(agree))}
     random_result = verify.merge([c for name in outputs.names for c in comparisons[name]])
+    shapes = {o["name"]: shape_text(o["shape"]) for o in runner.outputs}
     entry = {
         "inputs": [
             {"name": i["name"], "shape": shape_text(i["shape"]), "dtype": str(i["dtype"])} for i in runner.inputs
         ],
+        **(
+            {"output": {"name": runner.output_name, "shape": shape_text(runner.output_shape)}}
+            if single
+            else {"outputs": [{"name": n, "shape": shapes[n], "task": outputs.tasks[n]} for n in outputs.names]}
+        ),
         "random": {"batch_sizes": sizes, **random_result.to_dict()},
     }
-    shapes = {o["name"]: shape_text(o["shape"]) for o in runner.outputs}
     if single:
-        entry["output"] = {"name": runner.output_name, "shape": shape_text(runner.output_shape)}
         entry["random"]["agreement"] = per_random[runner.output_name]["agreement"]
     else:
-        entry["outputs"] = [{"name": n, "shape": shapes[n], "task": outputs.tasks[n]} for n in outputs.names]
         entry["random"]["outputs"] = per_random
     failures = [] if quantized or random_result.ok else [random_result.failure]
     if validation is None:
