@@ -51,6 +51,7 @@ SAMPLES = {
     ),
     # CIFAR-10 is downloaded on first use (download: true), never shipped
     "cifar10_resnet": Sample("configs/cifar10_resnet.json", (), ("tests/test_samples_cifar.py",)),
+    "mnist_multitask": Sample("configs/mnist_multitask.json", ("mnist",), ("tests/test_samples_multitask.py",)),
 }
 
 # Never copied, wherever they are: repositories, environments, caches, tracker output.

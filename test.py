@@ -6,8 +6,9 @@ Prints the loss and every configured metric, then what fits the task (derived fr
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
 per_class.csv); for a language model (a class per position) perplexity and token accuracy; for regression a
 predicted-vs-true plot of every output column (predictions.png); for outputs that are images (regression, masks) a
-grid of input / target / prediction of the first examples instead. Files go next to the checkpoint (or to DIR), with
-the split in their names when it is not the test split.
+grid of input / target / prediction of the first examples instead. A model of several named outputs has each reported
+by its own task under its name (digit/accuracy, confusion_matrix_digit.png, predictions_ink.png). Files go next to the
+checkpoint (or to DIR), with the split in their names when it is not the test split.
 
 Exit status: 0 done; 1 the results were printed but a file could not be written (one `error:` line names it); 2 bad
 input (arguments, config, data, checkpoint), reported in one `error:` line before anything is evaluated."""
@@ -105,23 +106,38 @@ def main(argv=None) -> int:
     import jax
 
     from training import checkpoint
+    from training.components import of_output
     from training.metrics import accuracy, confusion_matrix, metric_results
     from training.step import empty_stats, make_eval_step
-    from training.tasks import task_of
+    from training.tasks import output_preprocessing, output_tasks, task_of
 
     preprocessing = loader.preprocessing
     task = task_of(config["loss"]["name"], spec, preprocessing)
-    suffix = "" if args.split == "test" else f"_{args.split}"
+    # each output of a model of several named outputs is reported by its own task, under its name
+    tasks = output_tasks(config["loss"], spec, preprocessing)
+    heads = (
+        [(name, each, output_preprocessing(preprocessing, name)) for name, each in tasks.items()]
+        if tasks
+        else [(None, task, preprocessing)]
+    )
+    suffixes = {
+        output: ("" if output is None else f"_{output}") + ("" if args.split == "test" else f"_{args.split}")
+        for output, _, _ in heads
+    }
     try:  # the folder may come from elsewhere: a link or a pipe where a file goes is refused before the evaluation
-        for name in OUTPUTS.get(task, ()):
-            refuse_unsafe(out / name.format(suffix=suffix))
+        for output, each, _ in heads:
+            for name in OUTPUTS.get(each, ()):
+                refuse_unsafe(out / name.format(suffix=suffixes[output]))
     except UnsafeFile as error:
         fail(str(error))
     names = {m.name for m in metrics}
-    if task == "classification" and "confusion_matrix" not in names:
-        metrics = [*metrics, confusion_matrix()]
-    if task == "sequence" and "accuracy" not in names:
-        metrics = [*metrics, accuracy()]
+    for output, each, _ in heads:
+        prefix = "" if output is None else f"{output}/"
+        named = (lambda m: m) if output is None else (lambda m, output=output: of_output(m, output))
+        if each == "classification" and f"{prefix}confusion_matrix" not in names:
+            metrics = [*metrics, named(confusion_matrix())]
+        if each == "sequence" and f"{prefix}accuracy" not in names:
+            metrics = [*metrics, named(accuracy())]
     try:
         loaded = load_run(checkpoint_path, config, spec["input"])
     except (ConfigError, checkpoint.CheckpointError) as error:
@@ -134,36 +150,48 @@ def main(argv=None) -> int:
         totals = eval_step(params, state, totals, batch)
     results = metric_results(metrics, totals)
 
+    described = ", ".join(f"{name} {each}" for name, each, _ in heads) if tasks else task
     print(
         f"{checkpoint_path} (epoch {header.get('epoch')}, step {header.get('step')}), "
-        f"{args.split} split, {loader.num_examples} examples, task: {task}"
+        f"{args.split} split, {loader.num_examples} examples, task{'s' if tasks else ''}: {described}"
     )
     if header.get("eval_params"):  # an ema callback's average, say: what the run evaluated and saved as best
         print(f"  weights: {header['eval_params']} (the run evaluated these, not the trained parameters)")
+    tokens = {f"{'' if o is None else o + '/'}accuracy" for o, each, _ in heads if each == "sequence"}
+    classes_of = {f"{'' if o is None else o + '/'}": p.get("classes") for o, _, p in heads}
     for name, value in results.items():
         if isinstance(value, float):
-            label = "token accuracy" if task == "sequence" and name == "accuracy" else name
+            label = f"{name[: -len('accuracy')]}token accuracy" if name in tokens else name
             print(f"  {label:<20} {value:.4f}")
-        elif name != "confusion_matrix" and np.ndim(value) == 1:  # per class or label (an average of "none")
+        elif not name.endswith("confusion_matrix") and np.ndim(value) == 1:  # per class or label ("none")
             print(f"  {name}:")
-            print_per_class(value, preprocessing.get("classes"))
+            print_per_class(value, classes_of.get(name[: name.rfind("/") + 1]))
     try:
-        if task == "classification":
-            report_classes(
-                np.asarray(results["confusion_matrix"], dtype=np.int64), preprocessing.get("classes"), out, suffix
-            )
-        elif task == "sequence" and config["loss"]["name"] == "cross_entropy" and "perplexity" not in results:
-            print(f"  {'perplexity':<20} {math.exp(min(results['loss'], 700.0)):.4f}   (exp of the loss per position)")
-        elif task == "regression" or (task == "multilabel" and len(spec.get("target", spec["input"]).shape) >= 3):
-            report_predictions(
-                model,
-                params,
-                state,
-                loader if augment is None else Prepared(loader, augment),
-                preprocessing,
-                out,
-                suffix,
-            )
+        for output, each, info in heads:
+            prefix = "" if output is None else f"{output}/"
+            suffix = suffixes[output]
+            if output is not None:
+                print(f"output {output} ({each}):")
+            if each == "classification":
+                matrix = np.asarray(results[f"{prefix}confusion_matrix"], dtype=np.int64)
+                report_classes(matrix, info.get("classes"), out, suffix)
+            elif each == "sequence" and tasks is None and config["loss"]["name"] == "cross_entropy":
+                if "perplexity" not in results:
+                    perplexity = math.exp(min(results["loss"], 700.0))
+                    print(f"  {'perplexity':<20} {perplexity:.4f}   (exp of the loss per position)")
+            elif each == "regression" or (
+                each == "multilabel" and output is None and len(spec.get("target", spec["input"]).shape) >= 3
+            ):
+                report_predictions(
+                    model,
+                    params,
+                    state,
+                    loader if augment is None else Prepared(loader, augment),
+                    info,
+                    out,
+                    suffix,
+                    output,
+                )
     except OSError as error:  # a read-only or full disk: the results above stand, the files do not
         fail(
             f"cannot write {error.filename or out} ({error.strerror or error}); the results above are complete, "
@@ -219,20 +247,26 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     print(f"wrote {image} and {table_path}")
 
 
-def report_predictions(model, params, state, loader, preprocessing: dict, out: Path, suffix: str) -> None:
-    """Predicted against true values of every real example (predictions.png): a scatter per output column, or, for
-    outputs that are images, a grid of input / target / prediction of the first examples."""
+def report_predictions(
+    model, params, state, loader, preprocessing: dict, out: Path, suffix: str, output: str | None = None
+) -> None:
+    """Predicted against true values of every real example (predictions.png; of the named ``output`` of a model of
+    several): a scatter per output column, or, for outputs that are images, a grid of input / target / prediction of
+    the first examples."""
     import jax
 
     from training.plots import IMAGE_ROWS, MAX_PANELS, is_image, save_image_grid, save_predictions
     from training.step import model_kwargs, target_of
 
-    forward = jax.jit(lambda batch: model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0])
+    pick = (lambda tree: tree) if output is None else (lambda tree: tree[output])
+    forward = jax.jit(
+        lambda batch: pick(model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0])
+    )
     inputs, predicted, true = [], [], []
     for batch in loader.batches():
         real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
         predicted.append(np.asarray(forward(batch))[real])
-        true.append(np.asarray(target_of(batch))[real])
+        true.append(np.asarray(pick(target_of(batch)))[real])
         x = batch["input"]
         inputs.append(None if isinstance(x, dict) else np.asarray(x)[real])
     predicted, true = np.concatenate(predicted), np.concatenate(true)

@@ -230,6 +230,29 @@ def mnist_segmentation(
 
 
 @register("data_loader", check=check_args)
+def mnist_multitask(
+    split="train",
+    batch_size=128,
+    shuffle=False,
+    drop_last=False,
+    data_dir="data/mnist",
+    validation_size=5000,
+    split_seed=0,
+    download=False,
+    verify=True,
+    prefetch=2,
+    seed=0,
+    dataset="mnist",
+):
+    """MNIST images with two named targets: ``digit`` (the label, int32 (B,)) and ``ink`` (the clean image's mean
+    pixel in [0, 1], float32 (B, 1)): a multi-task problem on the MNIST files."""
+    data = MnistDataset(
+        data_dir, split, dataset, validation_size, split_seed, download=download, verify=verify, target="multitask"
+    )
+    return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
+
+
+@register("data_loader", check=check_args)
 def csv(
     path,
     targets,

@@ -67,7 +67,7 @@ SOURCES = {
     },
 }
 SPLITS = ("train", "validation", "test")
-TARGETS = ("label", "mask")
+TARGETS = ("label", "mask", "multitask")
 
 
 def fixed_noise(ids: np.ndarray, size: int, seed: int) -> np.ndarray:
@@ -123,6 +123,9 @@ class MnistDataset:
     1 where the clean pixel is above `threshold` (in [0, 1]), 0 elsewhere. `noise_std` > 0 adds Gaussian noise
     (in the same [0, 1] pixel units, before normalising) to the input only, fixed per example by `split_seed`, so
     a model has to denoise rather than threshold the pixels it is given.
+
+    With `target="multitask"` the target is two named outputs: ``digit``, the label (N,) int32, and ``ink``, the
+    mean of the clean image's pixels in [0, 1] (N, 1) float32, a regression target derived from the image.
     """
 
     def __init__(
@@ -191,6 +194,8 @@ class MnistDataset:
         info = {"layout": "NHWC", "pixel_scale": 1.0 / 255.0, "mean": self.mean, "std": self.std}
         if self.target == "label":
             info["classes"] = self.classes
+        elif self.target == "multitask":  # what each named output needs, as a single output's preprocessing
+            info["outputs"] = {"digit": {"classes": self.classes}, "ink": {"targets": ["mean ink"]}}
         else:
             info.update(mask_threshold=self.threshold, noise_std=self.noise_std)
         return info
@@ -199,6 +204,9 @@ class MnistDataset:
         images = self.images[indices].astype(np.float32)
         if self.target == "label":
             target = self.labels[indices]
+        elif self.target == "multitask":
+            ink = images.reshape(len(images), -1).mean(axis=1, keepdims=True) * np.float32(1.0 / 255.0)
+            target = {"digit": self.labels[indices], "ink": ink}
         else:
             target = (images > 255.0 * self.threshold).astype(np.float32)
         if self.noise_std:

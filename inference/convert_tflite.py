@@ -37,8 +37,9 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packa
 from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
-from inference.inputs import Inputs  # noqa: E402
+from inference.inputs import Inputs, Outputs  # noqa: E402
 from inference.predict import read_preprocessing  # noqa: E402
+from inference.routes import OUTPUT_NAME  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
 from training.cli import add_run, command  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
     import jax
 
     from training import checkpoint
-    from training.tasks import task_of
+    from training.tasks import output_tasks, task_of
 
     # The checkpoint's shapes follow from the data's input where there is data, from --input where there is not.
     asked = f"--input {' '.join(map(str, args.input))}" if args.input else None
@@ -288,8 +289,11 @@ def main(argv=None) -> int:
 
     forward = jax.jit(fn)
     inputs = Inputs(spec, batch)
-    task = task_of(
-        config["loss"]["name"], spec_loader.spec if spec_loader is not None else {"input": spec}, preprocessing
+    batch_spec = spec_loader.spec if spec_loader is not None else {"input": spec}
+    task = task_of(config["loss"]["name"], batch_spec, preprocessing)
+    # a model of several named outputs: each a named output of every format, judged by its own task
+    outputs = Outputs(
+        jax.eval_shape(forward, spec), output_tasks(config["loss"], batch_spec, preprocessing) or task, OUTPUT_NAME
     )
     options = Options(
         batch=batch,
@@ -321,17 +325,20 @@ def main(argv=None) -> int:
     if seen is None and spec_loader is not None and not args.input:  # ids of a training batch bound random ids
         seen = jax.tree.leaves(next(spec_loader.batches())["input"])
     id_bound = exporter.id_bounds(inputs, seen, preprocessing)
-    measure = exporter.MEASURES.get(task)
-    jax_quality = (
-        exporter.quality(task, validation.outputs, validation.targets, validation.masks)
-        if validation is not None
-        else None
-    )
+    qualities = []
+    targets = outputs.flat(validation.targets) if validation is not None and validation.targets is not None else None
+    for i, name in enumerate(outputs.names):
+        each, measure = outputs.tasks[name], exporter.MEASURES.get(outputs.tasks[name])
+        if targets is None or measure is None:
+            continue
+        value = exporter.quality(each, outputs.flat(validation.outputs)[i], targets[i], validation.masks)
+        qualities.append(f"JAX {measure[1]} {100 * value:.2f}%" + ("" if outputs.single else f" ({name})"))
+    tasks = task if outputs.single else ", ".join(f"{n} {t}" for n, t in outputs.tasks.items())
     print(
-        f"{checkpoint_path} (epoch {header.get('epoch')}), task {task}: inputs "
+        f"{checkpoint_path} (epoch {header.get('epoch')}), task{'' if outputs.single else 's'} {tasks}: inputs "
         + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in inputs.described())
         + f", {len(validation) if validation else 0} validation examples"
-        + (f", JAX {measure[1]} {100 * jax_quality:.2f}%" if jax_quality is not None else "")
+        + "".join(f", {q}" for q in qualities)
     )
 
     source = exporter.Source(config, checkpoint_path, preprocessing)
@@ -350,6 +357,7 @@ def main(argv=None) -> int:
             source,
             validation_split=split,
             replace=args.force,
+            outputs=None if outputs.single else outputs,
         )
     except ConfigError as error:  # another export of the name at work, or one written meanwhile
         fail(str(error))

@@ -4,6 +4,7 @@ Reloading needs only JAX, not the model code:
 
     exported = jax.export.deserialize(bytearray(open("jax_mnist.jax", "rb").read()))
     outputs = exported.call(images)           # any batch size; several inputs: exported.call(a, b) in name order
+                                              # several named outputs: a tuple of them, in name order
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ class JaxModel(Runner):
     None for a symbolic axis, dtype), called with one array or a dict of named arrays. The artifact keeps no input
     names, so they are given (the export's, in order)."""
 
-    def __init__(self, blob: bytes, names: Sequence[str] | None = None):
+    def __init__(self, blob: bytes, names: Sequence[str] | None = None, output_names: Sequence[str] | None = None):
         self.exported = export.deserialize(bytearray(blob))
-        avals, (out,) = self.exported.in_avals, self.exported.out_avals
+        avals, outs = self.exported.in_avals, self.exported.out_avals
         names = list(names) if names else [f"args[{i}]" for i in range(len(avals))]
         if len(names) != len(avals):
             raise ValueError(f"{len(names)} input names {names} for an artifact of {len(avals)} inputs")
@@ -48,11 +49,17 @@ class JaxModel(Runner):
             {"name": n, "shape": tuple(d if isinstance(d, int) else None for d in a.shape), "dtype": np.dtype(a.dtype)}
             for n, a in zip(names, avals)
         ]
-        self.output_name = "result"
-        self.output_shape = tuple(d if isinstance(d, int) else None for d in out.shape)
+        output_names = list(output_names) if output_names else ["result"] if len(outs) == 1 else None
+        if output_names is None or len(output_names) != len(outs):
+            raise ValueError(f"output names {output_names} for an artifact of {len(outs)} outputs")
+        self.outputs = [
+            {"name": n, "shape": tuple(d if isinstance(d, int) else None for d in o.shape)}
+            for n, o in zip(output_names, outs)
+        ]
         self.platforms = tuple(self.exported.platforms)
         self._call = jax.jit(self.exported.call)
 
     def __call__(self, x) -> np.ndarray:
         named = self.named(x)
-        return np.asarray(self._call(*(named[i["name"]] for i in self.inputs)))
+        out = self._call(*(named[i["name"]] for i in self.inputs))
+        return self.result([np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else [out])])

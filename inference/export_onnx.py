@@ -19,6 +19,8 @@ from pathlib import Path
 
 import jax
 
+from inference.inputs import names_of
+
 OPSET = 18
 
 
@@ -29,10 +31,10 @@ def export_onnx(
     *,
     dynamic_batch: bool = True,
     opset: int = OPSET,
-    output_name: str = "outputs",
+    output_name: str | list[str] = "outputs",
 ) -> bytes:
     """The .onnx bytes of fn(*inputs) for inputs like `specs` (named `names`), via jax2onnx; the batch axis is "B"
-    when dynamic_batch."""
+    when dynamic_batch. `output_name`: a list names each output of an fn that returns a tuple of them."""
     import jax2onnx
 
     if opset < 18:
@@ -47,7 +49,7 @@ def export_onnx(
     try:
         with jax.disable_jit():
             model = jax2onnx.to_onnx(
-                fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=[output_name]
+                fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=names_of(output_name)
             )
         return model.SerializeToString()
     finally:
@@ -91,7 +93,9 @@ def _segment_prod(ctx, node, name, args):
     ctx.make_node("Concat", pieces, attr={"axis": 0}, outputs=outputs, shapes=shapes, dtypes=[dtype])
 
 
-def tflite_to_onnx(tflite: bytes, names: list[str], *, opset: int = OPSET, output_name: str = "outputs") -> bytes:
+def tflite_to_onnx(
+    tflite: bytes, names: list[str], *, opset: int = OPSET, output_name: str | list[str] = "outputs"
+) -> bytes:
     """The .onnx bytes of a .tflite model via tf2onnx, with Select as Where and the graph's inputs (the .tflite's,
     named `names`) and output renamed."""
     import tf2onnx
@@ -114,13 +118,15 @@ def tflite_to_onnx(tflite: bytes, names: list[str], *, opset: int = OPSET, outpu
     return model.SerializeToString()
 
 
-def rename_io(model, names: list[str], output_name: str, batch_name: str = "B") -> None:
+def rename_io(model, names: list[str], output_name: str | list[str], batch_name: str = "B") -> None:
     """Gives the graph's inputs their names (`names`, in the .tflite's input order; a SavedModel-made .tflite may
-    decorate them as "serving_default_input:0"), its single output `output_name`, in every node that uses them, and
-    names a symbolic batch axis."""
+    decorate them as "serving_default_input:0"), its outputs `output_name` (one name, or a list in the graph's
+    output order), in every node that uses them, and names a symbolic batch axis."""
     graph = model.graph
-    (out,) = graph.output
-    renames = {out.name: output_name}
+    outputs = names_of(output_name)
+    if len(outputs) != len(graph.output):
+        raise ValueError(f"{len(graph.output)} outputs in the graph, {len(outputs)} names {outputs}")
+    renames = {out.name: name for out, name in zip(graph.output, outputs)}
     for position, value in enumerate(graph.input):
         # Only an exact (undecorated) match counts: a short name like "e" is a substring of most decorations.
         bare = value.name.removeprefix("serving_default_").split(":")[0]
@@ -128,7 +134,7 @@ def rename_io(model, names: list[str], output_name: str, batch_name: str = "B") 
     for node in graph.node:
         node.input[:] = [renames.get(n, n) for n in node.input]
         node.output[:] = [renames.get(n, n) for n in node.output]
-    for value in (*graph.input, out):
+    for value in (*graph.input, *graph.output):
         value.name = renames[value.name]
         batch = value.type.tensor_type.shape.dim[0]
         if batch.HasField("dim_param"):

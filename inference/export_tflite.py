@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from inference.inputs import names_of
+
 QUANTIZATIONS = ("float16", "dynamic-int8")
 PLATFORM = "cpu"  # one platform: several would add a platform-index input to the module
 SIGNATURE = "serving_default"
@@ -41,10 +43,10 @@ def export_tflite(
     *,
     dynamic_batch: bool = False,
     quantize: str | None = None,
-    output_name: str = "outputs",
+    output_name: str | list[str] = "outputs",
 ) -> bytes:
     """The .tflite bytes of fn(*inputs) for inputs like `specs` (named `names`; their batch axis left open when
-    dynamic_batch), each with its own dtype.
+    dynamic_batch), each with its own dtype. `output_name`: a list names each output of an fn that returns a tuple.
 
     quantize: None (float32), "float16" (float16 weights) or "dynamic-int8" (int8 weights, dynamic-range
     quantised activations in the matmuls and convolutions).
@@ -63,23 +65,26 @@ def export_tflite(
     with context, ir.Location.unknown():
         module = ir.Module.parse(stablehlo)
         converter.run_convert_to_tfl_passes(module, passmanager.PassManager(), converter.ConvertToTFLConfig())
-        converter.set_signature(module.operation, SIGNATURE, list(names), [output_name])
+        converter.set_signature(module.operation, SIGNATURE, list(names), names_of(output_name))
         model = converter.export_flatbuffer_to_bytes(module.operation)
     model = rename_tensors(model, names, output_name)
     return quantized(model, quantize) if quantize else model
 
 
-def rename_tensors(model: bytes, names: list[str], output_name: str) -> bytes:
-    """The model with its input tensors called `names` and its output `output_name`: the converter prefixes the
-    signature's name to each ("serving_default_input")."""
+def rename_tensors(model: bytes, names: list[str], output_name: str | list[str]) -> bytes:
+    """The model with its input tensors called `names` and its outputs `output_name` (one, or a list in the
+    graph's output order): the converter prefixes the signature's name to each ("serving_default_input")."""
     from ai_edge_litert.tools import flatbuffer_utils
 
     tree = flatbuffer_utils.convert_bytearray_to_object(bytearray(model))
     graph = tree.subgraphs[0]
     for index, name in zip(graph.inputs, names):
         graph.tensors[index].name = name.encode()
-    (output,) = graph.outputs
-    graph.tensors[output].name = output_name.encode()
+    outputs = names_of(output_name)
+    if len(outputs) != len(graph.outputs):
+        raise ValueError(f"{len(graph.outputs)} outputs in the graph, {len(outputs)} names {outputs}")
+    for index, name in zip(graph.outputs, outputs):
+        graph.tensors[index].name = name.encode()
     return bytes(flatbuffer_utils.convert_object_to_bytearray(tree))
 
 

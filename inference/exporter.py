@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from inference import verify
-from inference.inputs import Inputs, random_inputs, shape_text
+from inference.inputs import Inputs, Outputs, random_inputs, shape_text
 from inference.predict import CONFIG, PREPROCESSING, run_batched
 from inference.report import MEASURES, fmt_size, markdown
 from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner
@@ -57,15 +57,16 @@ class ExportError(Exception):
 # ------------------------------------------------------------------------------------------------------ validation
 @dataclass
 class Validation:
-    """Real examples (inputs flat, in `Inputs.names` order), their targets and masks, and the JAX model's outputs."""
+    """Real examples (inputs flat, in `Inputs.names` order), their targets and masks, and the JAX model's outputs
+    (targets and outputs: one array, or a dict of named ones for a model of several outputs)."""
 
     inputs: list
-    targets: np.ndarray | None
+    targets: np.ndarray | dict | None
     masks: np.ndarray
-    outputs: np.ndarray
+    outputs: np.ndarray | dict
 
     def __len__(self):
-        return len(self.outputs)
+        return len(self.masks)
 
 
 def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Validation:
@@ -89,15 +90,17 @@ def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Va
                     f"{', '.join(want)}: they cannot check it"
                 )
         flats.append([leaf[take] for leaf in flat])
-        targets.append(batch["target"][take] if "target" in batch else None)
+        # targets and outputs may be dicts of named arrays (a model of several outputs): each leaf is taken alike
+        targets.append(jax.tree.map(lambda t: np.asarray(t)[take], batch["target"]) if "target" in batch else None)
         masks.append(mask[take])
-        outputs.append(np.asarray(forward(batch["input"]))[take])
+        outputs.append(jax.tree.map(lambda o: np.asarray(o)[take], forward(batch["input"])))
         seen += len(take)
         if limit is not None and seen >= limit:
             break
     joined = [np.concatenate(parts) for parts in zip(*flats)]
-    target = None if targets[0] is None else np.concatenate(targets)
-    return Validation(joined, target, np.concatenate(masks), np.concatenate(outputs))
+    concatenate = lambda parts: jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)  # noqa: E731
+    target = None if targets[0] is None else concatenate(targets)
+    return Validation(joined, target, np.concatenate(masks), concatenate(outputs))
 
 
 def id_bounds(inputs: Inputs, seen: list[np.ndarray] | None, preprocessing: dict) -> dict:
@@ -158,8 +161,11 @@ def check(
     options: Options,
     quantized: bool,
     id_bound: dict,
+    outputs: Outputs | None = None,
 ) -> dict:
-    """Runs the loaded artifact against the JAX model; returns its report entry (raises ExportError on failure)."""
+    """Runs the loaded artifact against the JAX model; returns its report entry (raises ExportError on failure).
+    `outputs`: a model's named outputs (several), each compared and judged by its own task; else its one output is
+    judged by `task`."""
     got_inputs = {i["name"]: i for i in runner.inputs}
     if sorted(got_inputs) != sorted(inputs.names):
         raise ExportError(f"inputs {sorted(got_inputs)}, expected {sorted(inputs.names)}")
@@ -171,59 +177,86 @@ def check(
                 f"input {name!r}: {got_inputs[name]['dtype']}{shape_text(got_inputs[name]['shape'])}, "
                 f"expected {np.dtype(spec.dtype)}{shape_text(expected)}"
             )
+    single = outputs is None or outputs.single
+    if single:
+        outputs = Outputs(jax.ShapeDtypeStruct((), np.float32), task, runner.output_name)
+    elif sorted(o["name"] for o in runner.outputs) != outputs.names:
+        raise ExportError(f"outputs {sorted(o['name'] for o in runner.outputs)}, expected {outputs.names}")
     sizes = [fixed] if fixed else sorted({1, options.batch, LARGER_BATCH})
     rng = np.random.default_rng(options.seed)
     tolerance = dict(atol=options.atol, rtol=options.rtol)
-    comparisons, agreements = [], []
+    comparisons = {name: [] for name in outputs.names}
+    agreements = {name: [] for name in outputs.names}
     for n in sizes:
         flat = random_inputs(inputs, n, rng, id_bound)
-        want = np.asarray(forward(inputs.tree(flat)))
-        got = runner(inputs.feed(flat))
-        comparisons.append(
-            verify.compare(got, want, **tolerance, what=f"output {runner.output_name!r}, random inputs, batch {n}")
-        )
-        agreements.append(agreement(task, got, want))
-    random_result = verify.merge(comparisons)
+        want = [np.asarray(w) for w in outputs.flat(forward(inputs.tree(flat)))]
+        got = outputs.of(runner(inputs.feed(flat)))
+        for name, g, w in zip(outputs.names, got, want):
+            comparisons[name].append(
+                verify.compare(g, w, **tolerance, what=f"output {name!r}, random inputs, batch {n}")
+            )
+            agreements[name].append(agreement(outputs.tasks[name], g, w))
+    per_random = {}
+    for name in outputs.names:
+        result = verify.merge(comparisons[name])
+        agree = agreements[name]
+        per_random[name] = {**result.to_dict(), "agreement": None if agree[0] is None else float(np.mean(agree))}
+    random_result = verify.merge([c for name in outputs.names for c in comparisons[name]])
+    shapes = {o["name"]: shape_text(o["shape"]) for o in runner.outputs}
     entry = {
         "inputs": [
             {"name": i["name"], "shape": shape_text(i["shape"]), "dtype": str(i["dtype"])} for i in runner.inputs
         ],
-        "output": {"name": runner.output_name, "shape": shape_text(runner.output_shape)},
-        "random": {
-            "batch_sizes": sizes,
-            **random_result.to_dict(),
-            "agreement": None if agreements[0] is None else float(np.mean(agreements)),
-        },
+        **(
+            {"output": {"name": runner.output_name, "shape": shape_text(runner.output_shape)}}
+            if single
+            else {"outputs": [{"name": n, "shape": shapes[n], "task": outputs.tasks[n]} for n in outputs.names]}
+        ),
+        "random": {"batch_sizes": sizes, **random_result.to_dict()},
     }
+    if single:
+        entry["random"]["agreement"] = per_random[runner.output_name]["agreement"]
+    else:
+        entry["random"]["outputs"] = per_random
     failures = [] if quantized or random_result.ok else [random_result.failure]
     if validation is None:
         entry["validation"] = None
     else:
-        got = run_batched(runner, inputs.feed(validation.inputs))
-        result = verify.compare(
-            got, validation.outputs, **tolerance, what=f"output {runner.output_name!r}, validation inputs"
-        )
-        measured, reference = (
-            quality(task, o, validation.targets, validation.masks) for o in (got, validation.outputs)
-        )
-        entry["validation"] = {
-            "examples": len(got),
-            **result.to_dict(),
-            "agreement": agreement(task, got, validation.outputs, validation.masks),
-            "quality": measured,
-            "jax_quality": reference,
-        }
-        if quantized:
-            if measured is not None and 100.0 * (reference - measured) > options.max_accuracy_drop:
-                failures.append(
-                    f"quantized {MEASURES[task][1]} {100 * measured:.2f}% is "
-                    f"{100 * (reference - measured):.2f} points below the JAX model's "
-                    f"{100 * reference:.2f}% (allowed: {options.max_accuracy_drop})"
-                )
-            if not np.isfinite(got).all():
-                failures.append("quantized model gives non-finite outputs")
-        elif not result.ok:
-            failures.append(result.failure)
+        got_all = outputs.of(run_batched(runner, inputs.feed(validation.inputs)))
+        want_all = outputs.flat(validation.outputs)
+        targets = [None] * len(outputs.names) if validation.targets is None else outputs.flat(validation.targets)
+        per_validation, results = {}, []
+        for name, got, want, target in zip(outputs.names, got_all, want_all, targets):
+            each = outputs.tasks[name]
+            result = verify.compare(got, want, **tolerance, what=f"output {name!r}, validation inputs")
+            results.append(result)
+            measured, reference = (quality(each, o, target, validation.masks) for o in (got, want))
+            per_validation[name] = {
+                **result.to_dict(),
+                "agreement": agreement(each, got, want, validation.masks),
+                "quality": measured,
+                "jax_quality": reference,
+            }
+            if quantized:
+                if measured is not None and 100.0 * (reference - measured) > options.max_accuracy_drop:
+                    failures.append(
+                        ("" if single else f"output {name!r}: ")
+                        + f"quantized {MEASURES[each][1]} {100 * measured:.2f}% is "
+                        f"{100 * (reference - measured):.2f} points below the JAX model's "
+                        f"{100 * reference:.2f}% (allowed: {options.max_accuracy_drop})"
+                    )
+                if not np.isfinite(got).all():
+                    failures.append("quantized model gives non-finite outputs" + ("" if single else f" ({name})"))
+            elif not result.ok:
+                failures.append(result.failure)
+        if single:
+            entry["validation"] = {"examples": len(got_all[0]), **per_validation[outputs.names[0]]}
+        else:
+            entry["validation"] = {
+                "examples": len(got_all[0]),
+                **verify.merge(results).to_dict(),
+                "outputs": per_validation,
+            }
     if failures:
         raise ExportError("; ".join(failures))
     return entry
@@ -242,23 +275,25 @@ def export_format(
     id_bound: dict,
     log=print,
     threads: int | None = None,
+    outputs: Outputs | None = None,
 ) -> dict:
-    """Exports one format into `folder`, reloads it and checks it; tries the other ONNX route if one fails."""
+    """Exports one format into `folder`, reloads it and checks it; tries the other ONNX route if one fails.
+    `outputs`: the model's named outputs when it has several (each a named output of the file)."""
     if fmt == "onnx":
         routes = [options.onnx_via, "tflite" if options.onnx_via == "jax2onnx" else "jax2onnx"]
     else:
         routes = {"tflite": ["litert"], "jax": ["jax.export"]}[fmt]
     quantize = options.quantize if fmt == "tflite" else None
     path = folder / f"{name}{SUFFIX[fmt]}"
-    float_tflite = lambda: export_bytes("litert", fn, inputs, options.dynamic[fmt])  # noqa: E731
+    float_tflite = lambda: export_bytes("litert", fn, inputs, options.dynamic[fmt], outputs=outputs)  # noqa: E731
     errors = []
     for route in routes:
         start = time.perf_counter()
         try:
-            path.write_bytes(export_bytes(route, fn, inputs, options.dynamic[fmt], quantize, float_tflite))
+            path.write_bytes(export_bytes(route, fn, inputs, options.dynamic[fmt], quantize, float_tflite, outputs))
             seconds = time.perf_counter() - start
-            runner = load_runner(path, inputs.names, threads)
-            entry = check(runner, forward, inputs, validation, task, options, quantize is not None, id_bound)
+            runner = load_runner(path, inputs.names, threads, outputs)
+            entry = check(runner, forward, inputs, validation, task, options, quantize is not None, id_bound, outputs)
         except Exception as error:  # any converter or runtime error: report it, try the other route if any
             message = f"{ROUTES[route]}: {first_line(error)}"
             errors.append(message)
@@ -315,6 +350,7 @@ def export_folder(
     log=print,
     warn=None,
     replace: bool = False,
+    outputs: Outputs | None = None,
 ) -> dict:
     """Writes `target` (<output-dir>/<name>): each of `formats` exported, reloaded and checked (`export_format`),
     then config.json, a copy of model/, predict.py, preprocessing.json, report.json and report.md. Returns the report.
@@ -334,7 +370,18 @@ def export_folder(
         for fmt in formats:
             try:
                 entry = export_format(
-                    fmt, fn, forward, inputs, folder, name, validation, task, options, id_bound, log=log
+                    fmt,
+                    fn,
+                    forward,
+                    inputs,
+                    folder,
+                    name,
+                    validation,
+                    task,
+                    options,
+                    id_bound,
+                    log=log,
+                    outputs=outputs,
                 )
             except ExportError as error:
                 failed.append(fmt)
@@ -351,8 +398,10 @@ def export_folder(
             if any(options.dynamic[f] for f in failed):
                 hints.append("a fixed batch (--batch N) avoids the symbolic-shape limits of some converters")
             raise ExportError("export failed, nothing written" + "".join(f"; {h}" for h in hints))
-        report = build_report(name, entries, inputs, task, options, validation, skipped, validation_split, source)
-        write_extras(folder, report, inputs, task, source)
+        report = build_report(
+            name, entries, inputs, task, options, validation, skipped, validation_split, source, outputs
+        )
+        write_extras(folder, report, inputs, task, source, outputs)
         files.replace_folder(folder, target)
     finally:
         if folder.exists():
@@ -403,6 +452,7 @@ def build_report(
     skipped: str | None,
     split: str | None,
     source: Source,
+    outputs: Outputs | None = None,
 ) -> dict:
     versions = {"jax": jax.__version__}
     for package in (
@@ -423,6 +473,7 @@ def build_report(
         "checkpoint": str(source.checkpoint),
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "task": task,
+        **({} if outputs is None or outputs.single else {"tasks": outputs.tasks}),
         "checked_on": jax.default_backend(),
         "validated_on_real_data": validation is not None,
         "validation": checked,
@@ -445,17 +496,22 @@ def distribution_version(package: str) -> str:
         return "?"
 
 
-def write_extras(folder: Path, report: dict, inputs: Inputs, task: str, source: Source) -> None:
+def write_extras(
+    folder: Path, report: dict, inputs: Inputs, task: str, source: Source, outputs: Outputs | None = None
+) -> None:
     """What makes the folder a deployable unit: config.json, model/, predict.py and preprocessing.json (the data's
-    preprocessing, plus the inputs, the output and the task that predict.py reads), and the report."""
+    preprocessing, plus the inputs, the output (or each named output and its task) and the task that predict.py
+    reads), and the report."""
     (folder / CONFIG).write_text(json.dumps(source.config, indent=2) + "\n")
     shutil.copytree(REPO / "model", folder / "model", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy2(Path(__file__).with_name("predict.py"), folder / "predict.py")
+    named = (
+        {"output_name": OUTPUT_NAME}
+        if outputs is None or outputs.single
+        else {"output_names": outputs.names, "tasks": outputs.tasks}
+    )
     (folder / PREPROCESSING).write_text(
-        json.dumps(
-            {**source.preprocessing, "task": task, "inputs": inputs.described(), "output_name": OUTPUT_NAME}, indent=2
-        )
-        + "\n"
+        json.dumps({**source.preprocessing, "task": task, "inputs": inputs.described(), **named}, indent=2) + "\n"
     )
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (folder / "report.md").write_text(markdown(report), encoding="utf-8")

@@ -2,6 +2,9 @@
 dict of named arrays, each with its own dtype and shape, so int32 token ids stay int32 and a dict becomes several
 named inputs in every format (a single array is named "input"; a dict's inputs are named by their keys, in sorted
 order); and random inputs of that kind, to compare an exported file with the JAX model.
+
+Outputs likewise: one array is one output (named "outputs"), a dict of arrays (a model of several outputs) one
+named output per key, in sorted order, each judged by its own task.
 """
 
 from __future__ import annotations
@@ -53,3 +56,31 @@ def random_inputs(inputs: Inputs, n: int, rng: np.random.Generator, id_bound: di
         else:
             flat.append(rng.standard_normal(shape).astype(dtype))
     return flat
+
+
+def names_of(output_name: str | list[str]) -> list[str]:
+    """The outputs' names: one name, or a list of them (a model of several outputs, in the order fn returns them)."""
+    return [output_name] if isinstance(output_name, str) else list(output_name)
+
+
+class Outputs:
+    """The model's outputs as the exporters see them: one array (``single_name``), or a dict of named arrays, each
+    named by its key, in sorted order (as ``jax.tree`` flattens a dict); ``tasks``: each output's task."""
+
+    def __init__(self, spec, task: str | dict, single_name: str):
+        self.single = not isinstance(spec, dict)
+        self.names = [single_name] if self.single else sorted(spec)
+        self.shapes = [spec.shape] if self.single else [spec[n].shape for n in self.names]
+        self.tasks = {n: task if isinstance(task, str) else task.get(n, "other") for n in self.names}
+
+    def flat(self, tree) -> list:
+        """The outputs of the model (its array, or its dict) as a list in ``names`` order."""
+        return [tree] if self.single else [tree[n] for n in self.names]
+
+    def of(self, got) -> list:
+        """A runner's answer (one array, or a dict of named arrays) as a list in ``names`` order."""
+        return [got] if not isinstance(got, dict) else [got[n] for n in self.names]
+
+    def flat_fn(self, fn):
+        """fn returning one array, or the tuple of its named outputs in ``names`` order: what every format holds."""
+        return fn if self.single else (lambda *args: tuple(self.flat(fn(*args))))

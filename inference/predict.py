@@ -5,6 +5,8 @@
     python inference/predict.py exports/regressor/regressor.onnx rows.csv        # raw values per target column
     python inference/predict.py exports/shakespeare/shakespeare.onnx --text "ROMEO:" --tokens 100   # text
 
+A model of several named outputs (a multi-task model) prints each output by its own task under its name.
+
 Images are resized and normalised as the training data was: the numbers come from `preprocessing.json`, which the
 converter writes next to the model (from the run's data pipeline), plus the run's `config.json` for its name. A
 .npy file holds inputs already preprocessed, (N, H, W, C) or one (H, W, C) sample; a model of several named inputs
@@ -56,9 +58,23 @@ ONNX_DTYPES = {
 
 class Runner:
     """What every runner offers: ``inputs`` (dicts of name, shape with None for a symbolic axis, dtype),
-    ``output_name``, ``output_shape``, and a call on one array or a dict of named arrays."""
+    ``outputs`` (dicts of name and shape), and a call on one array or a dict of named arrays that returns the one
+    output, or a dict of the named outputs of a model of several."""
 
     inputs: list[dict]
+    outputs: list[dict]
+
+    @property
+    def output_name(self) -> str:
+        return ", ".join(o["name"] for o in self.outputs)
+
+    @property
+    def output_shape(self) -> tuple:
+        return self.outputs[0]["shape"]
+
+    def result(self, arrays: list):
+        """The one output, or the named outputs as a dict."""
+        return arrays[0] if len(self.outputs) == 1 else {o["name"]: a for o, a in zip(self.outputs, arrays)}
 
     def named(self, x) -> dict[str, np.ndarray]:
         if not isinstance(x, dict):
@@ -86,7 +102,6 @@ class OnnxModel(Runner):
             options.inter_op_num_threads = 1
         source = str(model) if isinstance(model, Path) else model
         self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        (out,) = self.session.get_outputs()
         self.inputs = [
             {
                 "name": i.name,
@@ -95,11 +110,13 @@ class OnnxModel(Runner):
             }
             for i in self.session.get_inputs()
         ]
-        self.output_name = out.name
-        self.output_shape = tuple(d if isinstance(d, int) else None for d in out.shape)
+        self.outputs = [
+            {"name": o.name, "shape": tuple(d if isinstance(d, int) else None for d in o.shape)}
+            for o in self.session.get_outputs()
+        ]
 
-    def __call__(self, x) -> np.ndarray:
-        return self.session.run([self.output_name], self.named(x))[0]
+    def __call__(self, x):
+        return self.result(self.session.run([o["name"] for o in self.outputs], self.named(x)))
 
 
 class TFLiteModel(Runner):
@@ -110,7 +127,6 @@ class TFLiteModel(Runner):
 
         source = {"model_path": str(model)} if isinstance(model, Path) else {"model_content": bytes(model)}
         self.interpreter = Interpreter(**source, num_threads=threads)
-        (out,) = self.interpreter.get_output_details()
         details = self.interpreter.get_input_details()
         self.inputs = [
             {
@@ -121,9 +137,14 @@ class TFLiteModel(Runner):
             }
             for d in details
         ]
-        self._out = out["index"]
-        self.output_name = out["name"]
-        self.output_shape = tuple(int(d) if d >= 0 else None for d in out["shape_signature"])
+        self.outputs = [
+            {
+                "name": o["name"],
+                "shape": tuple(int(d) if d >= 0 else None for d in o["shape_signature"]),
+                "index": o["index"],
+            }
+            for o in self.interpreter.get_output_details()
+        ]
         self._allocated = None
 
     def __call__(self, x) -> np.ndarray:
@@ -138,7 +159,7 @@ class TFLiteModel(Runner):
         for i in self.inputs:
             self.interpreter.set_tensor(i["index"], named[i["name"]])
         self.interpreter.invoke()
-        return self.interpreter.get_tensor(self._out)
+        return self.result([self.interpreter.get_tensor(o["index"]) for o in self.outputs])
 
 
 def load_model(path: str | Path, threads: int | None = None):
@@ -163,9 +184,9 @@ def first_line(error: BaseException) -> str:
     return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
-def run_batched(model, x, batch_size: int = 256) -> np.ndarray:
+def run_batched(model, x, batch_size: int = 256):
     """The model on every row of x (one array or a dict of named arrays): in chunks of its fixed batch (the last one
-    zero-padded), or of batch_size."""
+    zero-padded), or of batch_size. Its output, or a dict of its named outputs."""
     named = x if isinstance(x, dict) else {model.inputs[0]["name"]: x}
     rows = len(next(iter(named.values())))
     fixed = model.inputs[0]["shape"][0]
@@ -176,7 +197,10 @@ def run_batched(model, x, batch_size: int = 256) -> np.ndarray:
         n = len(next(iter(chunk.values())))
         if fixed and n < fixed:
             chunk = {k: np.concatenate([v, np.zeros((fixed - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
-        outputs.append(model(chunk if isinstance(x, dict) else next(iter(chunk.values())))[:n])
+        out = model(chunk if isinstance(x, dict) else next(iter(chunk.values())))
+        outputs.append({k: v[:n] for k, v in out.items()} if isinstance(out, dict) else out[:n])
+    if isinstance(outputs[0], dict):  # named outputs
+        return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
     return np.concatenate(outputs)
 
 
@@ -433,11 +457,21 @@ def main(argv=None) -> int:
         print(f"error: {model_path}: the runtime failed to run it ({first_line(error)})", file=sys.stderr)
         return 2
 
-    outputs = raw.astype(np.float64)
     title = read_json(folder / CONFIG).get("name", model_path.stem)
-    print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
-    for name, out in zip(names, outputs):
-        print(f"{name}: {describe(out, task, preprocessing, args.top)}")
+    if not isinstance(raw, dict):
+        print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
+        for name, out in zip(names, raw.astype(np.float64)):
+            print(f"{name}: {describe(out, task, preprocessing, args.top)}")
+    else:  # a model of several named outputs: each by its own task and its own preprocessing (class names, say)
+        tasks = preprocessing.get("tasks") or {}
+        described = ", ".join(f"{k} ({tasks.get(k, 'other')})" for k in raw)
+        print(f"{title}: {model_path.name}, {len(names)} input(s), outputs {described}")
+        for i, name in enumerate(names):
+            print(f"{name}:")
+            for output, values in raw.items():
+                info = {**preprocessing, **((preprocessing.get("outputs") or {}).get(output) or {})}
+                text = describe(values[i].astype(np.float64), tasks.get(output, "other"), info, args.top)
+                print(f"  {output}: {text}")
     if args.out is not None:
         try:
             written = write_outputs(Path(args.out), names, raw, task, preprocessing)
@@ -474,9 +508,16 @@ def range_warning(x, preprocessing: dict) -> str | None:
     )
 
 
-def write_outputs(path: Path, names: list[str], outputs: np.ndarray, task: str, preprocessing: dict) -> list[Path]:
+def write_outputs(path: Path, names: list[str], outputs, task: str, preprocessing: dict) -> list[Path]:
     """The outputs in the file --out names (see its help); each file written whole under a temporary name, then
-    renamed into place. Returns the files written."""
+    renamed into place. Returns the files written. A model of several named outputs (a dict) writes .npz only:
+    one array per output name."""
+    if isinstance(outputs, dict):
+        if path.suffix != ".npz":
+            raise ValueError(f"--out {path}: a model of several named outputs writes .npz (an array per output)")
+        buffer = io.BytesIO()
+        np.savez(buffer, names=np.array(names), **{f"outputs/{k}": v for k, v in outputs.items()})
+        return [write_file(path, buffer.getvalue())]
     if path.suffix == ".png":
         return write_images(path, outputs, task, preprocessing)
     if path.suffix == ".csv":

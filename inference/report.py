@@ -20,9 +20,14 @@ def fmt_size(n: int) -> str:
 
 
 def table(entries: list[dict], task: str) -> str:
-    """The report as a Markdown table; the agreement and quality columns are the task's (none for regression)."""
+    """The report as a Markdown table; the agreement and quality columns are the task's (none for regression). A
+    model of several named outputs has one column of each output's figures, by its own task."""
     measures = MEASURES.get(task)
-    head = ["format", "route", "size", "inputs", "output", "max abs diff", "max rel diff"]
+    named = any("outputs" in e for e in entries)
+    head = ["format", "route", "size", "inputs", "outputs" if named else "output", "max abs diff", "max rel diff"]
+    if named:
+        measures = None
+        head.append("per output")
     if measures:
         head += [measures[0], f"{measures[1]} (JAX)"]
     rows = []
@@ -38,10 +43,12 @@ def table(entries: list[dict], task: str) -> str:
             e["route"],
             fmt_size(e["bytes"]),
             ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in e["inputs"]),
-            f"{e['output']['name']} {e['output']['shape']}",
+            ", ".join(f"{o['name']} {o['shape']}" for o in e.get("outputs", [e.get("output")])),
             f"{diffs[0]:.1e}",
             f"{diffs[1]:.1e}",
         ]
+        if named:
+            row.append("; ".join(output_figures(o, e) for o in e["outputs"]))
         if measures:
             agree = val["agreement"] if val else e["random"]["agreement"]
             row.append(f"{100 * agree:.2f}%" + ("" if val else " (random inputs)"))
@@ -53,6 +60,20 @@ def table(entries: list[dict], task: str) -> str:
         rows.append(row)
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def output_figures(output: dict, entry: dict) -> str:
+    """One named output's figures in words: its largest difference, and its task's agreement and quality."""
+    name, val = output["name"], entry.get("validation")
+    figures = [entry["random"]["outputs"][name]] + ([val["outputs"][name]] if val else [])
+    words = [f"{name} ({output['task']}): max abs diff {max(f['max_abs_diff'] for f in figures):.1e}"]
+    measures = MEASURES.get(output["task"])
+    if measures:
+        shown = figures[-1]
+        words.append(f"{measures[0]} {100 * shown['agreement']:.2f}%" + ("" if val else " (random inputs)"))
+        if val and shown["quality"] is not None:
+            words.append(f"{measures[1]} {100 * shown['quality']:.2f}% ({100 * shown['jax_quality']:.2f}% JAX)")
+    return ", ".join(words)
 
 
 def notes(report: dict) -> list[str]:

@@ -5,7 +5,7 @@ when its route is taken.
 
 from __future__ import annotations
 
-from inference.inputs import Inputs
+from inference.inputs import Inputs, Outputs
 
 ROUTES = {
     "litert": "jax.export -> LiteRT converter (builtin ops)",
@@ -17,31 +17,33 @@ OUTPUT_NAME = "outputs"
 
 
 def export_bytes(
-    route: str, fn, inputs: Inputs, dynamic: bool, quantize: str | None = None, float_tflite=None
+    route: str,
+    fn,
+    inputs: Inputs,
+    dynamic: bool,
+    quantize: str | None = None,
+    float_tflite=None,
+    outputs: Outputs | None = None,
 ) -> bytes:
     """One artifact's bytes by `route`; fn takes the input tree; float_tflite() gives the float32 .tflite that route
-    "tflite" converts."""
+    "tflite" converts. `outputs`: the model's named outputs when it has several (a dict), each a named output of
+    the file; else its one output is OUTPUT_NAME."""
+    names = OUTPUT_NAME if outputs is None or outputs.single else outputs.names
+    fn = fn if outputs is None else outputs.flat_fn(fn)
     if route == "litert":
         from inference.export_tflite import export_tflite
 
         return export_tflite(
-            inputs.flat_fn(fn),
-            inputs.specs,
-            inputs.names,
-            dynamic_batch=dynamic,
-            quantize=quantize,
-            output_name=OUTPUT_NAME,
+            inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, quantize=quantize, output_name=names
         )
     if route == "jax2onnx":
         from inference.export_onnx import export_onnx
 
-        return export_onnx(
-            inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=OUTPUT_NAME
-        )
+        return export_onnx(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=names)
     if route == "tflite":
         from inference.export_onnx import tflite_to_onnx
 
-        return tflite_to_onnx(float_tflite(), inputs.names, output_name=OUTPUT_NAME)
+        return tflite_to_onnx(float_tflite(), inputs.names, output_name=names)
     if route == "jax.export":
         from inference.export_jax import export_jax
 
@@ -49,12 +51,12 @@ def export_bytes(
     raise ValueError(f"unknown route {route!r}")
 
 
-def load_runner(path, names: list[str], threads: int | None = None):
-    """The artifact at `path` in its own runtime."""
+def load_runner(path, names: list[str], threads: int | None = None, outputs: Outputs | None = None):
+    """The artifact at `path` in its own runtime (a .jax file keeps no names: `outputs` gives those of several)."""
     if path.suffix == ".jax":
         from inference.export_jax import JaxModel
 
-        return JaxModel(path.read_bytes(), names)
+        return JaxModel(path.read_bytes(), names, None if outputs is None or outputs.single else outputs.names)
     from inference.predict import load_model
 
     return load_model(path, threads)

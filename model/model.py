@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from model.modules.activations import Activation
 from model.modules.attention import MultiHeadAttention
-from model.modules.branches import Branches
+from model.modules.branches import Branches, Heads
 from model.modules.conv import Conv2d, ConvTranspose2d
 from model.modules.dropout import Dropout
 from model.modules.flatten import Flatten
@@ -84,6 +84,26 @@ def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 1
     if dropout:
         layers["dropout"] = Dropout(dropout)
     layers["head"] = Linear(num_classes)
+    return Sequential(layers)
+
+
+@register("model")
+def mnist_multitask(num_classes: int = 10, channels: tuple = (16, 32), hidden: int = 64) -> Module:
+    """Two outputs of one CNN body ([conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, a hidden dense
+    layer): ``digit``, the class logits (B, num_classes), and ``ink``, one value per image (B, 1), the regression
+    head of the multi-task sample `mnist_multitask`."""
+    check_size(num_classes, "num_classes")
+    check_sizes(channels, "channels")
+    check_size(hidden, "hidden")
+    layers = {}
+    for i, c in enumerate(channels):
+        layers[f"conv{i}"] = Conv2d(c, 3)
+        layers[f"relu{i}"] = Activation("relu")
+        layers[f"pool{i}"] = MaxPool2d(2)
+    layers["flatten"] = Flatten()
+    layers["fc"] = Linear(hidden)
+    layers["relu"] = Activation("relu")
+    layers["heads"] = Heads({"digit": Linear(num_classes), "ink": Linear(1)})
     return Sequential(layers)
 
 

@@ -19,7 +19,7 @@ import pytest
 from inference.export_jax import JaxModel, export_jax
 from inference.export_onnx import export_onnx, tflite_to_onnx
 from inference.export_tflite import export_tflite
-from inference.inputs import Inputs
+from inference.inputs import Inputs, Outputs
 from inference.predict import OnnxModel, TFLiteModel
 from model import model as samples
 from model.modules.activations import Activation
@@ -131,6 +131,8 @@ CASES = {
         {"input": (8,), "mask": (8,)},
         "ids_mask",
     ),
+    # named outputs (Heads): each a named output of the export, compared on its own
+    "mnist_multitask": (samples.mnist_multitask(channels=(4, 8), hidden=16), (28, 28, 1), "normal"),
     # named inputs: one sample shape per input, each a named input of the export
     "image_and_features": (
         samples.image_and_features(num_classes=3, channels=(4,), hidden=8, width=8),
@@ -191,22 +193,42 @@ def setup(case):
 
 
 @functools.cache
-def tflite_bytes(case, dynamic):
+def outputs_of(case) -> Outputs:
+    """The case's outputs: one ("output"), or a model's named outputs (a dict), each a named output of the file."""
     fn, inputs, _ = setup(case)
-    return export_tflite(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name="output")
+    return Outputs(jax.eval_shape(inputs.flat_fn(fn), *inputs.specs), "other", "output")
+
+
+def flat_fn(case):
+    fn, inputs, _ = setup(case)
+    return outputs_of(case).flat_fn(inputs.flat_fn(fn))
+
+
+def output_name(case):
+    outputs = outputs_of(case)
+    return "output" if outputs.single else outputs.names
+
+
+@functools.cache
+def tflite_bytes(case, dynamic):
+    _, inputs, _ = setup(case)
+    return export_tflite(
+        flat_fn(case), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=output_name(case)
+    )
 
 
 def load(case, route):
-    fn, inputs, _ = setup(case)
+    _, inputs, _ = setup(case)
     if route in ("tflite", "tflite_dynamic"):
         return TFLiteModel(tflite_bytes(case, route == "tflite_dynamic"))
     if route == "onnx":
-        return OnnxModel(export_onnx(inputs.flat_fn(fn), inputs.specs, inputs.names, output_name="output"))
+        return OnnxModel(export_onnx(flat_fn(case), inputs.specs, inputs.names, output_name=output_name(case)))
     if route in ("onnx_via_tflite", "onnx_via_tflite_dynamic"):
         return OnnxModel(
-            tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), inputs.names, output_name="output")
+            tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), inputs.names, output_name=output_name(case))
         )
-    return JaxModel(export_jax(inputs.flat_fn(fn), inputs.specs), inputs.names)
+    names = None if outputs_of(case).single else outputs_of(case).names
+    return JaxModel(export_jax(flat_fn(case), inputs.specs), inputs.names, names)
 
 
 def params_for_matrix():
@@ -227,13 +249,18 @@ def test_export_matches_jax(case, route):
     for name, spec in zip(named.names, named.specs):
         assert given[name]["shape"] == ((None,) if dynamic else (FIXED,)) + spec.shape[1:]
         assert given[name]["dtype"] == np.dtype(spec.dtype)
+    outputs = outputs_of(case)
+    if not outputs.single:  # each named output under its name, in every route
+        assert sorted(o["name"] for o in runner.outputs) == outputs.names
     for n in DYNAMIC if dynamic else (FIXED,):
         x = inputs(n, seed=n)
-        want = np.asarray(jax.jit(fn)(x))
-        got = runner(x)
-        assert got.shape == want.shape
-        assert np.isfinite(got[np.isfinite(want)]).all(), f"non-finite outputs at batch {n}"
-        np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=f"{case} via {route}, batch {n}")
+        wants = [np.asarray(w) for w in outputs.flat(jax.jit(fn)(x))]
+        for name, got, want in zip(outputs.names, outputs.of(runner(x)), wants):
+            assert got.shape == want.shape, name
+            assert np.isfinite(got[np.isfinite(want)]).all(), f"non-finite outputs {name} at batch {n}"
+            np.testing.assert_allclose(
+                got, want, atol=ATOL, rtol=RTOL, err_msg=f"{case} via {route}, output {name}, batch {n}"
+            )
 
 
 # Layer classes or sample models the coverage tests accept outside CASES, each with the reason it cannot be a case.

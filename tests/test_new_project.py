@@ -56,7 +56,7 @@ def files_of(folder: Path) -> set[str]:
         (
             ["--samples", "mnist,shakespear_char"],
             "unknown sample 'shakespear_char'; available: mnist, shakespeare_char, tabular_regression, mnist_segmentation, "
-            "cifar10_resnet. "
+            "cifar10_resnet, mnist_multitask. "
             "Did you mean 'shakespeare_char'?",
         ),
         (["--samples", ","], "--samples: name at least one of"),

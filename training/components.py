@@ -22,7 +22,12 @@ COMPONENT_MODULES = KINDS
 
 
 # Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
-EXTRA_KEYS = {"optimizer": ("schedule", "transforms", "frozen"), "data_loader": ("augment", "allow_nonfinite")}
+# A metric's "output": the named output (and target) of a model of several outputs that it scores.
+EXTRA_KEYS = {
+    "optimizer": ("schedule", "transforms", "frozen"),
+    "data_loader": ("augment", "allow_nonfinite"),
+    "metrics": ("output",),
+}
 
 
 # Kinds whose functions take data first (loss(outputs, targets, **hyperparameters)): the config sets the rest.
@@ -172,6 +177,8 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
             )
         if key in params and kind in ("optimizer", "transforms") and leaf_mask(fn, key) and isinstance(value, list):
             check_key_paths(value, f"{where}.args.{key}")
+        elif key in params and kind == "loss" and output_losses(fn, key):
+            check_output_losses(value, f"{where}.args.{key}")
         elif key in params:
             check_type(value, params[key].default, f"{where}.args.{key}", kind == "optimizer" and schedulable(fn, key))
     missing = [
@@ -184,6 +191,8 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
     ]
     if missing:
         raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
+    if "output" in spec:
+        check_output_name(spec["output"], f"{where}.output")
     check = entries(kind)[name].check
     if check is not None:
         try:
@@ -260,11 +269,74 @@ def build(spec: Any, kind: str, where: str = "config.json", **supplied) -> Any:
     """Builds one component; errors its constructor raises (impossible values) are reported at its place."""
     fn, args = check_component(spec, kind, where, tuple(supplied))
     if kind in DATA_ARGUMENTS:
+        args = {k: build_output_losses(v, f"{where}.args.{k}") if output_losses(fn, k) else v for k, v in args.items()}
         return functools.partial(fn, **args)
     try:
-        return fn(**args, **supplied)
+        built = fn(**args, **supplied)
     except (ValueError, TypeError, FileNotFoundError, OSError) as error:
         raise ConfigError(component_error(where, error, args)) from None
+    return of_output(built, spec["output"]) if kind == "metrics" and "output" in spec else built
+
+
+def output_losses(fn: Callable, argument: str) -> bool:
+    """Whether a loss's argument is one loss per named output (type ``OutputLosses``: ``weighted_sum``'s)."""
+    from training.losses import OutputLosses
+
+    return typing.get_type_hints(fn).get(argument) is OutputLosses
+
+
+def check_output_name(name: Any, where: str) -> None:
+    """The name of one of a model's outputs (a key of the dict it returns), as logs name it: val/<output>/accuracy."""
+    if not isinstance(name, str) or not name or "/" in name or name != name.strip():
+        raise ConfigError(
+            f'{where}: expected the name of one of the model\'s outputs such as "digit", got {show(name)}'
+        )
+
+
+def check_output_losses(value: Any, where: str) -> None:
+    """``{output name: {"name": loss, "args": {...}, "weight": w}}``: each entry a loss of its own and a weight."""
+    example = '{"digit": {"name": "cross_entropy", "weight": 1.0}, "ink": {"name": "mse", "weight": 0.5}}'
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{where}: expected one loss per output such as {example}, got {show(value)}")
+    for output, spec in value.items():
+        check_output_name(output, f"{where}: output name")
+        if not isinstance(spec, dict):
+            raise ConfigError(
+                f'{where}.{output}: expected {{"name": ..., "args": {{...}}, "weight": w}}, got {show(spec)}'
+            )
+        weight = spec.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
+            raise ConfigError(f"{where}.{output}.weight: expected a number >= 0, got {show(weight)}")
+        inner = {k: v for k, v in spec.items() if k != "weight"}
+        fn = available("loss").get(inner.get("name")) if isinstance(inner.get("name"), str) else None
+        if fn is not None and any(output_losses(fn, p) for p in inspect.signature(fn).parameters):
+            raise ConfigError(f"{where}.{output}.name: a loss of one output, not another {inner['name']}")
+        check_component(inner, "loss", f"{where}.{output}")
+
+
+def build_output_losses(value: dict, where: str) -> dict:
+    """The config's ``{output: {"name", "args", "weight"}}`` as ``{output: (loss function, weight)}``."""
+    return {
+        output: (
+            build({k: v for k, v in spec.items() if k != "weight"}, "loss", f"{where}.{output}"),
+            float(spec.get("weight", 1.0)),
+        )
+        for output, spec in value.items()
+    }
+
+
+def of_output(metric, output: str):
+    """``metric`` of one named output of a model of several: it scores ``outputs[output]`` against
+    ``targets[output]`` and logs as ``<output>/<metric>`` (``val/digit/accuracy``)."""
+
+    def stats(outputs, targets, mask=None):
+        for kind, tree in (("outputs", outputs), ("targets", targets)):
+            if not isinstance(tree, dict) or output not in tree:
+                found = f"names {sorted(tree)}" if isinstance(tree, dict) else "one array"
+                raise ValueError(f"metric {metric.name} of output {output!r}: the {kind} have {found}")
+        return metric.stats(outputs[output], targets[output], mask)
+
+    return type(metric)(f"{output}/{metric.name}", stats, metric.result)
 
 
 # Steps an epoch counts in a schedule checked before the data is read (build_optimizer's steps_per_epoch None).

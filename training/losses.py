@@ -215,3 +215,32 @@ def kl_divergence(log_predictions: jax.Array, targets: jax.Array, *, mask: jax.A
 def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """``kl_divergence(log_softmax(logits), targets)``: KL from target probabilities to the model's softmax."""
     return kl_divergence(jax.nn.log_softmax(logits, axis=-1), targets, mask=mask)
+
+
+class OutputLosses(dict):
+    """The type of ``weighted_sum``'s ``losses``: ``{output name: {"name": loss, "args": {...}, "weight": w}}`` in
+    a config; the config resolver (training/components.py) checks each entry as a loss of its own and builds it
+    into ``{output name: (loss function, weight)}``."""
+
+
+@register("loss")
+def weighted_sum(outputs: dict, targets: dict, *, losses: OutputLosses, mask: jax.Array | None = None) -> jax.Array:
+    """A model of named outputs (a dict, like ``Heads`` gives) against targets of the same names: per example,
+    ``sum over outputs of weight * loss(outputs[name], targets[name])``, each output's loss and weight named in
+    the config::
+
+        "loss": {"name": "weighted_sum", "args": {"losses": {
+            "digit": {"name": "cross_entropy", "weight": 1.0},
+            "ink": {"name": "mse", "args": {}, "weight": 0.5}}}}
+
+    ``weight`` defaults to 1. Each output keeps its own task (``test.py`` and the export judge each by it).
+    """
+    total = None
+    for name, (loss_fn, weight) in losses.items():
+        for kind, tree in (("outputs", outputs), ("targets", targets)):
+            if not isinstance(tree, dict) or name not in tree:
+                found = f"names {sorted(tree)}" if isinstance(tree, dict) else "one array"
+                raise ValueError(f"weighted_sum: a loss for the output {name!r}, but the {kind} have {found}")
+        value = loss_fn(outputs[name], targets[name], **({} if mask is None else {"mask": mask}))
+        total = weight * value if total is None else total + weight * value
+    return total

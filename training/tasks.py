@@ -11,6 +11,10 @@ how to judge agreement with the JAX model.
 | other | a loss that declares no task (a loss of your own, KL) | - | tolerance only |
 
 A dataset may override the derived task with ``preprocessing["task"]``.
+
+A model of several named outputs (a ``weighted_sum`` loss: one loss per output) has a task per output, each
+derived as above from that output's loss and target (``output_tasks``); ``preprocessing["outputs"][name]`` is that
+output's own preprocessing (its class names, say).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 from model.registry import TASKS, entries
 from model.summary import describe_batch
-from training.components import CLASS_COUNT_ARGUMENTS, available
+from training.components import CLASS_COUNT_ARGUMENTS, available, output_losses
 from training.config_file import ConfigError
 
 
@@ -43,6 +47,40 @@ def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None)
         per_example = len(target.shape) == (1 if ids else 2)
         return "classification" if per_example else "sequence"
     return task
+
+
+def per_output_losses(loss_spec) -> dict | None:
+    """``{output name: its loss's config}`` of a loss of one loss per named output (``weighted_sum``); None for a
+    model of one output."""
+    if not isinstance(loss_spec, dict) or loss_spec.get("name") not in available("loss"):
+        return None
+    fn = available("loss")[loss_spec["name"]]
+    nested = [value for key, value in (loss_spec.get("args") or {}).items() if output_losses(fn, key)]
+    return nested[0] if nested else None
+
+
+def output_preprocessing(preprocessing: dict | None, output: str) -> dict:
+    """One named output's preprocessing (``preprocessing["outputs"][output]``, its class names, say)."""
+    return dict(((preprocessing or {}).get("outputs") or {}).get(output) or {})
+
+
+def output_tasks(loss_spec, batch_spec: dict, preprocessing: dict | None = None) -> dict[str, str] | None:
+    """``{output name: task}`` of a model of several named outputs, each from its own loss and target; None for a
+    model of one output."""
+    losses = per_output_losses(loss_spec)
+    if losses is None:
+        return None
+    targets = batch_spec.get("target", batch_spec["input"])
+    return {
+        name: task_of(
+            spec["name"],
+            {"input": batch_spec["input"], "target": targets[name]}
+            if isinstance(targets, dict) and name in targets
+            else {"input": batch_spec["input"]},
+            output_preprocessing(preprocessing, name),
+        )
+        for name, spec in losses.items()
+    }
 
 
 def class_count(preprocessing: dict, targets: Callable[[], np.ndarray]) -> tuple[int, str]:
@@ -82,14 +120,13 @@ def model_outputs(model, loader, augment, source: str):
 
 
 def takes_class_ids(config: dict, loader) -> bool:
-    """Whether the loader's targets are integer class ids a classifier or language model gathers its outputs by."""
-    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+    """Whether the loader's targets are integer class ids a classifier or language model gathers its outputs by
+    (a model of several outputs: each head is checked on its own, ``check_model_fits_data``)."""
     target = loader.spec.get("target")
-    return (
-        task in ("classification", "sequence")
-        and target is not None
-        and np.issubdtype(np.dtype(target.dtype), np.integer)
-    )
+    if per_output_losses(config["loss"]) is not None or target is None or isinstance(target, dict):
+        return False
+    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+    return task in ("classification", "sequence") and np.issubdtype(np.dtype(target.dtype), np.integer)
 
 
 def label_bound(config: dict, model, loader, augment, source: str) -> int | None:
@@ -107,21 +144,71 @@ def label_bound(config: dict, model, loader, augment, source: str) -> int | None
 
 def check_model_fits_data(config: dict, model, loader, augment, source: str) -> int | None:
     """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
-    language model with fewer outputs than the data has classes (its loss would be NaN from the first step on), is
-    refused naming what to change. Returns the classifier's number of outputs (None for other tasks)."""
+    language model (or such an output of a model of several) with fewer outputs than the data has classes (its loss
+    would be NaN from the first step on), is refused naming what to change. Returns a classifier's number of
+    outputs (None for other tasks and for models of several outputs)."""
     outputs = model_outputs(model, loader, augment, source)
-    if not takes_class_ids(config, loader) or not hasattr(outputs, "shape"):
+    check_outputs_named(config, outputs, loader.spec.get("target"), source)
+    tasks = output_tasks(config["loss"], loader.spec, loader.preprocessing)
+    if tasks is None:
+        task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+        return check_class_width(config, task, outputs, loader.spec.get("target"), loader.preprocessing, loader, source)
+    for output, task in tasks.items():  # each classifier head against its own target's classes
+        target = loader.spec.get("target", {})
+        check_class_width(
+            config,
+            task,
+            outputs[output],
+            target.get(output) if isinstance(target, dict) else None,
+            output_preprocessing(loader.preprocessing, output),
+            loader,
+            source,
+            output,
+        )
+    return None
+
+
+def check_class_width(
+    config: dict, task: str, outputs, target, preprocessing: dict, loader, source: str, output: str | None = None
+) -> int | None:
+    """A classifier or language model (or such an output of a model of several) with fewer outputs than the data
+    has classes is refused naming what to change. Returns its number of outputs (None for other tasks)."""
+    if (
+        task not in ("classification", "sequence")
+        or target is None
+        or not np.issubdtype(np.dtype(target.dtype), np.integer)
+        or not hasattr(outputs, "shape")
+    ):
         return None
-    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
-    classes, origin = class_count(loader.preprocessing, lambda: next(loader.batches(whole=True))["target"])
+    pick = (lambda batch: batch["target"]) if output is None else (lambda batch: batch["target"][output])
+    classes, origin = class_count(preprocessing, lambda: pick(next(loader.batches(whole=True))))
     width = outputs.shape[-1]
     if width < classes:
         parameters = inspect.signature(available("model")[config["model"]["name"]]).parameters
         name = next((n for n in CLASS_COUNT_ARGUMENTS if n in parameters), None)
         where = f"model.args.{name}" if name else "model"
         per = "position" if task == "sequence" else "example"
+        gives = "the model gives" if output is None else f"the model's output {output!r} gives"
         raise ConfigError(
-            f"{source}: {where}: the model gives {width} outputs per {per}, but the data has {classes} "
+            f"{source}: {where}: {gives} {width} outputs per {per}, but the data has {classes} "
             f"{origin}; " + (f"set it to {classes}" if name else f"give the model {classes} outputs")
         )
     return width
+
+
+def check_outputs_named(config: dict, outputs, target, source: str) -> None:
+    """Each output a per-output loss or metric names is one the model gives and the data has a target for."""
+    places = [(f"loss.args.losses.{name}", name) for name in per_output_losses(config["loss"]) or {}]
+    places += [
+        (f"metrics.{i}.output", spec["output"])
+        for i, spec in enumerate(config.get("metrics", []))
+        if isinstance(spec, dict) and "output" in spec
+    ]
+    for where, name in places:
+        if not isinstance(outputs, dict) or name not in outputs:
+            has = f"outputs {', '.join(sorted(outputs))}" if isinstance(outputs, dict) else "one output, not named"
+            raise ConfigError(f"{source}: {where}: the model has no output {name!r}; it has {has}")
+        if isinstance(target, dict) and name not in target:
+            raise ConfigError(
+                f"{source}: {where}: the data has no target {name!r}; its targets are {', '.join(sorted(target))}"
+            )

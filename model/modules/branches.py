@@ -49,3 +49,38 @@ class Branches(Module):
     def __repr__(self):
         inner = "\n".join(f"  ({name}): {branch!r}".replace("\n", "\n  ") for name, branch in self.branches.items())
         return f"Branches(\n{inner}\n)"
+
+
+class Heads(Module):
+    """One module per named output, each applied to the same input: a model of several outputs.
+
+        Sequential({"body": cnn, "heads": Heads({"digit": Linear(10), "ink": Linear(1)})})
+
+    gives ``{"digit": (B, 10), "ink": (B, 1)}``, which a ``weighted_sum`` loss and per-output metrics
+    (``{"name": "accuracy", "output": "digit"}``) take by name. Each head's params sit under its name.
+    """
+
+    def __init__(self, heads: dict):
+        if not isinstance(heads, dict) or not heads:
+            raise ValueError(f"Heads: expected a dict of {{output name: module}}, got {heads!r}")
+        self.heads = {str(name): as_module(head) for name, head in heads.items()}
+
+    def children(self):
+        return self.heads
+
+    def init(self, key, x):
+        params, state = {}, {}
+        for i, (name, head) in enumerate(self.heads.items()):
+            params[name], state[name] = head.init(jax.random.fold_in(key, i), shape_of(x))
+        return params, state
+
+    def __call__(self, params, state, x, *, train=False, key=None):
+        outputs, new_state = {}, {}
+        for i, (name, head) in enumerate(self.heads.items()):
+            child_key = None if key is None else jax.random.fold_in(key, i)
+            outputs[name], new_state[name] = head(params[name], state[name], x, train=train, key=child_key)
+        return outputs, new_state
+
+    def __repr__(self):
+        inner = "\n".join(f"  ({name}): {head!r}".replace("\n", "\n  ") for name, head in self.heads.items())
+        return f"Heads(\n{inner}\n)"
