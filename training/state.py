@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from training import checkpoint, distributed, memory, platform
+from training import checkpoint, distributed, memory, peaks, platform
 from training.precision import policy_of
 from training.settings import Settings
 from training.step import empty_stats, make_eval_step, make_train_chunk
@@ -86,12 +86,13 @@ class TrainState:
                 self.steps_per_epoch, self.accumulate * nbytes(self.batch_spec), jax.default_backend()
             )
         self.stats_template = None
+        self.placements = {}  # shardings of the stacks and batches placed so far, by layout
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None
         fsdp = self.mesh.shape["fsdp"] > 1
         self.sharding = distributed.state_shardings(self.template(), self.mesh) if fsdp else self.replicated
-        self.chunk_fn = self.chunk_with(self.optimizer)
+        self.chunk_fn = self.chunk_with(self.optimizer, self.lr_fn)
         self.train_chunk = jax.jit(
             self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
         )
@@ -201,10 +202,18 @@ class TrainState:
 
     def put_stack(self, stack: dict) -> dict:
         """This process's rows of a stack (its loader's share) placed as one global stack."""
-        return distributed.put_local(stack, self.stack_sharding(stack))
+        return distributed.put_local(stack, self.placement(stack, self.stack_sharding))
 
     def put_batch(self, batch: dict) -> dict:
-        return distributed.put_local(batch, self.batch_sharding(batch))
+        return distributed.put_local(batch, self.placement(batch, self.batch_sharding))
+
+    def placement(self, tree: dict, shardings: Callable) -> dict:
+        """``shardings(tree)``, made once per layout of tree (every stack of a run has the same): the per-call cost
+        of placing a stack is then the transfer alone."""
+        key = (shardings.__name__, jax.tree.structure(tree), tuple(np.ndim(a) for a in jax.tree.leaves(tree)))
+        if key not in self.placements:
+            self.placements[key] = shardings(tree)
+        return self.placements[key]
 
     def empty_stats(self, state=None):
         """Zeroed epoch statistics on the device; ``state``: a training state or its abstract value (the first
@@ -220,11 +229,20 @@ class TrainState:
         return jax.device_put(self.stats_template, self.replicated)
 
     # ------------------------------------------------------------------------------------------------ steps
-    def chunk_with(self, optimizer) -> Callable:
-        """The K-step training call with `optimizer` (the config's, or the lr_finder's range)."""
+    def chunk_with(self, optimizer, lr_fn: Callable | None = None) -> Callable:
+        """The K-step training call with `optimizer` (the config's, or the lr_finder's range); its logs carry each
+        step's learning rate when `lr_fn` (the optimizer's) is given."""
         run = self.run
         return make_train_chunk(
-            run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy, self.in_step
+            run.model,
+            run.loss_fn,
+            optimizer,
+            run.metrics,
+            run.augment,
+            self.accumulate,
+            self.policy,
+            self.in_step,
+            lr_fn,
         )
 
     def start_compile(self, state_spec) -> None:
@@ -274,6 +292,12 @@ class TrainState:
         log.info(
             f"compiled the training step ({self.steps_per_call} step(s) per call) in {self.compile_seconds:.1f}s{flops}"
         )
+
+    def utilization(self, examples_per_s: float):
+        """(model FLOP/s, MFU) of training at `examples_per_s` on this run's devices (``training/peaks.py``)."""
+        device = self.mesh.devices.flat[0]
+        peak = peaks.peak_flops(device.device_kind, self.policy.compute)
+        return peaks.utilization(self.flops_per_example, examples_per_s, peak, self.mesh.size)
 
     def nan_located_chunk(self) -> Callable:
         """--detect-nans: the jitted call without donation; when jax_debug_nans finds a NaN in its outputs, the call

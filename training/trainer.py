@@ -159,6 +159,7 @@ class Trainer:
                     "lr": float(self.state.lr_fn(int(self.ts["step"]) - 1)),
                 }
             )
+            row["time/model_flops_per_s"], row["time/mfu"] = self.state.utilization(row["time/examples_per_s"])
             for callback in self.callbacks:
                 callback.on_epoch_end(self, epoch, row)
             self.epoch = epoch
@@ -167,6 +168,7 @@ class Trainer:
                 f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
                 + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
                 + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s"
+                + (f"  MFU {row['time/mfu']:.1%}" if isinstance(row["time/mfu"], float) else "")
                 + ("  *" if improved else "")
             )
             names, pause = best.commit_epoch(self.ts, self.header(), improved, row)
@@ -221,8 +223,6 @@ class Trainer:
                 if self.trace:
                     self.trace.before(first_step + steps_done + 1, first_step + steps_done + real_steps)
                 self.ts, totals, logs = state.compiled_chunk(self.ts, totals, stack)
-                if not self.first_call_logged:
-                    self.log_first_call(logs, real_steps)
                 if self.trace:
                     self.trace.after(first_step + steps_done + real_steps, self.ts)
                 if pending is not None:
@@ -249,9 +249,9 @@ class Trainer:
             bar.close()
         return totals
 
-    def log_first_call(self, logs, steps: int) -> None:
-        """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
-        jax.block_until_ready(logs)
+    def log_first_call(self, steps: int) -> None:
+        """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done (called
+        once its logs were read, while the next call runs)."""
         self.first_call_logged = True
         self.first_call_seconds = time.time() - platform.STARTED_AT
         log.info(
@@ -260,9 +260,15 @@ class Trainer:
         )
 
     def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
-        losses = np.asarray(logs["loss"])[:real]
+        """A finished call's step losses checked and shown: the loop calls this after dispatching the next call, and
+        every value shown comes from `logs` (the learning rate included), so nothing here waits on a running call.
+        Only the losses are read every call; the rest when a step line is due or the bar is about to redraw."""
+        checked = jax.device_get({k: logs[k] for k in ("loss", "skipped") if k in logs})
+        if not self.first_call_logged:
+            self.log_first_call(real)
+        losses = checked["loss"][:real]
         # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
-        skipped = np.asarray(logs["skipped"])[:real] if "skipped" in logs else np.zeros(real, bool)
+        skipped = checked["skipped"][:real] if "skipped" in checked else np.zeros(real, bool)
         if skipped.any():
             log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
         bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
@@ -284,35 +290,39 @@ class Trainer:
                     f"{self.min_loss:.4g}; training stopped; {self.checkpoints.kept()}"
                 )
             self.min_loss = min(self.min_loss, float(loss))
-        every = self.settings.log_every
-        rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
-        examples_per_s = rate * self.train_loader.batch_size * self.settings.accumulate_steps
-        eta = (self.state.steps_per_epoch - self.skipped - done - real) / rate
-        for i in range(real):
-            step = first_step + done + i + 1
-            if step % every == 0:
-                values = {
-                    "train/step_loss": float(losses[i]),
-                    "train/lr": float(self.state.lr_fn(step - 1)),
-                    "train/grad_norm": float(np.asarray(logs["grad_norm"])[i]),
-                }
-                # with a live progress bar the console shows the bar; step lines still reach train.log
-                level = logging.INFO if bar.disable else logging.DEBUG
-                log.log(
-                    level,
-                    f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
-                    f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
-                    f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}",
-                )
-                for tracker in self.trackers:
-                    tracker.log_step(step, values)
-                for callback in self.callbacks:
-                    callback.on_step(self, step, values)
-        if not bar.disable:  # tqdm shows the ETA itself
-            lr = float(self.state.lr_fn(first_step + done + real - 1))
-            bar.set_postfix(
-                {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
+        every, first = self.settings.log_every, first_step + done + 1
+        due = range(-(-first // every) * every, first + real, every)  # the steps of this call with a step line
+        redraw = not bar.disable and time.time() - bar.last_print_t >= bar.mininterval
+        if due or redraw:
+            shown = jax.device_get({"lr": logs["lr"], "grad_norm": logs["grad_norm"]})
+            rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
+            examples_per_s = rate * self.train_loader.batch_size * self.settings.accumulate_steps
+            eta = (self.state.steps_per_epoch - self.skipped - done - real) / rate
+        for step in due:
+            i = step - first
+            values = {
+                "train/step_loss": float(losses[i]),
+                "train/lr": float(shown["lr"][i]),
+                "train/grad_norm": float(shown["grad_norm"][i]),
+            }
+            # with a live progress bar the console shows the bar; step lines still reach train.log
+            level = logging.INFO if bar.disable else logging.DEBUG
+            log.log(
+                level,
+                f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
+                f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
+                f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}",
             )
+            for tracker in self.trackers:
+                tracker.log_step(step, values)
+            for callback in self.callbacks:
+                callback.on_step(self, step, values)
+        if not bar.disable:  # tqdm shows the ETA itself
+            if redraw:
+                lr = float(shown["lr"][real - 1])
+                bar.set_postfix(
+                    {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
+                )
             bar.update(real)
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
