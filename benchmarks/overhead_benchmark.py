@@ -6,8 +6,8 @@
 
 Variants, each measured in a fresh process (one epoch to warm up, then one timed epoch):
   bare               the reference: the Trainer's own compiled K = 1 step, called in a Python loop over numpy batches
-                     (a fancy index of a random order), each placed with ``jax.device_put`` on the same shardings;
-                     nothing read back until the end
+                     (a fancy index of a random order), each placed as the Trainer places its stacks
+                     (``TrainState.put_stack``); nothing read back until the end
   K=1 log=1          the Trainer at 1 step per call, a step line (log, trackers, callbacks) every step
   K=1 log=50         ... every 50 steps (the default)
   auto log=1/50      the same at ``trainer.steps_per_call: "auto"``
@@ -120,17 +120,14 @@ def run_trainer(steps_per_call, log_every: int, steps: int) -> dict:
 
 
 def run_bare(steps: int) -> dict:
-    """The same compiled update in a plain loop: batches gathered from numpy and placed on the same shardings."""
+    """The same compiled update in a plain loop: batches gathered from numpy and placed as the Trainer places them."""
     import jax
     import numpy as np
 
     trainer = trainer_for(1, 50, steps)
     state, x, y = trainer.state, *data(steps)
     step = state.compiled_chunk
-    one = np.ones(1, np.float32)
-    example = {"input": x[:BATCH][None], "target": y[:BATCH][None], "mask": np.ones((1, BATCH), np.float32)}
-    shardings = state.stack_sharding({**example, "active": one})
-    mask = np.ones((1, BATCH), np.float32)
+    one, mask = np.ones(1, np.float32), np.ones((1, BATCH), np.float32)
 
     def epoch(number):
         def run():
@@ -139,7 +136,7 @@ def run_bare(steps: int) -> dict:
             for i in range(steps):
                 idx = order[i * BATCH : (i + 1) * BATCH]
                 batch = {"input": x[idx][None], "target": y[idx][None], "mask": mask, "active": one}
-                ts, totals, logs = step(ts, totals, jax.device_put(batch, shardings))
+                ts, totals, logs = step(ts, totals, state.put_stack(batch))
             jax.block_until_ready((ts, totals, logs))
             trainer.ts = ts
             return steps

@@ -207,6 +207,11 @@ class DataLoader:
 
         return _prefetch(produce(), self.prefetch)
 
+    def placed(self, epoch: int, put: Callable) -> Iterator:
+        """The epoch's batches (``batches``) each placed by `put`, prepared in a background thread as ``chunks``
+        prepares stacks (evaluation's)."""
+        return _prefetch((put(batch) for batch in self.batches(epoch)), self.prefetch)
+
 
 def _prefetch(iterator: Iterator, size: int) -> Iterator:
     """Runs `iterator` in a daemon thread, `size` items ahead, re-raising its errors in the consumer."""

@@ -52,6 +52,19 @@ def nbytes(spec) -> int:
     return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
 
 
+def pad_rows(batch: dict, rows: int) -> dict:
+    """`batch` with `rows` rows: the extra rows repeat it cyclically with a zero mask, so they add nothing to any
+    sum."""
+    real = len(batch["mask"])
+    if real == rows:
+        return batch
+    index = np.arange(rows) % real
+    batch = jax.tree.map(lambda a: a[index], batch)
+    keep = (np.arange(rows) < real).astype(np.float32)
+    batch["mask"] = batch["mask"] * keep.reshape((-1,) + (1,) * (batch["mask"].ndim - 1))
+    return batch
+
+
 def with_shardings(spec, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), spec, shardings)
 
@@ -66,13 +79,14 @@ class TrainState:
         train_loader, valid_loader = run.loaders["train"], run.loaders.get("validation")
         self.mesh = distributed.make_mesh(run.config.get("mesh"))
         self.replicated = NamedSharding(self.mesh, P())
-        for loader, split in ((train_loader, "train"), (valid_loader, "validation")):
-            if loader is not None and loader.batch_size % self.mesh.size:
-                where = f" ({jax.process_count()} processes)" if jax.process_count() > 1 else ""
-                raise ValueError(
-                    f"data_loader.{split}.args.batch_size {loader.batch_size} must be a multiple of "
-                    f"the {self.mesh.size} devices in use{where}"
-                )
+        if train_loader.batch_size % self.mesh.size:  # evaluation pads its batches instead (``evaluate``)
+            n, size = self.mesh.size, train_loader.batch_size
+            where = f" ({jax.process_count()} processes)" if jax.process_count() > 1 else ""
+            nearest = " or ".join(str(b) for b in (size // n * n, size // n * n + n) if b)
+            raise ValueError(
+                f"data_loader.train.args.batch_size {size} must be a multiple of the {n} devices in use{where}: "
+                f"{nearest}"
+            )
         self.share_batches(train_loader, valid_loader)
         self.batch_spec = train_loader.spec
         self.in_step = [c for c in run.callbacks if c.update is not None]  # keep a state in the training state
@@ -87,14 +101,21 @@ class TrainState:
             )
         self.stats_template = None
         self.placements = {}  # shardings of the stacks and batches placed so far, by layout
+        # XLA:CPU in one process: the compiled call takes the host arrays and places them all in one transfer, in
+        # C++ (jax.device_put spends more Python per array than a small model's whole step); elsewhere the prefetch
+        # thread places each stack ahead (and several processes give each only its own rows)
+        self.host_arrays = jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu"
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None
         fsdp = self.mesh.shape["fsdp"] > 1
         self.sharding = distributed.state_shardings(self.template(), self.mesh) if fsdp else self.replicated
         self.chunk_fn = self.chunk_with(self.optimizer, self.lr_fn)
+        self.log_names = ("loss", "grad_norm", "lr") + (("skipped",) if self.policy.scaled else ())
         self.train_chunk = jax.jit(
-            self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
+            self.packed(self.chunk_fn),
+            donate_argnums=(0, 1),
+            out_shardings=(self.sharding, self.replicated, self.replicated),
         )
         self.eval_step = jax.jit(
             make_eval_step(run.model, run.loss_fn, run.metrics, run.augment, self.policy),
@@ -201,10 +222,15 @@ class TrainState:
         return jax.tree.map(lambda a: NamedSharding(self.mesh, P(distributed.BATCH_AXES)), batch)
 
     def put_stack(self, stack: dict) -> dict:
-        """This process's rows of a stack (its loader's share) placed as one global stack."""
+        """This process's rows of a stack (its loader's share) placed as one global stack; on XLA:CPU with one
+        process the host stack itself (``host_arrays``)."""
+        if self.host_arrays:
+            return stack
         return distributed.put_local(stack, self.placement(stack, self.stack_sharding))
 
     def put_batch(self, batch: dict) -> dict:
+        if self.host_arrays:
+            return batch
         return distributed.put_local(batch, self.placement(batch, self.batch_sharding))
 
     def placement(self, tree: dict, shardings: Callable) -> dict:
@@ -244,6 +270,24 @@ class TrainState:
             self.in_step,
             lr_fn,
         )
+
+    def packed(self, chunk_fn: Callable) -> Callable:
+        """`chunk_fn` with its per-step logs as one (K, len(log_names)) float32 array: the host reads a call's
+        logs in one transfer (``logs_of`` names them again)."""
+
+        def train_chunk(ts, totals, stack):
+            ts, totals, logs = chunk_fn(ts, totals, stack)
+            return ts, totals, jnp.stack([logs[name].astype(jnp.float32) for name in self.log_names], axis=1)
+
+        return train_chunk
+
+    def logs_of(self, packed) -> dict:
+        """A call's packed logs read to the host: {name: (K,) numpy array}; "skipped" as booleans."""
+        values = np.asarray(packed)
+        logs = {name: values[:, i] for i, name in enumerate(self.log_names)}
+        if "skipped" in logs:
+            logs["skipped"] = logs["skipped"] > 0
+        return logs
 
     def start_compile(self, state_spec) -> None:
         """Starts compiling the training step from the state's abstract value on a worker thread: XLA compiles
@@ -303,23 +347,31 @@ class TrainState:
         """--detect-nans: the jitted call without donation; when jax_debug_nans finds a NaN in its outputs, the call
         runs again op by op from the same inputs (jax_debug_nans alone stops at the whole `scan`), so the error
         names the first operation that made one, with its line."""
-        jitted = jax.jit(self.chunk_fn)
+        fn = self.packed(self.chunk_fn)
+        jitted = jax.jit(fn)
 
         def chunk(ts, totals, stack):
             try:
                 return jitted(ts, totals, stack)
             except FloatingPointError:
                 with jax.disable_jit():
-                    return self.chunk_fn(ts, totals, stack)
+                    return fn(ts, totals, stack)
 
         return chunk
+
+    def eval_rows(self, loader) -> int:
+        """Rows of an evaluation batch on the devices: the loader's batch size rounded up to a multiple of the
+        devices (the extra rows are masked copies: a validation batch need not divide over the devices)."""
+        return -(-loader.batch_size // self.mesh.size) * self.mesh.size
 
     def compile_eval(self, ts: dict, loader) -> None:
         self.eval_batch_size = loader.batch_size
         if self.execution != "aot":
             self.compiled_eval = self.eval_step
             return
-        batch_spec = with_shardings(loader.spec, self.batch_sharding(loader.spec))
+        rows = self.eval_rows(loader)
+        spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), loader.spec)
+        batch_spec = with_shardings(spec, self.batch_sharding(spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
         lowered = self.eval_step.lower(ts["params"], ts["state"], self.empty_stats(), batch_spec)
         self.compiled_eval = lowered.compile(options)
@@ -330,6 +382,8 @@ class TrainState:
             self.compile_eval(ts, loader)
         totals = self.empty_stats()
         params, state = self.eval_params(ts), ts["state"]
-        for batch in loader.batches(epoch):
-            totals = self.compiled_eval(params, state, totals, self.put_batch(batch))
+        rows = self.eval_rows(loader) // jax.process_count()  # this process's share of each padded batch
+        # placed in the loader's prefetch thread, two batches ahead, as training's stacks are
+        for batch in loader.placed(epoch, lambda batch: self.put_batch(pad_rows(batch, rows))):
+            totals = self.compiled_eval(params, state, totals, batch)
         return totals

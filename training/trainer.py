@@ -204,7 +204,7 @@ class Trainer:
             disable=not interactive,
         )
         totals = state.empty_stats() if totals is None else jax.device_put(totals, state.replicated)
-        pending = None  # the previous call's per-step logs, read while the next call runs
+        pending = []  # the previous call's per-step logs (at most one call), read while the next call runs
         first_step = int(self.ts["step"])
         done, steps_done = 0, 0  # loader batches and steps run by this call of train_epoch
         self.skipped = start // n
@@ -225,22 +225,19 @@ class Trainer:
                 self.ts, totals, logs = state.compiled_chunk(self.ts, totals, stack)
                 if self.trace:
                     self.trace.after(first_step + steps_done + real_steps, self.ts)
-                if pending is not None:
-                    self.check_logs(epoch, *pending, bar)
-                pending = (logs, steps_done, real_steps, first_step, started)
+                self.read_logs(epoch, pending, bar)  # the previous call's, read while this one runs
+                pending.append((logs, steps_done, real_steps, first_step, started))
                 done += real
                 steps_done += real_steps
                 if start + done < batches and self.position_save_due(first_step + steps_done):
-                    self.check_logs(epoch, *pending, bar)  # a diverged state is never saved
-                    pending = None
+                    self.read_logs(epoch, pending, bar)  # a diverged state is never saved
                     self.save_position(start + done, totals)
                     if self.stop_signal is not None:
                         raise Stopped(
                             self.stop_signal,
                             f"saved at step {first_step + steps_done} ({start + done} of {batches} into epoch {epoch})",
                         )
-            if pending is not None:
-                self.check_logs(epoch, *pending, bar)
+            self.read_logs(epoch, pending, bar)
         finally:
             # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps finish,
             # so the process never exits with work in flight (which aborts it instead of returning its status)
@@ -248,6 +245,11 @@ class Trainer:
             settle(self.ts)
             bar.close()
         return totals
+
+    def read_logs(self, epoch: int, pending: list, bar) -> None:
+        """Checks and shows the logs of the calls in `pending`, and empties it."""
+        while pending:
+            self.check_logs(epoch, *pending.pop(0), bar)
 
     def log_first_call(self, steps: int) -> None:
         """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done (called
@@ -259,11 +261,14 @@ class Trainer:
             f"(compiling the step took {self.state.compile_seconds:.1f}s)"
         )
 
-    def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
-        """A finished call's step losses checked and shown: the loop calls this after dispatching the next call, and
-        every value shown comes from `logs` (the learning rate included), so nothing here waits on a running call.
-        Only the losses are read every call; the rest when a step line is due or the bar is about to redraw."""
-        checked = jax.device_get({k: logs[k] for k in ("loss", "skipped") if k in logs})
+    def check_logs(self, epoch: int, logs, done: int, real: int, first_step: int, started: float, bar) -> None:
+        """A finished call's step losses checked and shown: the loop calls this once the next call is dispatched,
+        and every value shown comes from `logs` (the call's packed per-step logs, the learning rate included), so
+        nothing here waits on a running call."""
+        every, first = self.settings.log_every, first_step + done + 1
+        due = range(-(-first // every) * every, first + real, every)  # the steps of this call with a step line
+        redraw = not bar.disable and time.time() - bar.last_print_t >= bar.mininterval
+        checked = self.state.logs_of(logs)  # one transfer
         if not self.first_call_logged:
             self.log_first_call(real)
         losses = checked["loss"][:real]
@@ -290,11 +295,7 @@ class Trainer:
                     f"{self.min_loss:.4g}; training stopped; {self.checkpoints.kept()}"
                 )
             self.min_loss = min(self.min_loss, float(loss))
-        every, first = self.settings.log_every, first_step + done + 1
-        due = range(-(-first // every) * every, first + real, every)  # the steps of this call with a step line
-        redraw = not bar.disable and time.time() - bar.last_print_t >= bar.mininterval
         if due or redraw:
-            shown = jax.device_get({"lr": logs["lr"], "grad_norm": logs["grad_norm"]})
             rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
             examples_per_s = rate * self.train_loader.batch_size * self.settings.accumulate_steps
             eta = (self.state.steps_per_epoch - self.skipped - done - real) / rate
@@ -302,8 +303,8 @@ class Trainer:
             i = step - first
             values = {
                 "train/step_loss": float(losses[i]),
-                "train/lr": float(shown["lr"][i]),
-                "train/grad_norm": float(shown["grad_norm"][i]),
+                "train/lr": float(checked["lr"][i]),
+                "train/grad_norm": float(checked["grad_norm"][i]),
             }
             # with a live progress bar the console shows the bar; step lines still reach train.log
             level = logging.INFO if bar.disable else logging.DEBUG
@@ -319,7 +320,7 @@ class Trainer:
                 callback.on_step(self, step, values)
         if not bar.disable:  # tqdm shows the ETA itself
             if redraw:
-                lr = float(shown["lr"][real - 1])
+                lr = float(checked["lr"][real - 1])
                 bar.set_postfix(
                     {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
                 )
