@@ -55,3 +55,9 @@ def utilization(flops_per_example: float | None, examples_per_s: float, peak_per
         return "unknown", "unknown"
     flops = flops_per_example * examples_per_s
     return flops, ("unknown" if peak_per_device is None else flops / (peak_per_device * devices))
+
+
+def of_run(state, examples_per_s: float):
+    """(model FLOP/s, MFU) of a ``TrainState``'s training at `examples_per_s` on its devices."""
+    peak = peak_flops(state.mesh.devices.flat[0].device_kind, state.policy.compute)
+    return utilization(state.flops_per_example, examples_per_s, peak, state.mesh.size)

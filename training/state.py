@@ -10,7 +10,6 @@ accelerators or several machines. Every shape and dtype of a batch comes from th
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +17,10 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from training import checkpoint, distributed, memory, peaks, platform
+from training import checkpoint, distributed, memory, platform
 from training.precision import policy_of
 from training.settings import Settings
 from training.step import empty_stats, make_eval_step, make_train_chunk
@@ -45,28 +43,6 @@ def auto_steps_per_call(steps_per_epoch: int, batch_bytes: int, backend: str) ->
         return steps_per_epoch
     candidates = [k for k in AUTO_STEPS if k <= cap] or [cap]
     return min(candidates, key=lambda k: ((-steps_per_epoch) % k, -k))
-
-
-def nbytes(spec) -> int:
-    """Bytes of a batch from its spec (any pytree of arrays or ShapeDtypeStructs)."""
-    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
-
-
-def pad_rows(batch: dict, rows: int) -> dict:
-    """`batch` with `rows` rows: the extra rows repeat it cyclically with a zero mask, so they add nothing to any
-    sum."""
-    real = len(batch["mask"])
-    if real == rows:
-        return batch
-    index = np.arange(rows) % real
-    batch = jax.tree.map(lambda a: a[index], batch)
-    keep = (np.arange(rows) < real).astype(np.float32)
-    batch["mask"] = batch["mask"] * keep.reshape((-1,) + (1,) * (batch["mask"].ndim - 1))
-    return batch
-
-
-def with_shardings(spec, shardings):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), spec, shardings)
 
 
 class TrainState:
@@ -97,13 +73,10 @@ class TrainState:
         self.steps_per_call = settings.steps_per_call
         if self.steps_per_call == "auto":
             self.steps_per_call = auto_steps_per_call(
-                self.steps_per_epoch, self.accumulate * nbytes(self.batch_spec), jax.default_backend()
+                self.steps_per_epoch, self.accumulate * memory.nbytes(self.batch_spec), jax.default_backend()
             )
         self.stats_template = None
-        self.placements = {}  # shardings of the stacks and batches placed so far, by layout
-        # XLA:CPU in one process: the compiled call takes the host arrays and places them all in one transfer, in
-        # C++ (jax.device_put spends more Python per array than a small model's whole step); elsewhere the prefetch
-        # thread places each stack ahead (and several processes give each only its own rows)
+        # XLA:CPU, one process: the call places host arrays in one transfer (jax.device_put is slower per array)
         self.host_arrays = jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu"
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
@@ -111,11 +84,8 @@ class TrainState:
         fsdp = self.mesh.shape["fsdp"] > 1
         self.sharding = distributed.state_shardings(self.template(), self.mesh) if fsdp else self.replicated
         self.chunk_fn = self.chunk_with(self.optimizer, self.lr_fn)
-        self.log_names = ("loss", "grad_norm", "lr") + (("skipped",) if self.policy.scaled else ())
         self.train_chunk = jax.jit(
-            self.packed(self.chunk_fn),
-            donate_argnums=(0, 1),
-            out_shardings=(self.sharding, self.replicated, self.replicated),
+            self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
         )
         self.eval_step = jax.jit(
             make_eval_step(run.model, run.loss_fn, run.metrics, run.augment, self.policy),
@@ -178,7 +148,7 @@ class TrainState:
         tree, header = checkpoint.restore(path, template)
         totals = tree.pop("epoch_totals", None)
         shardings = distributed.state_shardings(tree, self.mesh)
-        self.start_compile(with_shardings(tree, shardings))
+        self.start_compile(distributed.with_shardings(tree, shardings))
         ts = distributed.to_mesh(tree, shardings)  # every process read the file; each keeps its shards
         return ts, header, totals
 
@@ -196,7 +166,7 @@ class TrainState:
         shardings = self.sharding if isinstance(self.sharding, dict) else dict.fromkeys(template, self.sharding)
         batches = self.steps_per_call * self.accumulate  # one call's stack, split over every device
         local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
-        stack_bytes = -(-batches * nbytes(self.batch_spec) // self.mesh.size)
+        stack_bytes = -(-batches * memory.nbytes(self.batch_spec) // self.mesh.size)
         memory.check_fits(template, shardings, f"{batches} stacked batch(es)", stack_bytes, local)
 
     def eval_params(self, ts: dict):
@@ -222,24 +192,11 @@ class TrainState:
         return jax.tree.map(lambda a: NamedSharding(self.mesh, P(distributed.BATCH_AXES)), batch)
 
     def put_stack(self, stack: dict) -> dict:
-        """This process's rows of a stack (its loader's share) placed as one global stack; on XLA:CPU with one
-        process the host stack itself (``host_arrays``)."""
-        if self.host_arrays:
-            return stack
-        return distributed.put_local(stack, self.placement(stack, self.stack_sharding))
+        """This process's rows of a stack (its loader's share) placed as one global stack (see ``host_arrays``)."""
+        return stack if self.host_arrays else distributed.put_local(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
-        if self.host_arrays:
-            return batch
-        return distributed.put_local(batch, self.placement(batch, self.batch_sharding))
-
-    def placement(self, tree: dict, shardings: Callable) -> dict:
-        """``shardings(tree)``, made once per layout of tree (every stack of a run has the same): the per-call cost
-        of placing a stack is then the transfer alone."""
-        key = (shardings.__name__, jax.tree.structure(tree), tuple(np.ndim(a) for a in jax.tree.leaves(tree)))
-        if key not in self.placements:
-            self.placements[key] = shardings(tree)
-        return self.placements[key]
+        return batch if self.host_arrays else distributed.put_local(batch, self.batch_sharding(batch))
 
     def empty_stats(self, state=None):
         """Zeroed epoch statistics on the device; ``state``: a training state or its abstract value (the first
@@ -256,38 +213,10 @@ class TrainState:
 
     # ------------------------------------------------------------------------------------------------ steps
     def chunk_with(self, optimizer, lr_fn: Callable | None = None) -> Callable:
-        """The K-step training call with `optimizer` (the config's, or the lr_finder's range); its logs carry each
-        step's learning rate when `lr_fn` (the optimizer's) is given."""
+        """The K-step training call with `optimizer` (the config's, or the lr_finder's range) and its `lr_fn`."""
         run = self.run
-        return make_train_chunk(
-            run.model,
-            run.loss_fn,
-            optimizer,
-            run.metrics,
-            run.augment,
-            self.accumulate,
-            self.policy,
-            self.in_step,
-            lr_fn,
-        )
-
-    def packed(self, chunk_fn: Callable) -> Callable:
-        """`chunk_fn` with its per-step logs as one (K, len(log_names)) float32 array: the host reads a call's
-        logs in one transfer (``logs_of`` names them again)."""
-
-        def train_chunk(ts, totals, stack):
-            ts, totals, logs = chunk_fn(ts, totals, stack)
-            return ts, totals, jnp.stack([logs[name].astype(jnp.float32) for name in self.log_names], axis=1)
-
-        return train_chunk
-
-    def logs_of(self, packed) -> dict:
-        """A call's packed logs read to the host: {name: (K,) numpy array}; "skipped" as booleans."""
-        values = np.asarray(packed)
-        logs = {name: values[:, i] for i, name in enumerate(self.log_names)}
-        if "skipped" in logs:
-            logs["skipped"] = logs["skipped"] > 0
-        return logs
+        parts = (run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy)
+        return make_train_chunk(*parts, self.in_step, lr_fn)
 
     def start_compile(self, state_spec) -> None:
         """Starts compiling the training step from the state's abstract value on a worker thread: XLA compiles
@@ -302,7 +231,7 @@ class TrainState:
         k = self.steps_per_call * self.accumulate  # loader batches per call
         stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
-        stack_spec = with_shardings(stack_spec, self.stack_sharding(stack_spec))
+        stack_spec = distributed.with_shardings(stack_spec, self.stack_sharding(stack_spec))
         start = time.perf_counter()
         compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
             platform.xla_options("train", jax.default_backend()) or None
@@ -337,41 +266,29 @@ class TrainState:
             f"compiled the training step ({self.steps_per_call} step(s) per call) in {self.compile_seconds:.1f}s{flops}"
         )
 
-    def utilization(self, examples_per_s: float):
-        """(model FLOP/s, MFU) of training at `examples_per_s` on this run's devices (``training/peaks.py``)."""
-        device = self.mesh.devices.flat[0]
-        peak = peaks.peak_flops(device.device_kind, self.policy.compute)
-        return peaks.utilization(self.flops_per_example, examples_per_s, peak, self.mesh.size)
-
     def nan_located_chunk(self) -> Callable:
         """--detect-nans: the jitted call without donation; when jax_debug_nans finds a NaN in its outputs, the call
         runs again op by op from the same inputs (jax_debug_nans alone stops at the whole `scan`), so the error
         names the first operation that made one, with its line."""
-        fn = self.packed(self.chunk_fn)
-        jitted = jax.jit(fn)
+        jitted = jax.jit(self.chunk_fn)
 
         def chunk(ts, totals, stack):
             try:
                 return jitted(ts, totals, stack)
             except FloatingPointError:
                 with jax.disable_jit():
-                    return fn(ts, totals, stack)
+                    return self.chunk_fn(ts, totals, stack)
 
         return chunk
 
-    def eval_rows(self, loader) -> int:
-        """Rows of an evaluation batch on the devices: the loader's batch size rounded up to a multiple of the
-        devices (the extra rows are masked copies: a validation batch need not divide over the devices)."""
-        return -(-loader.batch_size // self.mesh.size) * self.mesh.size
-
     def compile_eval(self, ts: dict, loader) -> None:
         self.eval_batch_size = loader.batch_size
+        self.eval_rows = rows = -(-loader.batch_size // self.mesh.size) * self.mesh.size  # divides over the devices
         if self.execution != "aot":
             self.compiled_eval = self.eval_step
             return
-        rows = self.eval_rows(loader)
         spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), loader.spec)
-        batch_spec = with_shardings(spec, self.batch_sharding(spec))
+        batch_spec = distributed.with_shardings(spec, self.batch_sharding(spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
         lowered = self.eval_step.lower(ts["params"], ts["state"], self.empty_stats(), batch_spec)
         self.compiled_eval = lowered.compile(options)
@@ -382,8 +299,7 @@ class TrainState:
             self.compile_eval(ts, loader)
         totals = self.empty_stats()
         params, state = self.eval_params(ts), ts["state"]
-        rows = self.eval_rows(loader) // jax.process_count()  # this process's share of each padded batch
-        # placed in the loader's prefetch thread, two batches ahead, as training's stacks are
-        for batch in loader.placed(epoch, lambda batch: self.put_batch(pad_rows(batch, rows))):
+        # prefetched as training's stacks are; this process's share of each batch, padded
+        for batch in loader.placed(epoch, self.put_batch, self.eval_rows // jax.process_count()):
             totals = self.compiled_eval(params, state, totals, batch)
         return totals

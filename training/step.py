@@ -77,8 +77,7 @@ def make_train_step(
     gradients are summed (weighted by their unmasked examples) and applied as one update, the model state (batch
     norm statistics) passing from one micro-batch to the next. ``policy``: the mixed-precision policy.
     ``callbacks`` with an ``update`` advance their state in ``ts["callbacks"]`` after the update (an average of
-    the parameters, say). ``lr_fn``: the optimizer's learning rate as a function of the step; given, the logs carry
-    the step's rate (the host then reads it with the loss, never evaluating the schedule behind a running step).
+    the parameters, say). ``lr_fn`` given, the logs carry each step's learning rate (read with its loss).
     """
 
     def objective(params, state, batch, key, scale):

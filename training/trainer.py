@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from training import distributed, platform
+from training import distributed, peaks, platform
 from training.commit import Checkpoints
 from training.metrics import metric_results
 from training.settings import Settings
@@ -159,7 +159,7 @@ class Trainer:
                     "lr": float(self.state.lr_fn(int(self.ts["step"]) - 1)),
                 }
             )
-            row["time/model_flops_per_s"], row["time/mfu"] = self.state.utilization(row["time/examples_per_s"])
+            row["time/model_flops_per_s"], row["time/mfu"] = peaks.of_run(self.state, row["time/examples_per_s"])
             for callback in self.callbacks:
                 callback.on_epoch_end(self, epoch, row)
             self.epoch = epoch
@@ -204,7 +204,7 @@ class Trainer:
             disable=not interactive,
         )
         totals = state.empty_stats() if totals is None else jax.device_put(totals, state.replicated)
-        pending = []  # the previous call's per-step logs (at most one call), read while the next call runs
+        pending = None  # the previous call's per-step logs, read while the next call runs
         first_step = int(self.ts["step"])
         done, steps_done = 0, 0  # loader batches and steps run by this call of train_epoch
         self.skipped = start // n
@@ -225,19 +225,22 @@ class Trainer:
                 self.ts, totals, logs = state.compiled_chunk(self.ts, totals, stack)
                 if self.trace:
                     self.trace.after(first_step + steps_done + real_steps, self.ts)
-                self.read_logs(epoch, pending, bar)  # the previous call's, read while this one runs
-                pending.append((logs, steps_done, real_steps, first_step, started))
+                if pending is not None:
+                    self.check_logs(epoch, *pending, bar)
+                pending = (logs, steps_done, real_steps, first_step, started)
                 done += real
                 steps_done += real_steps
                 if start + done < batches and self.position_save_due(first_step + steps_done):
-                    self.read_logs(epoch, pending, bar)  # a diverged state is never saved
+                    self.check_logs(epoch, *pending, bar)  # a diverged state is never saved
+                    pending = None
                     self.save_position(start + done, totals)
                     if self.stop_signal is not None:
                         raise Stopped(
                             self.stop_signal,
                             f"saved at step {first_step + steps_done} ({start + done} of {batches} into epoch {epoch})",
                         )
-            self.read_logs(epoch, pending, bar)
+            if pending is not None:
+                self.check_logs(epoch, *pending, bar)
         finally:
             # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps finish,
             # so the process never exits with work in flight (which aborts it instead of returning its status)
@@ -246,14 +249,8 @@ class Trainer:
             bar.close()
         return totals
 
-    def read_logs(self, epoch: int, pending: list, bar) -> None:
-        """Checks and shows the logs of the calls in `pending`, and empties it."""
-        while pending:
-            self.check_logs(epoch, *pending.pop(0), bar)
-
     def log_first_call(self, steps: int) -> None:
-        """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done (called
-        once its logs were read, while the next call runs)."""
+        """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
         self.first_call_logged = True
         self.first_call_seconds = time.time() - platform.STARTED_AT
         log.info(
@@ -261,19 +258,14 @@ class Trainer:
             f"(compiling the step took {self.state.compile_seconds:.1f}s)"
         )
 
-    def check_logs(self, epoch: int, logs, done: int, real: int, first_step: int, started: float, bar) -> None:
-        """A finished call's step losses checked and shown: the loop calls this once the next call is dispatched,
-        and every value shown comes from `logs` (the call's packed per-step logs, the learning rate included), so
-        nothing here waits on a running call."""
-        every, first = self.settings.log_every, first_step + done + 1
-        due = range(-(-first // every) * every, first + real, every)  # the steps of this call with a step line
-        redraw = not bar.disable and time.time() - bar.last_print_t >= bar.mininterval
-        checked = self.state.logs_of(logs)  # one transfer
+    def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
+        # read once the next call is dispatched; every value shown comes from `logs`, the learning rate included
+        logs = jax.device_get(logs)
         if not self.first_call_logged:
             self.log_first_call(real)
-        losses = checked["loss"][:real]
+        losses = logs["loss"][:real]
         # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
-        skipped = checked["skipped"][:real] if "skipped" in checked else np.zeros(real, bool)
+        skipped = logs["skipped"][:real] if "skipped" in logs else np.zeros(real, bool)
         if skipped.any():
             log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
         bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
@@ -295,35 +287,35 @@ class Trainer:
                     f"{self.min_loss:.4g}; training stopped; {self.checkpoints.kept()}"
                 )
             self.min_loss = min(self.min_loss, float(loss))
-        if due or redraw:
-            rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
-            examples_per_s = rate * self.train_loader.batch_size * self.settings.accumulate_steps
-            eta = (self.state.steps_per_epoch - self.skipped - done - real) / rate
-        for step in due:
-            i = step - first
-            values = {
-                "train/step_loss": float(losses[i]),
-                "train/lr": float(checked["lr"][i]),
-                "train/grad_norm": float(checked["grad_norm"][i]),
-            }
-            # with a live progress bar the console shows the bar; step lines still reach train.log
-            level = logging.INFO if bar.disable else logging.DEBUG
-            log.log(
-                level,
-                f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
-                f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
-                f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}",
-            )
-            for tracker in self.trackers:
-                tracker.log_step(step, values)
-            for callback in self.callbacks:
-                callback.on_step(self, step, values)
-        if not bar.disable:  # tqdm shows the ETA itself
-            if redraw:
-                lr = float(checked["lr"][real - 1])
-                bar.set_postfix(
-                    {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
+        every = self.settings.log_every
+        rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
+        examples_per_s = rate * self.train_loader.batch_size * self.settings.accumulate_steps
+        eta = (self.state.steps_per_epoch - self.skipped - done - real) / rate
+        for i in range(real):
+            step = first_step + done + i + 1
+            if step % every == 0:
+                values = {
+                    "train/step_loss": float(losses[i]),
+                    "train/lr": float(logs["lr"][i]),
+                    "train/grad_norm": float(logs["grad_norm"][i]),
+                }
+                # with a live progress bar the console shows the bar; step lines still reach train.log
+                level = logging.INFO if bar.disable else logging.DEBUG
+                log.log(
+                    level,
+                    f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
+                    f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
+                    f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}",
                 )
+                for tracker in self.trackers:
+                    tracker.log_step(step, values)
+                for callback in self.callbacks:
+                    callback.on_step(self, step, values)
+        if not bar.disable:  # tqdm shows the ETA itself
+            lr = float(logs["lr"][real - 1])
+            bar.set_postfix(
+                {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
+            )
             bar.update(real)
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
