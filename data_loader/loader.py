@@ -261,6 +261,23 @@ class DataLoader:
 
         return _prefetch(produce(), self.prefetch)
 
+    def placed(self, epoch: int, put: Callable, rows: int | None = None) -> Iterator:
+        """The epoch's batches (``batches``) each placed by `put`, prepared in a background thread as ``chunks``
+        prepares stacks (evaluation's); with `rows`, each batch padded to that many rows (of this process's share)
+        by repeating it cyclically with a zero mask, so that it divides over the devices and sums are unchanged."""
+        return _prefetch((put(_pad_rows(batch, rows or 0)) for batch in self.batches(epoch)), self.prefetch)
+
+
+def _pad_rows(batch: dict, rows: int) -> dict:
+    real = len(batch["mask"])
+    if real >= rows:
+        return batch
+    index = np.arange(rows) % real
+    batch = _map(lambda a: a[index], batch)
+    keep = (np.arange(rows) < real).astype(np.float32)
+    batch["mask"] = batch["mask"] * keep.reshape((-1,) + (1,) * (batch["mask"].ndim - 1))
+    return batch
+
 
 def _prefetch(iterator: Iterator, size: int) -> Iterator:
     """Runs `iterator` in a daemon thread, `size` items ahead, re-raising its errors in the consumer."""

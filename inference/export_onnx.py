@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 
 from inference.inputs import names_of
+from model import kernels
 
 OPSET = 18
 
@@ -47,7 +48,8 @@ def export_onnx(
     level = serde.level
     serde.setLevel(logging.ERROR)
     try:
-        with jax.disable_jit():
+        # the plain math: jax2onnx has no handler for the platform switch of model/kernels (an XLA:CPU matter)
+        with jax.disable_jit(), kernels.forced(False):
             model = jax2onnx.to_onnx(
                 fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=names_of(output_name)
             )

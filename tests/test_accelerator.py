@@ -128,3 +128,55 @@ def test_no_warning_when_jax_uses_the_accelerator_or_the_cpu_was_chosen(fake_gpu
     assert platform.unused_accelerator({"cpu"}, {"PATH": fake_gpu_path}) is not None
     assert platform.unused_accelerator({"gpu", "cpu"}, {"PATH": fake_gpu_path}) is None
     assert platform.unused_accelerator({"cpu"}, {"PATH": fake_gpu_path, "JAX_PLATFORMS": "cpu"}) is None
+
+
+# ------------------------------------------------------------------------------- the step as an accelerator gets it
+SAMPLES = [ROOT / "config.json", *sorted((ROOT / "configs").glob("*.json"))]
+
+
+def sample_train_state(path, tmp_path, compute: str):
+    """The TrainState of a sample config at one step per call in `compute` precision, on its own training data
+    (shipped with the repository; a downloaded data set is stood in for by generated files of its format)."""
+    from tests.test_samples_cifar import write_cifar10
+    from training.settings import Settings
+    from training.state import TrainState
+    from utils import assemble, load_config
+
+    config = load_config(path)
+    config["trainer"].update(steps_per_call=1, precision={"compute": compute})
+    train = config["data_loader"]["train"]
+    if train["name"] == "cifar10":
+        write_cifar10(tmp_path / "cifar10", per_file=60)
+        train["args"].update(data_dir=str(tmp_path / "cifar10"), download=False, verify=False, validation_size=24)
+    run = assemble(config, str(path))
+    run.use_data(run.load_data(["train"]))
+    return TrainState(run, Settings.of(config))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.stem)
+def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
+    """Each sample's training step as XLA:GPU and TPU would compile it, lowered on this machine: no custom calls
+    (host callbacks are custom calls too), no float64, and none of the XLA:CPU kernels (model/kernels: their
+    optimization barriers and roundings) whatever JAX's default backend is."""
+    import jax
+    import jax.numpy as jnp
+
+    from training.distributed import with_shardings
+
+    for compute in ("float32", "bfloat16"):
+        state = sample_train_state(path, tmp_path, compute)
+        template = state.template()
+        k = state.steps_per_call * state.accumulate
+        stack = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), state.batch_spec)
+        stack["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
+        stack = with_shardings(stack, state.stack_sharding(stack))
+        traced = state.train_chunk.trace(template, state.empty_stats(template), stack)
+        for target in ("cuda", "tpu"):
+            text = traced.lower(lowering_platforms=(target,)).as_text()
+            where = f"{path.name}, {compute}, {target}"
+            assert "stablehlo.convolution" in text or "stablehlo.dot_general" in text, where
+            for mark in ("custom_call", "callback", "f64", "optimization_barrier", "reduce_precision"):
+                assert mark not in text, f"{where}: {mark}"
+        cpu = traced.lower(lowering_platforms=("cpu",)).as_text()  # the same trace keeps the kernels for the CPU
+        assert "custom_call" not in cpu and "f64" not in cpu

@@ -317,7 +317,11 @@ def test_depthwise_path_float32_inside_scan():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
 
 
-def test_depthwise_layers_take_the_shifted_slice_path():
+def test_depthwise_layers_take_the_shifted_slice_path(monkeypatch):
+    from model import kernels
+
+    monkeypatch.setattr(kernels, "CPU_KERNELS", True)  # the jaxpr of the CPU path (the default holds both paths)
+
     def primitives(fn, *args):
         return {eqn.primitive.name for eqn in jax.make_jaxpr(fn)(*args).eqns}
 
@@ -348,17 +352,25 @@ def test_weight_gradient_path_by_width():
 
 
 def test_cpu_kernels_switch(monkeypatch):
-    """One switch picks the XLA:CPU formulations: on by default for the CPU backend, off when set so, and a
-    layer call's own ``cpu_kernels`` wins over it."""
+    """One switch picks the XLA:CPU formulations: by default where the code is lowered for the CPU (whatever JAX's
+    default backend), off when set so, and a layer call's own ``cpu_kernels`` wins over it."""
     from model import kernels
 
-    x, w = jnp.ones((2, 8, 8, 3), jnp.float32), jnp.ones((3, 3, 3, 4), jnp.float32)
+    x, w = jnp.ones((2, 8, 8, 3), jnp.float32), jnp.ones((3, 3, 3, 32), jnp.float32)
 
     def uses_kernels(**kw):
         return "custom_vjp_call" in str(jax.make_jaxpr(lambda x, w: conv2d(x, w, **kw))(x, w))
 
+    def lowered(platform, **kw):
+        """The gradient as lowered for `platform`: its convolutions and optimization barriers (the kernels' marks)."""
+        text = jax.jit(jax.grad(lambda x, w: conv2d(x, w, **kw).sum(), (0, 1))).trace(x, w)
+        text = text.lower(lowering_platforms=(platform,)).as_text()
+        return text.count("stablehlo.convolution"), text.count("optimization_barrier")
+
     monkeypatch.setattr(kernels, "CPU_KERNELS", None)
-    assert uses_kernels() == (jax.default_backend() == "cpu")
+    assert lowered("cpu") == lowered("cpu", cpu_kernels=True) != lowered("cpu", cpu_kernels=False)
+    for platform in ("cuda", "tpu"):
+        assert lowered(platform) == lowered(platform, cpu_kernels=False) != lowered(platform, cpu_kernels=True)
     monkeypatch.setattr(kernels, "CPU_KERNELS", False)
     assert not uses_kernels() and uses_kernels(cpu_kernels=True)
     monkeypatch.setattr(kernels, "CPU_KERNELS", True)

@@ -475,3 +475,64 @@ def test_language_model_two_processes_equal_one_device(tmp_path):
     )
     np.testing.assert_allclose(rows("two"), rows("one"), rtol=0, atol=1e-5)
     assert_close_states(saved / "two" / "checkpoint-latest.params", saved / "one" / "checkpoint-latest.params")
+
+
+EVALUATE = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    from data_loader.loader import ArrayDataset, DataLoader
+    from training.trainer import Trainer
+    from utils import assemble, validate
+
+    def trainer(train_batch):
+        config = validate({
+            "name": "pad", "seed": 3,
+            "model": {"name": "mlp", "args": {"num_classes": 5, "hidden": [16]}},
+            "loss": {"name": "cross_entropy"}, "metrics": [{"name": "accuracy"}, {"name": "f1"}],
+            "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+            "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+            "trainer": {"epochs": 1, "save_dir": sys.argv[1]},
+        })
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((30, 6)).astype(np.float32), rng.integers(0, 5, 30).astype(np.int32)
+        run = assemble(config)
+        # 30 examples in batches of 12: 12, 12 and 6 real rows, none a multiple of 8 devices
+        run.use_data({"train": DataLoader(ArrayDataset(input=x, target=y), train_batch),
+                      "validation": DataLoader(ArrayDataset(input=x, target=y), 12)})
+        return Trainer(run, None)
+
+    try:
+        trainer(12)
+    except ValueError as error:
+        print("refused:", error)
+    t = trainer(8)
+    t.init_state()
+    print(json.dumps(t.evaluate(t.valid_loader)))
+    """
+)
+
+
+def test_evaluation_batches_are_padded_to_the_devices_and_training_batches_refused(tmp_path):
+    """A validation batch of 12 on 8 devices: padded with masked rows, the loss and metrics those of 1 device. A
+    training batch of 12 is refused in one line naming the sizes that divide."""
+    outputs = {}
+    for devices in (1, 8):
+        done = subprocess.run(
+            [sys.executable, "-c", EVALUATE, str(tmp_path)],
+            cwd=ROOT,
+            env={**os.environ, **devices_env(devices)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[devices] = done.stdout.strip().splitlines()
+    assert len(outputs[1]) == 1  # 12 divides over one device
+    assert outputs[8][0] == (
+        "refused: data_loader.train.args.batch_size 12 must be a multiple of the 8 devices in use: 8 or 16"
+    )
+    one, eight = json.loads(outputs[1][-1]), json.loads(outputs[8][-1])
+    assert one.keys() == eight.keys() and one["loss"] > 0
+    for name in one:
+        np.testing.assert_allclose(eight[name], one[name], rtol=1e-6, atol=1e-7, err_msg=name)

@@ -174,7 +174,9 @@ def test_no_jit_runs_op_by_op_and_trains_as_compiled(tmp_path):
         return eager.run.loss_fn(outputs, targets, **kw)
 
     eager.state.execution = "eager"
-    eager.state.chunk_fn = make_train_chunk(eager.run.model, watched, eager.state.optimizer, eager.run.metrics)
+    eager.state.chunk_fn = make_train_chunk(
+        eager.run.model, watched, eager.state.optimizer, eager.run.metrics, lr_fn=eager.state.lr_fn
+    )
     eager.state.train_chunk = jax.jit(eager.state.chunk_fn)
     compiled.fit()
     with jax.disable_jit():

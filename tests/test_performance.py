@@ -5,6 +5,7 @@ documented, nothing recompiles after the first epoch, and the platform defaults 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -95,6 +96,8 @@ def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
     for ra, rb in zip(*rows):
         assert abs(ra["train/loss"] - rb["train/loss"]) < 1e-6 and ra["val/accuracy"] == rb["val/accuracy"]
         assert ra["time/peak_rss_mb"] > 0
+        # XLA's FLOP count x examples/s; no peak for the CPU in the table of device peaks
+        assert ra["time/model_flops_per_s"] > 0 and ra["time/mfu"] == "unknown"
 
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
@@ -111,6 +114,70 @@ def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == [] and trainer.epoch == 3
+
+
+def test_device_peaks_and_utilization():
+    """The table of dense peaks: each device kind JAX reports finds its own row (variants before their family),
+    float16 runs at the bfloat16 rate, and anything else has no peak."""
+    from training.peaks import peak_flops, utilization
+
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.5e12
+    assert peak_flops("NVIDIA H100 PCIe", "float16") == 756.5e12
+    assert peak_flops("NVIDIA H200", "float32") == 494.5e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16") == 312e12
+    assert peak_flops("NVIDIA L4", "bfloat16") == 121e12 and peak_flops("NVIDIA L40S", "bfloat16") is None
+    assert peak_flops("TPU v5 lite", "bfloat16") == 197e12 and peak_flops("TPU v5p", "bfloat16") == 459e12
+    assert peak_flops("TPU v6 lite", "float32") == 918e12 and peak_flops("TPU v4", "bfloat16") == 275e12
+    assert peak_flops("cpu", "float32") is None
+    assert utilization(2e9, 1000.0, 1e12, 4) == (2e12, 0.5)
+    assert utilization(2e9, 1000.0, None, 1) == (2e12, "unknown")
+    assert utilization(None, 1000.0, 1e12, 1) == ("unknown", "unknown")
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal: the loop then shows its live progress bar."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("log_every, terminal", [(1, False), (50, True), (1, True)])
+def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, monkeypatch, log_every, terminal):
+    """Nothing the loop shows (step lines, the bar's loss and learning rate, trackers) waits on the call just
+    dispatched: each call is made slow (its logs wait on ~0.1 s of matrix products queued behind it) and, when the
+    next call is dispatched, it has not finished yet. A loop that read a value of the running call (the learning
+    rate computed eagerly, say) would find every previous call finished."""
+    trainer = make_trainer(tmp_path, TINY_MODELS["mnist_cnn"], 1, "r", epochs=1)
+    trainer.settings = dataclasses.replace(trainer.settings, log_every=log_every)
+    if terminal:
+        monkeypatch.setattr(sys, "stderr", Terminal())
+
+    @jax.jit
+    def slow(loss):
+        m = jnp.full((384, 384), 1.0 / 384, jnp.float32) + loss * 0
+        return jax.lax.fori_loop(0, 60, lambda i, m: m @ m, m)[0, 0] - 1.0  # exactly 0: m @ m == m
+
+    finished_at_dispatch, previous = [], []
+    compile_step = trainer.state.compile
+
+    def compile_and_slow_down(ts):
+        compile_step(ts)
+        chunk = trainer.state.compiled_chunk
+
+        def slowed(ts, totals, stack):
+            if previous:
+                finished_at_dispatch.append(previous[-1].is_ready())
+            ts, totals, logs = chunk(ts, totals, stack)
+            logs = {**logs, "loss": logs["loss"] + slow(logs["loss"][0])}
+            previous.append(logs["loss"])
+            return ts, totals, logs
+
+        trainer.state.compiled_chunk = slowed
+
+    monkeypatch.setattr(trainer.state, "compile", compile_and_slow_down)
+    trainer.fit()
+    assert len(finished_at_dispatch) == 7 and int(trainer.ts["step"]) == 8
+    assert sum(finished_at_dispatch) <= 1, finished_at_dispatch  # one late thread wake-up on a busy machine at most
 
 
 @pytest.mark.parametrize(

@@ -261,7 +261,7 @@ def test_runtime_config_problems_exit_2_and_leave_no_run_folder(tmp_path, data_d
     result = run("train.py", "-c", config, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        "error: data_loader.train.args.batch_size 30 must be a multiple of the 4 devices in use"
+        "error: data_loader.train.args.batch_size 30 must be a multiple of the 4 devices in use: 28 or 32"
     ]
     assert not (tmp_path / "saved").exists()
 

@@ -491,3 +491,9 @@ def share_text(name: str, text: str | None = None, timeout_s: int = INIT_TIMEOUT
     if not text:
         raise DistributedError(f"process 0 stopped before training (its output says why); no {name}")
     return text
+
+
+def with_shardings(spec, shardings):
+    import jax
+
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), spec, shardings)

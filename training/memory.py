@@ -108,3 +108,10 @@ def check_fits(template: dict, shardings: dict, batches: str, batch_bytes: int, 
             else "make the model smaller (model.args) or split it over more devices (mesh.fsdp)"
         )
         raise ValueError(f"this run {reason}: {hint}; nothing was written")
+
+
+def nbytes(spec) -> int:
+    """Bytes of a batch from its spec (any pytree of arrays or ShapeDtypeStructs)."""
+    import jax
+
+    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))

@@ -10,7 +10,6 @@ accelerators or several machines. Every shape and dtype of a batch comes from th
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -47,15 +45,6 @@ def auto_steps_per_call(steps_per_epoch: int, batch_bytes: int, backend: str) ->
     return min(candidates, key=lambda k: ((-steps_per_epoch) % k, -k))
 
 
-def nbytes(spec) -> int:
-    """Bytes of a batch from its spec (any pytree of arrays or ShapeDtypeStructs)."""
-    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
-
-
-def with_shardings(spec, shardings):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), spec, shardings)
-
-
 class TrainState:
     def __init__(self, run, settings: Settings, execution: str = "aot"):
         """``run``: the assembled run with its data loaded. ``execution``: "aot", compiled ahead of time for the
@@ -66,13 +55,14 @@ class TrainState:
         train_loader, valid_loader = run.loaders["train"], run.loaders.get("validation")
         self.mesh = distributed.make_mesh(run.config.get("mesh"))
         self.replicated = NamedSharding(self.mesh, P())
-        for loader, split in ((train_loader, "train"), (valid_loader, "validation")):
-            if loader is not None and loader.batch_size % self.mesh.size:
-                where = f" ({jax.process_count()} processes)" if jax.process_count() > 1 else ""
-                raise ValueError(
-                    f"data_loader.{split}.args.batch_size {loader.batch_size} must be a multiple of "
-                    f"the {self.mesh.size} devices in use{where}"
-                )
+        if train_loader.batch_size % self.mesh.size:  # evaluation pads its batches instead (``evaluate``)
+            n, size = self.mesh.size, train_loader.batch_size
+            where = f" ({jax.process_count()} processes)" if jax.process_count() > 1 else ""
+            nearest = " or ".join(str(b) for b in (size // n * n, size // n * n + n) if b)
+            raise ValueError(
+                f"data_loader.train.args.batch_size {size} must be a multiple of the {n} devices in use{where}: "
+                f"{nearest}"
+            )
         self.share_batches(train_loader, valid_loader)
         self.batch_spec = train_loader.spec
         self.in_step = [c for c in run.callbacks if c.update is not None]  # keep a state in the training state
@@ -83,9 +73,11 @@ class TrainState:
         self.steps_per_call = settings.steps_per_call
         if self.steps_per_call == "auto":
             self.steps_per_call = auto_steps_per_call(
-                self.steps_per_epoch, self.accumulate * nbytes(self.batch_spec), jax.default_backend()
+                self.steps_per_epoch, self.accumulate * memory.nbytes(self.batch_spec), jax.default_backend()
             )
         self.stats_template = None
+        # XLA:CPU, one process: the call places host arrays in one transfer (jax.device_put is slower per array)
+        self.host_arrays = jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu"
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None
@@ -103,7 +95,7 @@ class TrainState:
         if schedule_length is not None:
             self.run.epochs, self.run.steps_per_epoch = schedule_length["epochs"], schedule_length["steps_per_epoch"]
         self.optimizer, self.lr_fn = self.run.optimizer()
-        self.chunk_fn = self.chunk_with(self.optimizer)
+        self.chunk_fn = self.chunk_with(self.optimizer, self.lr_fn)
         self.train_chunk = jax.jit(
             self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
         )
@@ -164,7 +156,7 @@ class TrainState:
         self.jit_train_chunk(header.get("schedule_length"))  # before the step compiles
         totals = tree.pop("epoch_totals", None)
         shardings = distributed.state_shardings(tree, self.mesh)
-        self.start_compile(with_shardings(tree, shardings))
+        self.start_compile(distributed.with_shardings(tree, shardings))
         ts = distributed.to_mesh(tree, shardings)  # every process read the file; each keeps its shards
         return ts, header, totals
 
@@ -182,7 +174,7 @@ class TrainState:
         shardings = self.sharding if isinstance(self.sharding, dict) else dict.fromkeys(template, self.sharding)
         batches = self.steps_per_call * self.accumulate  # one call's stack, split over every device
         local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
-        stack_bytes = -(-batches * nbytes(self.batch_spec) // self.mesh.size)
+        stack_bytes = -(-batches * memory.nbytes(self.batch_spec) // self.mesh.size)
         memory.check_fits(template, shardings, f"{batches} stacked batch(es)", stack_bytes, local)
 
     def eval_params(self, ts: dict):
@@ -208,11 +200,11 @@ class TrainState:
         return jax.tree.map(lambda a: NamedSharding(self.mesh, P(distributed.BATCH_AXES)), batch)
 
     def put_stack(self, stack: dict) -> dict:
-        """This process's rows of a stack (its loader's share) placed as one global stack."""
-        return distributed.put_local(stack, self.stack_sharding(stack))
+        """This process's rows of a stack (its loader's share) placed as one global stack (see ``host_arrays``)."""
+        return stack if self.host_arrays else distributed.put_local(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
-        return distributed.put_local(batch, self.batch_sharding(batch))
+        return batch if self.host_arrays else distributed.put_local(batch, self.batch_sharding(batch))
 
     def empty_stats(self, state=None):
         """Zeroed epoch statistics on the device; ``state``: a training state or its abstract value (the first
@@ -228,12 +220,11 @@ class TrainState:
         return jax.device_put(self.stats_template, self.replicated)
 
     # ------------------------------------------------------------------------------------------------ steps
-    def chunk_with(self, optimizer) -> Callable:
-        """The K-step training call with `optimizer` (the config's, or the lr_finder's range)."""
+    def chunk_with(self, optimizer, lr_fn: Callable | None = None) -> Callable:
+        """The K-step training call with `optimizer` (the config's, or the lr_finder's range) and its `lr_fn`."""
         run = self.run
-        return make_train_chunk(
-            run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy, self.in_step
-        )
+        parts = (run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy)
+        return make_train_chunk(*parts, self.in_step, lr_fn)
 
     def start_compile(self, state_spec) -> None:
         """Starts compiling the training step from the state's abstract value on a worker thread: XLA compiles
@@ -248,7 +239,7 @@ class TrainState:
         k = self.steps_per_call * self.accumulate  # loader batches per call
         stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
-        stack_spec = with_shardings(stack_spec, self.stack_sharding(stack_spec))
+        stack_spec = distributed.with_shardings(stack_spec, self.stack_sharding(stack_spec))
         start = time.perf_counter()
         compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
             platform.xla_options("train", jax.default_backend()) or None
@@ -300,10 +291,12 @@ class TrainState:
 
     def compile_eval(self, ts: dict, loader) -> None:
         self.eval_batch_size = loader.batch_size
+        self.eval_rows = rows = -(-loader.batch_size // self.mesh.size) * self.mesh.size  # divides over the devices
         if self.execution != "aot":
             self.compiled_eval = self.eval_step
             return
-        batch_spec = with_shardings(loader.spec, self.batch_sharding(loader.spec))
+        spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), loader.spec)
+        batch_spec = distributed.with_shardings(spec, self.batch_sharding(spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
         lowered = self.eval_step.lower(ts["params"], ts["state"], self.empty_stats(), batch_spec)
         self.compiled_eval = lowered.compile(options)
@@ -314,6 +307,7 @@ class TrainState:
             self.compile_eval(ts, loader)
         totals = self.empty_stats()
         params, state = self.eval_params(ts), ts["state"]
-        for batch in loader.batches(epoch):
-            totals = self.compiled_eval(params, state, totals, self.put_batch(batch))
+        # prefetched as training's stacks are; this process's share of each batch, padded
+        for batch in loader.placed(epoch, self.put_batch, self.eval_rows // jax.process_count()):
+            totals = self.compiled_eval(params, state, totals, batch)
         return totals

@@ -83,6 +83,7 @@ def make_train_step(
     accumulate: int = 1,
     policy: Policy = Policy(),
     callbacks: Sequence = (),
+    lr_fn: Callable | None = None,
 ) -> Callable:
     """(train_state, batch) -> (train_state, stats, per-step log values).
 
@@ -91,7 +92,7 @@ def make_train_step(
     gradients are summed (weighted by their unmasked examples) and applied as one update, the model state (batch
     norm statistics) passing from one micro-batch to the next. ``policy``: the mixed-precision policy.
     ``callbacks`` with an ``update`` advance their state in ``ts["callbacks"]`` after the update (an average of
-    the parameters, say).
+    the parameters, say). ``lr_fn`` given, the logs carry each step's learning rate (read with its loss).
     """
 
     def objective(params, state, batch, key, scale):
@@ -149,6 +150,8 @@ def make_train_step(
             "step": ts["step"] + 1,
         }
         logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm}
+        if lr_fn is not None:
+            logs["lr"] = jnp.asarray(lr_fn(ts["step"]), jnp.float32)
         if policy.scaled:  # an overflowed step changes nothing but the scale
             finite = jnp.isfinite(grad_norm)
             new_ts = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_ts, {**ts, "step": ts["step"] + 1})
@@ -172,13 +175,14 @@ def make_train_chunk(
     accumulate: int = 1,
     policy: Policy = Policy(),
     callbacks: Sequence = (),
+    lr_fn: Callable | None = None,
 ) -> Callable:
     """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, per-step log values (K,)).
 
     N = ``accumulate`` loader batches make one step. An inactive loader batch (completing the epoch's last stack)
     adds nothing: with N = 1 its step leaves the state unchanged; with N > 1 its mask is zeroed, and a step with no
     active batch at all leaves the state unchanged."""
-    train_step = make_train_step(model, loss_fn, optimizer, metrics, augment, accumulate, policy, callbacks)
+    train_step = make_train_step(model, loss_fn, optimizer, metrics, augment, accumulate, policy, callbacks, lr_fn)
 
     def body(carry, batch):
         ts, totals = carry

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from training import distributed, platform
+from training import distributed, peaks, platform
 from training.callbacks import of_schedule
 from training.commit import Checkpoints
 from training.components import schedule_length_note
@@ -167,6 +167,7 @@ class Trainer:
                     "lr": self.applied_lr(int(self.ts["step"]) - 1),
                 }
             )
+            row["time/model_flops_per_s"], row["time/mfu"] = peaks.of_run(self.state, row["time/examples_per_s"])
             for callback in self.callbacks:
                 callback.on_epoch_end(self, epoch, row)
             self.epoch = epoch
@@ -175,6 +176,7 @@ class Trainer:
                 f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
                 + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
                 + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s"
+                + (f"  MFU {row['time/mfu']:.1%}" if isinstance(row["time/mfu"], float) else "")
                 + ("  *" if improved else "")
             )
             names, pause = best.commit_epoch(self.ts, self.header(), improved, row)
@@ -229,8 +231,6 @@ class Trainer:
                 if self.trace:
                     self.trace.before(first_step + steps_done + 1, first_step + steps_done + real_steps)
                 self.ts, totals, logs = state.compiled_chunk(self.ts, totals, stack)
-                if not self.first_call_logged:
-                    self.log_first_call(logs, real_steps)
                 if self.trace:
                     self.trace.after(first_step + steps_done + real_steps, self.ts)
                 if pending is not None:
@@ -257,9 +257,8 @@ class Trainer:
             bar.close()
         return totals
 
-    def log_first_call(self, logs, steps: int) -> None:
+    def log_first_call(self, steps: int) -> None:
         """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
-        jax.block_until_ready(logs)
         self.first_call_logged = True
         self.first_call_seconds = time.time() - platform.STARTED_AT
         log.info(
@@ -268,9 +267,13 @@ class Trainer:
         )
 
     def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
-        losses = np.asarray(logs["loss"])[:real]
+        # read once the next call is dispatched; every value shown comes from `logs`, the learning rate included
+        logs = jax.device_get(logs)
+        if not self.first_call_logged:
+            self.log_first_call(real)
+        losses = logs["loss"][:real]
         # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
-        skipped = np.asarray(logs["skipped"])[:real] if "skipped" in logs else np.zeros(real, bool)
+        skipped = logs["skipped"][:real] if "skipped" in logs else np.zeros(real, bool)
         if skipped.any():
             log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
         bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
@@ -301,8 +304,8 @@ class Trainer:
             if step % every == 0:
                 values = {
                     "train/step_loss": float(losses[i]),
-                    "train/lr": self.applied_lr(step - 1),
-                    "train/grad_norm": float(np.asarray(logs["grad_norm"])[i]),
+                    "train/lr": float(logs["lr"][i]) * self.lr_scale,
+                    "train/grad_norm": float(logs["grad_norm"][i]),
                 }
                 # with a live progress bar the console shows the bar; step lines still reach train.log
                 level = logging.INFO if bar.disable else logging.DEBUG
@@ -317,7 +320,7 @@ class Trainer:
                 for callback in self.callbacks:
                     callback.on_step(self, step, values)
         if not bar.disable:  # tqdm shows the ETA itself
-            lr = self.applied_lr(first_step + done + real - 1)
+            lr = float(logs["lr"][real - 1]) * self.lr_scale
             bar.set_postfix(
                 {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
             )

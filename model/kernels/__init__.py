@@ -10,16 +10,20 @@ the same values and gradients another way:
 - ``depthwise.py``: stride-1 depthwise convolutions as sums of shifted slices (XLA:CPU has no fast grouped
   convolution).
 
-The switch: ``CPU_KERNELS`` below. ``None`` (the default) turns the kernels on when JAX's default backend is the
-CPU and leaves every other backend on the plain math; ``True`` or ``False`` forces them on or off everywhere (the
-environment variable ``CPU_KERNELS=0`` / ``1`` sets it at start-up). A layer call may also pass ``cpu_kernels=``
-itself. Inference and every export compute the plain forward pass either way; the tests compare each kernel with
-the plain form in float64, gradients included. ``benchmarks/train_benchmark.py`` measures each one by ablation.
+The switch: ``CPU_KERNELS`` below. ``None`` (the default) uses the kernels where the code is lowered for the CPU
+and the plain math for every other platform (``jax.lax.platform_dependent``: the platform XLA compiles for decides,
+not JAX's default backend, so a step or an export lowered for "cuda" or "tpu" on a CPU host carries no kernel);
+``True`` or ``False`` forces them on or off everywhere (the environment variable ``CPU_KERNELS=0`` / ``1`` sets it
+at start-up). A layer call may also pass ``cpu_kernels=`` itself. The forward pass computes the same values either
+way (the ONNX export traces the plain form: jax2onnx resolves no platform); the tests compare each kernel with the
+plain form in float64, gradients included. ``benchmarks/train_benchmark.py`` measures each one by ablation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
 
 import jax
 
@@ -27,11 +31,22 @@ _SETTING = os.environ.get("CPU_KERNELS", "").strip().lower()
 CPU_KERNELS: bool | None = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}.get(_SETTING)
 
 
-def enabled(override: bool | None = None) -> bool:
-    """Whether a layer uses the kernels here: ``override`` if given, else ``CPU_KERNELS``, else whether JAX's
-    default backend is the CPU."""
-    if override is not None:
-        return override
-    if CPU_KERNELS is not None:
-        return CPU_KERNELS
-    return jax.default_backend() == "cpu"
+def select(cpu: Callable, plain: Callable, *args, override: bool | None = None):
+    """``cpu(*args)`` or ``plain(*args)``: ``override`` if given, else ``CPU_KERNELS``, else by the platform the
+    code is lowered for (both forms are traced; lowering for one platform keeps only its own)."""
+    use = CPU_KERNELS if override is None else override
+    if use is None:
+        return jax.lax.platform_dependent(*args, cpu=cpu, default=plain)
+    return cpu(*args) if use else plain(*args)
+
+
+@contextlib.contextmanager
+def forced(use: bool):
+    """``CPU_KERNELS`` set to `use` for what is traced inside (a tracer that resolves no platform, as jax2onnx's,
+    needs one form)."""
+    global CPU_KERNELS
+    before, CPU_KERNELS = CPU_KERNELS, use
+    try:
+        yield
+    finally:
+        CPU_KERNELS = before

@@ -64,15 +64,23 @@ def conv_general(
 ):
     """``lax.conv_general_dilated`` on NHWC/HWIO with explicit non-negative integer padding.
 
-    ``cpu_kernels``: use ``model/kernels``' formulations (default: ``kernels.enabled()``, on for the CPU backend).
+    ``cpu_kernels``: use ``model/kernels``' formulations (default: ``kernels.CPU_KERNELS``: where lowered for
+    the CPU).
     """
     args = (tuple(strides), tuple(map(tuple, pads)), tuple(lhs_dilation), tuple(rhs_dilation), int(groups))
-    if kernels.enabled(cpu_kernels):
+
+    def cpu(x, w):
         if cpu_depthwise.is_plain_depthwise(x, w, *args):
             return cpu_depthwise.depthwise_conv(x, w, args[1])
         return cpu_conv.conv(x, w, *args)
-    strides, pads, lhs_dilation, rhs_dilation, groups = args
-    return lax.conv_general_dilated(x, w, strides, pads, lhs_dilation, rhs_dilation, DIMS, feature_group_count=groups)
+
+    def plain(x, w):
+        strides, pads, lhs_dilation, rhs_dilation, groups = args
+        return lax.conv_general_dilated(
+            x, w, strides, pads, lhs_dilation, rhs_dilation, DIMS, feature_group_count=groups
+        )
+
+    return kernels.select(cpu, plain, x, w, override=cpu_kernels)
 
 
 def conv2d(x, w, stride=1, padding="SAME", dilation=1, groups=1, cpu_kernels: bool | None = None):

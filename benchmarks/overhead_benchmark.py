@@ -1,0 +1,241 @@
+"""The training loop's own cost: host CPU time and wall time per step of the template's ``Trainer`` against a bare
+``jax.jit`` loop of the same update, on a model so small that compute is negligible (an MLP on 8 examples).
+
+    python benchmarks/overhead_benchmark.py                 # 5 interleaved rounds of 2000 steps per variant
+    python benchmarks/overhead_benchmark.py --rounds 3 --steps 1000
+
+Variants, each measured in a fresh process (one epoch to warm up, then one timed epoch):
+  bare               the reference: the Trainer's own compiled K = 1 step, called in a Python loop over numpy batches
+                     (a fancy index of a random order), each placed as the Trainer places its stacks
+                     (``TrainState.put_stack``); nothing read back until the end
+  K=1 log=1          the Trainer at 1 step per call, a step line (log, trackers, callbacks) every step
+  K=1 log=50         ... every 50 steps (the default)
+  auto log=1/50      the same at ``trainer.steps_per_call: "auto"``
+  each of the four also "+tty": the process's terminal is a pseudo-terminal, so the live progress bar is shown
+
+Host CPU time is the process's (``time.process_time``: every thread, the prefetch thread and XLA's included) over
+the timed epoch, divided by its steps; wall time likewise. The machine is usually shared, so the report takes the
+minimum over rounds of each figure and prints the ratio of each variant to ``bare`` in the same run. The Trainer's
+console lines go to the terminal (or a pipe) as in ``train.py``; ``train.log`` to a temporary run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BATCH, FEATURES, CLASSES = 8, 16, 10
+TRAINER_VARIANTS = [(k, every) for k in (1, "auto") for every in (1, 50)]
+VARIANTS = ["bare"] + [f"K={k} log={every}{tty}" for k, every in TRAINER_VARIANTS for tty in ("", "+tty")]
+
+
+def config(steps_per_call, log_every: int, save_dir: str) -> dict:
+    from utils import validate
+
+    return validate(
+        {
+            "name": "overhead",
+            "seed": 0,
+            "model": {"name": "mlp", "args": {"num_classes": CLASSES, "hidden": [32]}},
+            "loss": {"name": "cross_entropy"},
+            "metrics": [{"name": "accuracy"}],
+            "optimizer": {
+                "name": "adamw",
+                "args": {"weight_decay": 0.01},
+                "schedule": {
+                    "name": "warmup_cosine_decay",
+                    "args": {"init_value": 0.0, "peak_value": 1e-3, "warmup_steps": 10, "decay_steps": 10**6},
+                },
+            },
+            "data_loader": {"train": {"name": "mnist"}},
+            "trainer": {
+                "epochs": 2,
+                "steps_per_call": steps_per_call,
+                "log_every": log_every,
+                "save_dir": save_dir,
+                "monitor": "off",
+            },
+        }
+    )
+
+
+def data(steps: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((steps * BATCH, FEATURES)).astype(np.float32)
+    y = rng.integers(0, CLASSES, steps * BATCH).astype(np.int32)
+    return x, y
+
+
+def trainer_for(steps_per_call, log_every: int, steps: int):
+    """The Trainer as train.py makes it (console and train.log logging), state initialised, step compiled."""
+    from data_loader.loader import ArrayDataset, DataLoader
+    from training.trainer import Trainer
+    from utils import assemble, setup_logging
+
+    run_dir = Path(tempfile.mkdtemp())
+    x, y = data(steps)
+    run = assemble(config(steps_per_call, log_every, str(run_dir)))
+    run.use_data({"train": DataLoader(ArrayDataset(input=x, target=y), BATCH, shuffle=True, seed=0)})
+    setup_logging(run_dir)
+    trainer = Trainer(run, run_dir)
+    trainer.init_state()
+    trainer.state.compile(trainer.ts)
+    return trainer
+
+
+def timed(fn) -> dict:
+    cpu, wall = time.process_time(), time.perf_counter()
+    steps = fn()
+    return {"cpu_us": 1e6 * (time.process_time() - cpu) / steps, "wall_us": 1e6 * (time.perf_counter() - wall) / steps}
+
+
+def run_trainer(steps_per_call, log_every: int, steps: int) -> dict:
+    import jax
+
+    trainer = trainer_for(steps_per_call, log_every, steps)
+
+    def epoch(number):
+        def run():
+            totals = trainer.train_epoch(number)
+            jax.block_until_ready((trainer.ts, totals))
+            return trainer.state.steps_per_epoch
+
+        return run
+
+    epoch(1)()  # warm-up: the first call, the caches, the prefetch thread's first start
+    return {**timed(epoch(2)), "steps_per_call": trainer.state.steps_per_call}
+
+
+def run_bare(steps: int) -> dict:
+    """The same compiled update in a plain loop: batches gathered from numpy and placed as the Trainer places them."""
+    import jax
+    import numpy as np
+
+    trainer = trainer_for(1, 50, steps)
+    state, x, y = trainer.state, *data(steps)
+    step = state.compiled_chunk
+    one, mask = np.ones(1, np.float32), np.ones((1, BATCH), np.float32)
+
+    def epoch(number):
+        def run():
+            ts, totals = trainer.ts, state.empty_stats()
+            order = np.random.default_rng([0, number]).permutation(len(x))
+            for i in range(steps):
+                idx = order[i * BATCH : (i + 1) * BATCH]
+                batch = {"input": x[idx][None], "target": y[idx][None], "mask": mask, "active": one}
+                ts, totals, logs = step(ts, totals, state.put_stack(batch))
+            jax.block_until_ready((ts, totals, logs))
+            trainer.ts = ts
+            return steps
+
+        return run
+
+    epoch(1)()
+    return {**timed(epoch(2)), "steps_per_call": 1}
+
+
+def child(variant: str, steps: int) -> dict:
+    if variant == "bare":
+        return run_bare(steps)
+    k, every = variant.removesuffix("+tty").split(" ")
+    k = k.removeprefix("K=")
+    return run_trainer(int(k) if k.isdigit() else k, int(every.removeprefix("log=")), steps)
+
+
+def child_env() -> dict:
+    from training import platform
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "_TRAIN_PLATFORM_REEXECUTED")}
+    env.update(platform.process_defaults(env))
+    return env
+
+
+def measure(variant: str, steps: int) -> dict:
+    """One variant in a fresh process; "+tty" ones on a pseudo-terminal (its output read and dropped)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "result.json"
+        command = [sys.executable, __file__, "--child", variant, "--steps", str(steps), "--result", str(out)]
+        if variant.endswith("+tty"):
+            main_fd, terminal = pty.openpty()
+            process = subprocess.Popen(
+                command, cwd=REPO, env=child_env(), stdin=terminal, stdout=terminal, stderr=terminal, close_fds=True
+            )
+            os.close(terminal)
+            tail = b""
+            while True:
+                ready, _, _ = select.select([main_fd], [], [], 0.5)
+                if ready:
+                    try:
+                        chunk = os.read(main_fd, 65536)
+                    except OSError:  # the terminal's other end closed
+                        break
+                    if not chunk:
+                        break
+                    tail = (tail + chunk)[-4000:]
+                elif process.poll() is not None:
+                    break
+            os.close(main_fd)
+            code, output = process.wait(), tail.decode(errors="replace")
+        else:
+            done = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True)
+            code, output = done.returncode, done.stdout[-2000:] + done.stderr[-2000:]
+        if code or not out.exists():
+            raise RuntimeError(f"{variant} failed:\n{output}")
+        return json.loads(out.read_text())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2000, help="steps per timed epoch")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        Path(args.result).write_text(json.dumps(child(args.child, args.steps)))
+        return 0
+    from benchmarks.machine import describe, load_average
+
+    variants = args.variants.split(",")
+    print(f"{describe()}; load average (1/5/15 min) {load_average()}", flush=True)
+    results = {v: [] for v in variants}
+    for round_ in range(args.rounds):
+        for variant in variants:
+            results[variant].append(measure(variant, args.steps))
+            r = results[variant][-1]
+            print(
+                f"round {round_ + 1}/{args.rounds}  {variant:16s} {r['cpu_us']:7.1f} us CPU/step  "
+                f"{r['wall_us']:7.1f} us wall/step  (load {load_average()})",
+                flush=True,
+            )
+    best = {v: {key: min(r[key] for r in rs) for key in ("cpu_us", "wall_us")} for v, rs in results.items()}
+    print(f"\n{args.steps} steps of {BATCH} examples per timed epoch; minimum of {args.rounds} interleaved rounds\n")
+    print(
+        f"{'variant':16s} {'K':>4s} {'CPU us/step':>12s} {'wall us/step':>13s} {'CPU / bare':>11s} {'wall / bare':>12s}"
+    )
+    base = best.get("bare")
+    for v in variants:
+        k = results[v][0]["steps_per_call"]
+        ratios = (
+            f"{best[v]['cpu_us'] / base['cpu_us']:11.2f} {best[v]['wall_us'] / base['wall_us']:12.2f}" if base else ""
+        )
+        print(f"{v:16s} {k:>4} {best[v]['cpu_us']:12.1f} {best[v]['wall_us']:13.1f} {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
