@@ -6,6 +6,7 @@ import atexit
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,17 @@ import numpy as np
 import pytest
 
 from data_loader import mnist as mnist_module
+
+try:
+    # absl's logging handler (imported by flax, optax, TensorFlow) keeps the stderr it was made with, and when a
+    # command run in this process (train.main) reconfigures logging, closes that stream if it is no longer
+    # sys.stderr. Under pytest it was the capture file of the worker, so every later test failed with "I/O operation
+    # on closed file". Outside pytest sys.stderr never changes; here the handler writes to the real stderr.
+    import absl.logging
+
+    absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
+except ImportError:
+    pass
 from data_loader.idx import write_idx
 
 

@@ -278,11 +278,11 @@ def test_every_shipped_schedule_ends_with_the_run_whatever_its_length(path):
     [
         (
             base_config(args={"lr": {"name": "cosine_decay", "args": {"init_value": 0.1, "decay_steps": "most"}}}),
-            "decay_steps: expected int",
+            'decay_steps: expected a number of steps, {"steps": N}, {"epochs": N} or "all", got "most"',
         ),
         (
             base_config(schedule={"name": "cosine_decay", "args": {"init_value": 1, "decay_steps": {"epoch": 2}}}),
-            'decay_steps: expected a number of steps, {"epochs": N} or "all"',
+            'decay_steps: expected a number of steps, {"steps": N}, {"epochs": N} or "all"',
         ),
         (
             {**base_config(args={"lr": 0.1}), "optimizer": {"name": "trace", "args": {"momentum": 0.9}}},
