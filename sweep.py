@@ -23,13 +23,14 @@ import warnings
 from argparse import SUPPRESS
 from collections import namedtuple
 from functools import partial
+from importlib.util import find_spec
 from pathlib import Path
 
 from training.cli import command
 from training.config_file import is_index
 from training.files import LOCK_NAME, METRICS, open_nofollow, write_atomic
 from training.sweep_results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
-from training.sweep_space import SweepError, check_key, check_space, overrides, parse_grid, parse_sample, probes
+from training.sweep_space import SweepError, check_key, overrides, parse, probes
 from utils import ArgumentParser, ConfigError, fail, load_config, read_json
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
@@ -67,58 +68,62 @@ Sweep = namedtuple("Sweep", "config_path fixed params trials folder mode metric 
 
 def define(args) -> Sweep:
     """Checks every argument, and every swept key path and value against the config, before anything is written."""
-    for flag, value in (("--parallel", args.parallel), ("--heartbeat", args.heartbeat), ("--trials", args.trials)):
-        if value is not None and value < 1:
-            raise SweepError(f"{flag} {value}: expected at least 1")
-    params = [parse_grid(text) for text in args.grid] + [parse_sample(text) for text in args.sample]
+    for flag in ("parallel", "heartbeat", "trials"):
+        if (value := getattr(args, flag)) is not None and value < 1:
+            raise SweepError(f"--{flag} {value}: expected at least 1")
+    params = [parse("--grid", text) for text in args.grid] + [parse("--sample", text) for text in args.sample]
     if not params:
         raise SweepError("nothing to sweep: give --grid KEY.PATH=[...] and/or --sample KEY.PATH=DISTRIBUTION")
-    check_space(params, args.fixed)
-    source = Path(args.config).name
+    source, given, where = Path(args.config).name, {t.partition("=")[0].strip(): "--set" for t in args.fixed}, ""
     try:
         config = load_config(args.config, args.fixed, source=source)
-    except ConfigError as error:
-        raise SweepError(str(error)) from None
-    for param in params:
-        check_key(config, param.key, source)
-    for param, value, values in probes(params):
-        try:
+        for param in params:
+            check_key(config, param, given, source)
+        for param, value, values in probes(params):  # every value swept, each with the others at their first
+            where = f"{param.flag} {param.key}={json.dumps(value)}: "
             load_config(args.config, args.fixed + overrides(values), source=source)
-        except ConfigError as error:
-            raise SweepError(
-                f"{'--grid' if param.kind == 'grid' else '--sample'} {param.key}={json.dumps(value)}: {error}"
-            ) from None
-    if config["trainer"]["monitor"] == "off":
-        raise SweepError(
-            f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')"
-        )
-    mode, metric = config["trainer"]["monitor"].split(" ", 1)
-    grid_size = math.prod(len(p.values) for p in params if p.kind == "grid")
-    gridded = all(p.kind == "grid" for p in params)
+    except ConfigError as error:
+        raise SweepError(f"{where}{error}") from None
+    monitor, epochs = config["trainer"]["monitor"], config["trainer"]["epochs"]
+    gridded = all(p.flag == "--grid" for p in params)
+    grid_size = math.prod(len(p.candidates) for p in params if p.flag == "--grid")
     sampler = args.sampler or ("grid" if gridded else "tpe")
-    if sampler not in SAMPLERS:
-        raise SweepError(f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}")
-    if sampler == "grid" and not gridded:
-        raise SweepError("--sampler grid: every swept value must be a --grid (or choose random, tpe, ...)")
     trials = args.trials or (grid_size if gridded else 10)
-    if sampler == "grid" and trials > grid_size:
-        raise SweepError(
-            f"--trials {trials}: the grid has {grid_size} point{'s' * (grid_size > 1)}; add --sample to draw more"
-        )
-    try:
-        __import__(NEEDS.get(sampler, "optuna"))
-    except ImportError:
-        raise SweepError(
-            f"--sampler {sampler}: needs the {NEEDS[sampler]} package (pip install {NEEDS[sampler]})"
-        ) from None
-    parse_prune(args.prune, config["trainer"]["epochs"])
     definition = {"config": read_json(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample}
     definition |= {"sampler": sampler, "prune": args.prune}
     name = args.study or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
-    if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
-        raise SweepError(f"--study {name!r}: expected letters, digits, '-' or '_'")
+    for wrong, message in (
+        (
+            monitor == "off",
+            f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')",
+        ),
+        (sampler not in SAMPLERS, f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}"),
+        (
+            sampler == "grid" and not gridded,
+            "--sampler grid: every swept value must be a --grid (or choose random, tpe, ...)",
+        ),
+        (
+            sampler == "grid" and trials > grid_size,
+            f"--trials {trials}: the grid has {grid_size} point{'s' * (grid_size > 1)}; add --sample to draw more",
+        ),
+        (
+            not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64,
+            f"--study {name!r}: expected letters, digits, '-' or '_'",
+        ),
+        (
+            args.storage and "://" not in args.storage,
+            f"--storage {args.storage}: expected a database URL (postgresql://user@host/db, sqlite:///sweeps.db)",
+        ),
+        (
+            not find_spec(NEEDS.get(sampler, "optuna")),
+            f"--sampler {sampler}: needs the {NEEDS.get(sampler)} package (pip install {NEEDS.get(sampler)})",
+        ),
+    ):
+        if wrong:
+            raise SweepError(message)
+    parse_prune(args.prune, epochs)
     folder = Path(config["trainer"]["save_dir"]) / config["name"] / f"sweep-{name}"
-    return Sweep(args.config, args.fixed, params, trials, folder, mode, metric, config["trainer"]["epochs"], definition)
+    return Sweep(args.config, args.fixed, params, trials, folder, *monitor.split(" ", 1), epochs, definition)
 
 
 def parse_prune(text: str, epochs: int):
@@ -194,10 +199,6 @@ def open_study(args, sweep: Sweep):
             return requeue
 
     if args.storage:
-        if "://" not in args.storage:
-            raise SweepError(
-                f"--storage {args.storage}: expected a database URL (postgresql://user@host/db, sqlite:///sweeps.db)"
-            )
         url = args.storage.replace("postgresql://", "postgresql+psycopg://", 1)  # requirements-sweeps-postgres.txt
         rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
         storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
@@ -215,7 +216,7 @@ def open_study(args, sweep: Sweep):
                 pass
 
         # every worker shuffles the grid alike (trial i takes point i), so they share one seed
-        sampler = Grid({p.key: p.distribution().choices for p in sweep.params}, seed=args.seed or 0)
+        sampler = Grid({p.key: p.distribution.choices for p in sweep.params}, seed=args.seed or 0)
     else:
         sampler = getattr(optuna.samplers, SAMPLERS[kind])(seed=seed)
     direction = "maximize" if sweep.mode == "max" else "minimize"
@@ -293,7 +294,7 @@ class Worker:
         self.process: subprocess.Popen | None = None
         self.stop_signal = None
         self.preexec = parent_death_signal()
-        self.space = {p.key: p.distribution() for p in sweep.params}
+        self.space = {p.key: p.distribution for p in sweep.params}
         (sweep.folder / "logs").mkdir(parents=True, exist_ok=True)
 
     def stop(self, signum: int) -> None:
