@@ -26,9 +26,14 @@ from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 
+import optuna
+from optuna.storages import JournalStorage, RDBStorage, fail_stale_trials
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
 from training.cli import command
 from training.config_file import is_index
-from training.files import LOCK_NAME, METRICS, open_nofollow, write_atomic
+from training.files import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, write_atomic
 from training.sweep_results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweep_space import SweepError, check_key, overrides, parse, probes
 from utils import ArgumentParser, ConfigError, fail, load_config, read_json
@@ -127,8 +132,7 @@ def define(args) -> Sweep:
 
 
 def parse_prune(text: str, epochs: int):
-    import optuna.pruners as p
-
+    p = optuna.pruners
     name, *n = text.split(":")
     if not all(is_index(x) for x in n):
         n = [-1]
@@ -146,14 +150,11 @@ def parse_prune(text: str, epochs: int):
 def requeue(study, trial) -> None:
     """A trial stopped or lost through no fault of its values: queued again with them, for the same folder, where
     train.py -r auto resumes it from its last checkpoint."""
-    import optuna
-
     kept = {k: v for k, v in trial.system_attrs.items() if k in ("grid_id", "search_space")}  # its grid point
     attrs = {**kept, "failed_trial": int(run_of(trial).split("-")[1])}
-    again = optuna.trial.create_trial(
-        state=WAITING, params=trial.params, distributions=trial.distributions, system_attrs=attrs
+    study.add_trial(
+        optuna.create_trial(state=WAITING, params=trial.params, distributions=trial.distributions, system_attrs=attrs)
     )
-    study.add_trial(again)
 
 
 def connect(make, storage: str | None, tries: int = 5):
@@ -171,11 +172,6 @@ def connect(make, storage: str | None, tries: int = 5):
 def open_study(args, sweep: Sweep):
     """The study and its storage, created by the first worker and loaded by the others. A trial whose worker
     missed three heartbeats is failed by the next worker to look, and queued again (`requeue`)."""
-    import optuna
-    from optuna.storages import JournalStorage, RDBStorage
-    from optuna.storages._heartbeat import BaseHeartbeat
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a worker reports in its own words
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", "Heartbeat of storage")  # Optuna's heartbeat, without its optimize()
@@ -184,19 +180,13 @@ def open_study(args, sweep: Sweep):
     class Journal(JournalStorage, BaseHeartbeat):
         """The journal file with heartbeats (Optuna has them for RDB storages only), kept as trial attributes."""
 
-        def record_heartbeat(self, trial_id):
-            self.set_trial_system_attr(trial_id, "heartbeat", time.time())
+        get_heartbeat_interval, get_heartbeat_stale_trial_callback = (lambda self: beat), (lambda self: requeue)
+        record_heartbeat = lambda self, trial_id: self.set_trial_system_attr(trial_id, "heartbeat", time.time())
 
         def _get_stale_trial_ids(self, study_id):
             running = self.get_all_trials(study_id, deepcopy=False, states=(RUNNING,))
             seen = {t._trial_id: t.system_attrs.get("heartbeat", t.datetime_start.timestamp()) for t in running}
             return [i for i, last in seen.items() if time.time() - last > 3 * beat]
-
-        def get_heartbeat_interval(self):
-            return beat
-
-        def get_heartbeat_stale_trial_callback(self):
-            return requeue
 
     if args.storage:
         url = args.storage.replace("postgresql://", "postgresql+psycopg://", 1)  # requirements-sweeps-postgres.txt
@@ -209,21 +199,21 @@ def open_study(args, sweep: Sweep):
         sweep.folder.mkdir(parents=True, exist_ok=True)
         storage = Journal(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
     kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + 1000 * args.worker
-    if kind == "grid":
-
-        class Grid(optuna.samplers.GridSampler):
-            def after_trial(self, *args):  # its study.stop() is for study.optimize; a worker stops at --trials
-                pass
-
+    if kind == "grid":  # its after_trial's study.stop() is for study.optimize; a worker stops at --trials itself
+        Grid = type("Grid", (optuna.samplers.GridSampler,), {"after_trial": lambda *_: None})
         # every worker shuffles the grid alike (trial i takes point i), so they share one seed
         sampler = Grid({p.key: p.distribution.choices for p in sweep.params}, seed=args.seed or 0)
     else:
         sampler = getattr(optuna.samplers, SAMPLERS[kind])(seed=seed)
-    direction = "maximize" if sweep.mode == "max" else "minimize"
-    name = sweep.folder.name
+    name, direction, pruner = (
+        sweep.folder.name,
+        "maximize" if sweep.mode == "max" else "minimize",
+        parse_prune(args.prune, sweep.epochs),
+    )
     make = partial(optuna.create_study, storage=storage, study_name=name, direction=direction, sampler=sampler)
-    where = args.storage or str(sweep.folder / "journal.log")
-    study = connect(partial(make, pruner=parse_prune(args.prune, sweep.epochs), load_if_exists=True), where)
+    study = connect(
+        partial(make, pruner=pruner, load_if_exists=True), args.storage or str(sweep.folder / "journal.log")
+    )
     before = study.user_attrs.get("definition")
     if before is None:
         study.set_user_attr("definition", sweep.definition)
@@ -256,21 +246,15 @@ def parent_death_signal():
 
 def wait_free(run_dir: Path, seconds: float = 60) -> None:
     """A trial taken up from a killed worker: its train.py (on this machine) is still saving; -r auto waits for it."""
-    import fcntl
-
-    deadline = time.monotonic() + seconds
-    while (run_dir / LOCK_NAME).is_file() and time.monotonic() < deadline:
-        try:  # a link or a pipe planted at the lock: train.py refuses it in one line, the trial's error
-            fd = open_nofollow(run_dir / LOCK_NAME, os.O_RDONLY)
-        except OSError:
-            return
+    deadline, lock = time.monotonic() + seconds, run_dir / LOCK_NAME
+    while lock.is_file() and time.monotonic() < deadline:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd, _ = try_lock(lock)
+        except OSError:  # a link or a pipe planted at the lock: train.py refuses it in one line, the trial's error
             return
-        except OSError:
-            time.sleep(POLL_SECONDS)
-        finally:
-            os.close(fd)
+        if fd is not None:
+            return unlock(lock, fd)
+        time.sleep(POLL_SECONDS)
 
 
 def error_line(log: Path, start: int, run_dir: Path, code: int) -> str:
@@ -305,8 +289,6 @@ class Worker:
             self.process.send_signal(signal.SIGINT if again else signum)
 
     def run(self) -> None:
-        from optuna.storages import fail_stale_trials
-
         sweep, study = self.sweep, self.study
         if self.args.retry_failed:
             for trial in attempts(study.get_trials(deepcopy=False), sweep.trials).values():
@@ -361,10 +343,10 @@ class Worker:
                 return self.failed(trial, run, f"cannot start train.py: {error.strerror or error}", None)
         if self.stop_signal is not None:  # it came while the process was being started
             self.process.send_signal(self.stop_signal)
-        reported, pruned, beat, lost = 0, None, 0.0, False
+        reported, pruned, beat, lost, curve = 0, None, 0.0, False, []
         while True:
             code = self.process.poll()
-            curve = curve_of(run_dir / METRICS, sweep.metric)
+            curve = curve_of(run_dir / METRICS, sweep.metric) or curve  # the last whole read, not a half-written line
             try:
                 if time.monotonic() - beat >= self.args.heartbeat:
                     self.storage.record_heartbeat(trial._trial_id)
@@ -463,10 +445,10 @@ def main(argv=None) -> int:
         config = load_config(
             sweep.config_path, sweep.fixed + overrides(best["params"]), source=Path(sweep.config_path).name
         )
-        write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+        write_atomic(path := sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         print(
             f"best: trial {best['trial']}, {sweep.metric} {best[sweep.metric]:.4f}; reproduce it with "
-            f"python train.py -c {sweep.folder / 'best' / 'config.json'}"
+            f"python train.py -c {path}"
         )
     if worker.stop_signal is not None:
         print(f"stopped by {signal.Signals(worker.stop_signal).name}; the same command continues", file=sys.stderr)
