@@ -131,6 +131,11 @@ def define(args) -> Sweep:
     return Sweep(args.config, args.fixed, params, trials, folder, *monitor.split(" ", 1), epochs, definition)
 
 
+def config_of(sweep: Sweep, values: dict) -> dict:
+    """A trial's config: the config file, --set, then the trial's values."""
+    return load_config(sweep.config_path, sweep.fixed + overrides(values), source=Path(sweep.config_path).name)
+
+
 def parse_prune(text: str, epochs: int):
     p = optuna.pruners
     name, *n = text.split(":")
@@ -205,15 +210,10 @@ def open_study(args, sweep: Sweep):
         sampler = Grid({p.key: p.distribution.choices for p in sweep.params}, seed=args.seed or 0)
     else:
         sampler = getattr(optuna.samplers, SAMPLERS[kind])(seed=seed)
-    name, direction, pruner = (
-        sweep.folder.name,
-        "maximize" if sweep.mode == "max" else "minimize",
-        parse_prune(args.prune, sweep.epochs),
-    )
-    make = partial(optuna.create_study, storage=storage, study_name=name, direction=direction, sampler=sampler)
-    study = connect(
-        partial(make, pruner=pruner, load_if_exists=True), args.storage or str(sweep.folder / "journal.log")
-    )
+    name, pruner = sweep.folder.name, parse_prune(args.prune, sweep.epochs)
+    make = partial(optuna.create_study, storage=storage, study_name=name, sampler=sampler, pruner=pruner)
+    make = partial(make, direction="maximize" if sweep.mode == "max" else "minimize", load_if_exists=True)
+    study = connect(make, args.storage or str(sweep.folder / "journal.log"))
     before = study.user_attrs.get("definition")
     if before is None:
         study.set_user_attr("definition", sweep.definition)
@@ -322,13 +322,12 @@ class Worker:
         shown = "  ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
         print(f"{run}: {'resumed' if resumed else 'started'}  {shown}", flush=True)
         try:  # a combination the probes did not try: no process needed to learn it is refused
-            load_config(sweep.config_path, sweep.fixed + overrides(values), source=Path(sweep.config_path).name)
+            config_of(sweep, values)
         except ConfigError as error:
             return self.failed(trial, run, f"error: {error}", 2)
         command = [sys.executable, str(TRAIN), "-r", "auto", "-c", sweep.config_path, "--run-id", run]
-        place = [f"name={json.dumps(sweep.folder.name)}", f"trainer.save_dir={json.dumps(str(sweep.folder.parent))}"]
-        for text in sweep.fixed + overrides(values) + place:  # the folder last, whatever --set said
-            command += ["--set", text]
+        place = {"name": sweep.folder.name, "trainer.save_dir": str(sweep.folder.parent)}  # last, whatever --set said
+        command += [part for text in sweep.fixed + overrides(values | place) for part in ("--set", text)]
         run_dir, log = sweep.folder / run, sweep.folder / "logs" / f"{run}.log"
         wait_free(run_dir)
         with os.fdopen(open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
@@ -418,11 +417,8 @@ def main(argv=None) -> int:
     except OSError as error:
         fail(f"cannot write the sweep folder: {error.filename or ''}: {error.strerror or error}")
     if args.worker == 0:
-        print(
-            f"sweep: {sweep.folder} (study {study.study_name}, {sweep.trials} trials; the same command,"
-            " here or elsewhere, adds a worker or continues it)",
-            flush=True,
-        )
+        print(f"sweep: {sweep.folder} (study {study.study_name}, {sweep.trials} trials; the same command,", end=" ")
+        print("here or elsewhere, adds a worker or continues it)", flush=True)
     children = workers(argv, args.parallel) if args.parallel > 1 else []
 
     def on_signal(signum, frame):
@@ -442,10 +438,8 @@ def main(argv=None) -> int:
         return 128 + worker.stop_signal if worker.stop_signal else 0
     best = report(sweep, study)
     if best is not None:  # what the trial ran, under the config's own name and save_dir (the sweep gave its folder)
-        config = load_config(
-            sweep.config_path, sweep.fixed + overrides(best["params"]), source=Path(sweep.config_path).name
-        )
-        write_atomic(path := sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+        text = json.dumps(config_of(sweep, best["params"]), indent=2) + "\n"
+        write_atomic(path := sweep.folder / "best" / "config.json", text.encode())
         print(
             f"best: trial {best['trial']}, {sweep.metric} {best[sweep.metric]:.4f}; reproduce it with "
             f"python train.py -c {path}"
