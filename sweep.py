@@ -23,13 +23,19 @@ import warnings
 from argparse import SUPPRESS
 from collections import namedtuple
 from functools import partial
+from importlib.util import find_spec
 from pathlib import Path
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage, fail_stale_trials
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
 from training.cli import command
 from training.config_file import is_index
-from training.files import LOCK_NAME, METRICS, open_nofollow, write_atomic
+from training.files import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, write_atomic
 from training.sweep_results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
-from training.sweep_space import SweepError, check_key, check_space, overrides, parse_grid, parse_sample, probes
+from training.sweep_space import SweepError, check_key, overrides, parse, probes
 from utils import ArgumentParser, ConfigError, fail, load_config, read_json
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
@@ -67,63 +73,71 @@ Sweep = namedtuple("Sweep", "config_path fixed params trials folder mode metric 
 
 def define(args) -> Sweep:
     """Checks every argument, and every swept key path and value against the config, before anything is written."""
-    for flag, value in (("--parallel", args.parallel), ("--heartbeat", args.heartbeat), ("--trials", args.trials)):
-        if value is not None and value < 1:
-            raise SweepError(f"{flag} {value}: expected at least 1")
-    params = [parse_grid(text) for text in args.grid] + [parse_sample(text) for text in args.sample]
+    for flag in ("parallel", "heartbeat", "trials"):
+        if (value := getattr(args, flag)) is not None and value < 1:
+            raise SweepError(f"--{flag} {value}: expected at least 1")
+    params = [parse("--grid", text) for text in args.grid] + [parse("--sample", text) for text in args.sample]
     if not params:
         raise SweepError("nothing to sweep: give --grid KEY.PATH=[...] and/or --sample KEY.PATH=DISTRIBUTION")
-    check_space(params, args.fixed)
-    source = Path(args.config).name
+    source, given, where = Path(args.config).name, {t.partition("=")[0].strip(): "--set" for t in args.fixed}, ""
     try:
         config = load_config(args.config, args.fixed, source=source)
-    except ConfigError as error:
-        raise SweepError(str(error)) from None
-    for param in params:
-        check_key(config, param.key, source)
-    for param, value, values in probes(params):
-        try:
+        for param in params:
+            check_key(config, param, given, source)
+        for param, value, values in probes(params):  # every value swept, each with the others at their first
+            where = f"{param.flag} {param.key}={json.dumps(value)}: "
             load_config(args.config, args.fixed + overrides(values), source=source)
-        except ConfigError as error:
-            raise SweepError(
-                f"{'--grid' if param.kind == 'grid' else '--sample'} {param.key}={json.dumps(value)}: {error}"
-            ) from None
-    if config["trainer"]["monitor"] == "off":
-        raise SweepError(
-            f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')"
-        )
-    mode, metric = config["trainer"]["monitor"].split(" ", 1)
-    grid_size = math.prod(len(p.values) for p in params if p.kind == "grid")
-    gridded = all(p.kind == "grid" for p in params)
+    except ConfigError as error:
+        raise SweepError(f"{where}{error}") from None
+    monitor, epochs = config["trainer"]["monitor"], config["trainer"]["epochs"]
+    gridded = all(p.flag == "--grid" for p in params)
+    grid_size = math.prod(len(p.candidates) for p in params if p.flag == "--grid")
     sampler = args.sampler or ("grid" if gridded else "tpe")
-    if sampler not in SAMPLERS:
-        raise SweepError(f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}")
-    if sampler == "grid" and not gridded:
-        raise SweepError("--sampler grid: every swept value must be a --grid (or choose random, tpe, ...)")
     trials = args.trials or (grid_size if gridded else 10)
-    if sampler == "grid" and trials > grid_size:
-        raise SweepError(
-            f"--trials {trials}: the grid has {grid_size} point{'s' * (grid_size > 1)}; add --sample to draw more"
-        )
-    try:
-        __import__(NEEDS.get(sampler, "optuna"))
-    except ImportError:
-        raise SweepError(
-            f"--sampler {sampler}: needs the {NEEDS[sampler]} package (pip install {NEEDS[sampler]})"
-        ) from None
-    parse_prune(args.prune, config["trainer"]["epochs"])
     definition = {"config": read_json(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample}
     definition |= {"sampler": sampler, "prune": args.prune}
     name = args.study or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
-    if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
-        raise SweepError(f"--study {name!r}: expected letters, digits, '-' or '_'")
+    for wrong, message in (
+        (
+            monitor == "off",
+            f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')",
+        ),
+        (sampler not in SAMPLERS, f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}"),
+        (
+            sampler == "grid" and not gridded,
+            "--sampler grid: every swept value must be a --grid (or choose random, tpe, ...)",
+        ),
+        (
+            sampler == "grid" and trials > grid_size,
+            f"--trials {trials}: the grid has {grid_size} point{'s' * (grid_size > 1)}; add --sample to draw more",
+        ),
+        (
+            not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64,
+            f"--study {name!r}: expected letters, digits, '-' or '_'",
+        ),
+        (
+            args.storage and "://" not in args.storage,
+            f"--storage {args.storage}: expected a database URL (postgresql://user@host/db, sqlite:///sweeps.db)",
+        ),
+        (
+            not find_spec(NEEDS.get(sampler, "optuna")),
+            f"--sampler {sampler}: needs the {NEEDS.get(sampler)} package (pip install {NEEDS.get(sampler)})",
+        ),
+    ):
+        if wrong:
+            raise SweepError(message)
+    parse_prune(args.prune, epochs)
     folder = Path(config["trainer"]["save_dir"]) / config["name"] / f"sweep-{name}"
-    return Sweep(args.config, args.fixed, params, trials, folder, mode, metric, config["trainer"]["epochs"], definition)
+    return Sweep(args.config, args.fixed, params, trials, folder, *monitor.split(" ", 1), epochs, definition)
+
+
+def config_of(sweep: Sweep, values: dict) -> dict:
+    """A trial's config: the config file, --set, then the trial's values."""
+    return load_config(sweep.config_path, sweep.fixed + overrides(values), source=Path(sweep.config_path).name)
 
 
 def parse_prune(text: str, epochs: int):
-    import optuna.pruners as p
-
+    p = optuna.pruners
     name, *n = text.split(":")
     if not all(is_index(x) for x in n):
         n = [-1]
@@ -141,14 +155,11 @@ def parse_prune(text: str, epochs: int):
 def requeue(study, trial) -> None:
     """A trial stopped or lost through no fault of its values: queued again with them, for the same folder, where
     train.py -r auto resumes it from its last checkpoint."""
-    import optuna
-
     kept = {k: v for k, v in trial.system_attrs.items() if k in ("grid_id", "search_space")}  # its grid point
     attrs = {**kept, "failed_trial": int(run_of(trial).split("-")[1])}
-    again = optuna.trial.create_trial(
-        state=WAITING, params=trial.params, distributions=trial.distributions, system_attrs=attrs
+    study.add_trial(
+        optuna.create_trial(state=WAITING, params=trial.params, distributions=trial.distributions, system_attrs=attrs)
     )
-    study.add_trial(again)
 
 
 def connect(make, storage: str | None, tries: int = 5):
@@ -166,11 +177,6 @@ def connect(make, storage: str | None, tries: int = 5):
 def open_study(args, sweep: Sweep):
     """The study and its storage, created by the first worker and loaded by the others. A trial whose worker
     missed three heartbeats is failed by the next worker to look, and queued again (`requeue`)."""
-    import optuna
-    from optuna.storages import JournalStorage, RDBStorage
-    from optuna.storages._heartbeat import BaseHeartbeat
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a worker reports in its own words
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", "Heartbeat of storage")  # Optuna's heartbeat, without its optimize()
@@ -179,25 +185,15 @@ def open_study(args, sweep: Sweep):
     class Journal(JournalStorage, BaseHeartbeat):
         """The journal file with heartbeats (Optuna has them for RDB storages only), kept as trial attributes."""
 
-        def record_heartbeat(self, trial_id):
-            self.set_trial_system_attr(trial_id, "heartbeat", time.time())
+        get_heartbeat_interval, get_heartbeat_stale_trial_callback = (lambda self: beat), (lambda self: requeue)
+        record_heartbeat = lambda self, trial_id: self.set_trial_system_attr(trial_id, "heartbeat", time.time())
 
         def _get_stale_trial_ids(self, study_id):
             running = self.get_all_trials(study_id, deepcopy=False, states=(RUNNING,))
             seen = {t._trial_id: t.system_attrs.get("heartbeat", t.datetime_start.timestamp()) for t in running}
             return [i for i, last in seen.items() if time.time() - last > 3 * beat]
 
-        def get_heartbeat_interval(self):
-            return beat
-
-        def get_heartbeat_stale_trial_callback(self):
-            return requeue
-
     if args.storage:
-        if "://" not in args.storage:
-            raise SweepError(
-                f"--storage {args.storage}: expected a database URL (postgresql://user@host/db, sqlite:///sweeps.db)"
-            )
         url = args.storage.replace("postgresql://", "postgresql+psycopg://", 1)  # requirements-sweeps-postgres.txt
         rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
         storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
@@ -208,21 +204,16 @@ def open_study(args, sweep: Sweep):
         sweep.folder.mkdir(parents=True, exist_ok=True)
         storage = Journal(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
     kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + 1000 * args.worker
-    if kind == "grid":
-
-        class Grid(optuna.samplers.GridSampler):
-            def after_trial(self, *args):  # its study.stop() is for study.optimize; a worker stops at --trials
-                pass
-
+    if kind == "grid":  # its after_trial's study.stop() is for study.optimize; a worker stops at --trials itself
+        Grid = type("Grid", (optuna.samplers.GridSampler,), {"after_trial": lambda *_: None})
         # every worker shuffles the grid alike (trial i takes point i), so they share one seed
-        sampler = Grid({p.key: p.distribution().choices for p in sweep.params}, seed=args.seed or 0)
+        sampler = Grid({p.key: p.distribution.choices for p in sweep.params}, seed=args.seed or 0)
     else:
         sampler = getattr(optuna.samplers, SAMPLERS[kind])(seed=seed)
-    direction = "maximize" if sweep.mode == "max" else "minimize"
-    name = sweep.folder.name
-    make = partial(optuna.create_study, storage=storage, study_name=name, direction=direction, sampler=sampler)
-    where = args.storage or str(sweep.folder / "journal.log")
-    study = connect(partial(make, pruner=parse_prune(args.prune, sweep.epochs), load_if_exists=True), where)
+    name, pruner = sweep.folder.name, parse_prune(args.prune, sweep.epochs)
+    make = partial(optuna.create_study, storage=storage, study_name=name, sampler=sampler, pruner=pruner)
+    make = partial(make, direction="maximize" if sweep.mode == "max" else "minimize", load_if_exists=True)
+    study = connect(make, args.storage or str(sweep.folder / "journal.log"))
     before = study.user_attrs.get("definition")
     if before is None:
         study.set_user_attr("definition", sweep.definition)
@@ -255,21 +246,15 @@ def parent_death_signal():
 
 def wait_free(run_dir: Path, seconds: float = 60) -> None:
     """A trial taken up from a killed worker: its train.py (on this machine) is still saving; -r auto waits for it."""
-    import fcntl
-
-    deadline = time.monotonic() + seconds
-    while (run_dir / LOCK_NAME).is_file() and time.monotonic() < deadline:
-        try:  # a link or a pipe planted at the lock: train.py refuses it in one line, the trial's error
-            fd = open_nofollow(run_dir / LOCK_NAME, os.O_RDONLY)
-        except OSError:
-            return
+    deadline, lock = time.monotonic() + seconds, run_dir / LOCK_NAME
+    while lock.is_file() and time.monotonic() < deadline:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd, _ = try_lock(lock)
+        except OSError:  # a link or a pipe planted at the lock: train.py refuses it in one line, the trial's error
             return
-        except OSError:
-            time.sleep(POLL_SECONDS)
-        finally:
-            os.close(fd)
+        if fd is not None:
+            return unlock(lock, fd)
+        time.sleep(POLL_SECONDS)
 
 
 def error_line(log: Path, start: int, run_dir: Path, code: int) -> str:
@@ -293,7 +278,7 @@ class Worker:
         self.process: subprocess.Popen | None = None
         self.stop_signal = None
         self.preexec = parent_death_signal()
-        self.space = {p.key: p.distribution() for p in sweep.params}
+        self.space = {p.key: p.distribution for p in sweep.params}
         (sweep.folder / "logs").mkdir(parents=True, exist_ok=True)
 
     def stop(self, signum: int) -> None:
@@ -304,8 +289,6 @@ class Worker:
             self.process.send_signal(signal.SIGINT if again else signum)
 
     def run(self) -> None:
-        from optuna.storages import fail_stale_trials
-
         sweep, study = self.sweep, self.study
         if self.args.retry_failed:
             for trial in attempts(study.get_trials(deepcopy=False), sweep.trials).values():
@@ -339,13 +322,12 @@ class Worker:
         shown = "  ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
         print(f"{run}: {'resumed' if resumed else 'started'}  {shown}", flush=True)
         try:  # a combination the probes did not try: no process needed to learn it is refused
-            load_config(sweep.config_path, sweep.fixed + overrides(values), source=Path(sweep.config_path).name)
+            config_of(sweep, values)
         except ConfigError as error:
             return self.failed(trial, run, f"error: {error}", 2)
         command = [sys.executable, str(TRAIN), "-r", "auto", "-c", sweep.config_path, "--run-id", run]
-        place = [f"name={json.dumps(sweep.folder.name)}", f"trainer.save_dir={json.dumps(str(sweep.folder.parent))}"]
-        for text in sweep.fixed + overrides(values) + place:  # the folder last, whatever --set said
-            command += ["--set", text]
+        place = {"name": sweep.folder.name, "trainer.save_dir": str(sweep.folder.parent)}  # last, whatever --set said
+        command += [part for text in sweep.fixed + overrides(values | place) for part in ("--set", text)]
         run_dir, log = sweep.folder / run, sweep.folder / "logs" / f"{run}.log"
         wait_free(run_dir)
         with os.fdopen(open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
@@ -360,10 +342,10 @@ class Worker:
                 return self.failed(trial, run, f"cannot start train.py: {error.strerror or error}", None)
         if self.stop_signal is not None:  # it came while the process was being started
             self.process.send_signal(self.stop_signal)
-        reported, pruned, beat, lost = 0, None, 0.0, False
+        reported, pruned, beat, lost, curve = 0, None, 0.0, False, []
         while True:
             code = self.process.poll()
-            curve = curve_of(run_dir / METRICS, sweep.metric)
+            curve = curve_of(run_dir / METRICS, sweep.metric) or curve  # the last whole read, not a half-written line
             try:
                 if time.monotonic() - beat >= self.args.heartbeat:
                     self.storage.record_heartbeat(trial._trial_id)
@@ -435,11 +417,8 @@ def main(argv=None) -> int:
     except OSError as error:
         fail(f"cannot write the sweep folder: {error.filename or ''}: {error.strerror or error}")
     if args.worker == 0:
-        print(
-            f"sweep: {sweep.folder} (study {study.study_name}, {sweep.trials} trials; the same command,"
-            " here or elsewhere, adds a worker or continues it)",
-            flush=True,
-        )
+        print(f"sweep: {sweep.folder} (study {study.study_name}, {sweep.trials} trials; the same command,", end=" ")
+        print("here or elsewhere, adds a worker or continues it)", flush=True)
     children = workers(argv, args.parallel) if args.parallel > 1 else []
 
     def on_signal(signum, frame):
@@ -459,13 +438,11 @@ def main(argv=None) -> int:
         return 128 + worker.stop_signal if worker.stop_signal else 0
     best = report(sweep, study)
     if best is not None:  # what the trial ran, under the config's own name and save_dir (the sweep gave its folder)
-        config = load_config(
-            sweep.config_path, sweep.fixed + overrides(best["params"]), source=Path(sweep.config_path).name
-        )
-        write_atomic(sweep.folder / "best" / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+        text = json.dumps(config_of(sweep, best["params"]), indent=2) + "\n"
+        write_atomic(path := sweep.folder / "best" / "config.json", text.encode())
         print(
             f"best: trial {best['trial']}, {sweep.metric} {best[sweep.metric]:.4f}; reproduce it with "
-            f"python train.py -c {sweep.folder / 'best' / 'config.json'}"
+            f"python train.py -c {path}"
         )
     if worker.stop_signal is not None:
         print(f"stopped by {signal.Signals(worker.stop_signal).name}; the same command continues", file=sys.stderr)

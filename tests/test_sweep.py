@@ -178,13 +178,19 @@ def test_two_workers_on_one_postgresql_server_run_each_trial_once(tmp_path, data
     assert bad.returncode == 2 and bad.stderr.startswith("error: --storage ") and len(bad.stderr.splitlines()) == 1
 
 
+def epoch_ended(run_dir: Path) -> bool:
+    """Its checkpoint and its whole metrics row are there (the kill must not come between the two writes)."""
+    rows = run_dir / "metrics.jsonl"
+    return (run_dir / "checkpoint-latest.params").is_file() and rows.is_file() and rows.read_text().endswith("\n")
+
+
 @pytest.mark.slow
 def test_a_trial_of_a_killed_worker_is_taken_up_from_its_checkpoint(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir, trainer__epochs=10)
     args = ["-c", config, "--grid", "optimizer.args.lr=[0.003]", "--heartbeat", 1]
     first = start_sweep(*args)
     try:
-        wait_for(lambda: list((tmp_path / "saved").glob("tiny/sweep-*/trial-000/checkpoint-latest.params")), "epoch 1")
+        wait_for(lambda: any(map(epoch_ended, (tmp_path / "saved").glob("tiny/sweep-*/trial-000"))), "epoch 1")
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # no handler runs: the trial learns of it from the kernel and saves
         first.communicate()
