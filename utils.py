@@ -393,22 +393,23 @@ class LoadedRun:
     input_spec: Any  # what the model takes (shapes and dtypes, batch first), after the augmentation's eval part
     _forward: Any = field(default=None, repr=False)
 
-    def __call__(self, inputs):
+    def __call__(self, inputs, mask=None):
         """The model's outputs on a batch of inputs as the run's data loader gives them, in inference mode: the train
-        split's deterministic augmentation (normalize...) first, as test.py evaluates. A numpy array."""
+        split's deterministic augmentation (normalize...) first, as test.py evaluates. A numpy array. ``mask``: the
+        batch's padding mask, for a model whose call declares one (without it, every position is real)."""
         import jax
         import numpy as np
 
         if self._forward is None:
             augment, model = self.run.augment, self.model
 
-            def forward(params, state, x):
+            def forward(params, state, x, mask):
                 if augment is not None:
                     x = augment({"input": x}, None, train=False)["input"]
-                return model(params, state, x, train=False)[0]
+                return model(params, state, x, train=False, **({} if mask is None else {"mask": mask}))[0]
 
             self._forward = jax.jit(forward)
-        return np.asarray(self._forward(self.params, self.state, inputs))
+        return np.asarray(self._forward(self.params, self.state, inputs, mask))
 
 
 def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> LoadedRun:

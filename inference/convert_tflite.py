@@ -7,9 +7,11 @@ Writes exports/<name>/ (ignored by git): <name>.tflite, <name>.onnx, <name>.jax 
 config.json, a copy of model/, predict.py with preprocessing.json (the data's preprocessing, class names or
 vocabulary, the inputs and the task), and report.json (report.md: the table printed at the end, with what was not
 checked and which axes are fixed). The inputs' names, dtypes and shapes come from the data (one array is "input"; a
-dict's arrays keep their names). Each file is run in its own runtime (LiteRT,
-onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size and, where
-the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see inference/exporter.py).
+dict's arrays keep their names); a model whose call declares `mask` takes the data's padding mask as one more named
+input, "mask" (per example as the batches hold it, e.g. (context,) for tokens). Each file is run in its own runtime
+(LiteRT, onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size
+and, where the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see
+inference/exporter.py).
 Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into place
 at the end (with --force swapped with the old one in one step), under a lock on the name (docs/export.md).
 
@@ -37,13 +39,14 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packa
 from data_loader.augment import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
-from inference.inputs import Inputs, Outputs  # noqa: E402
+from inference.inputs import MASK, Inputs, Outputs, with_mask, without_mask  # noqa: E402
 from inference.predict import read_preprocessing  # noqa: E402
 from inference.routes import OUTPUT_NAME  # noqa: E402
 from training.checkpoint import of_run  # noqa: E402
 from training.cli import add_run, command  # noqa: E402
 from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
 from training.run_location import check_config_writes  # noqa: E402
+from training.step import declares_mask  # noqa: E402
 from utils import ArgumentParser, ConfigError, ModelInputError, assemble, fail, load_config, load_run  # noqa: E402
 
 
@@ -228,6 +231,22 @@ def check_input_against_data(args, spec, data_spec, validating: bool, split: str
         )
 
 
+def mask_spec(spec, data_spec, data_mask):
+    """The "mask" input of a model that declares mask: the data's mask per example; one per element of the input
+    (a padded token sequence's) follows --input's shape where that differs from the data's."""
+    import jax
+
+    if data_mask is None:
+        raise ConfigError(
+            "config.json: model: its call declares mask, a named input of the export whose shape comes from the "
+            "data's mask, and the data cannot be read"
+        )
+    example = tuple(data_mask.shape[1:])
+    if not isinstance(spec, dict) and not isinstance(data_spec, dict) and example == tuple(data_spec.shape[1:]):
+        example = tuple(spec.shape[1:])
+    return jax.ShapeDtypeStruct((spec.shape[0] if not isinstance(spec, dict) else 1, *example), data_mask.dtype)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -248,6 +267,15 @@ def main(argv=None) -> int:
         preprocessing = run_preprocessing(checkpoint_path, spec_loader)
         data_spec = spec_loader.spec["input"] if spec_loader is not None else None
         check_input_against_data(args, spec, data_spec, args.val_examples != 0 and loader is not None, split)
+        masked = declares_mask(model)
+        if masked and isinstance(spec, dict) and MASK in spec:
+            raise ConfigError(
+                f"config.json: model: its call declares mask, the export's named input {MASK!r}, and the data "
+                f"has an input of that name too"
+            )
+        data_mask = spec_loader.spec["mask"] if spec_loader is not None else None
+        # the export's named inputs: the model's input, and the padding mask where its call declares one
+        export_spec = with_mask(spec, mask_spec(spec, data_spec, data_mask)) if masked else spec
     except ConfigError as error:
         fail(str(error))
 
@@ -275,26 +303,30 @@ def main(argv=None) -> int:
         )
     header = loaded.header
     params, state = jax.device_put((loaded.params, loaded.state))
+    single = not isinstance(spec, dict)
+
+    def fn(x):
+        if masked:
+            x, mask = without_mask(x, single)
+            return model(params, state, x, mask=mask, train=False)[0]
+        return model(params, state, x, train=False)[0]
+
     if data_spec is not None and not same_examples(spec, data_spec):  # --input of another shape, --val-examples 0
         try:
-            jax.eval_shape(lambda x: model(params, state, x, train=False)[0], spec)
+            jax.eval_shape(fn, export_spec)
         except Exception as error:
             fail(
                 f"{asked}: the model cannot take {described(spec, spec.shape[0])} ({first_line(error)}); the "
                 f"data's input is {described(data_spec, spec.shape[0])}"
             )
 
-    def fn(x):
-        return model(params, state, x, train=False)[0]
-
     forward = jax.jit(fn)
-    inputs = Inputs(spec, batch)
+    inputs = Inputs(export_spec, batch)
     batch_spec = spec_loader.spec if spec_loader is not None else {"input": spec}
     task = task_of(config["loss"]["name"], batch_spec, preprocessing)
     # a model of several named outputs: each a named output of every format, judged by its own task
-    outputs = Outputs(
-        jax.eval_shape(forward, spec), output_tasks(config["loss"], batch_spec, preprocessing) or task, OUTPUT_NAME
-    )
+    each_task = output_tasks(config["loss"], batch_spec, preprocessing) or task
+    outputs = Outputs(jax.eval_shape(forward, export_spec), each_task, OUTPUT_NAME)
     options = Options(
         batch=batch,
         quantize=args.quantize,
@@ -306,6 +338,10 @@ def main(argv=None) -> int:
     if args.batch is not None or args.dynamic_batch:
         options.dynamic = {f: args.dynamic_batch for f in FORMATS}
 
+    def model_input(batch):
+        """The export's inputs of a batch: its input, with its mask where the model declares one."""
+        return with_mask(batch["input"], batch["mask"]) if masked else batch["input"]
+
     validation, skipped = None, None
     if args.val_examples == 0:
         skipped = "--val-examples 0"
@@ -313,7 +349,7 @@ def main(argv=None) -> int:
         skipped = problem
     else:
         try:
-            validation = exporter.collect_validation(loader, forward, inputs, args.val_examples)
+            validation = exporter.collect_validation(loader, forward, inputs, args.val_examples, model_input)
         except ExportError as error:
             fail(f"config.json: data_loader.{split}: {error}")
     if skipped:
@@ -323,7 +359,7 @@ def main(argv=None) -> int:
         )
     seen = validation.inputs if validation is not None else None
     if seen is None and spec_loader is not None and not args.input:  # ids of a training batch bound random ids
-        seen = jax.tree.leaves(next(spec_loader.batches())["input"])
+        seen = jax.tree.leaves(model_input(next(spec_loader.batches())))
     id_bound = exporter.id_bounds(inputs, seen, preprocessing)
     qualities = []
     targets = outputs.flat(validation.targets) if validation is not None and validation.targets is not None else None

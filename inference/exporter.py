@@ -31,6 +31,7 @@ from inference.report import MEASURES, fmt_size, markdown
 from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner
 from training import files
 from training.config_file import ConfigError
+from training.step import loss_mask
 
 REPO = Path(__file__).resolve().parents[1]
 FORMATS = ("tflite", "onnx", "jax")
@@ -69,16 +70,19 @@ class Validation:
         return len(self.masks)
 
 
-def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Validation:
+def collect_validation(loader, forward, inputs: Inputs, limit: int | None, model_input=None) -> Validation:
     """Examples of the loader with at least one unmasked element, up to `limit`; the model's outputs on them.
-    Examples of another shape or dtype than the export's inputs raise ExportError: they could check nothing."""
+    Examples of another shape or dtype than the export's inputs raise ExportError: they could check nothing.
+    `model_input`: the export's inputs of a batch (default its input; a model that declares mask: with the mask).
+    The masks kept are those the metrics count with: per example where the mask is per token and the output not."""
     flats, targets, masks, outputs = [], [], [], []
     seen = 0
     for batch in loader.batches():
         mask = batch["mask"]
         keep = mask.reshape(len(mask), -1).max(axis=1) > 0
         take = np.flatnonzero(keep)[: None if limit is None else limit - seen]
-        flat = jax.tree.leaves(batch["input"])
+        x = batch["input"] if model_input is None else model_input(batch)
+        flat = jax.tree.leaves(x)
         if not flats:
             got, want = (
                 [f"{np.dtype(a.dtype)}{shape_text((None, *a.shape[1:]))}" for a in arrays]
@@ -92,8 +96,8 @@ def collect_validation(loader, forward, inputs: Inputs, limit: int | None) -> Va
         flats.append([leaf[take] for leaf in flat])
         # targets and outputs may be dicts of named arrays (a model of several outputs): each leaf is taken alike
         targets.append(jax.tree.map(lambda t: np.asarray(t)[take], batch["target"]) if "target" in batch else None)
-        masks.append(mask[take])
-        outputs.append(jax.tree.map(lambda o: np.asarray(o)[take], forward(batch["input"])))
+        masks.append(np.asarray(loss_mask(batch))[take])
+        outputs.append(jax.tree.map(lambda o: np.asarray(o)[take], forward(x)))
         seen += len(take)
         if limit is not None and seen >= limit:
             break

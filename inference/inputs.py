@@ -3,6 +3,9 @@ dict of named arrays, each with its own dtype and shape, so int32 token ids stay
 named inputs in every format (a single array is named "input"; a dict's inputs are named by their keys, in sorted
 order); and random inputs of that kind, to compare an exported file with the JAX model.
 
+A model whose call declares ``mask`` (a padding mask) takes the batch's mask as one more named input, "mask"
+(`with_mask`): random masks keep a leading run of real positions, as padded data does.
+
 Outputs likewise: one array is one output (named "outputs"), a dict of arrays (a model of several outputs) one
 named output per key, in sorted order, each judged by its own task.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from inference.predict import MASK  # the named input of a model that declares mask (predict.py ships alone)
 from model.modules.module import key_path_str
 
 
@@ -46,12 +50,35 @@ def shape_text(shape) -> str:
     return "[" + ",".join("B" if d is None else str(d) for d in shape) + "]"
 
 
+def with_mask(x, mask) -> dict:
+    """The named inputs of a model that declares ``mask``: its input ("input", or its own named inputs) and the
+    mask."""
+    return {**x, MASK: mask} if isinstance(x, dict) else {"input": x, MASK: mask}
+
+
+def without_mask(x: dict, single: bool):
+    """(the model's input, the mask) from `with_mask`'s inputs; `single`: the model takes one array."""
+    return (x["input"] if single else {k: v for k, v in x.items() if k != MASK}), x[MASK]
+
+
+def random_mask(shape: tuple, dtype, rng: np.random.Generator) -> np.ndarray:
+    """Masks as padded data holds them: per example, a random number (at least 1) of real positions along the first
+    axis of the example, then padding; a mask of one value per example is all ones."""
+    if len(shape) < 2:
+        return np.ones(shape, dtype)
+    real = np.arange(shape[1]) < rng.integers(1, shape[1] + 1, (shape[0], 1))
+    return np.broadcast_to(real.reshape(real.shape + (1,) * (len(shape) - 2)), shape).astype(dtype)
+
+
 def random_inputs(inputs: Inputs, n: int, rng: np.random.Generator, id_bound: dict) -> list[np.ndarray]:
-    """Random inputs of batch n: floats normal, integers uniform in [0, id_bound[name])."""
+    """Random inputs of batch n: floats normal, integers uniform in [0, id_bound[name]), a padding mask (the input
+    named "mask" beside others) as padded data holds it."""
     flat = []
     for name, spec in zip(inputs.names, inputs.specs):
         shape, dtype = (n, *spec.shape[1:]), np.dtype(spec.dtype)
-        if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+        if name == MASK and not inputs.single:
+            flat.append(random_mask(shape, dtype, rng))
+        elif np.issubdtype(dtype, np.integer) or dtype == np.bool_:
             flat.append(rng.integers(0, max(id_bound.get(name, 2), 1), shape).astype(dtype))
         else:
             flat.append(rng.standard_normal(shape).astype(dtype))

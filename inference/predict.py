@@ -10,7 +10,9 @@ A model of several named outputs (a multi-task model) prints each output by its 
 Images are resized and normalised as the training data was: the numbers come from `preprocessing.json`, which the
 converter writes next to the model (from the run's data pipeline), plus the run's `config.json` for its name. A
 .npy file holds inputs already preprocessed, (N, H, W, C) or one (H, W, C) sample; a model of several named inputs
-takes .npz files with one such array per input name (`np.savez("x.npz", features=..., image=...)`).
+takes .npz files with one such array per input name (`np.savez("x.npz", features=..., image=...)`). A model whose
+call declares a padding mask has the named input "mask" (zero on padding): an .npz may hold it beside the input
+(`np.savez("x.npz", input=ids, mask=mask)`); where a file gives none, every position is real (a mask of ones).
 
 `--out FILE` also writes the outputs: .npy, .npz (with the inputs' names), .csv (a row per input of vector outputs)
 or .png (image outputs, one file per input). Inputs far outside the range the model was trained on (`input_range` in
@@ -38,6 +40,7 @@ import numpy as np
 # not imported from training/, because this file ships alone; they are the run folder's names (training/files.py).
 CONFIG = "config.json"
 PREPROCESSING = "preprocessing.json"
+MASK = "mask"  # the named input of a model that declares a padding mask (inference/inputs.py writes it so)
 
 # Bounds on what a file or a flag may ask of this machine: an input file (a .npy, .npz member or .csv read whole),
 # an image's pixels (a few kB of PNG can declare gigapixels), runtime threads, generated characters.
@@ -603,38 +606,42 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
     """(a name per example, the model's named inputs) from files: images, .csv rows and .npy batches for a model of
     one input; .npz files holding one array per input name (a batch, or one example) for any model."""
     expected = {i["name"]: i for i in model.inputs}
+    # a padding mask beside other inputs may be left out: then every position is real
+    optional = {MASK} if MASK in expected and len(expected) > 1 else set()
+    given = [i for i in model.inputs if i["name"] not in optional]
     names, parts = [], []
     for path in paths:
         if path.suffix == ".npz":
             with open_input(path) as f, np.load(f, allow_pickle=False) as archive:
-                missing = sorted(set(expected) - set(archive.files))
+                missing = sorted(set(expected) - set(archive.files) - optional)
                 if missing:
                     raise ValueError(f"{path}: no array {missing[0]!r}; the model takes {model.names()}")
                 # a compressed member inflates to what it declares (zipfile holds it to that): bounded before
-                declared = sum(archive.zip.getinfo(f"{k}.npy").file_size for k in expected)
+                present = [k for k in expected if k in archive.files]
+                declared = sum(archive.zip.getinfo(f"{k}.npy").file_size for k in present)
                 if declared > MAX_INPUT_BYTES:
                     raise ValueError(
                         f"{path}: its arrays declare {declared:,} bytes, more than the {MAX_INPUT_BYTES:,} an "
                         "input file may hold"
                     )
-                named = {k: archive[k] for k in expected}
-        elif len(model.inputs) > 1:
+                named = {k: archive[k] for k in present}
+        elif len(given) > 1:
             raise ValueError(
                 f"{path}: the model takes {len(model.inputs)} named inputs {model.names()}: give .npz "
                 "files with one array per name"
             )
         elif path.suffix == ".npy":
             with open_input(path) as f:
-                named = {model.inputs[0]["name"]: np.load(f, allow_pickle=False)}
+                named = {given[0]["name"]: np.load(f, allow_pickle=False)}
         elif path.suffix == ".csv":
-            named = {model.inputs[0]["name"]: load_rows(path, preprocessing)}
+            named = {given[0]["name"]: load_rows(path, preprocessing)}
         else:
             if not preprocessing:
                 raise ValueError(
                     f"{path.parent / PREPROCESSING} not found: it says how to prepare images; "
                     "pass a preprocessed .npy batch instead"
                 )
-            named = {model.inputs[0]["name"]: load_image(path, model.inputs[0]["shape"][1:], preprocessing, invert)}
+            named = {given[0]["name"]: load_image(path, given[0]["shape"][1:], preprocessing, invert)}
         # One example (the sample shape) or a batch of them.
         named = {k: v[None] if v.ndim == len(expected[k]["shape"]) - 1 else v for k, v in named.items()}
         for k, v in named.items():
@@ -647,6 +654,8 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
         if len(rows) > 1:
             raise ValueError(f"{path}: the arrays hold different numbers of examples {sorted(rows)}")
         (n,) = rows
+        for k in optional - set(named):
+            named[k] = np.ones((n, *expected[k]["shape"][1:]), expected[k]["dtype"])
         single = n == 1 and path.suffix not in (".npy", ".npz", ".csv")
         names += [str(path)] if single else [f"{path}[{i}]" for i in range(n)]
         parts.append(named)

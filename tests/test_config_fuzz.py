@@ -641,6 +641,18 @@ def test_base_config_is_valid(harness, world, capsys, prefix):
     assert capsys.readouterr().err == ""
 
 
+def test_bare_component_names_are_read_as_components(harness, world, capsys):
+    """`"loss": "cross_entropy"` (a name alone, as the optimizer and the metrics take it) is {"name": ...} to every
+    reader of the config: the run reaches the Trainer, with no traceback from one that indexes loss["name"]."""
+    base = BASE_FOR_PATHS["base"]
+    assert validate({**base, "loss": base["loss"]["name"]})["loss"] == {"name": base["loss"]["name"]}
+    path = world / "configs" / SOURCE
+    path.write_text(json.dumps({**base, "loss": base["loss"]["name"], "model": base["model"]["name"]}))
+    with pytest.raises(ReachedTraining):
+        train.main(["-c", str(path)])
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.json")) + ["../config.json"])
 def test_sample_configs_pass_the_checks_made_before_the_data(name):
     """What train.py builds before reading data, with schedule lengths in epochs not yet known (steps_per_epoch

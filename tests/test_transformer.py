@@ -236,3 +236,68 @@ def test_padded_text_classification_trains_from_a_config(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (tmp_path / "saved/text/r/metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["train/accuracy"] > 0.8, rows[-1]
+
+
+@pytest.mark.slow
+def test_a_model_that_declares_mask_exports_it_as_a_named_input(tmp_path):
+    """The export of text_transformer (its call declares mask): the padding mask is a second named input "mask" of
+    every format, checked on the validation data's own masks; predict.py on an .npz of ids and mask gives the class
+    load_run gives on the same rows, and without a mask in the file every position is real."""
+    import json
+
+    from tests.test_train import run
+    from utils import load_run
+
+    rng = np.random.default_rng(1)
+    n, length = 96, 12
+    mask = (np.arange(length) < rng.integers(2, length + 1, n)[:, None]).astype(np.float32)
+    ids = np.where(mask > 0, rng.integers(1, 3, (n, length)), rng.integers(0, 20, (n, length))).astype(np.int32)
+    label = ((ids == 2) * mask).sum(1) > ((ids == 1) * mask).sum(1)
+    np.savez(tmp_path / "text.npz", ids=ids, mask=mask, label=label.astype(np.int32))
+    loader = {"path": str(tmp_path / "text.npz"), "input": "ids", "target": "label", "mask": "mask"}
+    model = {"vocab_size": 20, "num_classes": 2, "context": length, "dim": 8, "depth": 1, "num_heads": 2}
+    config = {
+        "name": "text",
+        "model": {"name": "text_transformer", "args": model},
+        "loss": {"name": "cross_entropy"},
+        "metrics": ["accuracy"],
+        "optimizer": {"name": "adam", "args": {"lr": 0.003}},
+        "data_loader": {
+            "train": {"name": "arrays", "args": {**loader, "split": "train", "batch_size": 32, "shuffle": True}},
+            "validation": {"name": "arrays", "args": {**loader, "split": "validation", "batch_size": 32}},
+        },
+        "trainer": {"epochs": 2, "save_dir": str(tmp_path / "saved"), "monitor": "max val/accuracy"},
+    }
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    trained = run("train.py", "-c", tmp_path / "c.json", "--run-id", "r")
+    assert trained.returncode == 0, trained.stderr
+    run_dir = tmp_path / "saved/text/r"
+
+    out = tmp_path / "exports"
+    exported = run(
+        "inference/convert_tflite.py", "--run", run_dir, "--name", "tt", "--output-dir", out, "--formats",
+        "tflite,onnx", timeout=600,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    folder = out / "tt"
+    named = [{"name": "input", "shape": f"[B,{length}]", "dtype": "int32"}]
+    named.append({"name": "mask", "shape": f"[B,{length}]", "dtype": "float32"})
+    report = json.loads((folder / "report.json").read_text())
+    assert report["inputs"] == named and json.loads((folder / "preprocessing.json").read_text())["inputs"] == named
+    assert [e["format"] for e in report["formats"]] == ["tflite", "onnx"]
+    for entry in report["formats"]:
+        assert entry["validation"]["examples"] > 0 and entry["validation"]["agreement"] == 1.0, entry
+        assert entry["validation"]["quality"] == entry["validation"]["jax_quality"], entry
+
+    rows = slice(0, 6)
+    loaded = load_run(run_dir)
+    want = loaded(ids[rows], mask[rows]).argmax(-1)
+    np.savez(tmp_path / "x.npz", input=ids[rows], mask=mask[rows])
+    np.savez(tmp_path / "ids.npz", input=ids[rows])
+    for suffix in (".onnx", ".tflite"):
+        for given, expected in (("x.npz", want), ("ids.npz", loaded(ids[rows]).argmax(-1))):
+            predicted = run(
+                folder / "predict.py", folder / f"tt{suffix}", tmp_path / given, "--out", tmp_path / "p.npy"
+            )
+            assert predicted.returncode == 0, predicted.stderr
+            np.testing.assert_array_equal(np.load(tmp_path / "p.npy").argmax(-1), expected, err_msg=f"{suffix} {given}")

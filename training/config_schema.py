@@ -158,7 +158,11 @@ def check_top_level(config: dict, source: str) -> None:
 
 def check_components(config: dict, source: str) -> list[str]:
     """The model, the loss, the metrics and the callbacks; returns the metrics' log names (the trainer's monitor
-    names one of them)."""
+    names one of them). A bare name (``"loss": "cross_entropy"``) becomes {"name": ...}, as the optimizer's does:
+    what reads the config later reads one form."""
+    for key in ("model", "loss"):
+        if isinstance(config[key], str):
+            config[key] = {"name": config[key]}
     model_fn, model_args = check_component(config["model"], "model", f"{source}: model")
     check_component(config["loss"], "loss", f"{source}: loss")
     metrics = section(config, "metrics", source, [])

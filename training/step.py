@@ -27,9 +27,14 @@ def target_of(batch: dict):
     return batch["target"] if "target" in batch else batch["input"]
 
 
+def declares_mask(model) -> bool:
+    """Whether the model's call takes the batch's ``mask`` (a padding mask, say) besides its input."""
+    return "mask" in inspect.signature(model.__call__).parameters
+
+
 def model_kwargs(model, batch: dict) -> dict:
     """What a model's call declares of the batch besides its input: the ``mask`` (a padding mask, say)."""
-    return {"mask": batch["mask"]} if "mask" in inspect.signature(model.__call__).parameters else {}
+    return {"mask": batch["mask"]} if declares_mask(model) else {}
 
 
 def loss_mask(batch: dict):
