@@ -90,6 +90,20 @@ DYNAMIC_ROUTES = {"tflite_dynamic", "onnx", "onnx_via_tflite_dynamic", "jax"}
 UNSUPPORTED: dict[tuple[str, str], str] = {}
 
 
+def vocabulary(module) -> int:
+    """The token ids an "ids" case draws from: the size of the first embedding table (or ``vocab_size``) found in
+    the module's tree, so that a model built of layers (a Sequential) needs no attribute of its own."""
+    queue = [module]
+    while queue:
+        node = queue.pop(0)
+        for name in ("num_embeddings", "vocab_size"):
+            if isinstance(getattr(node, name, None), int):
+                return getattr(node, name)
+        for value in vars(node).values():
+            queue += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, Module)]
+    raise ValueError(f"an 'ids' case needs an embedding in its module: {type(module).__name__} has none")
+
+
 @functools.cache
 def setup(case):
     """(fn, the inputs at the fixed batch, input generator) for a case, with perturbed params and state."""
@@ -117,12 +131,11 @@ def setup(case):
     def inputs(n, seed):
         rng = np.random.default_rng(seed)
         if kind == "ids":
-            vocabulary = getattr(module, "num_embeddings", None) or module.vocab_size
-            return rng.integers(0, vocabulary, (n, *sample)).astype(np.int32)
+            return rng.integers(0, vocabulary(module), (n, *sample)).astype(np.int32)
         if kind == "ids_mask":  # real tokens first, then padding holding any id
             (length,) = sample["input"]
             real = np.arange(length) < rng.integers(1, length + 1, (n, 1))
-            ids = rng.integers(0, module.model.vocab_size, (n, length)).astype(np.int32)
+            ids = rng.integers(0, vocabulary(module), (n, length)).astype(np.int32)
             return {"input": ids, "mask": real.astype(np.float32)}
         return jax.tree.map(
             lambda shape: (rng.standard_normal((n, *shape)) * (3.0 if kind == "wide" else 1.0)).astype(np.float32),
