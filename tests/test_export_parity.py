@@ -99,8 +99,11 @@ def vocabulary(module) -> int:
         for name in ("num_embeddings", "vocab_size"):
             if isinstance(getattr(node, name, None), int):
                 return getattr(node, name)
-        for value in vars(node).values():
-            queue += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, Module)]
+        for value in vars(node).values():  # submodules: attributes, or lists or dicts of them (a Sequential's)
+            values = (
+                value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            )
+            queue += [v for v in values if isinstance(v, Module)]
     raise ValueError(f"an 'ids' case needs an embedding in its module: {type(module).__name__} has none")
 
 
