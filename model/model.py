@@ -1,6 +1,7 @@
 """The sample models `config.json` can name in `model.name`; their keyword arguments are the config's `args`.
 
-Add a model by writing a function here that returns a Module.
+Add a model by writing a function here that returns a Module, decorated with ``@register("model")``; with
+``example=(args, sample shape, input kind)`` beside it (``model/registry.py``), every export route is checked on it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def convnext_block(dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> Module
     )
 
 
-@register("model")
+@register("model", example=({"dims": (8, 16), "depths": (1, 1), "dropout": 0.1}, (28, 28, 1), "normal"))
 def mnist_convnext(
     num_classes: int = 10,
     dims: tuple = (32, 64),
@@ -67,7 +68,7 @@ def mnist_convnext(
     return Sequential(layers)
 
 
-@register("model")
+@register("model", example=({"channels": (4, 8), "hidden": 16, "dropout": 0.1}, (28, 28, 1), "normal"))
 def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 128, dropout: float = 0.0) -> Module:
     """The classic CNN: [conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, then a hidden dense layer."""
     check_size(num_classes, "num_classes")
@@ -87,7 +88,7 @@ def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 1
     return Sequential(layers)
 
 
-@register("model")
+@register("model", example=({"channels": (4, 8), "hidden": 16}, (28, 28, 1), "normal"))
 def mnist_multitask(num_classes: int = 10, channels: tuple = (16, 32), hidden: int = 64) -> Module:
     """Two outputs of one CNN body ([conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, a hidden dense
     layer): ``digit``, the class logits (B, num_classes), and ``ink``, one value per image (B, 1), the regression
@@ -107,7 +108,7 @@ def mnist_multitask(num_classes: int = 10, channels: tuple = (16, 32), hidden: i
     return Sequential(layers)
 
 
-@register("model")
+@register("model", example=({"hidden": (16, 8), "activation": "gelu", "dropout": 0.1}, (28, 28, 1), "normal"))
 def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "relu", dropout: float = 0.0) -> Module:
     """Flatten, then Linear -> activation (-> dropout) per hidden width, then the classifier."""
     check_size(num_classes, "num_classes")
@@ -122,7 +123,7 @@ def mlp(num_classes: int = 10, hidden: tuple = (256, 128), activation: str = "re
     return Sequential(layers)
 
 
-@register("model")
+@register("model", example=({"dim": 8, "num_heads": 2}, (28, 28, 1), "normal"))
 def mnist_attention(
     num_classes: int = 10, dim: int = 32, num_heads: int = 4, depth: int = 1, mlp_ratio: int = 2, dropout: float = 0.1
 ) -> Module:
@@ -164,7 +165,7 @@ def mnist_attention(
     return Sequential(layers)
 
 
-@register("model")
+@register("model", example=({"channels": (4, 8)}, (28, 28, 1), "normal"))
 def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module:
     """A small fully-convolutional encoder-decoder: per-pixel logits (B, H, W, out_channels) for images of even H, W.
 
@@ -208,7 +209,7 @@ def mnist_segmenter(channels: tuple = (16, 32), out_channels: int = 1) -> Module
     )
 
 
-@register("model")
+@register("model", example=({"vocab_size": 11, "context": 8, "dim": 16, "depth": 2, "num_heads": 2}, (8,), "ids"))
 def char_transformer(
     vocab_size: int,
     context: int,
@@ -226,7 +227,10 @@ def char_transformer(
     return TransformerLM(vocab_size, context, dim, depth, num_heads, mlp_ratio, dropout, tie_weights, use_bias)
 
 
-@register("model")
+@register(
+    "model",
+    example=({"vocab_size": 11, "num_classes": 3, "context": 8, "dim": 8, "depth": 1, "num_heads": 2}, (8,), "ids"),
+)
 def text_transformer(
     vocab_size: int,
     num_classes: int,
@@ -260,7 +264,7 @@ def resnet_block(width: int, stride: int = 1, project: bool = False) -> Module:
     return Sequential({"residual": Residual(body, shortcut), "relu": Activation("relu")})
 
 
-@register("model")
+@register("model", example=({"depth": 8, "widths": (4, 8)}, (8, 8, 3), "normal"))
 def cifar_resnet(num_classes: int = 10, depth: int = 20, widths: tuple = (16, 32, 64)) -> Module:
     """The CIFAR ResNet of He et al. (2016): a 3x3 stem, then per entry of ``widths`` a stage of (depth - 2) / 6
     basic blocks, each stage after the first halving the resolution; global average pooling and a linear
@@ -292,7 +296,14 @@ def cifar_resnet(num_classes: int = 10, depth: int = 20, widths: tuple = (16, 32
     return Sequential(layers)
 
 
-@register("model")
+@register(
+    "model",
+    example=(
+        {"num_classes": 3, "channels": (4,), "hidden": 8, "width": 8},
+        {"image": (8, 8, 4), "features": (5,)},
+        "normal",
+    ),
+)
 def image_and_features(num_classes: int = 10, channels: tuple = (16, 32), hidden: int = 32, width: int = 64) -> Module:
     """A model of two named inputs, {"image": (B, H, W, C), "features": (B, F)} (e.g. the arrays loader with
     "input": {"image": ..., "features": ...}): conv3x3 -> ReLU -> 2x2 max pool per entry of `channels` and global

@@ -110,3 +110,11 @@ def test_attention_sample_batch_norm_state_and_dropout():
     d, _ = net(params, state, x)
     np.testing.assert_array_equal(c, d)  # and off in evaluation, with state unchanged
     assert jax.tree.all(jax.tree.map(np.array_equal, kept, state))
+
+
+def test_only_a_model_declares_an_export_example():
+    from model.registry import register
+
+    for kind, example in (("loss", ({}, (3,), "normal")), ("model", ((3,), "normal"))):
+        with pytest.raises(ValueError, match="only a model declares an example"):
+            register(kind, example=example)

@@ -212,6 +212,14 @@ def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path
         text=True,
     )
     assert made.returncode == 0, made.stderr
+    # The owner adds a model with its export example: no test of the project names it, none fails because of it.
+    with open(target / "model" / "model.py", "a") as models:
+        models.write(
+            '\n\n@register("model", example=({"hidden": 8}, (5,), "normal"))\n'
+            "def added_net(num_outputs: int = 1, hidden: int = 32) -> Module:\n"
+            '    """A model the owner adds: a perceptron on feature vectors."""\n'
+            '    return Sequential([Linear(hidden), Activation("tanh"), Linear(num_outputs)])\n'
+        )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     tests = subprocess.run(
         [
@@ -228,6 +236,8 @@ def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path
             "tests/test_sweep.py",
             "tests/test_docs.py",
             "tests/test_performance.py",
+            "tests/test_models.py",
+            "tests/test_export_parity.py::test_export_matches_jax[added_net-jax]",
         ],
         cwd=target,
         env=env,

@@ -84,8 +84,9 @@ def layers() -> dict[str, type]:
 
 
 def layers_text() -> str:
-    """``--list layers``: each layer class with its constructor's arguments, its file and the first paragraph of its
-    docstring (what it is), all read from the classes themselves."""
+    """``--list layers``: each layer class with its constructor's arguments, its file, how many export examples it
+    declares (none: not in the export-parity check on its own) and the first paragraph of its docstring (what it
+    is), all read from the classes themselves."""
     lines = ["layers (model/modules: what a model in model/model.py is built of):"]
     for name, cls in layers().items():
         own = any("__init__" in vars(c) for c in cls.__mro__[:-1])  # not object's (*args, **kwargs)
@@ -100,7 +101,10 @@ def layers_text() -> str:
         text = vars(cls).get("__doc__") or sys.modules[cls.__module__].__doc__ or ""
         doc = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
         what = doc.rstrip(".") if doc else "(no docstring)"
-        lines.append(f"  {name}{shown}  [{cls.__module__.replace('.', '/')}.py]\n      {what}")
+        # the export-parity check runs what the class declares beside itself (Module.export_examples)
+        examples = len(cls.export_examples()) if "export_examples" in vars(cls) else 0
+        checked = f"  [export examples: {examples}]" if examples else ""
+        lines.append(f"  {name}{shown}  [{cls.__module__.replace('.', '/')}.py]{checked}\n      {what}")
     return "\n".join(lines)
 
 

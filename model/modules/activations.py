@@ -136,6 +136,16 @@ def get(name: str):
 class Activation(Module):
     """An activation as a layer: `Activation("gelu", approximate=True)`; keyword arguments go to the function."""
 
+    @classmethod
+    def export_examples(cls):
+        return {
+            **{
+                f"act_{name}": (cls(name), (4, 6), "wide")
+                for name in ("relu", "gelu", "silu", "hard_swish", "sigmoid", "tanh", "softmax", "log_softmax")
+            },
+            "act_gelu_tanh": (cls("gelu", approximate=True), (4, 6), "wide"),
+        }
+
     def __init__(self, name: str, **kwargs):
         self.fn = get(name)
         self.name = name

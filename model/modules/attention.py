@@ -44,6 +44,14 @@ class MultiHeadAttention(Module):
     projections and the output layer.
     """
 
+    @classmethod
+    def export_examples(cls):
+        return {
+            "attention": (cls(2), (6, 8), "normal"),
+            "attention_cross_features": (cls(2, qkv_features=12, out_features=5), (6, 8), "normal"),
+            "causal_attention": (cls(2, use_bias=False, causal=True), (6, 8), "normal"),
+        }
+
     def __init__(
         self,
         num_heads: int,

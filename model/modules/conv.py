@@ -121,6 +121,19 @@ class Conv2d(Module):
     padding: "SAME" | "VALID" | int | ((top, bottom), (left, right)). groups == in_channels is depthwise.
     """
 
+    @classmethod
+    def export_examples(cls):
+        image = (8, 8, 4)  # (H, W, C)
+        return {
+            "conv": (cls(6, 3), image, "normal"),
+            "conv_stride2": (cls(6, 3, stride=2), image, "normal"),
+            "conv_dilation2": (cls(6, 3, dilation=2), image, "normal"),
+            "conv_depthwise": (cls(4, 3, groups=4), image, "normal"),
+            "conv_grouped": (cls(6, 3, groups=2), image, "normal"),
+            "conv_valid": (cls(6, 3, padding="VALID"), image, "normal"),
+            "conv_explicit_pad": (cls(6, (3, 2), padding=((2, 0), (1, 1))), image, "normal"),
+        }
+
     def __init__(
         self,
         out_channels: int,
@@ -188,6 +201,11 @@ class Conv1d(Module):
     wherever the 2-D convolution does.
     """
 
+    @classmethod
+    def export_examples(cls):
+        # sequences (B, L, C): the 1-D layers run as their 2-D forms over (B, L, 1, C)
+        return {"conv1d_stride2_pad": (cls(6, 3, stride=2, padding=(2, 1)), (9, 4), "normal")}
+
     def __init__(
         self,
         out_channels: int,
@@ -231,6 +249,17 @@ class ConvTranspose2d(Module):
 
     "SAME" gives in * stride outputs, "VALID" in * stride + max(kernel - stride, 0).
     """
+
+    @classmethod
+    def export_examples(cls):
+        image = (8, 8, 4)  # (H, W, C)
+        return {
+            "conv_transpose_k2s2": (cls(3, 2, stride=2), image, "normal"),
+            "conv_transpose_k3s2": (cls(3, 3, stride=2), image, "normal"),
+            "conv_transpose_k4s2": (cls(3, 4, stride=2), image, "normal"),
+            "conv_transpose_k3s2_valid": (cls(3, 3, stride=2, padding="VALID"), image, "normal"),
+            "conv_transpose_k3s1": (cls(3, 3), image, "normal"),
+        }
 
     def __init__(
         self,

@@ -26,6 +26,13 @@ def dropout(x, rate: float, key: jax.Array | None):
 class Dropout(Module):
     """Identity in evaluation; `dropout(x, rate, key)` when called with train=True."""
 
+    @classmethod
+    def export_examples(cls):
+        from model.modules.linear import Linear
+        from model.modules.sequential import Sequential
+
+        return {"dropout_eval": (Sequential([Linear(6), cls(0.5)]), (5,), "normal")}
+
     def __init__(self, rate: float):
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate <= 1.0:
             raise ValueError(f"dropout: must be a rate in [0, 1], got {rate!r}")

@@ -12,6 +12,10 @@ from model.modules.module import Module, check_size
 class Embedding(Module):
     """ids of any shape -> vectors of shape ids.shape + (features,). Out-of-range ids are clamped to the table."""
 
+    @classmethod
+    def export_examples(cls):
+        return {"embedding": (cls(11, 6), (7,), "ids")}
+
     def __init__(self, num_embeddings: int, features: int, weight_init="normal", dtype=jnp.float32):
         check_size(num_embeddings, "num_embeddings")
         check_size(features, "features")

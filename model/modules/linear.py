@@ -11,6 +11,10 @@ from model.modules.module import Module, check_size
 class Linear(Module):
     """y = x @ weight + bias, weight of shape (in_features, out_features); in_features is inferred at init."""
 
+    @classmethod
+    def export_examples(cls):
+        return {"linear": (cls(6), (5,), "normal"), "linear_rank3": (cls(6), (3, 5), "normal")}
+
     def __init__(self, out_features: int, use_bias: bool = True, weight_init="lecun_normal", bias_init="zeros"):
         check_size(out_features, "out_features")
         self.out_features = out_features

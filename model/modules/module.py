@@ -80,6 +80,15 @@ class Module:
         """Named submodules whose params sit under their names; used by summaries."""
         return {}
 
+    @classmethod
+    def export_examples(cls) -> dict[str, tuple]:
+        """The cases the export-parity check (tests/test_export_parity.py) runs this layer class on, by case name:
+        ``(an instance, the shape of one example without the batch, the input kind)``, the kind ``"normal"``,
+        ``"wide"`` (3x the spread, for activation tails) or ``"ids"`` (int32 token ids). Only a class's own
+        definition counts (a subclass does not inherit its parent's cases); a class without one is not in that
+        check, except inside another case's module."""
+        return {}
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({fields})"

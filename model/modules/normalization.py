@@ -67,6 +67,10 @@ def _affine(params, y):
 class LayerNorm(Module):
     """Normalises each position over its last axis, then applies a per-feature scale and bias."""
 
+    @classmethod
+    def export_examples(cls):
+        return {"layer_norm": (cls(), (8, 8, 4), "normal")}
+
     def __init__(self, eps: float = 1e-5, use_scale: bool = True, use_bias: bool = True):
         self.eps = eps
         self.use_scale = use_scale
@@ -83,6 +87,10 @@ class LayerNorm(Module):
 class RMSNorm(Module):
     """x / sqrt(mean(x^2) + eps) over the last axis, times a per-feature scale (no centring, no bias)."""
 
+    @classmethod
+    def export_examples(cls):
+        return {"rms_norm": (cls(), (8, 8, 4), "normal")}
+
     def __init__(self, eps: float = 1e-6):
         self.eps = eps
 
@@ -97,6 +105,10 @@ class RMSNorm(Module):
 
 class GroupNorm(Module):
     """Splits the channels (last axis) into groups; normalises each sample's group over all its positions."""
+
+    @classmethod
+    def export_examples(cls):
+        return {"group_norm": (cls(2), (8, 8, 4), "normal")}
 
     def __init__(self, num_groups: int = 32, eps: float = 1e-5):
         self.num_groups = num_groups
@@ -124,6 +136,10 @@ class BatchNorm(Module):
     momentum * old + (1 - momentum) * batch (Flax's convention; PyTorch's momentum is 1 minus this).
     train=False uses the running statistics and returns the state unchanged.
     """
+
+    @classmethod
+    def export_examples(cls):
+        return {"batch_norm_eval": (cls(), (8, 8, 4), "normal")}
 
     def __init__(self, momentum: float = 0.9, eps: float = 1e-5):
         self.momentum = momentum

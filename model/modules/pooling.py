@@ -45,6 +45,19 @@ def _pool(x, reduce, fill, kernel, stride, pads):
 class MaxPool2d(Module):
     """Max over kh x kw windows; ``stride`` defaults to the kernel size. Padding never wins the max."""
 
+    @classmethod
+    def export_examples(cls):
+        from model.modules.activations import Activation
+        from model.modules.sequential import Sequential
+
+        image = (8, 8, 4)  # (H, W, C)
+        return {
+            "max_pool": (cls(2), image, "normal"),
+            "max_pool_odd": (cls(2), (7, 7, 4), "normal"),
+            "max_pool_k3s2_same": (cls(3, stride=2, padding="SAME"), image, "normal"),
+            "relu_max_pool": (Sequential([Activation("relu"), cls(2)]), image, "normal"),
+        }
+
     def __init__(self, kernel_size, stride=None, padding="VALID"):
         self.kernel_size = as_pair(kernel_size, "kernel_size")
         self.stride = self.kernel_size if stride is None else as_pair(stride, "stride")
@@ -62,6 +75,14 @@ class AvgPool2d(Module):
     With padding, the mean is over the input elements in each window only (``count_include_pad=False``, as
     TensorFlow's SAME average pooling); ``count_include_pad=True`` divides by kh * kw (flax's default).
     """
+
+    @classmethod
+    def export_examples(cls):
+        image = (8, 8, 4)  # (H, W, C)
+        return {
+            "avg_pool": (cls(2), image, "normal"),
+            "avg_pool_k3s2_same": (cls(3, stride=2, padding="SAME"), image, "normal"),
+        }
 
     def __init__(self, kernel_size, stride=None, padding="VALID", count_include_pad: bool = False):
         self.kernel_size = as_pair(kernel_size, "kernel_size")
@@ -91,6 +112,21 @@ def _pool1d(layer: Module, pool: Module, x):
 class MaxPool1d(Module):
     """Max over windows of ``kernel_size`` positions of (N, L, C) inputs; ``stride`` defaults to the kernel size.
     padding: "SAME" | "VALID" | int | (before, after); padding never wins the max."""
+
+    @classmethod
+    def export_examples(cls):
+        from model.modules.conv import Conv1d
+        from model.modules.embedding import PositionalEmbedding
+        from model.modules.sequential import Sequential
+
+        # sequences (B, L, C): the 1-D layers run as their 2-D forms over (B, L, 1, C)
+        return {
+            "conv1d_pool_positions": (
+                Sequential([PositionalEmbedding(12), Conv1d(6, 3), cls(2), AvgPool1d(3, stride=1, padding="SAME")]),
+                (10, 4),
+                "normal",
+            )
+        }
 
     def __init__(self, kernel_size: int, stride: int | None = None, padding="VALID"):
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
@@ -123,6 +159,14 @@ class AvgPool1d(Module):
 class GlobalAvgPool(Module):
     """Mean over every axis between the batch and the channels: (N, H, W, C) or (N, L, C) -> (N, C); with
     ``keepdims`` those axes stay, of size 1 ((N, 1, 1, C), (N, 1, C))."""
+
+    @classmethod
+    def export_examples(cls):
+        image = (8, 8, 4)  # (H, W, C)
+        return {
+            "global_avg_pool": (cls(), image, "normal"),
+            "global_avg_pool_keepdims": (cls(keepdims=True), image, "normal"),
+        }
 
     def __init__(self, keepdims: bool = False):
         self.keepdims = keepdims

@@ -11,6 +11,14 @@ from model.modules.module import Module, shape_of
 
 
 class Residual(Module):
+    @classmethod
+    def export_examples(cls):
+        from model.modules.activations import Activation
+        from model.modules.linear import Linear
+        from model.modules.sequential import Sequential
+
+        return {"residual": (cls(Sequential([Linear(5), Activation("gelu")])), (4, 5), "normal")}
+
     def __init__(self, body: Module, shortcut: Module | None = None):
         self.body = body
         self.shortcut = shortcut

@@ -35,6 +35,10 @@ class TransformerBlock(Module):
     both residual branches: a decoder block (``causal``) or, with ``causal=False``, an encoder block; ``key_mask``
     in the call marks padding no position attends to."""
 
+    @classmethod
+    def export_examples(cls):
+        return {"transformer_block": (cls(2, mlp_ratio=2, dropout=0.1), (6, 8), "normal")}
+
     def __init__(
         self,
         num_heads: int,
