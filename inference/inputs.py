@@ -92,12 +92,12 @@ def names_of(output_name: str | list[str]) -> list[str]:
 
 class Outputs:
     """The model's outputs as the exporters see them: one array (``single_name``), or a dict of named arrays, each
-    named by its key, in sorted order (as ``jax.tree`` flattens a dict); ``tasks``: each output's task."""
+    named by its key, in sorted order (as ``jax.tree`` flattens a dict); ``tasks``: each output's task. ``spec``:
+    the model's output (or its abstract value); None stands for one array."""
 
     def __init__(self, spec, task: str | dict, single_name: str):
         self.single = not isinstance(spec, dict)
         self.names = [single_name] if self.single else sorted(spec)
-        self.shapes = [spec.shape] if self.single else [spec[n].shape for n in self.names]
         self.tasks = {n: task if isinstance(task, str) else task.get(n, "other") for n in self.names}
 
     def flat(self, tree) -> list:
