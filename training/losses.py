@@ -10,8 +10,8 @@ the class axis, the last one, and take the mean over any axes in between, e.g. t
 Hyperparameters are keyword-only with defaults, so a config can set them by name:
 ``{"name": "cross_entropy", "args": {"label_smoothing": 0.1}}``.
 
-A loss may carry ``check_args(**hyperparameters)``: the config resolver calls it before any data exists, since a
-loss itself runs only once the step is traced.
+A loss may register a ``check=`` function (``@register("loss", check=...)``): the config resolver calls it with the
+hyperparameters before any data exists, since a loss itself runs only once the step is traced.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ from model.checks import check_range
 from model.modules.module import key_path_str
 from model.registry import register
 
-# What a config can name: "optimizer.name" takes OPTIMIZERS, "optimizer.transforms" TRANSFORMS. The building blocks
-# (trace, scale_by_adam, chain, ...) are for writing optimizers here, not for naming in a config: alone they would
-# step along the raw gradient.
+# What a config can name: the functions registered below (`@register("optimizer")`, `@register("transforms")`).
+# The building blocks (trace, scale_by_adam, chain, ...) are for writing optimizers here, not for naming in a config:
+# alone they would step along the raw gradient.
 
 Schedule = Callable[[jax.Array], jax.Array]
 Hyper = float | Schedule  # a hyperparameter: a constant or a schedule

@@ -4,13 +4,13 @@ On Linux with JAX's CPU backend:
 
 - ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, set before the process starts: every XLA:CPU call allocates its large
   temporaries afresh and glibc serves them with mmap, so each call faults in and zeroes tens of MB again;
-  transparent huge pages cut those faults ~20x. glibc reads the variable only at start-up, so ``apply()``, called
-  first thing in ``train.py``, re-executes the process once with it.
+  transparent huge pages cut those faults by an order of magnitude. glibc reads the variable only at start-up, so
+  ``apply()``, called first thing in ``train.py``, re-executes the process once with it.
 - XLA:CPU options per executable (``xla_options``), jaxlib 0.10 and 0.12: the training step keeps XLA's YNNPACK
   fusions for reductions only (its default also fuses matrix products and elementwise code and materialises broadcasts
-  and slices around them; with none, the column sums of bias gradients are ~20x slower). The evaluation step, where no
-  such sums arise, runs without them (the ConvNeXt sample's forward pass was 3.5x faster). The initialisation, which
-  runs once, is compiled without optimisation (1.0 s instead of 2.5 s for the sample).
+  and slices around them; with none, the column sums of bias gradients are far slower). The evaluation step, where no
+  such sums arise, runs without them (faster for the ConvNeXt sample's forward pass). The initialisation, which
+  runs once, is compiled without optimisation. Figures: benchmarks/README.md.
 
 Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names another platform first, or a GPU/TPU
 plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` themselves, or with
@@ -45,7 +45,7 @@ XLA_CPU_OPTIONS = {
         "init": {"xla_backend_optimization_level": 0},
     }  # runs once: compiles in 1.0 s instead of 2.5 s
 }
-# Re-measured on jaxlib 0.12 (benchmarks/README.md): still faster for mnist_cnn and the ResNet, neutral elsewhere.
+# jaxlib 0.12 keeps 0.10's options: benchmarks/README.md has the measurement that decided it.
 XLA_CPU_OPTIONS["0.12"] = XLA_CPU_OPTIONS["0.10"]
 
 # Wall-clock start of the command, carried across the re-execution: start-up time is measured from here.

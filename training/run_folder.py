@@ -1,9 +1,10 @@
 """A run folder's bookkeeping: created atomically, held by one training process at a time, reconciled on resume.
 
-The end of an epoch is committed in one order (``Trainer.commit``): ``checkpoint-latest.params`` first (its header
-carries the epoch's metrics row and where the best epoch is), then what derives from it (``model_best.params``,
-``checkpoint-epoch_N.params``, the row in ``metrics.jsonl``). A process killed at any moment leaves the latest
-checkpoint readable and everything else either done or re-derivable, and ``reconcile`` re-derives it on resume.
+The end of an epoch is committed in one order (``Checkpoints.commit_epoch`` in training/commit.py):
+``checkpoint-latest.params`` first (its header carries the epoch's metrics row and where the best epoch is), then
+what derives from it (``model_best.params``, ``checkpoint-epoch_N.params``, the row in ``metrics.jsonl``). A process
+killed at any moment leaves the latest checkpoint readable and everything else either done or re-derivable, and
+``reconcile`` re-derives it on resume.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the trainer reads of a config, typed: the ``"trainer"`` section (validated and given its defaults by
-``utils.validate``, which holds the one table of defaults) and the seed."""
+``utils.validate``; the defaults are training/config_schema.py's ``TRAINER_DEFAULTS``) and the seed."""
 
 from __future__ import annotations
 

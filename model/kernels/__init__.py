@@ -5,7 +5,7 @@ backend some of that math compiles to slow code, inside ``lax.scan`` bodies abov
 the same values and gradients another way:
 
 - ``conv.py``: a convolution whose backward pass is written out in canonical NHWC/HWIO form (plain autodiff emits
-  backward convolutions that XLA:CPU does not put on its fast path: a small CNN's step ran 15-30x slower), with a
+  backward convolutions that XLA:CPU does not put on its fast path: a small CNN's step ran many times slower), with a
   shifted-slice path for one-input-channel first layers and per-tap matrix products for narrow weight gradients;
 - ``depthwise.py``: stride-1 depthwise convolutions as sums of shifted slices (XLA:CPU has no fast grouped
   convolution).

@@ -2,8 +2,8 @@
 
 Plain autodiff emits backward convolutions with transposed dimension numbers and reversed windows; inside
 ``lax.scan`` or ``while`` bodies XLA:CPU does not canonicalise those to its fast convolution path, and a small CNN's
-training step runs 15-30x slower. Writing the backward in canonical NHWC/HWIO form, with
-``lax.optimization_barrier`` so the transposes cannot be folded back into the convolution, keeps full speed.
+training step runs many times slower (figures: benchmarks/README.md). Writing the backward in canonical NHWC/HWIO
+form, with ``lax.optimization_barrier`` so the transposes cannot be folded back into the convolution, keeps full speed.
 
 Two narrower paths, each chosen by a predicate the benchmarks can switch off (``is_single_channel``,
 ``is_tap_weight_grad``): a convolution with one input channel (a grayscale image's first layer, stride 1) is trained
@@ -144,8 +144,8 @@ def _conv_bwd(strides, pads, lhs_dilation, rhs_dilation, groups, residuals, g):
         return dx.astype(x.dtype), dw.reshape(kh, kw, cin, cout).astype(w.dtype)
     # dw: input channels become the batch and the batch the contracted feature axis.
     if groups > 1 and cg == og == 1:
-        # Plain depthwise: a batch-grouped convolution, ~6x faster here on XLA:CPU than the form below. Elsewhere
-        # (multipliers, wider groups) XLA:CPU's batch-grouped convolutions measured up to 50x slower.
+        # Plain depthwise: a batch-grouped convolution, faster here on XLA:CPU than the form below. Elsewhere
+        # (multipliers, wider groups) XLA:CPU's batch-grouped convolutions measured far slower.
         x_t, g_t, feature_groups, batch_groups = x.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3), 1, groups
     else:
         # Each group's N batch entries form one feature group: an ordinary grouped convolution.

@@ -34,7 +34,7 @@ def _materialized(y):
 
     Without it XLA:CPU copies a kh * kw-term sum into each consumer (recomputing it per layer-norm statistic),
     and its library fusions absorb the sum slice by slice, writing every shifted slice to memory: the ConvNeXt
-    sample's step was ~3x slower either way. A rounding to the array's own precision is neither duplicated nor
+    sample's step was slower either way. A rounding to the array's own precision is neither duplicated nor
     absorbed.
     """
     info = jnp.finfo(y.dtype)

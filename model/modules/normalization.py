@@ -32,7 +32,7 @@ def normalize(x, axes: tuple, eps: float):
 
     Its derivative is written out: dy = (dx - mean(dx) - y * mean(dx * y)) / sqrt(var + eps), which transposes to
     a backward pass of two reductions and one elementwise loop. Differentiating the two-pass variance instead gave
-    XLA:CPU more passes over the activations: batch norm's forward and backward 1.3-1.6x slower measured alone.
+    XLA:CPU more passes over the activations: batch norm's forward and backward slower, measured alone.
     A JVP rule (not a VJP) keeps forward-mode differentiation."""
     mean, var = _mean_var(x, axes)
     return (x - mean) * jax.lax.rsqrt(var + eps), mean, var
