@@ -1,0 +1,162 @@
+"""Every sample and the peer benchmarks in one command, for the day an accelerator is there: writes a markdown table
+(sample or benchmark, device, throughput, ratio to its peer, MFU) for benchmarks/README.md and prints it.
+
+    python benchmarks/accelerator_run.py                          # samples for 50 batches, GPT-2 small, the peers
+    python benchmarks/accelerator_run.py --nanogpt ~/src/nanoGPT  # add nanoGPT's model.py as the language model's peer
+    python benchmarks/accelerator_run.py --full                   # each sample's whole configured run
+    python benchmarks/accelerator_run.py --smoke                  # on the CPU in seconds: tiny runs, no peers
+
+Rows:
+  each sample config (config.json, configs/*.json): `train.py` with at most --limit-batches batches per epoch of
+      each split, over the config's epochs (a schedule's warm-up may be counted in them; --full: the whole run),
+      in a fresh process; examples/s and MFU are the last epoch's row of its metrics.jsonl, as the `Trainer` logs
+      them (MFU against training/peaks.py's table; "unknown" where the device is not in it, as on a CPU)
+  gpt2-small: the language-model sample at GPT-2 small's size (12 layers x 768, 12 heads, context 1024, batch 12:
+      the shapes of nanoGPT's bench.py), computing in bfloat16 (`trainer.precision`)
+  lm_benchmark / train_benchmark (not with --smoke): the template against nanoGPT (with --nanogpt) and ResNet-20
+      against PyTorch eager, one round each, through those scripts (read their docstrings for what each variant is)
+A sample whose data cannot be had (CIFAR-10 downloads it) gets its error as the row, and the rest still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+LM_SAMPLE = REPO / "configs" / "shakespeare_char.json"
+# (layers, width, heads, context, batch): GPT-2 small as nanoGPT's bench.py trains it; --smoke: a toy of the same code
+GPT2_SMALL = (12, 768, 12, 1024, 12)
+GPT2_TOY = (1, 32, 2, 32, 4)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit-batches", type=int, default=50, help="at most N batches per epoch and split")
+    parser.add_argument("--full", action="store_true", help="each sample's whole configured run instead")
+    parser.add_argument("--smoke", action="store_true", help="CPU check: 3 batches, a toy GPT-2, no peer benchmarks")
+    parser.add_argument("--nanogpt", help="a checkout of nanoGPT, for lm_benchmark's nanogpt variant")
+    parser.add_argument("--out", default="accelerator_run.md", help="where the table goes (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def sample_configs() -> list[Path]:
+    return [REPO / "config.json", *sorted((REPO / "configs").glob("*.json"))]
+
+
+def gpt2_overrides(smoke: bool) -> list[str]:
+    depth, dim, heads, context, batch = GPT2_TOY if smoke else GPT2_SMALL
+    return [
+        f"model.args.depth={depth}",
+        f"model.args.dim={dim}",
+        f"model.args.num_heads={heads}",
+        f"model.args.context={context}",
+        f"data_loader.train.args.context={context}",
+        f"data_loader.train.args.batch_size={batch}",
+        f"data_loader.validation.args.context={context}",
+        'trainer.precision={"compute": "bfloat16"}',
+    ]
+
+
+def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
+    """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
+    from training.plots import read_metrics
+
+    command = [sys.executable, str(REPO / "train.py"), "-c", str(config), "--run-id", name]
+    command += ["--set", f"trainer.save_dir={json.dumps(str(save_dir))}"] + [a for o in overrides for a in ("--set", o)]
+    if limit is not None:
+        command += ["--limit-batches", str(limit)]
+    print(f"{name}: {' '.join(command[1:])}", flush=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        return {"error": lines[-1]}
+    (metrics,) = save_dir.glob(f"*/{name}/metrics.jsonl")
+    row = read_metrics(metrics)[-1]
+    from utils import load_config
+
+    context = load_config(config, overrides)["model"]["args"].get("context")
+    return {
+        "examples_per_s": row["time/examples_per_s"],
+        "unit": "tokens/s" if context else "examples/s",
+        "rate": row["time/examples_per_s"] * (context or 1),
+        "mfu": row.get("time/mfu", "unknown"),
+    }
+
+
+def peer(script: str, flags: list[str], template: str, other: str, rate_key: str, out: Path) -> dict:
+    """One round of a peer benchmark: the template's median rate and its ratio to `other` (None when skipped)."""
+    command = [sys.executable, str(REPO / "benchmarks" / script), "--rounds", "1", "--out", str(out), *flags]
+    print(" ".join(command[1:]), flush=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+    results = json.loads(out.read_text())["results"]
+    results = results.get("cifar_resnet", results)  # train_benchmark nests by model
+    rate = results[template][0][rate_key]
+    ratio = rate / results[other][0][rate_key] if results.get(other) else None
+    return {"rate": rate, "unit": rate_key.replace("_per_s", "/s"), "ratio": ratio, "mfu": "unknown"}
+
+
+def cell(value, form: str) -> str:
+    return format(value, form) if isinstance(value, (int, float)) else str(value)
+
+
+def table(rows: dict[str, dict], device: str) -> str:
+    lines = ["| run | device | throughput | template / peer | MFU |", "| --- | --- | --- | --- | --- |"]
+    for name, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {name} | {device} | failed: {r['error']} | - | - |")
+            continue
+        ratio = cell(r.get("ratio"), ".2f") if r.get("ratio") is not None else "-"
+        lines.append(f"| {name} | {device} | {r['rate']:,.0f} {r['unit']} | {ratio} | {cell(r['mfu'], '.1%')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import jax
+
+    device = jax.devices()[0].device_kind
+    limit = 3 if args.smoke else None if args.full else args.limit_batches
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="accelerator-run-") as tmp:
+        for config in sample_configs():
+            name = config.stem if config.parent.name == "configs" else "config"
+            rows[name] = train(name, config, [], limit, Path(tmp))
+        rows["gpt2-small" + (" (toy)" if args.smoke else "")] = train(
+            "gpt2-small", LM_SAMPLE, gpt2_overrides(args.smoke), limit or args.limit_batches, Path(tmp)
+        )
+        if not args.smoke:
+            lm = (
+                ["--variants", "template,nanogpt", "--nanogpt", args.nanogpt]
+                if args.nanogpt
+                else ["--variants", "template"]
+            )
+            rows["lm_benchmark vs nanoGPT"] = peer(
+                "lm_benchmark.py", lm, "template", "nanogpt", "tokens_per_s", Path(tmp) / "lm.json"
+            )
+            rows["ResNet-20 vs PyTorch"] = peer(
+                "train_benchmark.py",
+                ["--models", "cifar_resnet", "--variants", "template,torch"],
+                "template",
+                "torch",
+                "images_per_s",
+                Path(tmp) / "train.json",
+            )
+    text = f"{device}, jax {jax.__version__}, {len(jax.devices())} device(s)\n\n{table(rows, device)}\n"
+    from training.files import write_atomic
+
+    write_atomic(Path(args.out), text.encode())
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
