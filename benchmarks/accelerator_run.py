@@ -13,8 +13,10 @@ Rows:
       them (MFU against training/peaks.py's table; "unknown" where the device is not in it, as on a CPU)
   gpt2-small: the language-model sample at GPT-2 small's size (12 layers x 768, 12 heads, context 1024, batch 12:
       the shapes of nanoGPT's bench.py), computing in bfloat16 (`trainer.precision`)
-  lm_benchmark / train_benchmark (not with --smoke): the template against nanoGPT (with --nanogpt) and ResNet-20
-      against PyTorch eager, one round each, through those scripts (read their docstrings for what each variant is)
+  lm_benchmark / train_benchmark (not with --smoke), one round each, through those scripts (their docstrings say
+      what each variant is): the language-model sample and gpt2-small against nanoGPT under torch.compile (with
+      --nanogpt; gpt2-small against its bfloat16 autocast) and ResNet-20 against PyTorch eager (with torch
+      installed); "template / peer" is their ratio, and a skipped peer leaves it "-"
 A sample whose data cannot be had (CIFAR-10 downloads it) gets its error as the row, and the rest still run.
 """
 
@@ -134,14 +136,21 @@ def main(argv=None) -> int:
             "gpt2-small", LM_SAMPLE, gpt2_overrides(args.smoke), limit or args.limit_batches, Path(tmp)
         )
         if not args.smoke:
-            lm = (
-                ["--variants", "template,nanogpt", "--nanogpt", args.nanogpt]
-                if args.nanogpt
-                else ["--variants", "template"]
-            )
-            rows["lm_benchmark vs nanoGPT"] = peer(
-                "lm_benchmark.py", lm, "template", "nanogpt", "tokens_per_s", Path(tmp) / "lm.json"
-            )
+            # nanoGPT as its train.py runs by default: compiled, and in bfloat16 where the template computes in it
+            nanogpt = ["--nanogpt", args.nanogpt, "--compile"] if args.nanogpt else []
+            for name, sets, peer_variant in [
+                ("shakespeare_char", [], "nanogpt"),
+                ("gpt2-small", gpt2_overrides(False), "nanogpt-bf16"),
+            ]:
+                variants = "template," + peer_variant if args.nanogpt else "template"
+                rows[f"lm_benchmark {name} vs nanoGPT"] = peer(
+                    "lm_benchmark.py",
+                    ["--variants", variants, *nanogpt, *[a for o in sets for a in ("--set", o)]],
+                    "template",
+                    peer_variant,
+                    "tokens_per_s",
+                    Path(tmp) / f"{name}.json",
+                )
             rows["ResNet-20 vs PyTorch"] = peer(
                 "train_benchmark.py",
                 ["--models", "cifar_resnet", "--variants", "template,torch"],

@@ -5,6 +5,7 @@ nanoGPT's own PyTorch code on its CPU recipe (4 layers x 4 heads x 128, context 
     python benchmarks/lm_benchmark.py                                  # 3 rounds of 200 steps per variant
     python benchmarks/lm_benchmark.py --nanogpt ~/src/nanoGPT          # add nanoGPT's model.py (PyTorch eager)
     python benchmarks/lm_benchmark.py --variants template,fused --steps 500 --rounds 5
+    python benchmarks/lm_benchmark.py --set model.args.depth=8 ...    # another size (the same for every variant)
 
 Variants (each in a fresh process, interleaved round by round; medians over rounds):
   template  the real path: `Trainer` with K steps per call ("auto"), the text `DataLoader` with its prefetch thread,
@@ -14,7 +15,8 @@ Variants (each in a fresh process, interleaved round by round; medians over roun
   autodiff-norm  template with layer norm differentiated through its two-pass variance, not by the written-out
             derivative of `model/modules/normalization.py`
   nanogpt   nanoGPT's `GPT` and `configure_optimizers` (from --nanogpt DIR, a checkout of nanoGPT; needs torch),
-            eager PyTorch on the CPU with all cores, its train.py's step (forward, backward, clip 1.0, AdamW)
+            eager PyTorch (--compile: torch.compile) on the GPU if CUDA is there, else the CPU with all cores, its
+            train.py's step (forward, backward, clip 1.0, AdamW)
   bf16      template computing in bfloat16 (`trainer.precision`; float32 parameters), for CPUs with native
             bfloat16 (avx512_bf16, AMX): compare it with nanogpt-bf16, not with the float32 rows
   nanogpt-bf16  nanogpt with its forward pass and loss under CPU autocast to bfloat16, as its train.py's
@@ -50,6 +52,7 @@ from benchmarks.train_benchmark import (  # noqa: E402
 )
 
 CONFIG = REPO / "configs" / "shakespeare_char.json"
+OVERRIDES: list[str] = []  # --set, for every variant's config (main sets it in each process)
 VARIANTS = ["template", "fused", "flax", "nanogpt"]
 NANOGPT = ("nanogpt", "nanogpt-bf16")  # the variants that need --nanogpt and PyTorch
 
@@ -60,6 +63,15 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200, help="training steps per timed run")
     parser.add_argument("--nanogpt", help="a checkout of nanoGPT (its model.py is imported for the nanogpt variant)")
+    parser.add_argument("--compile", action="store_true", help="nanogpt under torch.compile (its train.py's default)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override the sample config for every variant (another model size; VALUE is JSON)",
+    )
     parser.add_argument("--out", help="also write the raw results here (JSON)")
     parser.add_argument("--child", metavar="VARIANT", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -69,7 +81,7 @@ def bench_config() -> dict:
     from utils import load_config
 
     # the warm-up in epochs: a timed run of any length still fits it (the values do not change the work)
-    config = load_config(CONFIG, ['optimizer.schedule.args.warmup_steps={"epochs": 0.05}'])
+    config = load_config(CONFIG, ['optimizer.schedule.args.warmup_steps={"epochs": 0.05}', *OVERRIDES])
     config["trainer"]["monitor"] = "off"
     return config
 
@@ -235,9 +247,9 @@ def flax_run(steps: int) -> dict:
     }
 
 
-def nanogpt_run(steps: int, folder: str, bf16: bool = False) -> dict:
-    """nanoGPT's model and optimizer as its train.py uses them on the CPU (no torch.compile; float32, or its
-    forward pass under autocast to bfloat16 with ``bf16``)."""
+def nanogpt_run(steps: int, folder: str, bf16: bool = False, compiled: bool = False) -> dict:
+    """nanoGPT's model and optimizer as its train.py uses them, on the GPU where CUDA is there, else the CPU (under
+    torch.compile with --compile; float32, or its forward pass under autocast to bfloat16 with ``bf16``)."""
     import contextlib
     import importlib.util
 
@@ -252,6 +264,7 @@ def nanogpt_run(steps: int, folder: str, bf16: bool = False) -> dict:
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     config = bench_config()
     args = config["model"]["args"]
     loader = train_loader(config, steps)
@@ -265,12 +278,14 @@ def nanogpt_run(steps: int, folder: str, bf16: bool = False) -> dict:
             dropout=0.0,
             bias=False,
         )
-    )
-    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    ).to(device)
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), device)
+    if compiled:
+        model = torch.compile(model)
 
     def step(batch):
-        x, y = (torch.from_numpy(np.asarray(batch[k], np.int64)) for k in ("input", "target"))
-        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        x, y = (torch.from_numpy(np.asarray(batch[k], np.int64)).to(device) for k in ("input", "target"))
+        with torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -309,11 +324,13 @@ def measure(variant: str, args) -> dict:
     command = [sys.executable, __file__, "--child", variant, "--steps", str(args.steps)]
     if args.nanogpt:
         command += ["--nanogpt", args.nanogpt]
+    command += ["--compile"] * args.compile + [a for o in args.overrides for a in ("--set", o)]
     return run_child(command, child_env(variant), variant)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    OVERRIDES[:] = args.overrides
     if args.child:
         runs = {
             "template": template_run,
@@ -324,7 +341,7 @@ def main(argv=None) -> int:
             "bf16": lambda steps: template_run(steps, "bfloat16"),
         }
         if args.child in NANOGPT:
-            result = nanogpt_run(args.steps, args.nanogpt, bf16=args.child == "nanogpt-bf16")
+            result = nanogpt_run(args.steps, args.nanogpt, bf16=args.child == "nanogpt-bf16", compiled=args.compile)
         else:
             result = runs[args.child](args.steps)
         print(json.dumps(result), flush=True)
