@@ -92,8 +92,11 @@ def train(name: str, config: Path, overrides: list[str], limit: int | None, save
     }
 
 
-def peer(script: str, flags: list[str], template: str, other: str, rate_key: str, out: Path) -> dict:
-    """One round of a peer benchmark: the template's median rate and its ratio to `other` (None when skipped)."""
+def peer(
+    script: str, flags: list[str], template: str, other: str, rate_key: str, out: Path, compute: str = "float32"
+) -> dict:
+    """One round of a peer benchmark: the template's rate, its ratio to `other` (None when skipped) and its MFU (XLA's
+    FLOP count per example or token over training/peaks.py's peak of the devices for `compute`)."""
     command = [sys.executable, str(REPO / "benchmarks" / script), "--rounds", "1", "--out", str(out), *flags]
     print(" ".join(command[1:]), flush=True)
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -101,9 +104,17 @@ def peer(script: str, flags: list[str], template: str, other: str, rate_key: str
         return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
     results = json.loads(out.read_text())["results"]
     results = results.get("cifar_resnet", results)  # train_benchmark nests by model
-    rate = results[template][0][rate_key]
-    ratio = rate / results[other][0][rate_key] if results.get(other) else None
-    return {"rate": rate, "unit": rate_key.replace("_per_s", "/s"), "ratio": ratio, "mfu": "unknown"}
+    import jax
+
+    from training import peaks
+
+    run = results[template][0]
+    flops = run.get("flop_per_token") or 1e6 * run.get("mflop_per_example", 0) or None
+    peak = peaks.peak_flops(jax.devices()[0].device_kind, compute)
+    # the template's Trainer trains on every device, as train.py does
+    _, mfu = peaks.utilization(flops, run[rate_key], peak, jax.device_count())
+    ratio = run[rate_key] / results[other][0][rate_key] if results.get(other) else None
+    return {"rate": run[rate_key], "unit": rate_key.replace("_per_s", "/s"), "ratio": ratio, "mfu": mfu}
 
 
 def cell(value, form: str) -> str:
@@ -150,6 +161,7 @@ def main(argv=None) -> int:
                     peer_variant,
                     "tokens_per_s",
                     Path(tmp) / f"{name}.json",
+                    "bfloat16" if sets else "float32",
                 )
             rows["ResNet-20 vs PyTorch"] = peer(
                 "train_benchmark.py",
