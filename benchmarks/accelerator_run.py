@@ -45,7 +45,10 @@ def parse_args(argv=None):
     parser.add_argument("--smoke", action="store_true", help="CPU check: 3 batches, a toy GPT-2, no peer benchmarks")
     parser.add_argument("--nanogpt", help="a checkout of nanoGPT, for lm_benchmark's nanogpt variant")
     parser.add_argument("--out", default="accelerator_run.md", help="where the table goes (default: %(default)s)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.limit_batches < 1:
+        parser.error(f"--limit-batches: expected a positive number of batches, got {args.limit_batches}")
+    return args
 
 
 def sample_configs() -> list[Path]:
