@@ -137,6 +137,10 @@ def table(rows: dict[str, dict], device: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():  # said before minutes of training, not after
+        print(f"error: --out {out}: expected a file in an existing folder", file=sys.stderr)
+        return 2
     import jax
 
     device = jax.devices()[0].device_kind
