@@ -68,12 +68,9 @@ def mnist_convnext(
     return Sequential(layers)
 
 
-@register("model", example=({"channels": (4, 8), "hidden": 16, "dropout": 0.1}, (28, 28, 1), "normal"))
-def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 128, dropout: float = 0.0) -> Module:
-    """The classic CNN: [conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, then a hidden dense layer."""
-    check_size(num_classes, "num_classes")
-    check_sizes(channels, "channels")
-    check_size(hidden, "hidden")
+def cnn_body(channels: tuple, hidden: int) -> dict:
+    """The layers mnist_cnn and mnist_multitask share, by name: [conv3x3 -> ReLU -> 2x2 max pool] per entry of
+    `channels`, then a hidden dense layer and its ReLU."""
     layers = {}
     for i, c in enumerate(channels):
         layers[f"conv{i}"] = Conv2d(c, 3)
@@ -82,6 +79,16 @@ def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 1
     layers["flatten"] = Flatten()
     layers["fc"] = Linear(hidden)
     layers["relu"] = Activation("relu")
+    return layers
+
+
+@register("model", example=({"channels": (4, 8), "hidden": 16, "dropout": 0.1}, (28, 28, 1), "normal"))
+def mnist_cnn(num_classes: int = 10, channels: tuple = (32, 64), hidden: int = 128, dropout: float = 0.0) -> Module:
+    """The classic CNN: [conv3x3 -> ReLU -> 2x2 max pool] per entry of `channels`, then a hidden dense layer."""
+    check_size(num_classes, "num_classes")
+    check_sizes(channels, "channels")
+    check_size(hidden, "hidden")
+    layers = cnn_body(channels, hidden)
     if dropout:
         layers["dropout"] = Dropout(dropout)
     layers["head"] = Linear(num_classes)
@@ -96,14 +103,7 @@ def mnist_multitask(num_classes: int = 10, channels: tuple = (16, 32), hidden: i
     check_size(num_classes, "num_classes")
     check_sizes(channels, "channels")
     check_size(hidden, "hidden")
-    layers = {}
-    for i, c in enumerate(channels):
-        layers[f"conv{i}"] = Conv2d(c, 3)
-        layers[f"relu{i}"] = Activation("relu")
-        layers[f"pool{i}"] = MaxPool2d(2)
-    layers["flatten"] = Flatten()
-    layers["fc"] = Linear(hidden)
-    layers["relu"] = Activation("relu")
+    layers = cnn_body(channels, hidden)
     layers["heads"] = Heads({"digit": Linear(num_classes), "ink": Linear(1)})
     return Sequential(layers)
 
