@@ -284,15 +284,19 @@ def write_run_files(run_dir: Path, config: dict, run: Run, new: bool = True) -> 
     import json
     import shutil
 
-    from training.files import CONFIG, PREPROCESSING, write_atomic
+    from training.files import CONFIG, PREPROCESSING, replace_folder, temporary_folder, write_atomic
 
     if new:
-        shutil.copytree(
-            Path(__file__).parent / "model",
-            run_dir / "model",
-            ignore=shutil.ignore_patterns("__pycache__"),
-            dirs_exist_ok=True,
-        )
+        # copied into a folder made here, then swapped in: a folder named model/ in a run folder from elsewhere
+        # (a requeued -r auto run) may hold links, and copying over them would write through them
+        building = temporary_folder(run_dir / "model")
+        try:
+            code = Path(__file__).parent / "model"
+            shutil.copytree(code, building, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+            replace_folder(building, run_dir / "model")
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
     write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
     preprocessing = run_preprocessing(run)
     if preprocessing:

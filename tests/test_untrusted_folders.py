@@ -137,6 +137,24 @@ def test_resume_refuses_a_link_planted_in_the_run_folder(trained, tmp_path, name
 
 
 @pytest.mark.slow
+def test_a_requeued_run_copies_its_model_code_over_links_never_through_them(tmp_path, data_dir):
+    """-r auto in a named run folder that holds no checkpoint yet (its first attempt died early) writes a new run's
+    model/ copy there: a link planted inside model/ is replaced, never written through."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    model = tmp_path / "saved" / "tiny" / "q" / "model"
+    model.mkdir(parents=True)
+    target = victim(tmp_path)
+    (model / "model.py").symlink_to(target)
+    result = run("train.py", "-c", config, "-r", "auto", "--run-id", "q")
+    assert result.returncode == 0, result.stderr
+    assert target.read_bytes() == VICTIM_BYTES
+    assert (
+        not (model / "model.py").is_symlink()
+        and (model / "model.py").read_text() == (ROOT / "model" / "model.py").read_text()
+    )
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["per_class.csv", "confusion_matrix.png"])
 def test_test_py_refuses_a_link_planted_where_it_writes(trained, tmp_path, name):
     copy = shared_copy(trained, tmp_path)
