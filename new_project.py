@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from training.files import remove_stale_folders, temporary_folder
+from training.files.writes import remove_stale_folders, temporary_folder
 
 TEMPLATE = Path(__file__).resolve().parent
 
@@ -41,17 +41,21 @@ class Sample(NamedTuple):
 SAMPLES = {
     "mnist": Sample("config.json", ("mnist",), ()),
     "shakespeare_char": Sample(
-        "configs/shakespeare_char.json", ("tinyshakespeare",), ("tests/test_samples_language_model.py",)
+        "configs/shakespeare_char.json", ("tinyshakespeare",), ("tests/end_to_end/test_samples_language_model.py",)
     ),
     "tabular_regression": Sample(
-        "configs/tabular_regression.json", ("regression",), ("tests/test_samples_regression_segmentation.py",)
+        "configs/tabular_regression.json",
+        ("regression",),
+        ("tests/end_to_end/test_samples_regression_segmentation.py",),
     ),
     "mnist_segmentation": Sample(
-        "configs/mnist_segmentation.json", ("mnist",), ("tests/test_samples_regression_segmentation.py",)
+        "configs/mnist_segmentation.json", ("mnist",), ("tests/end_to_end/test_samples_regression_segmentation.py",)
     ),
     # CIFAR-10 is downloaded on first use (download: true), never shipped
-    "cifar10_resnet": Sample("configs/cifar10_resnet.json", (), ("tests/test_samples_cifar.py",)),
-    "mnist_multitask": Sample("configs/mnist_multitask.json", ("mnist",), ("tests/test_samples_multitask.py",)),
+    "cifar10_resnet": Sample("configs/cifar10_resnet.json", (), ("tests/end_to_end/test_samples_cifar.py",)),
+    "mnist_multitask": Sample(
+        "configs/mnist_multitask.json", ("mnist",), ("tests/end_to_end/test_samples_multitask.py",)
+    ),
 }
 
 # Never copied, wherever they are: repositories, environments, caches, tracker output.
@@ -69,7 +73,7 @@ SKIP_ANYWHERE = {
 }
 # The template's own measurements and tooling, outputs of runs, and what this script writes itself.
 SKIP_TOP = {"benchmarks", "saved", "exports", "configs", "data", "config.json", "README.md", "new_project.py"}
-SKIP_FILES = {"tests/test_new_project.py", *(test for sample in SAMPLES.values() for test in sample.tests)}
+SKIP_FILES = {"tests/end_to_end/test_new_project.py", *(test for sample in SAMPLES.values() for test in sample.tests)}
 TEXT_SUFFIXES = {".py", ".md", ".json", ".txt", ".ini", ".cfg", ".toml", ".yaml", ".yml", ""}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
@@ -82,14 +86,17 @@ def is_notes(name: str) -> bool:
     return Path(name).stem.lower() in ("notes", "note")
 
 
-def skipped(relative: Path, is_dir: bool) -> bool:
+def skipped(relative: Path, is_dir: bool, template: Path = TEMPLATE) -> bool:
     parts = relative.parts
     if parts[-1] in SKIP_ANYWHERE or parts[-1].endswith((".pyc", ".egg-info")):
         return True
     if len(parts) == 1:
         return parts[0] in SKIP_TOP or is_notes(parts[0])
-    # inference/<name>/ folders are exports, not code
-    return relative.as_posix() in SKIP_FILES or (is_dir and parts[0] == "inference" and len(parts) == 2)
+    # inference/<name>/ folders without an __init__.py are exports (an older default place for them), not code
+    export = (
+        is_dir and parts[0] == "inference" and len(parts) == 2 and not (template / relative / "__init__.py").exists()
+    )
+    return relative.as_posix() in SKIP_FILES or export
 
 
 def left_out_packages(template: Path) -> set[str]:
@@ -101,10 +108,10 @@ def copy_library(template: Path, target: Path) -> None:
     packages = left_out_packages(template)
     for folder, dirs, files in os.walk(template):
         here = Path(folder).relative_to(template)
-        dirs[:] = sorted(d for d in dirs if not skipped(here / d, True))
+        dirs[:] = sorted(d for d in dirs if not skipped(here / d, True, template))
         (target / here).mkdir(exist_ok=True)
         for name in sorted(files):
-            if skipped(here / name, False):
+            if skipped(here / name, False, template):
                 continue
             if here.parts[:1] == ("tests",) and name.endswith(".py"):  # without the tests of what stays behind
                 source = drop_tests((Path(folder) / name).read_text(), [], packages)
@@ -490,6 +497,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from training.cli import command  # standard library only, like this file
+    from training.run.cli import command  # standard library only, like this file
 
     sys.exit(command(main))

@@ -13,9 +13,10 @@ import math
 import sys
 
 from inference.predict import read_preprocessing
-from training.cli import add_run, command
-from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
-from training.run_location import check_config_writes
+from training.files.writes import CONFIG, PREPROCESSING
+from training.run.checkpoint import check_checkpoint_file
+from training.run.cli import add_run, command
+from training.run.location import check_config_writes
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config, load_run
 
 
@@ -32,7 +33,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from training.checkpoint import of_run
+    from training.run.checkpoint import of_run
 
     checkpoint_path = of_run(args.run)
     run_dir = checkpoint_path.parent
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     import jax
 
     from model.generate import Generator
-    from training import checkpoint
+    from training.run import checkpoint
 
     context = spec.shape[1]
     try:

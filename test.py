@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from training.cli import add_run, command
-from training.files import CONFIG, UnsafeFile, check_checkpoint_file, refuse_unsafe, write_atomic
-from training.run_location import check_config_writes
+from training.files.writes import CONFIG, UnsafeFile, refuse_unsafe, write_atomic
+from training.run.checkpoint import check_checkpoint_file
+from training.run.cli import add_run, command
+from training.run.location import check_config_writes
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config, load_run
 
 
@@ -59,8 +60,8 @@ def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from data_loader.augment import Prepared
-    from training.checkpoint import of_run
+    from data_loader.augment.pipeline import Prepared
+    from training.run.checkpoint import of_run
 
     checkpoint_path = of_run(args.run)
     config_path = Path(args.config) if args.config else checkpoint_path.parent / CONFIG
@@ -105,9 +106,9 @@ def main(argv=None) -> int:
 
     import jax
 
-    from training import checkpoint
-    from training.components import of_output
+    from training.config.components import of_output
     from training.metrics import accuracy, confusion_matrix, metric_results
+    from training.run import checkpoint
     from training.step import empty_stats, make_eval_step
     from training.tasks import output_preprocessing, output_tasks, task_of
 
@@ -222,7 +223,7 @@ def print_per_class(values, classes) -> None:
 
 def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     """The confusion matrix and the per-class table, printed and written."""
-    from training.plots import save_confusion_matrix
+    from training.plots.figures import save_confusion_matrix
 
     names = class_names(classes, len(matrix))
     # columns as wide as the counts (names cut to fit), rows and the table as wide as the longest name
@@ -255,7 +256,7 @@ def report_predictions(
     the first examples."""
     import jax
 
-    from training.plots import IMAGE_ROWS, MAX_PANELS, is_image, save_image_grid, save_predictions
+    from training.plots.figures import IMAGE_ROWS, MAX_PANELS, is_image, save_image_grid, save_predictions
     from training.step import model_kwargs, target_of
 
     pick = (lambda tree: tree) if output is None else (lambda tree: tree[output])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 if __name__ == "__main__":  # before anything imports JAX; may re-execute once (TRAIN_PLATFORM_DEFAULTS=0: off)
-    from training import platform
+    from training.devices import platform
 
     platform.apply()
 
@@ -15,10 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from training import debug_modes, distributed, platform, run_location, stop_signals
-from training.cli import command
-from training.files import CONFIG, LATEST, METRICS, check_checkpoint_file
-from training.trackers import start_trackers
+from training.devices import distributed, platform
+from training.files.writes import CONFIG, LATEST, METRICS
+from training.run import debug_modes, location, signals
+from training.run.checkpoint import check_checkpoint_file
+from training.run.cli import command
+from training.tracking.trackers import start_trackers
 from utils import (
     ArgumentParser,
     ConfigError,
@@ -99,16 +101,16 @@ def main(argv=None) -> int:
     data, checkpoint, a run folder in use or not writable, a new run diverging before its first checkpoint: nothing
     was written, or it was removed again), 130/143/138 stopped by
     SIGINT/SIGTERM/SIGUSR1 after saving the position (continue with -r)."""
-    with stop_signals.noted_until_safe_points():
+    with signals.noted_until_safe_points():
         try:
             return run(parse_args(argv))
-        except (Exception, KeyboardInterrupt, stop_signals.Interrupted) as error:
-            stop = stop_signals.signal_in(error)
+        except (Exception, KeyboardInterrupt, signals.Interrupted) as error:
+            stop = signals.signal_in(error)
             if stop is None:
                 distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
                 raise
             signum = getattr(stop, "signum", signal.SIGINT)
-            print(f"error: {stop_signals.stopped_at_start_up(signum)}", file=sys.stderr)
+            print(f"error: {signals.stopped_at_start_up(signum)}", file=sys.stderr)
             return 128 + signum
 
 
@@ -129,17 +131,17 @@ def run(args) -> int:
     try:
         config, resume_dir = resolve_config(args)
         if not resume_dir and not args.fast_dev_run:
-            run_location.check_not_linked(config)
+            location.check_not_linked(config)
         source = Path(args.config).name if args.config else CONFIG
         run = assemble(config, source)  # every component, and the optimizer's checks; no data yet
-        run_location.assign_wandb_id(config, resume_dir)
+        location.assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
     if args.fast_dev_run:  # a throw-away folder, no trackers: nothing of the check outlives it
         config["trainer"]["save_dir"] = tempfile.mkdtemp(prefix="fast-dev-run-")
         config["wandb"]["enabled"] = config["tensorboard"]["enabled"] = False
 
-    stop_signals.safe_point()
+    signals.safe_point()
     # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
     try:
         loaders = run.load_data()  # schedules count the steps of this data (debug modes below cut it, not them)
@@ -155,11 +157,11 @@ def run(args) -> int:
     except ValueError as error:  # a dataset whose batches the loop cannot take
         fail(f"{source}: data_loader: {error}")
 
-    stop_signals.safe_point()
+    signals.safe_point()
     import jax
 
-    from training import run_folder
-    from training.checkpoint import CheckpointError, remove_stale_temps
+    from training.run import folder as run_folder
+    from training.run.checkpoint import CheckpointError, remove_stale_temps
     from training.trainer import Stopped, Trainer, TrainingDiverged
 
     # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
@@ -183,7 +185,7 @@ def run(args) -> int:
     except (CheckpointError, ValueError, run_folder.RunFolderError) as error:
         stop_all(str(error))
 
-    stop_signals.safe_point()
+    signals.safe_point()
     # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
     existed = None  # a run folder this process made: the deepest part of its path that existed before (remove_new)
     try:
@@ -199,7 +201,7 @@ def run(args) -> int:
                 run_dir, Path(args.resume), trainer.resumed_header, config["trainer"]["save_period"]
             )
         else:
-            parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], run_location.run_id_of(config)
+            parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], location.run_id_of(config)
             existed = run_folder.first_existing(parent / run_id)  # what a failed start leaves as it was
             run_dir = run_folder.create(parent, run_id, exact=getattr(args, "exact_run_dir", False))
             if existed == run_dir:  # -r auto reusing the folder of an attempt that ended before its first checkpoint
@@ -252,7 +254,7 @@ def run(args) -> int:
     trainer.trackers = trackers
 
     # 5. Train. A stop signal from here on saves the position first.
-    stop_signals.stop_at_next_step(trainer)
+    signals.stop_at_next_step(trainer)
     status, discarded = 1, None
     try:
         jax.config.update("jax_debug_nans", args.detect_nans)
@@ -276,7 +278,7 @@ def run(args) -> int:
         log.error(str(error))
     except FloatingPointError as error:  # --detect-nans found the operation
         log.error(debug_modes.nan_report(error))
-    except (Stopped, KeyboardInterrupt, stop_signals.Interrupted) as stop:
+    except (Stopped, KeyboardInterrupt, signals.Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
         latest = run_dir / LATEST
@@ -309,12 +311,12 @@ def resolve_config(args) -> tuple[dict, Path | None]:
     if args.resume:
         resume = Path(args.resume)
         check_checkpoint_file(resume, "-r")
-        resume_dir = run_location.run_folder_of(resume)  # None: continued in a new run folder under save_dir
+        resume_dir = location.run_folder_of(resume)  # None: continued in a new run folder under save_dir
     if args.weights:
         check_checkpoint_file(Path(args.weights), "--weights")
     config_path = args.config or (resume_dir / CONFIG if resume_dir else None)
     if config_path is None:
-        raise ConfigError(run_location.no_config(args.resume))
+        raise ConfigError(location.no_config(args.resume))
     overrides = list(args.overrides)
     if args.lr is not None:
         overrides.append(f"optimizer.args.lr={args.lr}")
@@ -330,7 +332,7 @@ def resolve_config(args) -> tuple[dict, Path | None]:
             raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
     config = load_config(config_path, overrides, source=Path(config_path).name)
     if resume_dir and not args.config:  # the run folder's own config: where it may write is checked
-        run_location.check_config_writes(config, resume_dir)
+        location.check_config_writes(config, resume_dir)
     if args.exclude and not args.weights:
         raise ConfigError("--exclude applies to --weights (fine-tuning from another run's checkpoint)")
     if args.lr is not None and "schedule" in config["optimizer"]:
@@ -348,7 +350,7 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
         raise ConfigError("-r auto: give the config with -c (and the run's name with --run-id)")
     args.resume = None
     config, _ = resolve_config(args)
-    run_dir = run_location.named_run(config)
+    run_dir = location.named_run(config)
     args.exact_run_dir = True
     if (run_dir / LATEST).is_file():
         args.resume = str(run_dir / LATEST)
@@ -359,7 +361,7 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
 def check_position(trainer, path: Path, epochs: int) -> None:
     """A checkpoint past the configured end (a later epoch, or inside one) would train and write epochs the config
     never asked for; one at the end itself has nothing left to train and ends at once."""
-    from training.checkpoint import CheckpointError
+    from training.run.checkpoint import CheckpointError
 
     if trainer.epoch + bool(trainer.position) > epochs:
         where = (
@@ -402,7 +404,7 @@ def finish(run_dir: Path, trackers: list, status: int, lr_fn=None, curves: bool 
     neither can change how the run ends. ``curves`` False: none (a --fast-dev-run's folder is removed at the end)."""
     if curves and (run_dir / METRICS).is_file():
         try:
-            from training.plots import plot_run
+            from training.plots.figures import plot_run
 
             log.info(f"curves: {plot_run(run_dir, lr_fn=lr_fn)}")
         except Exception as error:

@@ -1,7 +1,7 @@
 """The one validation of a config (``validate``: every section checked in order, their schema and defaults in
-training/config_schema.py) and the one assembly of a run from it (``assemble``), with what the scripts import of the
-rest: reading and overrides (training/config_file.py), components by name (training/components.py), the command line
-(training/cli.py).
+training/config/schema.py) and the one assembly of a run from it (``assemble``), with what the scripts import of the
+rest: reading and overrides (training/config/file.py), components by name (training/config/components.py), the command
+line (training/run/cli.py).
 
 Every component in `config.json` has the form {"name": ..., "args": {...}}; `name` is looked up among the
 functions registered for that kind of component (``model/registry.py``), and `args` must bind to that function's
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The config API in one place for the scripts: reading (training/config_file.py), components by name
-# (training/components.py) and the command-line helpers (training/cli.py), with the validation and the assembly here.
+# The config API in one place for the scripts: reading (training/config/file.py), components by name
+# (training/config/components.py) and the command-line helpers (training/run/cli.py), with the validation and the
+# assembly here.
 from data_loader.loader import check_split
-from training.cli import ArgumentParser, fail, setup_logging  # noqa: F401
-from training.components import (  # noqa: F401
+from training.config.components import (  # noqa: F401
     CLASS_COUNT_ARGUMENTS,
     COMPONENT_MODULES,
     available,
@@ -34,7 +34,7 @@ from training.components import (  # noqa: F401
     components_text,
     default_of,
 )
-from training.config_file import (  # noqa: F401
+from training.config.file import (  # noqa: F401
     ConfigError,
     check_values,
     closest,
@@ -44,7 +44,7 @@ from training.config_file import (  # noqa: F401
     set_path,
     show,
 )
-from training.config_schema import (
+from training.config.schema import (
     check_components,
     check_loaders,
     check_mesh,
@@ -53,7 +53,8 @@ from training.config_schema import (
     check_trackers,
     check_trainer,
 )
-from training.monitor import Monitor
+from training.config.settings import Monitor
+from training.run.cli import ArgumentParser, fail, setup_logging  # noqa: F401
 
 
 def validate(config: dict, source: str = "config.json") -> dict:
@@ -75,7 +76,7 @@ def validate(config: dict, source: str = "config.json") -> dict:
 def build_augment(config: dict, source: str = "config.json"):
     """The train loader's ``augment`` list built and checked (op names, arguments, ranges) without reading data;
     None when there is none. Raises ConfigError naming the place: ``config.json: data_loader.train.augment.1...``."""
-    from data_loader.augment import Augment  # JAX: config errors are reported before it loads
+    from data_loader.augment.pipeline import Augment  # JAX: config errors are reported before it loads
 
     spec = config.get("data_loader", {}).get("train")
     ops = spec.get("augment") if isinstance(spec, dict) else None
@@ -195,9 +196,10 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     this kernel knows that component."""
     import os
 
-    from training import run_folder, run_location
-    from training.files import LATEST
-    from training.trackers import History
+    from training.files.writes import LATEST
+    from training.run import folder as run_folder
+    from training.run import location
+    from training.tracking.trackers import History
     from training.trainer import Trainer
 
     config = validate(config, source)
@@ -216,7 +218,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         parent = Path(config["trainer"]["save_dir"]) / config["name"]
-        run_dir = run_folder.create(parent, run_location.run_id_of(config))
+        run_dir = run_folder.create(parent, location.run_id_of(config))
     lock = run_folder.hold(run_dir)
     try:
         with console_lines():
@@ -264,7 +266,7 @@ def console_lines():
 def run_preprocessing(run: Run) -> dict:
     """preprocessing.json of a run: the training data's preprocessing, the augmentation's normalisation folded in
     (what predict.py computes), and the range of the model's inputs (predict.py's range check)."""
-    from data_loader.augment import input_range
+    from data_loader.augment.pipeline import input_range
 
     loader = run.loaders["train"]
     preprocessing = loader.preprocessing
@@ -284,7 +286,7 @@ def write_run_files(run_dir: Path, config: dict, run: Run, new: bool = True) -> 
     import json
     import shutil
 
-    from training.files import CONFIG, PREPROCESSING, replace_folder, temporary_folder, write_atomic
+    from training.files.writes import CONFIG, PREPROCESSING, replace_folder, temporary_folder, write_atomic
 
     if new:
         # copied into a folder made here, then swapped in: a folder named model/ in a run folder from elsewhere
@@ -421,16 +423,16 @@ def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> L
 
     ``config``: a validated config (default: the config.json beside the checkpoint). ``input_spec``: what the model
     takes (default: read from one batch of the config's data, the train split first). Bad input raises ConfigError,
-    a checkpoint that does not fit the model ``training.checkpoint.CheckpointError``; both carry one line."""
+    a checkpoint that does not fit the model ``training.run.checkpoint.CheckpointError``; both carry one line."""
     import json
 
     import jax
 
-    from training import checkpoint
-    from training.files import CONFIG, PREPROCESSING, check_checkpoint_file
+    from training.files.writes import CONFIG, PREPROCESSING
+    from training.run import checkpoint
 
     checkpoint_path = checkpoint.of_run(path)
-    check_checkpoint_file(checkpoint_path)
+    checkpoint.check_checkpoint_file(checkpoint_path)
     if config is None:
         config_path = checkpoint_path.parent / CONFIG
         if not config_path.is_file():
@@ -484,7 +486,7 @@ def first_loader(run: Run):
 
 
 if __name__ == "__main__":  # python utils.py plot saved/<name>/<run_id>: the run-folder tools live with what they draw
-    from training.cli import command
-    from training.plots import main
+    from training.plots.figures import main
+    from training.run.cli import command
 
     sys.exit(command(main))

@@ -10,7 +10,7 @@ Rows:
   each sample config (config.json, configs/*.json): `train.py` with at most --limit-batches batches per epoch of
       each split, over the config's epochs (a schedule's warm-up may be counted in them; --full: the whole run),
       in a fresh process; examples/s and MFU are the last epoch's row of its metrics.jsonl, as the `Trainer` logs
-      them (MFU against training/peaks.py's table; "unknown" where the device is not in it, as on a CPU)
+      them (MFU against training/devices/peaks.py's table; "unknown" where the device is not in it, as on a CPU)
   gpt2-small: the language-model sample at GPT-2 small's size (12 layers x 768, 12 heads, context 1024, batch 12:
       the shapes of nanoGPT's bench.py), computing in bfloat16 (`trainer.precision`)
   lm_benchmark / train_benchmark (not with --smoke), one round each, through those scripts (their docstrings say
@@ -71,7 +71,7 @@ def gpt2_overrides(smoke: bool) -> list[str]:
 
 def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
     """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
-    from training.plots import read_metrics
+    from training.plots.figures import read_metrics
 
     command = [sys.executable, str(REPO / "train.py"), "-c", str(config), "--run-id", name]
     command += ["--set", f"trainer.save_dir={json.dumps(str(save_dir))}"] + [a for o in overrides for a in ("--set", o)]
@@ -99,7 +99,7 @@ def peer(
     script: str, flags: list[str], template: str, other: str, rate_key: str, out: Path, compute: str = "float32"
 ) -> dict:
     """One round of a peer benchmark: the template's rate, its ratio to `other` (None when skipped) and its MFU (XLA's
-    FLOP count per example or token over training/peaks.py's peak of the devices for `compute`)."""
+    FLOP count per example or token over training/devices/peaks.py's peak of the devices for `compute`)."""
     command = [sys.executable, str(REPO / "benchmarks" / script), "--rounds", "1", "--out", str(out), *flags]
     print(" ".join(command[1:]), flush=True)
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -109,7 +109,7 @@ def peer(
     results = results.get("cifar_resnet", results)  # train_benchmark nests by model
     import jax
 
-    from training import peaks
+    from training.devices import peaks
 
     run = results[template][0]
     flops = run.get("flop_per_token") or 1e6 * run.get("mflop_per_example", 0) or None
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
                 Path(tmp) / "train.json",
             )
     text = f"{device}, jax {jax.__version__}, {len(jax.devices())} device(s)\n\n{table(rows, device)}\n"
-    from training.files import write_atomic
+    from training.files.writes import write_atomic
 
     write_atomic(Path(args.out), text.encode())
     print("\n" + text)

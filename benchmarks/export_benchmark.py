@@ -61,9 +61,9 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from inference.export_jax import JaxModel, export_jax
-    from inference.export_onnx import export_onnx, tflite_to_onnx
-    from inference.export_tflite import export_tflite
+    from inference.formats.jax_export import JaxModel, export_jax
+    from inference.formats.onnx_export import export_onnx, tflite_to_onnx
+    from inference.formats.tflite_export import export_tflite
     from inference.predict import OnnxModel, TFLiteModel
     from utils import build, load_config, load_run
 

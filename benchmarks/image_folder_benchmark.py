@@ -54,8 +54,8 @@ def write_pngs(idx_dir: Path, out: Path, subset: int) -> dict[str, int]:
     """out/{train,test}/<class>/<index>.png from the IDX files; reused when its count file matches."""
     from PIL import Image
 
-    from data_loader.idx import read_idx
-    from data_loader.mnist import SOURCES
+    from data_loader.sources.idx import read_idx
+    from data_loader.sources.mnist import SOURCES
 
     marker = out / "count.json"
     wanted = {"subset": subset}
@@ -80,7 +80,7 @@ def write_pngs(idx_dir: Path, out: Path, subset: int) -> dict[str, int]:
 
 def decode_seconds(root: Path, workers: int) -> float:
     """Seconds to build the image cache of `root` from nothing (a fresh cache folder)."""
-    from data_loader.image_folder import ImageFolderDataset
+    from data_loader.sources.image_folder import ImageFolderDataset
 
     cache = Path(tempfile.mkdtemp(prefix="image-cache-"))
     try:
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from training import platform
+    from training.devices import platform
 
     platform.apply()  # the process defaults train.py runs with (may re-execute this script once)
     sys.exit(main())

@@ -138,7 +138,7 @@ def fused_run(steps: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from training import platform
+    from training.devices import platform
     from training.metrics import metric_results
     from training.step import empty_stats, make_train_chunk
     from utils import assemble
@@ -310,7 +310,7 @@ def nanogpt_run(steps: int, folder: str, bf16: bool = False, compiled: bool = Fa
 
 # ---------------------------------------------------------------------------------------------- orchestration
 def child_env(variant: str) -> dict:
-    from training import platform
+    from training.devices import platform
 
     env = base_env()
     if variant in ("template", "fused", "autodiff-norm", "bf16"):  # the peak and the peers run as their users would

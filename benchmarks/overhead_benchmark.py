@@ -7,7 +7,7 @@
 Variants, each measured in a fresh process (one epoch to warm up, then one timed epoch):
   bare               the reference: the Trainer's own compiled K = 1 step, called in a Python loop over numpy batches
                      (a fancy index of a random order), each placed as the Trainer places its stacks
-                     (``TrainState.put_stack``); nothing read back until the end
+                     (``CompiledSteps.put_stack``); nothing read back until the end
   K=1 log=1          the Trainer at 1 step per call, a step line (log, trackers, callbacks) every step
   K=1 log=50         ... every 50 steps (the default)
   auto log=1/50      the same at ``trainer.steps_per_call: "auto"``
@@ -156,7 +156,7 @@ def child(variant: str, steps: int) -> dict:
 
 
 def child_env() -> dict:
-    from training import platform
+    from training.devices import platform
 
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "_TRAIN_PLATFORM_REEXECUTED")}
     env.update(platform.process_defaults(env))

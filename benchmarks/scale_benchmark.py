@@ -48,7 +48,7 @@ def parse_args(argv=None):
 
 def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hidden: int) -> dict:
     """One configuration in this process: build the Trainer, compile, time `steps` steps, measure the memory."""
-    from training import distributed
+    from training.devices import distributed
 
     if processes > 1:
         distributed.start(f"localhost:{port}", processes, process_id)

@@ -150,7 +150,7 @@ def cifar_like(steps: int) -> Path:
     once per size (atomically: rounds run in fresh processes)."""
     import numpy as np
 
-    from training.files import atomic_output
+    from training.files.writes import atomic_output
 
     rows = steps * BATCH if steps else CIFAR_EXAMPLES
     path = Path(tempfile.gettempdir()) / f"train-benchmark-cifar-like-{rows}.npz"
@@ -258,7 +258,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     from model.kernels import conv as cpu_conv
     from model.kernels import depthwise as cpu_depthwise
     from model.modules import pooling
-    from training import platform
+    from training.devices import platform
     from training.metrics import metric_results
     from utils import build
 
@@ -320,7 +320,7 @@ def fused_run(model_name: str, steps: int) -> dict:
     import jax
     import numpy as np
 
-    from training import platform
+    from training.devices import platform
     from training.metrics import metric_results
     from training.step import empty_stats, make_train_chunk
     from utils import assemble
@@ -749,14 +749,14 @@ def child(model_name: str, variant: str, steps: int) -> dict:
 # ---------------------------------------------------------------------------------------------- orchestration
 def base_env() -> dict:
     """This process's environment without the platform settings it may carry: each child chooses its own."""
-    from training import platform
+    from training.devices import platform
 
     drop = ("GLIBC_TUNABLES", platform.SWITCH, "_TRAIN_PLATFORM_REEXECUTED", "_TRAIN_STARTED_AT")
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def child_env(variant: str) -> dict:
-    from training import platform
+    from training.devices import platform
 
     env = base_env()
     if variant not in PEERS + ("startup",) and "no-hugetlb" not in variant.split("+"):  # train.py sets its own

@@ -7,16 +7,16 @@ resolver before any loader is built, so a bad setting is reported before any fil
 
 from __future__ import annotations
 
-from data_loader import arrays as arrays_module
-from data_loader import cifar
-from data_loader import image_folder as image_folder_module
 from data_loader.loader import DataLoader
-from data_loader.mnist import SOURCES, MnistDataset
-from data_loader.tabular import CsvDataset
-from data_loader.text import CharDataset
+from data_loader.sources import arrays as arrays_module
+from data_loader.sources import cifar
+from data_loader.sources import image_folder as image_folder_module
+from data_loader.sources.mnist import SOURCES, MnistDataset
+from data_loader.sources.tabular import CsvDataset
+from data_loader.sources.text import CharDataset
 from model.checks import check_integer, check_range
 from model.registry import register
-from training.config_schema import check_split_by
+from training.config.schema import check_split_by
 
 # The tiny Shakespeare text shipped in data/ (public domain), as published with char-rnn.
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -273,7 +273,7 @@ def csv(
 ):
     """Rows of a CSV file with a header: `targets` (and `features`, default all other columns) name its columns;
     float32 inputs (B, features), targets (B, targets); `split_by` "random", "order" or "group" (with `group` a
-    column). See data_loader/tabular.py."""
+    column). See data_loader/sources/tabular.py."""
     data = CsvDataset(
         path,
         targets,
@@ -305,7 +305,7 @@ def char_text(
     prefetch=2,
     seed=0,
 ):
-    """Any UTF-8 text file as character windows for a language model (see data_loader/text.py): input and target
+    """Any UTF-8 text file as character windows for a language model (see data_loader/sources/text.py): input and target
     int32 (B, context), the target shifted by one character; `sha256` checks the file when given."""
     data = CharDataset(path, split, context, stride, windows, validation_fraction, sha256)
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
@@ -363,7 +363,7 @@ def image_folder(
     prefetch=2,
     seed=0,
 ):
-    """Images in class folders, root/<class>/<image> (see data_loader/image_folder.py): `input` uint8
+    """Images in class folders, root/<class>/<image> (see data_loader/sources/image_folder.py): `input` uint8
     (B, height, width, channels), `target` int32 class ids; decoded once into a memory-mapped cache in `cache_dir`
     (default root/.cache). `split` "all" takes the whole folder (separate train/validation folders); "train",
     "validation" and "test" are a stable per-class partition by `validation_fraction` and `test_fraction`."""
@@ -404,7 +404,7 @@ def arrays(
     group=None,
     mask=None,
 ):
-    """Named arrays of an .npz file or a folder of .npy files (see data_loader/arrays.py): `input` one name, a
+    """Named arrays of an .npz file or a folder of .npy files (see data_loader/sources/arrays.py): `input` one name, a
     list of names or {input name: array name}; `target` a name, or null for none (the outputs are compared with
     the input); `mask` a name, the batch's mask (0 on padding); memory-mapped, read a batch at a time; `split_by`
     "random", "order" or "group" (with `group` an array of one id per row)."""
@@ -440,8 +440,8 @@ def cifar10(
     prefetch=2,
     seed=0,
 ):
-    """CIFAR-10 from its binary version (see data_loader/cifar.py): `input` uint8 (B, 32, 32, 3), `target` int32;
-    `download: true` fetches the archive (checksums verified) when a network exists."""
+    """CIFAR-10 from its binary version (see data_loader/sources/cifar.py): `input` uint8 (B, 32, 32, 3), `target`
+    int32; `download: true` fetches the archive (checksums verified) when a network exists."""
     data = cifar.CifarDataset("cifar10", data_dir, split, validation_size, split_seed, download, verify, None, dtype)
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 

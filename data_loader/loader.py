@@ -129,7 +129,7 @@ def check_split(run, split: str, loader) -> None:
     """``check_values`` on a split of a run (``utils.Run``) as its config describes it: class ids up to the classes
     the data names, else the model's outputs; NaN and infinities unless the split's ``allow_nonfinite``. A
     ConfigError naming the split and the example."""
-    from training.config_file import ConfigError
+    from training.config.file import ConfigError
     from training.tasks import label_bound  # JAX, which reading the loader's spec has imported already
 
     spec = run.config["data_loader"].get(split, {})

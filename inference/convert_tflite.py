@@ -36,16 +36,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packages must be importable
     sys.path.insert(0, str(REPO))
 
-from data_loader.augment import Prepared  # noqa: E402
+from data_loader.augment.pipeline import Prepared  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
 from inference.inputs import MASK, Inputs, Outputs, with_mask, without_mask  # noqa: E402
 from inference.predict import read_preprocessing  # noqa: E402
 from inference.routes import OUTPUT_NAME  # noqa: E402
-from training.checkpoint import of_run  # noqa: E402
-from training.cli import add_run, command  # noqa: E402
-from training.files import BEST, CONFIG, LATEST, PREPROCESSING, check_checkpoint_file  # noqa: E402
-from training.run_location import check_config_writes  # noqa: E402
+from training.files.writes import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
+from training.run.checkpoint import check_checkpoint_file, of_run  # noqa: E402
+from training.run.cli import add_run, command  # noqa: E402
+from training.run.location import check_config_writes  # noqa: E402
 from training.step import declares_mask  # noqa: E402
 from utils import ArgumentParser, ConfigError, ModelInputError, assemble, fail, load_config, load_run  # noqa: E402
 
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from training import checkpoint
+    from training.run import checkpoint
     from training.tasks import output_tasks, task_of
 
     # The checkpoint's shapes follow from the data's input where there is data, from --input where there is not.

@@ -29,8 +29,8 @@ from inference.inputs import Inputs, Outputs, random_inputs, shape_text
 from inference.predict import CONFIG, PREPROCESSING, run_batched
 from inference.report import MEASURES, fmt_size, markdown
 from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner
-from training import files
-from training.config_file import ConfigError
+from training.config.file import ConfigError
+from training.files import writes
 from training.step import loss_mask
 
 REPO = Path(__file__).resolve().parents[1]
@@ -360,7 +360,7 @@ def export_folder(
     then config.json, a copy of model/, predict.py, preprocessing.json, report.json and report.md. Returns the report.
 
     The folder is built as a hidden sibling and renamed into place (``replace``: swapped with an existing `target` in
-    one step, files.replace_folder) only once every format has passed, under a lock on the name (a second export of
+    one step, writes.replace_folder) only once every format has passed, under a lock on the name (a second export of
     it is a ConfigError naming the first), so a failure leaves nothing behind: ExportError then names each failed
     format and what still works. `skipped` says why there is no `validation` (the report carries it; random inputs
     alone are no pass on real data)."""
@@ -368,7 +368,7 @@ def export_folder(
     name = target.name
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = hold(target, replace)
-    folder = files.temporary_folder(target)
+    folder = writes.temporary_folder(target)
     try:
         entries, failed = [], []
         for fmt in formats:
@@ -406,11 +406,11 @@ def export_folder(
             name, entries, inputs, task, options, validation, skipped, validation_split, source, outputs
         )
         write_extras(folder, report, inputs, task, source, outputs)
-        files.replace_folder(folder, target)
+        writes.replace_folder(folder, target)
     finally:
         if folder.exists():
             shutil.rmtree(folder)
-        files.unlock(lock_path(target), lock)
+        writes.unlock(lock_path(target), lock)
     return report
 
 
@@ -420,15 +420,15 @@ def hold(target: Path, replace: bool) -> int:
     exports of the name left (hidden ``.<name>.XXXXXXXX/`` folders) is removed, and an existing export is kept
     unless ``replace``."""
     try:
-        fd, holder = files.try_lock(lock_path(target))
-    except files.UnsafeFile as error:
+        fd, holder = writes.try_lock(lock_path(target))
+    except writes.UnsafeFile as error:
         raise ConfigError(str(error)) from None
     if fd is None:
         raise ConfigError(
             f"{target}: process {holder} is exporting it now; wait for it to end, or choose another --name"
         )
     try:
-        files.remove_stale_folders(target)
+        writes.remove_stale_folders(target)
         if os.path.lexists(target):
             if os.path.islink(target) or not target.is_dir():
                 raise ConfigError(
@@ -437,7 +437,7 @@ def hold(target: Path, replace: bool) -> int:
             if not replace:
                 raise ConfigError(f"{target} exists (written by another export meanwhile?); pass --force to replace it")
     except BaseException:
-        files.unlock(lock_path(target), fd)
+        writes.unlock(lock_path(target), fd)
         raise
     return fd
 

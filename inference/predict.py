@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 # The export folder's files next to the model (exporter.write_extras writes them under these names). Named here,
-# not imported from training/, because this file ships alone; they are the run folder's names (training/files.py).
+# not imported from training/, because this file ships alone; they are the run folder's names
+# (training/files/writes.py).
 CONFIG = "config.json"
 PREPROCESSING = "preprocessing.json"
 MASK = "mask"  # the named input of a model that declares a padding mask (inference/inputs.py writes it so)
@@ -210,7 +211,7 @@ def run_batched(model, x, batch_size: int = 256):
 def open_input(path: str | Path, limit: int | None = MAX_INPUT_BYTES):
     """`path` opened for binary reading if it is a regular file of at most `limit` bytes: opened without blocking (a
     FIFO would wait for a writer forever), checked with fstat on the open file, then read normally. The same check
-    as training/regular_files.py, repeated here because this file ships alone."""
+    as training/files/reads.py, repeated here because this file ships alone."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
@@ -697,7 +698,7 @@ def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None
 
 
 def command(main, argv=None) -> int:
-    """training/cli.py's ``command``, repeated because this file ships alone: Ctrl-C is one line and status 130, a
+    """training/run/cli.py's ``command``, repeated because this file ships alone: Ctrl-C is one line and status 130, a
     closed pipe (``| head -1``) ends quietly with 141, text the terminal's encoding cannot show is escaped."""
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):

@@ -31,21 +31,21 @@ def export_bytes(
     names = OUTPUT_NAME if outputs is None or outputs.single else outputs.names
     fn = fn if outputs is None else outputs.flat_fn(fn)
     if route == "litert":
-        from inference.export_tflite import export_tflite
+        from inference.formats.tflite_export import export_tflite
 
         return export_tflite(
             inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, quantize=quantize, output_name=names
         )
     if route == "jax2onnx":
-        from inference.export_onnx import export_onnx
+        from inference.formats.onnx_export import export_onnx
 
         return export_onnx(inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=names)
     if route == "tflite":
-        from inference.export_onnx import tflite_to_onnx
+        from inference.formats.onnx_export import tflite_to_onnx
 
         return tflite_to_onnx(float_tflite(), inputs.names, output_name=names)
     if route == "jax.export":
-        from inference.export_jax import export_jax
+        from inference.formats.jax_export import export_jax
 
         return export_jax(inputs.flat_fn(fn), inputs.specs, dynamic_batch=dynamic)
     raise ValueError(f"unknown route {route!r}")
@@ -54,7 +54,7 @@ def export_bytes(
 def load_runner(path, names: list[str], threads: int | None = None, outputs: Outputs | None = None):
     """The artifact at `path` in its own runtime (a .jax file keeps no names: `outputs` gives those of several)."""
     if path.suffix == ".jax":
-        from inference.export_jax import JaxModel
+        from inference.formats.jax_export import JaxModel
 
         return JaxModel(path.read_bytes(), names, None if outputs is None or outputs.single else outputs.names)
     from inference.predict import load_model

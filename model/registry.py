@@ -12,8 +12,8 @@ with ``entries(kind)``. What else a component declares lives beside it, in the d
   reports and how the export judges agreement (``training/tasks.py``). A loss without one is "other".
 - ``example`` (models): ``(args, sample shape, input kind)``, a small configuration of the model, the shape of one
   example without the batch (a dict of shapes for named inputs) and ``"normal"`` (float inputs) or ``"ids"`` (int32
-  token ids): the export-parity check (tests/test_export_parity.py) runs every export route on it. A model without
-  one is not in that check.
+  token ids): the export-parity check (tests/inference/test_export_parity.py) runs every export route on it. A model
+  without one is not in that check.
 
 The registry sits in the lowest layer (model) so that models, training components and data loaders all register
 the same way; it imports a kind's module (``KINDS``) only when that kind is first looked up.
@@ -34,7 +34,7 @@ KINDS = {
     "transforms": "training.optimizers",
     "schedule": "training.schedules",
     "data_loader": "data_loader.data_loaders",
-    "augment": "data_loader.augment",
+    "augment": "data_loader.augment.pipeline",
     "callbacks": "training.callbacks",
 }
 TASKS = ("classification", "sequence", "multilabel", "regression", "other")

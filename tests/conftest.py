@@ -22,7 +22,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import numpy as np
 import pytest
 
-from data_loader import mnist as mnist_module
+from data_loader.sources import mnist as mnist_module
 
 try:
     # absl's logging handler (imported by flax, optax, TensorFlow) keeps the stderr it was made with, and when a
@@ -34,7 +34,7 @@ try:
     absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 except ImportError:
     pass
-from data_loader.idx import write_idx
+from data_loader.sources.idx import write_idx
 
 
 def make_idx_dataset(folder: Path, n_train: int = 300, n_test: int = 100, seed: int = 0) -> dict[str, str]:

@@ -35,7 +35,7 @@ import numpy as np
 
 from model.registry import register
 from training import optimizers
-from training.files import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
+from training.files.writes import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
 
 log = logging.getLogger("train")
 
@@ -157,7 +157,7 @@ class LRFinder(Callback):
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
 
-            from training.plots import save_figure
+            from training.plots.figures import save_figure
 
             figure, axis = plt.subplots(figsize=(6, 4))
             axis.plot(rates, smoothed_losses)

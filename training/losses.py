@@ -219,7 +219,7 @@ def kl_divergence_with_logits(logits: jax.Array, targets: jax.Array, *, mask: ja
 
 class OutputLosses(dict):
     """The type of ``weighted_sum``'s ``losses``: ``{output name: {"name": loss, "args": {...}, "weight": w}}`` in
-    a config; the config resolver (training/components.py) checks each entry as a loss of its own and builds it
+    a config; the config resolver (training/config/components.py) checks each entry as a loss of its own and builds it
     into ``{output name: (loss function, weight)}``."""
 
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from model.registry import TASKS, entries
 from model.summary import describe_batch
-from training.components import CLASS_COUNT_ARGUMENTS, available, output_losses
-from training.config_file import ConfigError
+from training.config.components import CLASS_COUNT_ARGUMENTS, available, output_losses
+from training.config.file import ConfigError
 
 
 def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None) -> str:

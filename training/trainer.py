@@ -3,8 +3,9 @@
 It reads top to bottom: ``fit`` runs ``train_epochs``; each epoch runs ``train_epoch`` (the compiled K-step calls
 over the loader's stacks, checking each call's losses while the next runs), then evaluation, then the commit.
 What it builds on, each in its own module: the assembled run (``utils.assemble``: model, loss, metrics, optimizer,
-loaders, callbacks), its typed settings (``training/settings.py``), the state on the devices and the compiled steps
-(``training/state.py``), and what the run keeps (``training/commit.py``: checkpoints, the best value, metrics rows).
+loaders, callbacks), its typed settings (``training/config/settings.py``), the state on the devices and the compiled
+steps (``training/compiled.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the best value,
+metrics rows).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from training import distributed, peaks, platform
 from training.callbacks import of_schedule
-from training.commit import Checkpoints
-from training.components import schedule_length_note
+from training.compiled import CompiledSteps
+from training.config.components import schedule_length_note
+from training.config.settings import Settings
+from training.devices import distributed, peaks, platform
 from training.metrics import metric_results
-from training.settings import Settings
-from training.state import TrainState
-from training.trackers import StepTrace
+from training.run.saving import Checkpoints
+from training.tracking.trackers import StepTrace
 
 log = logging.getLogger("train")
 
@@ -66,10 +67,10 @@ class Trainer:
     ):
         """``run``: the assembled run (``utils.assemble``) with its data loaded: its config, components, loaders and
         optimizer are the only source of what is trained and how; ``settings``: its config's, unless given.
-        ``execution``: see ``TrainState``."""
+        ``execution``: see ``CompiledSteps``."""
         self.run = run
         self.settings = settings or Settings.of(run.config)
-        self.state = TrainState(run, self.settings, execution)
+        self.state = CompiledSteps(run, self.settings, execution)
         self.train_loader, self.valid_loader = run.loaders["train"], run.loaders.get("validation")
         self.checkpoints = Checkpoints(
             run_dir, self.settings, run.monitor, config_hash, self.state.evaluated, run.config, len(self.train_loader)

@@ -82,8 +82,8 @@ class Module:
 
     @classmethod
     def export_examples(cls) -> dict[str, tuple]:
-        """The cases the export-parity check (tests/test_export_parity.py) runs this layer class on, by case name:
-        ``(an instance, the shape of one example without the batch, the input kind)``, the kind ``"normal"``,
+        """The cases the export-parity check (tests/inference/test_export_parity.py) runs this layer class on, by case
+        name: ``(an instance, the shape of one example without the batch, the input kind)``, the kind ``"normal"``,
         ``"wide"`` (3x the spread, for activation tails) or ``"ids"`` (int32 token ids). Only a class's own
         definition counts (a subclass does not inherit its parent's cases); a class without one is not in that
         check, except inside another case's module."""

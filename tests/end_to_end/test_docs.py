@@ -1,0 +1,104 @@
+"""The docs lead somewhere: every relative link and anchor exists, and `train.py --list` (where the docs send a reader
+for the names of components) prints every registered name."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import utils
+
+ROOT = Path(__file__).resolve().parents[2]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def documents() -> list[Path]:
+    found = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return found + [p for p in (ROOT / "benchmarks" / "README.md",) if p.is_file()]
+
+
+@pytest.mark.parametrize("document", documents(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_lead_to_files_that_exist(document):
+    dead = []
+    for href in LINK.findall(document.read_text()):
+        path = href.split("#")[0]
+        if path and "://" not in href and not href.startswith("mailto:") and not (document.parent / path).exists():
+            dead.append(href)
+    assert not dead, f"{document.relative_to(ROOT)}: links to missing files: {dead}"
+
+
+def test_anchors_within_the_docs_exist():
+    """A link to `file.md#section` (or `#section`) names a heading of that file, as GitHub spells the anchor."""
+
+    def anchors(path: Path) -> set[str]:
+        headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+    dead = []
+    for document in documents():
+        text = re.sub(r"```.*?```", "", document.read_text(), flags=re.S)  # a "#" in code is not a heading
+        for href in LINK.findall(text):
+            path, _, anchor = href.partition("#")
+            target = (document.parent / path) if path else document
+            if (
+                anchor
+                and "://" not in href
+                and target.suffix == ".md"
+                and target.is_file()
+                and anchor not in anchors(target)
+            ):
+                dead.append(f"{document.relative_to(ROOT)}: {href}")
+    assert not dead, dead
+
+
+def test_train_py_lists_every_registered_component():
+    import subprocess
+    import sys
+
+    listed = subprocess.run(
+        [sys.executable, "train.py", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split("(")[0].strip() for line in listed.stdout.splitlines() if line.startswith("  ")}
+    for kind in utils.COMPONENT_MODULES:
+        assert f"{kind}:" in listed.stdout.splitlines()
+        assert set(utils.available(kind)) <= names, kind
+    assert "  huber(*, delta: float = 1.0)  [task: regression]" in listed.stdout.splitlines()
+    one = subprocess.run(
+        [sys.executable, "train.py", "--list", "schedule"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert one.stdout.splitlines()[0] == "schedule:" and len(one.stdout.splitlines()) == 1 + len(
+        utils.available("schedule")
+    )
+    bad = subprocess.run(
+        [sys.executable, "train.py", "--list", "lossses"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: model, loss, metrics, optimizer, transforms, "
+        "schedule, data_loader, augment, callbacks, layers"
+    ]
+
+
+def test_list_layers_shows_every_layer_class_with_its_arguments_and_what_it_is():
+    """Derived from model/modules, nothing typed by hand: each layer class there, its constructor's arguments, and
+    a description from its docstring (or its file's)."""
+    import inspect
+
+    from training.config.components import layers
+
+    listed = subprocess.run(
+        [sys.executable, "train.py", "--list", "layers"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    for name, cls in layers().items():
+        row = next(i for i, line in enumerate(lines) if line.startswith(f"  {name}("))
+        for argument in list(inspect.signature(cls.__init__).parameters)[1:]:
+            if argument not in ("args", "kwargs"):
+                assert argument in lines[row], (name, argument)
+        assert lines[row + 1].startswith("      ") and "(no docstring)" not in lines[row + 1], name
+    assert "causal=False" in lines[next(i for i, line in enumerate(lines) if "TransformerBlock(" in line) + 1]

@@ -1,0 +1,315 @@
+"""new_project.py: what a new project holds and leaves out, its README and docs, its one commit, and that its own
+tests and first sample run from inside it."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import new_project
+from tests.end_to_end.test_train import ROOT
+
+LIBRARY = (
+    "train.py",
+    "test.py",
+    "sample.py",
+    "sweep.py",
+    "utils.py",
+    "Makefile",
+    "requirements.txt",
+    "requirements-dev.txt",
+    "requirements-litert.txt",
+    "pytest.ini",
+    "logger_config.json",
+    ".gitignore",
+    ".ci/run",
+    "model/model.py",
+    "training/trainer.py",
+    "training/sweeps/space.py",
+    "data_loader/data_loaders.py",
+    "inference/exporter.py",
+    "tests/conftest.py",
+    "tests/end_to_end/test_train.py",
+    "tests/end_to_end/test_sweep.py",
+)
+
+
+def files_of(folder: Path) -> set[str]:
+    return {
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(folder).parts
+    }
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--samples", "mnist,shakespear_char"],
+            "unknown sample 'shakespear_char'; available: mnist, shakespeare_char, tabular_regression, mnist_segmentation, "
+            "cifar10_resnet, mnist_multitask. "
+            "Did you mean 'shakespeare_char'?",
+        ),
+        (["--samples", ","], "--samples: name at least one of"),
+        (["--samples", "mnist,mnist"], "a sample is named twice"),
+        (["--name", "my project"], "--name 'my project': expected letters, digits"),
+    ],
+)
+def test_bad_arguments_are_one_error_line_and_write_nothing(tmp_path, capsys, args, message):
+    assert new_project.main([str(tmp_path / "p"), *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_target_must_be_new_and_outside_the_template(tmp_path, capsys):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    assert new_project.main([str(tmp_path / "taken")]) == 2
+    assert "already exists and is not an empty folder" in capsys.readouterr().err
+    assert new_project.main([str(ROOT / "inside")]) == 2
+    assert "inside the template" in capsys.readouterr().err and not (ROOT / "inside").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no temporary folder left behind
+
+
+def test_a_project_of_two_samples(tmp_path, capsys):
+    target = tmp_path / "my_project"
+    assert new_project.main([str(target), "--samples", "tabular_regression,shakespeare_char"]) == 0
+    out, err = capsys.readouterr()
+    assert "tabular_regression (config.json), shakespeare_char (configs/shakespeare_char.json)" in out
+    assert "note:" not in err or "git" in err  # only git's own situation may add a note
+    files = files_of(target)
+    assert set(LIBRARY) <= files
+    assert not {
+        f
+        for f in files
+        if f.startswith(("benchmarks/", "saved/", ".venv/", "inference/jax_"))
+        or "__pycache__" in f
+        or f.endswith(".pyc")
+    }
+    assert "new_project.py" not in files and "tests/end_to_end/test_new_project.py" not in files
+    # benchmarks/ stays behind, and so do the tests of it (a shared file keeps its other tests)
+    for test in (target / "tests").rglob("*.py"):
+        assert "benchmarks" not in new_project.imported(ast.parse(test.read_text())), test.name
+    performance = (target / "tests" / "end_to_end" / "test_performance.py").read_text()
+    assert "def test_cpu_model_names_the_processor" not in performance and "def test_" in performance
+    assert list((target / "saved").iterdir()) == []
+
+    template = json.loads((ROOT / "configs" / "tabular_regression.json").read_text())
+    assert json.loads((target / "config.json").read_text()) == template
+    assert {f for f in files if f.startswith("configs/")} == {"configs/shakespeare_char.json"}
+    assert {f.split("/")[1] for f in files if f.startswith("data/")} == {"README.md", "regression", "tinyshakespeare"}
+    assert (target / "data/regression/regression.csv").read_bytes() == (
+        ROOT / "data/regression/regression.csv"
+    ).read_bytes()
+    data_readme = (target / "data" / "README.md").read_text()
+    assert "`mnist/`" not in data_readme and "`tinyshakespeare/input.txt`" in data_readme
+    assert "(`config.json`)" in data_readme  # the tabular sample's config moved
+    assert "!/data/mnist/" not in (target / ".gitignore").read_text()
+
+    # sample tests only for the samples kept; a shared file keeps only their functions
+    assert "tests/end_to_end/test_samples_language_model.py" in files
+    shared = (target / "tests" / "end_to_end" / "test_samples_regression_segmentation.py").read_text()
+    assert "def test_tabular_regression_sample" in shared and "def test_mnist_segmentation_sample" not in shared
+    assert "make_idx_dataset" not in shared  # only the left-out test used it
+    assert '(ROOT / "config.json")' in shared
+
+    # README.md and docs/ as the template has them, fitted to the samples kept; no link leads to a file left behind
+    readme = (target / "README.md").read_text()
+    assert readme.startswith("# my_project\n")
+    template_readme = (ROOT / "README.md").read_text()
+    assert readme.count("\n") < template_readme.count("\n")
+    for part in (
+        "make train",
+        "make test",
+        "## Adding a component",
+        "## Your own task",
+        "## Folders",
+        "| `tabular_regression` |",
+        "`python train.py -c config.json` |",  # the first sample is config.json
+        "`python train.py -c configs/shakespeare_char.json` |",
+        "[docs/config.md](docs/config.md",
+    ):
+        assert part in readme, part
+    for gone in ("| `mnist` |", "mnist_segmentation", "cifar10_resnet", "new_project", "benchmarks"):
+        assert gone not in readme, gone
+    assert {f for f in files if f.startswith("docs/") and f.endswith(".md")} == {
+        f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")
+    } - {"docs/new_project.md"}
+    for doc in [target / "README.md", *(target / "docs").glob("*.md")]:
+        for href in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            path = href.split("#")[0]
+            assert "://" in href or not path or (doc.parent / path).exists(), (doc.name, href)
+    runs = (target / "docs" / "runs.md").read_text()
+    assert "](figures/mnist_curves.png)" in runs and "benchmarks/README.md" not in runs
+
+    if subprocess.run(["git", "--version"], capture_output=True).returncode == 0:
+        log = subprocess.run(["git", "log", "--oneline"], cwd=target, capture_output=True, text=True).stdout
+        assert len(log.splitlines()) == 1
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=target, capture_output=True, text=True)
+        assert status.stdout == ""
+
+
+def test_runs_notes_caches_and_exports_stay_behind_and_git_is_optional(tmp_path, monkeypatch):
+    template = tmp_path / "template"
+    for name, text in {
+        "train.py": "",
+        "config.json": '{"name": "mnist_convnext"}',
+        "data/mnist/train.gz": "x",
+        "data/tinyshakespeare/input.txt": "x",
+        "data/fashion_mnist/x.gz": "downloaded",
+        "README.md": "# t\n",
+        "model/model.py": "",
+        "model/__pycache__/model.cpython-311.pyc": "",
+        "training/x.pyc": "",
+        "NOTES.md": "",
+        "notes/plan.md": "",
+        "saved/run/config.json": "",
+        "benchmarks/b.py": "",
+        ".venv/bin/python": "",
+        ".git/HEAD": "",
+        "inference/exporter.py": "",
+        "inference/jax_mnist/jax_mnist.onnx": "",
+        "wandb/run/x": "",
+        ".pytest_cache/x": "",
+        "tests/end_to_end/test_new_project.py": "",
+        "tests/test_x.py": "",
+    }.items():
+        (template / name).parent.mkdir(parents=True, exist_ok=True)
+        (template / name).write_text(text)
+    monkeypatch.setattr(new_project.shutil, "which", lambda name: None)
+    notes = new_project.create(tmp_path / "p", "p", ["mnist"], template=template)
+    assert files_of(tmp_path / "p") == {
+        "train.py",
+        "config.json",
+        "configs/README.md",
+        "data/mnist/train.gz",
+        "README.md",
+        "model/model.py",
+        "inference/exporter.py",
+        "tests/test_x.py",
+    }
+    assert not (tmp_path / "p" / ".git").exists() and any("git is not installed" in n for n in notes)
+    assert (tmp_path / "p" / "README.md").read_text() == "# p\n"  # any README makes a project: its title is renamed
+
+
+@pytest.mark.slow
+def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path):
+    target = tmp_path / "fresh"
+    made = subprocess.run(
+        [sys.executable, "new_project.py", str(target), "--samples", "tabular_regression,shakespeare_char"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    # The owner adds a model with its export example: no test of the project names it, none fails because of it.
+    with open(target / "model" / "model.py", "a") as models:
+        models.write(
+            '\n\n@register("model", example=({"hidden": 8}, (5,), "normal"))\n'
+            "def added_net(num_outputs: int = 1, hidden: int = 32) -> Module:\n"
+            '    """A model the owner adds: a perceptron on feature vectors."""\n'
+            '    return Sequential([Linear(hidden), Activation("tanh"), Linear(num_outputs)])\n'
+        )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    tests = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not slow",
+            "tests/end_to_end/test_samples_language_model.py",
+            "tests/end_to_end/test_samples_regression_segmentation.py",
+            "tests/end_to_end/test_sweep.py",
+            "tests/end_to_end/test_docs.py",
+            "tests/end_to_end/test_performance.py",
+            "tests/model/test_models.py",
+            "tests/inference/test_export_parity.py::test_export_matches_jax[added_net-jax]",
+        ],
+        cwd=target,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+    assert " passed" in tests.stdout and "error" not in tests.stdout.splitlines()[-1]
+    trained = subprocess.run(
+        [sys.executable, "train.py", "-c", "config.json", "--epochs", "3", "--run-id", "first"],
+        cwd=target,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert trained.returncode == 0, trained.stderr
+    rows = (target / "saved" / "tabular_regression" / "first" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 3 and "val/rmse" in json.loads(rows[-1])
+
+
+def test_a_project_takes_the_template_s_later_fixes_as_docs_new_project_md_says(tmp_path):
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    identity = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER") for what, value in
+                (("NAME", "t"), ("EMAIL", "t@localhost"))}  # fmt: skip
+    env = {**os.environ, **identity}
+    sh = lambda *args, cwd: subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=True)  # noqa: E731
+    # a copy of the template as a repository of its own (the files git tracks here, as they are now)
+    template = tmp_path / "template"
+    tracked = sh(git, "ls-files", "-z", cwd=ROOT).stdout.split("\0")
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (template / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, template / name)
+    sh(git, "init", "-q", "-b", "main", cwd=template)
+    sh(git, "add", "-A", cwd=template)
+    sh(git, "commit", "-qm", "template", cwd=template)
+    made = sh(git, "rev-parse", "HEAD", cwd=template).stdout.strip()
+
+    project = tmp_path / "project"
+    new_project.create(project, "project", ["tabular_regression"], template=template)
+    assert (project / ".template-commit").read_text() == made + "\n"
+    assert not (project / "tests" / "end_to_end" / "test_samples_cifar.py").exists()
+
+    # two later template commits: a library fix, and a change to a sample the project left out (with a library file)
+    def change(path: str, old: str, new: str) -> None:
+        text = (template / path).read_text()
+        assert old in text, path
+        (template / path).write_text(text.replace(old, new, 1))
+
+    change("training/run/cli.py", "def fail(", "def fail(  # fixed later\n    ")
+    sh(git, "commit", "-qam", "a library fix", cwd=template)
+    change("tests/end_to_end/test_samples_cifar.py", '"""', '"""Changed later. ')
+    change("data_loader/sources/cifar.py", '"""', '"""Changed later with its sample. ')
+    sh(git, "commit", "-qam", "a sample's change", cwd=template)
+
+    docs = (ROOT / "docs" / "new_project.md").read_text()
+    lines = re.search(r"```bash\n(git remote add template .*?)```", docs, re.S).group(1)
+    lines = lines.replace("https://github.com/<owner>/<template>.git", str(template))
+    taken = subprocess.run(["bash", "-c", lines], cwd=project, env=env, capture_output=True, text=True)
+    assert taken.returncode == 0, taken.stderr
+    conflicts = [line for line in (taken.stdout + taken.stderr).splitlines() if line.startswith("CONFLICT")]
+    assert len(conflicts) == 1 and "tests/end_to_end/test_samples_cifar.py" in conflicts[0], conflicts
+    assert "# fixed later" in (project / "training" / "run" / "cli.py").read_text()
+    assert "Changed later with its sample." in (project / "data_loader" / "sources" / "cifar.py").read_text()
+    assert not (project / "tests" / "end_to_end" / "test_samples_cifar.py").exists()
+    assert (project / ".template-commit").read_text().strip() == sh(
+        git, "rev-parse", "HEAD", cwd=template
+    ).stdout.strip()
+    assert sh(git, "status", "--porcelain", cwd=project).stdout == ""
+    log = sh(git, "log", "--format=%s", cwd=project).stdout.splitlines()
+    assert log[0].startswith("Template fixes up to ") and log[1:3] == ["a sample's change", "a library fix"]

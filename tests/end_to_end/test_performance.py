@@ -1,0 +1,402 @@
+"""The speed features keep results exact: K steps per call equal one per call on conv models, "auto" picks K as
+documented, nothing recompiles after the first epoch, and the platform defaults apply only where they should.
+(Speed itself is measured in benchmarks/, not here.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from data_loader.loader import ArrayDataset, DataLoader
+from training.compiled import AUTO_STACK_BYTES, auto_steps_per_call
+from training.devices import platform
+from training.trainer import Trainer
+from utils import ConfigError, assemble, build_optimizer, validate
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_MODELS = {
+    # the reference CNN's layers (custom-VJP convolutions, reshape max pooling) at small widths
+    "mnist_cnn": {"name": "mnist_cnn", "args": {"channels": [4, 8], "hidden": 16}},
+    # the sample's layers: 7x7 depthwise convolutions on the shifted-slice path, layer norm, GELU, strided convs
+    "mnist_convnext": {"name": "mnist_convnext", "args": {"dims": [8, 16], "depths": [1, 1]}},
+}
+
+
+class StepLosses:
+    """A tracker that keeps every logged step loss."""
+
+    def __init__(self):
+        self.losses = {}
+
+    def log_step(self, step, values):
+        self.losses[step] = values["train/step_loss"]
+
+    def log_epoch(self, epoch, row, best):
+        pass
+
+
+def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
+    """7 full batches of 16 and one of 5: a padded last batch, and with K = 3 a last call with 2 of 3 steps."""
+    config = validate(
+        {
+            "name": "perf",
+            "seed": 1,
+            "model": model,
+            "loss": {"name": "cross_entropy"},
+            "metrics": [{"name": "accuracy"}],
+            "optimizer": {
+                "name": "adamw",
+                "args": {"weight_decay": 0.05},
+                "schedule": {
+                    "name": "warmup_cosine_decay",
+                    "args": {"init_value": 0.0, "peak_value": 0.004, "warmup_steps": 3, "decay_steps": 16},
+                },
+                "transforms": [{"name": "clip_by_global_norm", "args": {"max_norm": 1.0}}],
+            },
+            "data_loader": {"train": {"name": "mnist"}, "validation": {"name": "mnist"}},
+            "trainer": {"epochs": epochs, "steps_per_call": steps_per_call, "log_every": 1, "save_dir": str(tmp_path)},
+        }
+    )
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 28, 28, 1)).astype(np.float32)
+    y = (x[:, ::3, ::3, 0].reshape(n, -1)[:, :10].argmax(1)).astype(np.int32)
+    train = DataLoader(ArrayDataset(input=x, target=y), 16, shuffle=True, seed=1)
+    valid = DataLoader(ArrayDataset(input=x[:40], target=y[:40]), 16)
+    (tmp_path / run).mkdir()
+    assembled = assemble(config)
+    assembled.use_data({"train": train, "validation": valid})
+    trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()])
+    trainer.init_state()
+    return trainer
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
+    one = make_trainer(tmp_path, TINY_MODELS[model], 1, "one")
+    many = make_trainer(tmp_path, TINY_MODELS[model], 3, "many")
+    one.fit()
+    many.fit()
+    a, b = one.trackers[0].losses, many.trackers[0].losses
+    assert sorted(a) == sorted(b) == list(range(1, 17))  # 8 steps per epoch, padding steps not counted
+    np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)
+    for x, y in zip(jax.tree.leaves(one.ts["params"]), jax.tree.leaves(many.ts["params"])):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    rows = [[json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()] for t in (one, many)]
+    for ra, rb in zip(*rows):
+        assert abs(ra["train/loss"] - rb["train/loss"]) < 1e-6 and ra["val/accuracy"] == rb["val/accuracy"]
+        assert ra["time/peak_rss_mb"] > 0
+        # XLA's FLOP count x examples/s; no peak for the CPU in the table of device peaks
+        assert ra["time/model_flops_per_s"] > 0 and ra["time/mfu"] == "unknown"
+
+
+def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
+    trainer = make_trainer(tmp_path, TINY_MODELS["mnist_convnext"], "auto", "auto", epochs=1)
+    assert trainer.state.steps_per_call == 8  # the whole (short) epoch in one call
+    trainer.fit()
+    assert trainer.first_call_seconds > 0
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        trainer.settings = dataclasses.replace(trainer.settings, epochs=3)
+        trainer.fit()  # compile() only collects what was compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [] and trainer.epoch == 3
+
+
+def test_device_peaks_and_utilization():
+    """The table of dense peaks: each device kind JAX reports finds its own row (variants before their family),
+    float16 runs at the bfloat16 rate, and anything else has no peak."""
+    from training.devices.peaks import peak_flops, utilization
+
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.5e12
+    assert peak_flops("NVIDIA H100 PCIe", "float16") == 756.5e12
+    assert peak_flops("NVIDIA H200", "float32") == 494.5e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16") == 312e12
+    assert peak_flops("NVIDIA L4", "bfloat16") == 121e12 and peak_flops("NVIDIA L40S", "bfloat16") is None
+    assert peak_flops("TPU v5 lite", "bfloat16") == 197e12 and peak_flops("TPU v5p", "bfloat16") == 459e12
+    assert peak_flops("TPU v6 lite", "float32") == 918e12 and peak_flops("TPU v4", "bfloat16") == 275e12
+    assert peak_flops("cpu", "float32") is None
+    assert utilization(2e9, 1000.0, 1e12, 4) == (2e12, 0.5)
+    assert utilization(2e9, 1000.0, None, 1) == (2e12, "unknown")
+    assert utilization(None, 1000.0, 1e12, 1) == ("unknown", "unknown")
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal: the loop then shows its live progress bar."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("log_every, terminal", [(1, False), (50, True), (1, True)])
+def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, monkeypatch, log_every, terminal):
+    """Nothing the loop shows (step lines, the bar's loss and learning rate, trackers) waits on the call just
+    dispatched: each call is made slow (its logs wait on ~0.1 s of matrix products queued behind it) and, when the
+    next call is dispatched, it has not finished yet. A loop that read a value of the running call (the learning
+    rate computed eagerly, say) would find every previous call finished."""
+    trainer = make_trainer(tmp_path, TINY_MODELS["mnist_cnn"], 1, "r", epochs=1)
+    trainer.settings = dataclasses.replace(trainer.settings, log_every=log_every)
+    if terminal:
+        monkeypatch.setattr(sys, "stderr", Terminal())
+
+    @jax.jit
+    def slow(loss):
+        m = jnp.full((384, 384), 1.0 / 384, jnp.float32) + loss * 0
+        return jax.lax.fori_loop(0, 60, lambda i, m: m @ m, m)[0, 0] - 1.0  # exactly 0: m @ m == m
+
+    finished_at_dispatch, previous = [], []
+    compile_step = trainer.state.compile
+
+    def compile_and_slow_down(ts):
+        compile_step(ts)
+        chunk = trainer.state.compiled_chunk
+
+        def slowed(ts, totals, stack):
+            if previous:
+                finished_at_dispatch.append(previous[-1].is_ready())
+            ts, totals, logs = chunk(ts, totals, stack)
+            logs = {**logs, "loss": logs["loss"] + slow(logs["loss"][0])}
+            previous.append(logs["loss"])
+            return ts, totals, logs
+
+        trainer.state.compiled_chunk = slowed
+
+    monkeypatch.setattr(trainer.state, "compile", compile_and_slow_down)
+    trainer.fit()
+    assert len(finished_at_dispatch) == 7 and int(trainer.ts["step"]) == 8
+    assert sum(finished_at_dispatch) <= 1, finished_at_dispatch  # one late thread wake-up on a busy machine at most
+
+
+@pytest.mark.parametrize(
+    "steps, batch_bytes, backend, expected",
+    [
+        (430, 401_920, "cpu", 10),  # MNIST's 55,000 / 128: 10 divides the epoch, no padded step
+        (469, 401_920, "cpu", 10),  # 60,000 / 128 = 469 = 7 * 67: K = 10 leaves one padded step, the least
+        (16 * 9, 401_920, "cpu", 16),  # several K divide the epoch: the largest
+        (5, 401_920, "cpu", 5),  # a short epoch in one call
+        (430, AUTO_STACK_BYTES // 4, "cpu", 4),  # big batches: the prefetched stack stays within its cap
+        (430, AUTO_STACK_BYTES * 2, "cpu", 1),
+        (430, 401_920, "gpu", 1),  # not measured on accelerators: one step per call
+        (430, 401_920, "tpu", 1),
+    ],
+)
+def test_auto_steps_per_call(steps, batch_bytes, backend, expected):
+    assert auto_steps_per_call(steps, batch_bytes, backend) == expected
+
+
+def test_auto_is_the_default_and_bad_values_are_named():
+    base = {
+        "name": "t",
+        "model": {"name": "mlp"},
+        "loss": {"name": "cross_entropy"},
+        "metrics": [],
+        "optimizer": {"name": "adam", "args": {"lr": 0.1}},
+        "data_loader": {"train": {"name": "mnist"}},
+        "trainer": {"monitor": "off"},
+    }
+    assert validate(base)["trainer"]["steps_per_call"] == "auto"
+    with pytest.raises(ConfigError, match='steps_per_call: expected int or "auto", got "fast"'):
+        validate({**base, "trainer": {"monitor": "off", "steps_per_call": "fast"}})
+
+
+def test_process_defaults_only_on_linux_cpu_and_never_over_the_user():
+    on = platform.process_defaults({}, "linux", cpu=True)
+    assert on == {"GLIBC_TUNABLES": platform.HUGETLB}
+    assert platform.process_defaults({}, "linux", cpu=False) == {}
+    assert platform.process_defaults({}, "darwin", cpu=True) == {}
+    assert platform.process_defaults({platform.SWITCH: "0"}, "linux", cpu=True) == {}
+    assert platform.process_defaults({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "linux", cpu=True) == {}
+    assert not platform.cpu_backend_expected({"JAX_PLATFORMS": "cuda,cpu"})
+    assert platform.cpu_backend_expected({"JAX_PLATFORMS": "cpu"})
+
+
+def test_xla_options_only_for_the_measured_cpu_setup():
+    train = platform.xla_options("train", "cpu", {}, series="0.10")
+    assert train == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+    assert platform.xla_options("eval", "cpu", {}, series="0.10") == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    assert platform.xla_options("train", "gpu", {}, series="0.10") == {}
+    assert platform.xla_options("train", "cpu", {}, series="0.12") == train  # re-measured there
+    assert platform.xla_options("train", "cpu", {}, series="0.11") == {}  # unmeasured jaxlib: XLA may reject them
+    assert platform.xla_options("train", "cpu", {"XLA_FLAGS": "--xla_dump_to=/tmp"}, series="0.10") == {}
+    assert platform.xla_options("train", "cpu", {platform.SWITCH: "0"}, series="0.10") == {}
+    # The options are accepted by the installed XLA (a rejected option is an error at compile time).
+    for kind in ("train", "eval", "init"):
+        options = platform.xla_options(kind, jax.default_backend())
+        jax.jit(lambda x: x.sum(0) * 2).lower(np.ones((4, 3), np.float32)).compile(options or None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the malloc default is Linux-only")
+@pytest.mark.parametrize("switch, expected", [(None, ["None", "glibc.malloc.hugetlb=1"]), ("0", ["None"])])
+def test_apply_re_executes_once_with_the_tunable(switch, expected):
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from training.devices import platform
+        print("image", os.environ.get("GLIBC_TUNABLES"), os.getpid(), flush=True)
+        platform.apply()
+        print("started", platform.STARTED_AT, flush=True)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLIBC_TUNABLES", "_TRAIN", platform.SWITCH))}
+    env["JAX_PLATFORMS"] = "cpu"
+    if switch is not None:
+        env[platform.SWITCH] = switch
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    images = [line.split() for line in out.splitlines() if line.startswith("image")]
+    assert [i[1] for i in images] == expected
+    assert len({i[2] for i in images}) == 1  # the same process, re-executed in place
+    assert len([line for line in out.splitlines() if line.startswith("started")]) == 1
+
+
+# ------------------------------------------------------------------ the single-channel convolution's training path
+@pytest.mark.parametrize("padding, hw", [("SAME", (6, 7)), ("VALID", (5, 6)), (((2, 0), (1, 3)), (4, 5))])
+def test_single_channel_conv_training_path_equals_autodiff_float64(padding, hw):
+    """One input channel, stride 1: the training forward (shifted-slice products) and the weight gradient (one
+    matrix product over taps) give the plain convolution's values and autodiff's gradients."""
+    from jax import lax
+
+    from model.kernels import conv as cpu_conv
+    from model.modules import conv
+
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        x, w = rng.normal(size=(3, *hw, 1)), rng.normal(size=(3, 2, 1, 4))
+        pads = conv.explicit_padding(padding, hw, (3, 2), (1, 1))
+        assert cpu_conv.is_single_channel(x, (1, 1), pads, (1, 1), (1, 1), 1)
+        reference = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), pads, dimension_numbers=conv.DIMS)
+        cotangent = rng.normal(size=reference(x, w).shape)
+        ours_y, ours_vjp = jax.vjp(lambda x, w: conv.conv2d(x, w, padding=padding, cpu_kernels=True), x, w)
+        ref_y, ref_vjp = jax.vjp(reference, x, w)
+        np.testing.assert_allclose(ours_y, ref_y, rtol=1e-12, atol=1e-12)
+        for ours, ref in zip(ours_vjp(cotangent), ref_vjp(cotangent)):
+            assert ours.dtype == np.float64
+            np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_single_channel_conv_inside_scan_float32_and_check_grads():
+    from jax import lax
+    from jax.test_util import check_grads
+
+    from model.modules import conv
+
+    rng = np.random.default_rng(1)
+    x, w = rng.normal(size=(4, 8, 8, 1)).astype(np.float32), rng.normal(size=(3, 3, 1, 5)).astype(np.float32)
+    cotangent = rng.normal(size=(4, 8, 8, 5)).astype(np.float32)
+
+    def grads_in_scan(fn):
+        body = lambda carry, _: (carry, jax.grad(lambda x, w: jnp.vdot(fn(x, w), cotangent), (0, 1))(x, w))
+        return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
+
+    ours = grads_in_scan(lambda x, w: conv.conv2d(x, w, cpu_kernels=True))
+    ref = grads_in_scan(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=conv.DIMS))
+    for a, b in zip(ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+    with jax.enable_x64(True):
+        check_grads(
+            lambda x, w: conv.conv2d(x, w, padding=1, cpu_kernels=True),
+            (x[:2, :5, :5].astype(np.float64), w.astype(np.float64)),
+            order=1,
+            modes=("rev",),
+        )
+    # Inference (and so every export) keeps the plain convolution.
+    assert "conv_general_dilated" in str(jax.make_jaxpr(lambda x: conv.conv2d(x, w, cpu_kernels=True))(x))
+
+
+# ----------------------------------------------------------------------------------------- benchmark helpers
+def test_cpu_model_names_the_processor_and_its_vector_extensions():
+    from benchmarks.machine import cpu_model
+
+    cpuinfo = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+        "model name\t: Intel(R) Xeon(R) Platinum 8480C\nflags\t\t: fpu avx2 avx512f amx_tile\n\n"
+        "processor\t: 1\nmodel name\t: other\n"
+    )
+    assert cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8480C (family 6 model 143, avx2+avx512f+amx_tile)"
+    assert cpu_model("model name\t: AMD EPYC\nflags\t: sse2\n") == "AMD EPYC (no avx2)"
+    assert cpu_model() and cpu_model() != "x86_64" or sys.platform != "linux"
+
+
+def test_fraction_of_peak_and_matmul_peak():
+    from benchmarks.machine import fraction_of_peak, matmul_peak
+
+    assert fraction_of_peak(4000, 25e6, 200) == pytest.approx(0.5)
+    rates = matmul_peak(size=64, reps=1)
+    assert {"jax", "numpy"} <= set(rates) and all(r > 0 for r in rates.values())
+
+
+def test_torch_variant_is_skipped_with_a_note_without_torch(monkeypatch):
+    import importlib.util
+
+    from benchmarks import train_benchmark
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    variants, notes = train_benchmark.available(["template", "torch", "flax", "torch-bf16", "bf16"])
+    assert variants == ["template", "flax", "bf16"] and len(notes) == 1 and "PyTorch is not installed" in notes[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert train_benchmark.available(["template", "torch"]) == (["template", "torch"], [])
+    assert "torch" not in (REPO / "requirements.txt").read_text()
+
+
+def test_report_gives_every_variant_its_fraction_of_the_peak():
+    from benchmarks import train_benchmark
+
+    runs = {
+        "template": [
+            {
+                "images_per_s": 2000.0,
+                "seconds": 1.0,
+                "data_wait_s": 0.0,
+                "compile_s": 1.0,
+                "steps_per_call": 10,
+                "peak_rss_mb": 1.0,
+                "mflop_per_example": 25.0,
+            }
+        ],
+        "torch": [{"images_per_s": 1000.0, "torch": "2", "threads": 2, "params": 3}],
+    }
+    table = train_benchmark.report("mnist_cnn", runs, peak=100.0)
+    assert "| template | 2,000 | 2,000-2,000 | 1 | 1.00 | - | 50% |" in table
+    assert "| torch | 1,000 | 1,000-1,000 | 1 | 2.00 | - | 25% |" in table
+
+
+def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch):
+    # The peers normalise on the host and follow the sample's schedule: both must equal the template's own.
+    import numpy as np
+
+    from benchmarks import train_benchmark
+    from utils import build_augment
+
+    monkeypatch.setattr(train_benchmark.tempfile, "gettempdir", lambda: str(tmp_path))
+    config = train_benchmark.bench_config("cifar_resnet", steps=2, augment=False)
+    data = np.load(config["data_loader"]["train"]["args"]["path"])
+    assert data["images"].shape == (256, 32, 32, 3) and data["images"].dtype == np.uint8
+    x = data["images"][:8]
+    ours = build_augment(config)({"input": x, "target": data["labels"][:8]}, train=False)["input"]
+    np.testing.assert_allclose(train_benchmark.host_normalize(config)(x), ours, rtol=1e-5, atol=1e-5)
+
+    for each in (config, train_benchmark.bench_config("mnist_cnn")):  # cosine; warm-up + cosine
+        _, schedule = build_optimizer(each, steps_per_epoch=391)
+        peer, flax_peer = train_benchmark.peer_schedule(each, 391), train_benchmark.optax_schedule(each, 391)
+        for step in (0, 1, 100, 500, 391 * each["trainer"]["epochs"] - 1, 391 * each["trainer"]["epochs"] + 5):
+            assert peer(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7), (each["name"], step)
+            assert float(flax_peer(step)) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7)
+    cifar = train_benchmark.bench_config("cifar_resnet", steps=2)
+    assert train_benchmark.peer_is_sgd(cifar) and train_benchmark.weight_decay(cifar) == 0.0005
+    assert [op["name"] for op in cifar["data_loader"]["train"]["augment"]] == [
+        "random_crop",
+        "flip_horizontal",
+        "normalize",
+    ]

@@ -1,0 +1,247 @@
+"""Sweeps on Optuna: argument checks, and real sweeps of train.py processes on tiny generated IDX data, with two
+workers on one journal file or one PostgreSQL server, a worker killed mid-trial, pruning and failing trials."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+import sweep
+from tests.conftest import make_idx_dataset
+from tests.end_to_end.test_train import ROOT, make_config, run
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """Enough examples that an epoch outlasts the worker's polling (a trial can be pruned or killed mid-run)."""
+    folder = tmp_path_factory.mktemp("data") / "mnist"
+    make_idx_dataset(folder, n_train=1000, n_test=90)
+    return folder
+
+
+def sweep_folder(tmp_path: Path, name: str = "tiny") -> Path:
+    found = list((tmp_path / "saved" / name).glob("sweep-*"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def strip(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("time/")}
+
+
+def start_sweep(*args) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "sweep.py", *map(str, args)],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(condition, what: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grid", "optimizer.args.lr=0.1"], "--grid optimizer.args.lr=0.1: expected KEY.PATH=[v1, v2, ...]"),
+        (["--grid", "optimizer.args.lr=[]"], "a non-empty JSON list"),
+        (["--sample", "optimizer.args.lr=normal:0:1"], "unknown distribution 'normal'; expected uniform:LOW:HIGH"),
+        (["--sample", "optimizer.args.lr=loguniform:0:1"], "loguniform needs 0 < LOW"),
+        (["--sample", "model.args.hidden.0=int:8:x"], "expected int:LOW:HIGH with two integers"),
+        (["--grid", "trainer.epochz=[1]"], "no such key in config.json (trainer has no 'epochz')"),
+        (["--grid", "optimizer.args.lr=[0.01,-1]"], "--grid optimizer.args.lr=-1: config.json: optimizer.args.lr"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--set", "optimizer.args.lr=0.2"], "already given by --set"),
+        (["--grid", 'name=["a","b"]'], "--grid name: the sweep names each trial's folder"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--prune", "mean"], "--prune mean: expected median[:WARMUP"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--prune", "percentile:100"], "--prune percentile:100: expected"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--trials", "2"], "the grid has 1 point; add --sample"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--sampler", "anneal"], "--sampler anneal: expected one of grid"),
+        (["--sample", "optimizer.args.lr=uniform:0:1", "--sampler", "grid"], "--sampler grid: every swept value"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--parallel", "0"], "--parallel 0: expected at least 1"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--set", "trainer.monitor=off"], "trainer.monitor is off"),
+        (
+            ["--grid", "optimizer.args.lr=[0.1]", "--storage", "sweeps.db"],
+            "--storage sweeps.db: expected a database URL",
+        ),
+        (["--grid", "optimizer.args.lr=[0.1]", "--storage", "nosuch://x"], "--storage nosuch://x: "),
+        (["--grid", "optimizer.args.lr=[0.1]", "--study", "a/b"], "--study 'a/b': expected letters"),
+        ([], "nothing to sweep"),
+    ],
+)
+def test_bad_arguments_are_one_error_line_before_anything_is_written(tmp_path, data_dir, capsys, args, message):
+    config = make_config(tmp_path, data_dir)
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["-c", str(config), *args])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def assert_once_each(folder: Path, trials: int, epochs: int, study: optuna.Study) -> None:
+    """Exactly `trials` trial folders, each trained once through its epochs, and as many finished trials."""
+    assert sorted(p.name for p in folder.glob("trial-*")) == [f"trial-{i:03d}" for i in range(trials)]
+    for run_dir in folder.glob("trial-*"):
+        assert [r["epoch"] for r in rows_of(run_dir)] == list(range(1, epochs + 1)), run_dir
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == trials and len({t.number for t in done}) == trials
+    with open(folder / "results.csv") as f:
+        assert sorted(int(row["trial"]) for row in csv.DictReader(f) if row["status"] == "done") == list(range(trials))
+
+
+def two_workers(config: Path, *extra) -> list[str]:
+    args = ["-c", config, "--sample", "optimizer.args.lr=loguniform:1e-3:1e-2", "--sampler", "random", "--trials", 4]
+    workers = [start_sweep(*args, *extra, "--seed", seed) for seed in (1, 2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    started = sorted(line.split(":")[0] for out in outputs for line in out.splitlines() if ": started " in line)
+    assert started == [f"trial-{i:03d}" for i in range(4)], outputs  # each trial started by one worker, once
+    return outputs
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_journal_file_run_each_trial_once(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    two_workers(config, "--study", "shared")
+    folder = tmp_path / "saved" / "tiny" / "sweep-shared"
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / "journal.log")))
+    assert_once_each(folder, 4, 1, optuna.load_study(study_name="sweep-shared", storage=storage))
+    assert (folder / "best" / "config.json").is_file() and (folder / "curves.png").is_file()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A real PostgreSQL server for the module: initdb in a temporary folder, as the postgres user when we are root
+    (initdb refuses root), on a free port of localhost; stopped and removed at the end."""
+    found = (
+        subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True) if shutil.which("pg_config") else None
+    )
+    bindirs = [Path(found.stdout.strip())] if found and found.returncode == 0 else []
+    bindirs += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)  # Debian's, without pg_config
+    bindir = next((b for b in bindirs if (b / "initdb").is_file()), None)
+    if bindir is None:
+        pytest.skip("PostgreSQL's server is not installed (no initdb in pg_config --bindir); .ci/run installs it")
+    as_user = []
+    if os.geteuid() == 0:
+        if not shutil.which("runuser"):
+            pytest.skip("running as root without runuser: initdb refuses root")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    folder = Path(tempfile.mkdtemp(prefix="sweep-pg-"))
+    if as_user:
+        shutil.chown(folder, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pg = lambda *command: subprocess.run([*as_user, *map(str, command)], capture_output=True, text=True, check=True)
+    pg(bindir / "initdb", "-D", folder / "data", "-U", "postgres", "--auth=trust", "-E", "UTF8")
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
+    pg(bindir / "pg_ctl", "-D", folder / "data", "-o", options, "-l", folder / "server.log", "-w", "start")
+    try:
+        pg(bindir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "sweeps")
+        yield f"postgresql://postgres@127.0.0.1:{port}/sweeps"
+    finally:
+        pg(bindir / "pg_ctl", "-D", folder / "data", "-m", "immediate", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_postgresql_server_run_each_trial_once(tmp_path, data_dir, postgres):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    two_workers(config, "--storage", postgres, "--study", "pg")
+    study = optuna.load_study(study_name="sweep-pg", storage=postgres.replace("://", "+psycopg://", 1))
+    assert_once_each(tmp_path / "saved" / "tiny" / "sweep-pg", 4, 1, study)
+    bad = run("sweep.py", "-c", config, "--grid", "optimizer.args.lr=[0.1]", "--storage", postgres + "x")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --storage ") and len(bad.stderr.splitlines()) == 1
+
+
+def epoch_ended(run_dir: Path) -> bool:
+    """Its checkpoint and its whole metrics row are there (the kill must not come between the two writes)."""
+    rows = run_dir / "metrics.jsonl"
+    return (run_dir / "checkpoint-latest.params").is_file() and rows.is_file() and rows.read_text().endswith("\n")
+
+
+@pytest.mark.slow
+def test_a_trial_of_a_killed_worker_is_taken_up_from_its_checkpoint(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=10)
+    args = ["-c", config, "--grid", "optimizer.args.lr=[0.003]", "--heartbeat", 1]
+    first = start_sweep(*args)
+    try:
+        wait_for(lambda: any(map(epoch_ended, (tmp_path / "saved").glob("tiny/sweep-*/trial-000"))), "epoch 1")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # no handler runs: the trial learns of it from the kernel and saves
+        first.communicate()
+    folder = sweep_folder(tmp_path)
+    stopped_at = len(rows_of(folder / "trial-000"))
+    second = run("sweep.py", *args)  # fails the trial once three heartbeats are missed, and takes it up
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "trial-000: resumed" in second.stdout and "trial-000: done" in second.stdout
+    assert "resumed from" in (folder / "trial-000" / "train.log").read_text() and 1 <= stopped_at < 10
+    rows = rows_of(folder / "trial-000")
+    assert [r["epoch"] for r in rows] == list(range(1, 11))
+
+    rerun = run("train.py", "-c", folder / "best" / "config.json", "--run-id", "again")  # never interrupted
+    assert rerun.returncode == 0, rerun.stderr
+    assert strip(rows_of(tmp_path / "saved" / "tiny" / "again")[-1]) == strip(rows[-1])
+
+
+@pytest.mark.slow
+def test_median_pruning_stops_a_trial_that_cannot_learn(tmp_path, data_dir):
+    # epochs enough that the bad trial still runs when its first epoch is read; seed 3 shuffles the grid so that
+    # lr 0 comes last, after two finished trials (MIN_TRIALS 1: one is enough)
+    config = make_config(tmp_path, data_dir, trainer__epochs=60)
+    grid = ["--grid", "optimizer.args.lr=[0.003,0.01,0]", "--seed", 3, "--prune", "median:1:1"]
+    result = run("sweep.py", "-c", config, *grid, "--set", "name=pruned")
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = sweep_folder(tmp_path, "pruned")
+    with open(folder / "results.csv") as f:
+        table = {row["optimizer.args.lr"]: row for row in csv.DictReader(f)}
+    assert [table[lr]["status"] for lr in ("0.003", "0.01", "0")] == ["done", "done", "pruned"]
+    assert table["0"]["best_epoch"] == "2"  # epoch 1 is the warm-up
+    assert 2 <= len(rows_of(folder / "trial-002")) < 60
+    assert "stopped by SIGTERM" in (folder / "trial-002" / "train.log").read_text()
+    for name in ("results.csv", "curves.png", "history.png", "parallel.png", "best/config.json"):
+        assert (folder / name).is_file(), name
+
+
+@pytest.mark.slow
+def test_failed_trials_are_recorded_with_their_error_and_retried_only_when_asked(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    # b1 2 passes the config's checks but not the optimizer's (exit 2)
+    args = ["-c", config, "--grid", "optimizer.args.b1=[0.9,2.0]"]
+    result = run("sweep.py", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = sweep_folder(tmp_path)
+    with open(folder / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [row["status"] for row in table] == ["done", "failed"]
+    assert table[1]["error"].startswith("error: ") and "optimizer.args.b1" in table[1]["error"]
+    assert "failed:" in result.stdout
+    kept = run("sweep.py", *args)
+    assert kept.returncode == 0 and "started" not in kept.stdout and "resumed" not in kept.stdout
+    retried = run("sweep.py", *args, "--retry-failed")
+    assert retried.returncode == 0 and f"trial-{table[1]['trial'].zfill(3)}: resumed" in retried.stdout
+    assert retried.stdout.count("resumed") == 1

@@ -1,0 +1,129 @@
+"""Run figures: the curves drawn are the numbers in metrics.jsonl, the PNGs have the expected size and are not blank,
+and `python utils.py plot` writes curves.png or fails with one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.end_to_end.test_train import run
+from training.plots.figures import (
+    confusion_figure,
+    curve_names,
+    curves_figure,
+    plot_run,
+    read_metrics,
+    save_confusion_matrix,
+    save_curves,
+)
+
+
+def make_rows(epochs: int = 4, validation: bool = True, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for epoch in range(1, epochs + 1):
+        row = {
+            "epoch": epoch,
+            "step": 9 * epoch,
+            "train/loss": float(rng.uniform(0, 2)),
+            "train/accuracy": float(rng.uniform()),
+            "train/top_3_accuracy": float(rng.uniform()),
+        }
+        if validation:
+            row.update(
+                {
+                    "val/loss": float(rng.uniform(0, 2)),
+                    "val/accuracy": float(rng.uniform()),
+                    "val/top_3_accuracy": float(rng.uniform()),
+                    "val/recall": rng.uniform(size=3).tolist(),
+                }
+            )
+        row.update({"time/epoch_s": 1.0, "time/examples_per_s": 300.0, "lr": 0.1 / epoch})
+        rows.append(row)
+    return rows
+
+
+def lines_by_label(ax) -> dict[str, tuple[list, list]]:
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+
+
+def test_one_panel_per_quantity_holding_the_logged_values():
+    rows = make_rows()
+    assert curve_names(rows) == ["loss", "accuracy", "top_3_accuracy", "lr"]  # per-class vectors are not drawn
+    fig = curves_figure(rows)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["loss", "accuracy", "top_3_accuracy", "learning rate"]
+    epochs = [r["epoch"] for r in rows]
+    for ax, name in zip(axes[:3], ["loss", "accuracy", "top_3_accuracy"]):
+        lines = lines_by_label(ax)
+        assert lines["train"] == (epochs, [r[f"train/{name}"] for r in rows])
+        assert lines["validation"] == (epochs, [r[f"val/{name}"] for r in rows])
+    assert lines_by_label(axes[3])["learning rate"] == (epochs, [r["lr"] for r in rows])
+
+
+def test_runs_without_validation_or_without_any_curve():
+    rows = make_rows(3, validation=False)
+    fig = curves_figure(rows)
+    loss_ax = next(ax for ax in fig.axes if ax.get_title() == "loss")
+    assert set(lines_by_label(loss_ax)) == {"train"}
+    with pytest.raises(ValueError, match="no train/ or val/ values"):
+        curves_figure([{"epoch": 1, "step": 3, "lr": 0.1}])
+
+
+@pytest.mark.parametrize("panels, size", [(4, (1200, 600)), (2, (800, 300)), (7, (1200, 900))])
+def test_curves_png_has_the_expected_size_and_is_drawn(tmp_path, panels, size):
+    metrics = [f"m{i}" for i in range(panels - 1)]  # + the loss panel (no lr in these rows)
+    rows = [
+        {"epoch": e, "train/loss": 1.0 / e, **{f"val/{m}": math.sin(e + i) for i, m in enumerate(metrics)}}
+        for e in range(1, 6)
+    ]
+    path = save_curves(rows, tmp_path / "curves.png")
+    image = np.asarray(Image.open(path).convert("RGB"))
+    assert image.shape[1::-1] == size
+    dark = (image.sum(axis=2) < 300).mean()  # text, axes and lines; a blank canvas has none
+    coloured = (np.ptp(image.astype(int), axis=2) > 60).mean()  # the plotted lines are coloured
+    assert 0.005 < dark < 0.5 and coloured > 0.001
+
+
+def test_confusion_matrix_figure_shows_counts_coloured_by_row(tmp_path):
+    rng = np.random.default_rng(1)
+    matrix = rng.integers(0, 20, (6, 6))
+    matrix[2] = 0  # a class absent from the data: its row stays at 0, not NaN
+    fig = confusion_figure(matrix, class_names=list("abcdef"))
+    ax = fig.axes[0]
+    rows = matrix.sum(axis=1, keepdims=True)
+    expected = np.where(rows > 0, matrix / np.maximum(rows, 1), 0.0)
+    np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), expected)
+    counts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
+    assert counts == {(i, j): str(matrix[i, j]) for i in range(6) for j in range(6)}
+    assert [t.get_text() for t in ax.get_xticklabels()] == list("abcdef")
+
+    path = save_confusion_matrix(matrix, tmp_path / "cm.png")
+    width, height = Image.open(path).size
+    assert height >= 400 and width == height + 100  # square cells, one inch more for the colour bar
+    assert np.asarray(Image.open(path).convert("L")).std() > 10
+
+
+def test_plot_run_reads_metrics_jsonl(tmp_path):
+    rows = make_rows(2)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    assert read_metrics(tmp_path / "metrics.jsonl") == rows
+    assert plot_run(tmp_path) == tmp_path / "curves.png" and (tmp_path / "curves.png").stat().st_size > 10_000
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl: no such file"):
+        plot_run(tmp_path / "elsewhere")
+
+
+def test_utils_plot_command(tmp_path):
+    run_dir = tmp_path / "saved" / "tiny" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(3)))
+    result = run("utils.py", "plot", run_dir, "-o", tmp_path / "out.png")
+    assert result.returncode == 0, result.stderr
+    assert Image.open(tmp_path / "out.png").size == (1200, 600)
+    result = run("utils.py", "plot", tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,168 @@
+"""What every command-line entry point shares: one `error:` line and exit status 2 for bad input (argparse's too),
+how a command ends (``command``: Ctrl-C, a closed pipe, a platform JAX cannot start), and the logging set up from
+logger_config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.config
+import logging.handlers
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from training.config.file import ConfigError, closest
+from training.files.writes import open_append
+
+INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a command Ctrl-C ended
+CLOSED_PIPE = 128 + signal.SIGPIPE  # the shell's status for a writer whose reader went away (`| head -1`)
+
+# The project's own logging setup: beside train.py, whatever the working folder (a config's paths are the user's,
+# relative to where the command runs; this one belongs to the code).
+LOGGER_CONFIG = Path(__file__).resolve().parents[2] / "logger_config.json"
+
+
+class _NoFollow:
+    """A log file opened to append, never through a link planted at its name (files.open_append)."""
+
+    def _open(self):
+        return open_append(self.baseFilename, encoding=self.encoding, errors=self.errors)
+
+
+class FileHandler(_NoFollow, logging.FileHandler):
+    pass
+
+
+class RotatingFileHandler(_NoFollow, logging.handlers.RotatingFileHandler):
+    pass  # a rollover renames the files (a rename moves a link, it never writes through one), then opens anew
+
+
+NOFOLLOW_HANDLERS = {
+    "logging.FileHandler": f"{__name__}.FileHandler",
+    "logging.handlers.RotatingFileHandler": f"{__name__}.RotatingFileHandler",
+}
+
+
+def log_files(config_path: str | Path = LOGGER_CONFIG) -> list[str]:
+    """The names of the files the logging setup writes in a run folder (``train.log``)."""
+    handlers = json.loads(Path(config_path).read_text()).get("handlers", {}).values()
+    return [h["filename"] for h in handlers if "filename" in h]
+
+
+def setup_logging(run_dir: Path | None, config_path: str | Path = LOGGER_CONFIG, verbose: bool = True) -> None:
+    """Console + rotating file (`train.log` in the run folder) from logger_config.json. A link or a pipe planted
+    at the log file's name raises files.UnsafeFile (an OSError)."""
+    spec = json.loads(Path(config_path).read_text())
+    for handler in spec.get("handlers", {}).values():
+        if "filename" in handler:
+            handler["class"] = NOFOLLOW_HANDLERS.get(handler.get("class"), handler.get("class"))
+            if run_dir is None:
+                handler["class"], handler["filename"] = "logging.NullHandler", None
+                handler.pop("filename"), handler.pop("maxBytes", None), handler.pop("backupCount", None)
+                handler.pop("encoding", None)
+            else:
+                handler["filename"] = str(Path(run_dir) / handler["filename"])
+    try:
+        logging.config.dictConfig(spec)
+    except ValueError as error:  # dictConfig wraps a handler's error: the file's own error is the one to report
+        if isinstance(error.__cause__, OSError):
+            raise error.__cause__ from None
+        raise
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse as the project's commands use it: no prefix matching (``--epoch 3`` is not ``--epochs 3``), and a bad
+    flag or flag value is one `error:` line (exit status 2) like every other bad input, not a usage block."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        unknown = message.partition("unrecognized arguments: ")[2].split()
+        hint = (
+            closest(unknown[0].split("=")[0], [o for o in self._option_string_actions if o.startswith("--")])
+            if unknown
+            else ""
+        )
+        fail(f"{message}.{hint} See {self.prog} --help")
+
+
+def add_run(parser: argparse.ArgumentParser, help: str, required: bool = False) -> None:
+    """``--run RUN``, the run folder that test.py, sample.py and the export read. It has no ``-r``: that is train.py's
+    resume, so ``-r`` or ``--resume`` here is refused with ``--run`` named instead of read as something else."""
+    parser.add_argument("--run", required=required, metavar="RUN", help=help)
+    parser.add_argument("-r", "--resume", action=_TrainOnly, nargs="?", help=argparse.SUPPRESS)
+
+
+class _TrainOnly(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise argparse.ArgumentError(
+            None,
+            f"{option_string}: give the run folder as --run RUN (-r and --resume are train.py's, to resume training)",
+        )
+
+
+def command(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Runs an entry point's ``main`` and returns its exit status, ending the ways every command ends alike:
+    Ctrl-C (KeyboardInterrupt) is one line and status 130; a closed pipe (``test.py ... | head -1``) ends quietly with
+    141, the status a shell shows for a writer SIGPIPE ended; a ConfigError the command did not catch is one line
+    and 2; so is an error raised because JAX cannot start the platform ``JAX_PLATFORMS`` names (``fail`` says
+    that instead of what the command made of the error). Text the terminal's
+    encoding cannot show (class names under an ASCII locale) is printed escaped, never an error."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        try:
+            return main(argv)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe is caught, not at exit (argparse's --help exits too)
+    except KeyboardInterrupt:
+        print("error: stopped by SIGINT (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:
+        # what is still buffered cannot be written either: stdout goes to /dev/null so that the flush at exit does
+        # not raise (and print) the same error again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_PIPE
+    except ConfigError as error:
+        fail(str(error))
+    except Exception:
+        problem = platform_problem()
+        if problem:
+            fail(problem)
+        raise
+
+
+def platform_problem() -> str | None:
+    """Why JAX cannot start the platform ``JAX_PLATFORMS`` names (a GPU asked for where there is none or its plugin
+    is missing), or None. Asked only once something failed: JAX raises that from its first use, wherever it is."""
+    wanted = os.environ.get("JAX_PLATFORMS", "").strip()
+    if not set(wanted.lower().split(",")) - {"cpu", ""} or "jax" not in sys.modules:
+        return None  # the CPU is always there; a JAX not imported yet has not failed to start anything
+    import jax
+
+    try:
+        jax.devices()
+    except Exception as error:  # JAX's own error: a RuntimeError, or an AssertionError without a message
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else "no such device or plugin"
+        return (
+            f"JAX_PLATFORMS={wanted}: JAX cannot start it here ({reason}); unset JAX_PLATFORMS to use what this "
+            "machine has, or install that platform's JAX plugin"
+        )
+    return None
+
+
+def fail(message: str, status: int = 2) -> None:
+    # a platform JAX cannot start makes any first use of JAX fail, and a command's message would blame that use
+    message = platform_problem() or message
+    # one line whatever the message quotes: a newline or escape code from a file name or a value is shown escaped
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+    print(f"error: {text}", file=sys.stderr)
+    raise SystemExit(status)
