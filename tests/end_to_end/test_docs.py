@@ -102,3 +102,60 @@ def test_list_layers_shows_every_layer_class_with_its_arguments_and_what_it_is()
                 assert argument in lines[row], (name, argument)
         assert lines[row + 1].startswith("      ") and "(no docstring)" not in lines[row + 1], name
     assert "causal=False" in lines[next(i for i, line in enumerate(lines) if "TransformerBlock(" in line) + 1]
+
+
+NAMED_PATH = re.compile(
+    r"(?<![\w./-])((?:training|data_loader|model|inference|tests|benchmarks|docs|configs)/[\w/.-]*?\.(?:py|md|json|ipynb))(?!\w)"
+)
+NAMED_MODULE = re.compile(r"(?<![\w./-])((?:training|data_loader|inference|utils)(?:\.[A-Za-z_]\w*)+)")
+# data_loader.<split>.* in prose is a config key, not a module
+CONFIG_SECTIONS = {"train", "validation", "test", "name", "args"}
+
+
+def names_a_thing_that_exists(dotted: str) -> bool:
+    """``training.run.checkpoint.CheckpointError``: the longest prefix that is a module, then attributes of it."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        where = ROOT / module.replace(".", "/")
+        if where.with_suffix(".py").is_file() or (where / "__init__.py").is_file():
+            if parts[cut:] in ([], ["py"]):
+                return True
+            found = importlib.import_module(module)
+            for attribute in parts[cut:]:
+                if not hasattr(found, attribute):
+                    return False
+                found = getattr(found, attribute)
+            return True
+    return False
+
+
+def test_every_file_and_module_the_code_and_docs_name_exists():
+    """A docstring, comment or doc that names `training/run/folder.py` or ``training.run.checkpoint.read`` names
+    something that exists: files move and names change, and the words that pointed at them go stale silently."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    stale = []
+    for name in tracked:
+        path = ROOT / name
+        if (
+            not name.endswith((".py", ".md", ".ipynb"))
+            or not path.is_file()
+            or name == "tests/end_to_end/test_new_project.py"
+        ):
+            continue  # the new-project test names files it makes up
+        text = path.read_text(errors="replace")
+        for found in NAMED_PATH.findall(text):
+            if not (ROOT / found).exists():
+                stale.append(f"{name}: {found}")
+        other_utils = re.search(r"^\s*from \w+ import utils\b", text, flags=re.M)  # e.g. tf2onnx's
+        for found in NAMED_MODULE.findall(text):
+            parts = found.split(".")
+            if (parts[0] == "data_loader" and parts[1] in CONFIG_SECTIONS) or (parts[0] == "utils" and other_utils):
+                continue
+            if not names_a_thing_that_exists(found):
+                stale.append(f"{name}: {found}")
+    assert not stale, stale
