@@ -1,4 +1,4 @@
-"""data_loader/augment/pipeline.py, augment_ops.py and mixing.py: each op against a numpy reference written per example (same
+"""data_loader/augment/pipeline.py, ops.py and mixing.py: each op against a numpy reference written per example (same
 drawn parameters), the draws themselves, determinism for a key, per-example keys, evaluation mode, the config checks,
 mixup/cutmix with the loss and metrics, and the preprocessing that predict.py repeats."""
 

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-# A run folder's files. Here, not in run_folder.py, because this module imports neither JAX nor the checkpoint
+# A run folder's files. Here, not in training/run/folder.py, because this module imports neither JAX nor the checkpoint
 # format: sweep.py reads run folders without JAX, and training/run/checkpoint.py resolves a run's best checkpoint.
 CONFIG = "config.json"  # the config the run trained with, defaults filled in
 PREPROCESSING = "preprocessing.json"  # the training data's preprocessing, class names or vocabulary
