@@ -1,7 +1,10 @@
 """The training loop: epochs of jitted K-step calls, exact epoch metrics, early stopping, a stop at a step boundary.
 
-It reads top to bottom: ``fit`` runs ``train_epochs``; each epoch runs ``train_epoch`` (the compiled K-step calls
-over the loader's stacks, checking each call's losses while the next runs), then evaluation, then the commit.
+It reads top to bottom: ``fit`` runs the epochs; each runs ``train_epoch`` (the compiled K-step calls over the
+loader's stacks, each call's logs read once the next one is dispatched: ``OneCallLate``, ``Progress``), then
+``end_epoch`` (evaluation, the row, the commit). One update, from train.py to its gradient: ``Trainer.fit`` ->
+``Trainer.train_epoch`` -> the compiled call of ``step.train_chunk`` -> ``step.train_step`` -> ``step.micro_step``
+-> ``step.objective``.
 What it builds on, each in its own module: the assembled run (``utils.assemble``: model, loss, metrics, optimizer,
 loaders, callbacks), its typed settings (``training/config/settings.py``), the state on the devices and the compiled
 steps (``training/compiled.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the best value,
