@@ -17,7 +17,7 @@ from pathlib import Path
 
 from training.devices import distributed, platform
 from training.files.writes import CONFIG, LATEST, METRICS
-from training.run import debug_modes, location, signals
+from training.run import debug_modes, lifecycle, location, signals
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import command
 from training.tracking.trackers import start_trackers
@@ -125,8 +125,6 @@ def train(args) -> int:
     signals.safe_point()
     loaders = load_data(args, config, run)
     signals.safe_point()
-    from training.run import lifecycle
-
     with lifecycle.opened(
         config,
         Path(args.resume) if args.resume else None,

@@ -125,18 +125,18 @@ def run_bare(steps: int) -> dict:
     import numpy as np
 
     trainer = trainer_for(1, 50, steps)
-    state, x, y = trainer.steps, *data(steps)
-    step = state.compiled_chunk
+    compiled, x, y = trainer.steps, *data(steps)
+    step = compiled.compiled_chunk
     one, mask = np.ones(1, np.float32), np.ones((1, BATCH), np.float32)
 
     def epoch(number):
         def run():
-            ts, totals = trainer.train_state, state.empty_stats()
+            ts, totals = trainer.train_state, compiled.empty_stats()
             order = np.random.default_rng([0, number]).permutation(len(x))
             for i in range(steps):
                 idx = order[i * BATCH : (i + 1) * BATCH]
                 batch = {"input": x[idx][None], "target": y[idx][None], "mask": mask, "active": one}
-                ts, totals, logs = step(ts, totals, state.put_stack(batch))
+                ts, totals, logs = step(ts, totals, compiled.put_stack(batch))
             jax.block_until_ready((ts, totals, logs))
             trainer.train_state = ts
             return steps

@@ -91,11 +91,11 @@ def opened(
         removed = "; the run folder was removed again" if existed and folder.remove_new(run_dir, existed) else ""
         stop_all(f"cannot write in the run folder: {folder.os_error_text(error)}{removed}")
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
-    opened = RunFolder(run_dir, repaired, existed)
+    made = RunFolder(run_dir, repaired, existed)
     try:
-        yield trainer, opened
+        yield trainer, made
     finally:
-        if opened.discarded and distributed.is_main():
+        if made.discarded and distributed.is_main():
             folder.remove_new(run_dir, existed)
 
 
