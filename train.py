@@ -17,7 +17,7 @@ from pathlib import Path
 
 from training.devices import distributed, platform
 from training.files.writes import CONFIG, LATEST, METRICS
-from training.run import debug_modes, location, signals
+from training.run import debug_modes, lifecycle, location, signals
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import command
 from training.tracking.trackers import start_trackers
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     SIGINT/SIGTERM/SIGUSR1 after saving the position (continue with -r)."""
     with signals.noted_until_safe_points():
         try:
-            return run(parse_args(argv))
+            return train(parse_args(argv))
         except (Exception, KeyboardInterrupt, signals.Interrupted) as error:
             stop = signals.signal_in(error)
             if stop is None:
@@ -114,35 +114,79 @@ def main(argv=None) -> int:
             return 128 + signum
 
 
-def run(args) -> int:
+def train(args) -> int:
+    """The run in order: config, data, state, run folder, training, exit status. Between phases a stop signal
+    ends the start-up (``signals.safe_point``); nothing is loaded or compiled before the config passed."""
     if args.list:
-        try:
-            print(components_text(args.list))
-        except ConfigError as error:
-            fail(str(error))
-        return 0
+        return list_components(args.list)
     setup_logging(None)  # the console until the run folder exists
-    # 0. Several processes: jax.distributed starts before anything touches a device (one process: nothing to do).
+    start_processes(args)
+    config, resume_dir, run = read_config(args)
+    signals.safe_point()
+    loaders = load_data(args, config, run)
+    signals.safe_point()
+    with lifecycle.opened(
+        config,
+        Path(args.resume) if args.resume else None,
+        resume_dir,
+        load_state=lambda: load_state(args, config, run, resume_dir),
+        write=lambda run_dir: write_run_files(run_dir, config, run, new=not resume_dir),
+        exact=getattr(args, "exact_run_dir", False),
+    ) as (trainer, folder):
+        trackers = describe_run(args, config, run, trainer, folder)
+        status = 1
+        try:
+            status = fit(args, config, loaders, trainer, folder)
+        finally:
+            if distributed.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
+                finish(folder.path, trackers, status, trainer.lr_fn, curves=not args.fast_dev_run)
+            if args.fast_dev_run:
+                shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
+    distributed.finish()  # several processes: each waits here until all are done
+    if folder.discarded:
+        fail(folder.discarded)
+    return status
+
+
+def list_components(kind: str) -> int:
+    try:
+        print(components_text(kind))
+    except ConfigError as error:
+        fail(str(error))
+    return 0
+
+
+def start_processes(args) -> None:
+    """Several processes: jax.distributed starts before anything touches a device (one process: nothing to do)."""
     try:
         distributed.start(args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout)
     except distributed.DistributedError as error:
         fail(str(error))
-    # 1. Config: read, override, validate, build. Nothing is loaded or compiled before this passes.
+
+
+def read_config(args):
+    """The config read, overridden, validated and built into the run's components (``assemble``: no data yet)."""
     try:
         config, resume_dir = resolve_config(args)
         if not resume_dir and not args.fast_dev_run:
             location.check_not_linked(config)
-        source = Path(args.config).name if args.config else CONFIG
-        run = assemble(config, source)  # every component, and the optimizer's checks; no data yet
+        run = assemble(config, source_of(args))  # every component, and the optimizer's checks
         location.assign_wandb_id(config, resume_dir)
     except ConfigError as error:
         fail(str(error))
     if args.fast_dev_run:  # a throw-away folder, no trackers: nothing of the check outlives it
         config["trainer"]["save_dir"] = tempfile.mkdtemp(prefix="fast-dev-run-")
         config["wandb"]["enabled"] = config["tensorboard"]["enabled"] = False
+    return config, resume_dir, run
 
-    signals.safe_point()
-    # 2. Data: every shape and dtype the run compiles for comes from one real batch (the loader's spec).
+
+def source_of(args) -> str:
+    return Path(args.config).name if args.config else CONFIG
+
+
+def load_data(args, config: dict, run) -> dict:
+    """The loaders: every shape and dtype the run compiles for comes from one real batch (the loader's spec)."""
+    source = source_of(args)
     try:
         loaders = run.load_data()  # schedules count the steps of this data (debug modes below cut it, not them)
         run.check_data()
@@ -156,149 +200,91 @@ def run(args) -> int:
         fail(str(error))
     except ValueError as error:  # a dataset whose batches the loop cannot take
         fail(f"{source}: data_loader: {error}")
+    return loaders
 
-    signals.safe_point()
+
+def load_state(args, config: dict, run, resume_dir: Path | None):
+    """The trainer with its state: fresh, resumed, or initialised from another run's weights."""
+    from training.trainer import Trainer
+
+    trainer = Trainer(
+        run,
+        resume_dir,
+        config_hash=config_hash(config),
+        execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
+    )
+    trainer.check_memory()
+    if args.resume:
+        trainer.restore(Path(args.resume))
+        check_position(trainer, Path(args.resume), config["trainer"]["epochs"])
+    else:
+        trainer.init_state()
+        if args.weights:
+            trainer.load_weights(Path(args.weights), exclude=tuple(args.exclude))
+    return trainer
+
+
+def describe_run(args, config: dict, run, trainer, folder) -> list:
+    """The run's first log lines, and its trackers (process 0's)."""
     import jax
 
-    from training.run import folder as run_folder
-    from training.run.checkpoint import CheckpointError, remove_stale_temps
-    from training.trainer import Stopped, Trainer, TrainingDiverged
-
-    # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
-    # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
-    try:
-        lock = run_folder.hold(resume_dir, mark=False) if resume_dir and distributed.is_main() else None
-        trainer = Trainer(
-            run,
-            resume_dir,
-            config_hash=config_hash(config),
-            execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
-        )
-        trainer.state.check_memory()
-        if args.resume:
-            trainer.restore(Path(args.resume))
-            check_position(trainer, Path(args.resume), config["trainer"]["epochs"])
-        else:
-            trainer.init_state()
-            if args.weights:
-                trainer.load_weights(Path(args.weights), exclude=tuple(args.exclude))
-    except (CheckpointError, ValueError, run_folder.RunFolderError) as error:
-        stop_all(str(error))
-
-    signals.safe_point()
-    # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
-    existed = None  # a run folder this process made: the deepest part of its path that existed before (remove_new)
-    try:
-        if not distributed.is_main():  # process 0 writes the folder; the others only learn where it is
-            run_dir, repaired = Path(distributed.share_text("run_dir")), []
-        elif resume_dir:
-            run_dir = resume_dir
-            if lock is None:  # a folder without a lock file: made now that its checkpoint loaded
-                run_folder.hold(run_dir)
-            else:
-                run_folder.mark_holder(lock)
-            repaired = run_folder.reconcile(
-                run_dir, Path(args.resume), trainer.resumed_header, config["trainer"]["save_period"]
-            )
-        else:
-            parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], location.run_id_of(config)
-            existed = run_folder.first_existing(parent / run_id)  # what a failed start leaves as it was
-            run_dir = run_folder.create(parent, run_id, exact=getattr(args, "exact_run_dir", False))
-            if existed == run_dir:  # -r auto reusing the folder of an attempt that ended before its first checkpoint
-                existed = None
-            run_folder.hold(run_dir)
-            # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
-            repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
-        trainer.run_dir = run_dir
-        if distributed.is_main():
-            write_run_files(run_dir, config, run, new=not resume_dir)  # config, preprocessing, a new run's model/
-            setup_logging(run_dir)
-            distributed.share_text("run_dir", str(run_dir))
-        else:
-            log.setLevel(logging.WARNING)  # process 0 reports the run; the others only their own errors
-    except (run_folder.RunFolderError, distributed.DistributedError) as error:
-        stop_all(str(error))
-    except OSError as error:  # a full or read-only disk: a new run's folder goes again, nothing half-made stays
-        removed = (
-            "; the run folder was removed again"
-            if existed is not None and run_folder.remove_new(run_dir, existed)
-            else ""
-        )
-        stop_all(f"cannot write in the run folder: {run_folder.os_error_text(error)}{removed}")
-    logging.raiseExceptions = False  # a full disk must not print a traceback per log line; the next write fails
-    from model.summary import describe_batch, summary
-
-    log.info(f"run folder: {run_dir}" + (" (a temporary one, removed at the end)" if args.fast_dev_run else ""))
-    for line in repaired + trainer.resume_notes:
+    temporary = " (a temporary one, removed at the end)" if args.fast_dev_run else ""
+    log.info(f"run folder: {folder.path}{temporary}")
+    for line in folder.repaired + trainer.resume_notes:
         log.info(f"resume: {line}")
-    log.info(
-        f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
-        f"{dict(trainer.state.mesh.shape)}"
-    )
     ignored = platform.unused_accelerator({d.platform for d in jax.devices()})
     if ignored:
         log.warning(ignored)
-    log.info(f"batch: {describe_batch(trainer.state.batch_spec)}")
-    log.info(f"state: {trainer.origin}")
-    for spec, callback in zip(config["callbacks"], run.callbacks):
-        if callback.evaluated:  # what is evaluated and saved is not what the optimizer updates: said once, here
-            log.info(
-                f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "
-                f"(callbacks: {json.dumps(spec)}), not the trained ones"
-            )
-    trainable = trainer.state.optimizer.trainable  # None unless optimizer.frozen names some parameters
-    params, spec = trainer.ts["params"], trainer.state.model_input_spec
-    log.info(summary(run.model, params, trainer.ts["state"], spec, trainable and trainable(params)))
+    for line in trainer.describe():
+        log.info(line)
     monitored = run.monitor.name if run.monitor else None
-    trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
-    trainer.trackers = trackers
+    trainer.trackers = start_trackers(config, folder.path, monitored) if distributed.is_main() else []
+    return trainer.trackers
 
-    # 5. Train. A stop signal from here on saves the position first.
+
+def fit(args, config: dict, loaders: dict, trainer, folder) -> int:
+    """Trains; the exit status (``main``). A stop signal from here on saves the position first."""
+    import jax
+
+    from training.run.checkpoint import CheckpointError
+    from training.run.folder import RunFolderError
+    from training.trainer import Stopped, TrainingDiverged
+
     signals.stop_at_next_step(trainer)
-    status, discarded = 1, None
     try:
         jax.config.update("jax_debug_nans", args.detect_nans)
         with jax.disable_jit(args.no_jit):
             best = trainer.fit()
         if args.fast_dev_run:
-            debug_modes.fast_dev_checks(trainer, loaders, run_dir)
+            debug_modes.fast_dev_checks(trainer, loaders, folder.path)
         else:
-            log.info(done_line(config["trainer"]["monitor"], best, run_dir, args))
-        status = 0
+            log.info(done_line(config["trainer"]["monitor"], best, folder.path, args))
+        return 0
     except TrainingDiverged as error:
-        if existed is not None and not (run_dir / LATEST).exists():  # kept nothing: undone
-            status = 2
-            discarded = (
-                f"{error}; the run folder {run_dir} was removed, as it held nothing to continue from (is the "
-                f"learning rate, {float(trainer.state.lr_fn(0)):g} at the first step, too high?)"
-            )
-        else:
+        if not folder.kept_nothing():
             log.error(str(error))
-    except (run_folder.RunFolderError, CheckpointError) as error:
+            return 1
+        folder.discard(
+            f"{error}; the run folder {folder.path} was removed, as it held nothing to continue from (is the "
+            f"learning rate, {float(trainer.lr_fn(0)):g} at the first step, too high?)"
+        )
+        return 2
+    except (RunFolderError, CheckpointError) as error:
         log.error(str(error))
     except FloatingPointError as error:  # --detect-nans found the operation
         log.error(debug_modes.nan_report(error))
     except (Stopped, KeyboardInterrupt, signals.Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
-        latest = run_dir / LATEST
+        latest = folder.path / LATEST
         follow = (
             f"continue with: python train.py -r {latest}"
             if latest.is_file()
             else "no checkpoint was written, so there is nothing to continue from"
         )
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
-    finally:
-        if distributed.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
-            finish(run_dir, trackers, status, trainer.state.lr_fn, curves=not args.fast_dev_run)
-            if discarded:
-                run_folder.remove_new(run_dir, existed)
-        if args.fast_dev_run:
-            shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
-    distributed.finish()  # several processes: each waits here until all are done
-    if discarded:
-        fail(discarded)
-    return status
+        return status
+    return 1
 
 
 def resolve_config(args) -> tuple[dict, Path | None]:
@@ -373,17 +359,6 @@ def check_position(trainer, path: Path, epochs: int) -> None:
             f"{path}: saved at {where}, past trainer.epochs {epochs}: nothing to train; continue "
             f"it with --epochs N, N > {trainer.epoch}"
         )
-
-
-def stop_all(message: str) -> None:
-    """fail() once the processes of a run started: process 0 first tells the others, which wait for its run
-    folder, that there will be none (one process: just fail)."""
-    if distributed.is_main():
-        try:
-            distributed.share_text("run_dir", "")
-        except Exception:  # noqa: BLE001 (the message below is what matters)
-            pass
-    fail(message)
 
 
 def done_line(monitor: str, best, run_dir: Path, args) -> str:

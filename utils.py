@@ -121,6 +121,7 @@ class Run:
     loaders: dict = field(default_factory=dict)
     steps_per_epoch: int | None = None  # optimizer steps in an epoch of the train loader (None before the data)
     epochs: int | None = None  # the run's length in epochs, fixed with the data (debug modes shorten the loop only)
+    built_optimizer: tuple | None = field(default=None, repr=False)  # (schedule length, what ``optimizer`` built)
 
     def load_data(self, splits=None) -> dict:
         """Builds the loaders of ``splits`` (default: every split of the config) and reads each one's first batch
@@ -160,9 +161,15 @@ class Run:
             )
 
     def optimizer(self, lr: Callable | None = None):
-        """(optimizer, its learning rate as a function of the step): the config's, or with ``lr`` instead of the
-        config's rate and schedule (the lr_finder callback's range)."""
-        return build_optimizer(self.config, self.steps_per_epoch, self.source, lr, self.epochs)
+        """(optimizer, its learning rate as a function of the step): the config's, built once for each schedule
+        length (nominal before the data, the data's, a resumed checkpoint's) and shared by everything that asks,
+        or with ``lr`` instead of the config's rate and schedule (the lr_finder callback's range)."""
+        if lr is not None:
+            return build_optimizer(self.config, self.steps_per_epoch, self.source, lr, self.epochs)
+        length = (self.steps_per_epoch, self.epochs)
+        if self.built_optimizer is None or self.built_optimizer[0] != length:
+            self.built_optimizer = length, build_optimizer(self.config, *length[:1], self.source, None, length[1])
+        return self.built_optimizer[1]
 
 
 def assemble(config: dict, source: str = "config.json") -> Run:

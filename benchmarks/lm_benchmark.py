@@ -120,16 +120,16 @@ def template_run(steps: int, compute: str = "float32") -> dict:
     start = time.perf_counter()
     metric_results(trainer.run.metrics, trainer.train_epoch(1))  # waits for the last step
     seconds = time.perf_counter() - start
-    jax.block_until_ready(trainer.ts)
+    jax.block_until_ready(trainer.train_state)
     return {
         "tokens_per_s": len(loader) * tokens_per_step(loader) / seconds,
         "seconds": seconds,
-        "steps_per_call": trainer.state.steps_per_call,
-        "compile_s": trainer.state.compile_seconds,
+        "steps_per_call": trainer.steps.steps_per_call,
+        "compile_s": trainer.steps.compile_seconds,
         "data_wait_s": trainer.data_wait,
         "peak_rss_mb": peak_rss_mb(),
-        "params": sum(x.size for x in jax.tree.leaves(trainer.ts["params"])),
-        "flop_per_token": (trainer.state.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
+        "params": sum(x.size for x in jax.tree.leaves(trainer.train_state["params"])),
+        "flop_per_token": (trainer.steps.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
     }
 
 

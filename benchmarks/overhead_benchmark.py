@@ -92,7 +92,7 @@ def trainer_for(steps_per_call, log_every: int, steps: int):
     setup_logging(run_dir)
     trainer = Trainer(run, run_dir)
     trainer.init_state()
-    trainer.state.compile(trainer.ts)
+    trainer.steps.compile(trainer.train_state)
     return trainer
 
 
@@ -110,13 +110,13 @@ def run_trainer(steps_per_call, log_every: int, steps: int) -> dict:
     def epoch(number):
         def run():
             totals = trainer.train_epoch(number)
-            jax.block_until_ready((trainer.ts, totals))
-            return trainer.state.steps_per_epoch
+            jax.block_until_ready((trainer.train_state, totals))
+            return trainer.steps.steps_per_epoch
 
         return run
 
     epoch(1)()  # warm-up: the first call, the caches, the prefetch thread's first start
-    return {**timed(epoch(2)), "steps_per_call": trainer.state.steps_per_call}
+    return {**timed(epoch(2)), "steps_per_call": trainer.steps.steps_per_call}
 
 
 def run_bare(steps: int) -> dict:
@@ -125,20 +125,20 @@ def run_bare(steps: int) -> dict:
     import numpy as np
 
     trainer = trainer_for(1, 50, steps)
-    state, x, y = trainer.state, *data(steps)
-    step = state.compiled_chunk
+    compiled, x, y = trainer.steps, *data(steps)
+    step = compiled.compiled_chunk
     one, mask = np.ones(1, np.float32), np.ones((1, BATCH), np.float32)
 
     def epoch(number):
         def run():
-            ts, totals = trainer.ts, state.empty_stats()
+            ts, totals = trainer.train_state, compiled.empty_stats()
             order = np.random.default_rng([0, number]).permutation(len(x))
             for i in range(steps):
                 idx = order[i * BATCH : (i + 1) * BATCH]
                 batch = {"input": x[idx][None], "target": y[idx][None], "mask": mask, "active": one}
-                ts, totals, logs = step(ts, totals, state.put_stack(batch))
+                ts, totals, logs = step(ts, totals, compiled.put_stack(batch))
             jax.block_until_ready((ts, totals, logs))
-            trainer.ts = ts
+            trainer.train_state = ts
             return steps
 
         return run

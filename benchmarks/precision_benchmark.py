@@ -47,19 +47,19 @@ def one_run(compute: str, steps: int) -> dict:
     train = loaders["train"]
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.state.compile(trainer.ts)
+    trainer.steps.compile(trainer.train_state)
     trainer.first_call_logged = True
     import jax
 
     # the first call runs outside the clock: the epoch is timed from its second call on
-    chunks = train.chunks(1, trainer.state.steps_per_call, trainer.state.put_stack)
-    totals = trainer.state.empty_stats()
+    chunks = train.chunks(1, trainer.steps.steps_per_call, trainer.steps.put_stack)
+    totals = trainer.steps.empty_stats()
     real, stack = next(chunks)
-    trainer.ts, totals, _ = trainer.state.compiled_chunk(trainer.ts, totals, stack)
-    jax.block_until_ready(trainer.ts)
+    trainer.train_state, totals, _ = trainer.steps.compiled_chunk(trainer.train_state, totals, stack)
+    jax.block_until_ready(trainer.train_state)
     examples, start = 0, time.perf_counter()
     for real, stack in chunks:
-        trainer.ts, totals, _ = trainer.state.compiled_chunk(trainer.ts, totals, stack)
+        trainer.train_state, totals, _ = trainer.steps.compiled_chunk(trainer.train_state, totals, stack)
         examples += real * train.batch_size
     train_results = metric_results(trainer.run.metrics, totals)  # waits for the last step
     seconds = time.perf_counter() - start

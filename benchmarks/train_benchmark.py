@@ -238,7 +238,7 @@ def compiled_trainer(config: dict, loader):
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.state.compile(trainer.ts)
+    trainer.steps.compile(trainer.train_state)
     trainer.first_call_logged = True
     return trainer
 
@@ -295,8 +295,9 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
     trainer = compiled_trainer(config, loader)
     if ablations & SLOW:  # warm up with one call
-        _, stack = next(iter(loader.chunks(0, trainer.state.steps_per_call, trainer.state.put_stack)))
-        trainer.ts, _, logs = trainer.state.compiled_chunk(trainer.ts, trainer.state.empty_stats(), stack)
+        _, stack = next(iter(loader.chunks(0, trainer.steps.steps_per_call, trainer.steps.put_stack)))
+        steps = trainer.steps
+        trainer.train_state, _, logs = steps.compiled_chunk(trainer.train_state, steps.empty_stats(), stack)
         jax.block_until_ready(logs)
     else:  # warm up with one epoch, as the fused bound does
         metric_results(trainer.run.metrics, trainer.train_epoch(0))
@@ -309,10 +310,10 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         "images_per_s": loader.num_examples / seconds,
         "seconds": seconds,
         "data_wait_s": trainer.data_wait,
-        "compile_s": trainer.state.compile_seconds,
-        "steps_per_call": trainer.state.steps_per_call,
+        "compile_s": trainer.steps.compile_seconds,
+        "steps_per_call": trainer.steps.steps_per_call,
         "peak_rss_mb": peak_rss_mb(),
-        "mflop_per_example": (trainer.state.flops_per_example or 0) / 1e6,
+        "mflop_per_example": (trainer.steps.flops_per_example or 0) / 1e6,
     }
 
 

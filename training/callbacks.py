@@ -16,8 +16,9 @@ exactly. A callback with ``evaluated = True`` keeps parameters in ``state["param
 ``check(train_loader)`` runs once the data is loaded, before anything is compiled: a callback that needs something
 of the data says there what is missing.
 
-What a callback may read of the trainer: ``trainer.ts`` (the training state), ``trainer.run`` (model, loss, metrics,
-loaders), ``trainer.state`` (the compiled steps and how batches are placed), ``trainer.run_dir``, ``trainer.epoch``.
+What a callback may read of the trainer: ``trainer.train_state`` (the training state), ``trainer.run`` (model, loss,
+metrics, loaders), ``trainer.steps`` (the compiled steps and how batches are placed), ``trainer.run_dir``,
+``trainer.epoch``.
 Add one by writing a function here that returns a ``Callback``, decorated with ``@register("callbacks")``.
 """
 
@@ -111,17 +112,17 @@ class LRFinder(Callback):
         if trainer.epoch > 0 or trainer.position:  # a resumed run has already chosen
             return
         optimizer, _ = trainer.run.optimizer(self.lr)  # the config's, with the range test's learning rate
-        chunk = jax.jit(trainer.state.chunk_with(optimizer))
-        ts = {**jax.tree.map(jnp.copy, trainer.ts), "step": jnp.zeros((), jnp.int32)}
+        chunk = jax.jit(trainer.steps.chunk_with(optimizer))
+        ts = {**jax.tree.map(jnp.copy, trainer.train_state), "step": jnp.zeros((), jnp.int32)}
         ts["opt_state"] = optimizer.init(ts["params"])
-        totals = trainer.state.empty_stats()
-        k = trainer.state.steps_per_call * trainer.state.accumulate
+        totals = trainer.steps.empty_stats()
+        k = trainer.steps.steps_per_call * trainer.steps.accumulate
         # curve: the losses smoothed as fastai does (an exponential average of 0.98, debiased)
         losses, curve, average, best, diverged, epoch = [], [], 0.0, math.inf, False, 0
         while len(losses) < self.steps and not diverged:
-            for real, stack in trainer.train_loader.chunks(epoch, k, trainer.state.put_stack):
+            for real, stack in trainer.train_loader.chunks(epoch, k, trainer.steps.put_stack):
                 ts, totals, logs = chunk(ts, totals, stack)
-                for loss in np.asarray(logs["loss"])[: -(-real // trainer.state.accumulate)]:
+                for loss in np.asarray(logs["loss"])[: -(-real // trainer.steps.accumulate)]:
                     losses.append(float(loss))
                     average = 0.98 * average + 0.02 * float(loss)
                     curve.append(average / (1 - 0.98 ** len(losses)))
@@ -213,12 +214,12 @@ class GenerateText(Callback):
         from model.generate import Generator
 
         vocabulary = trainer.train_loader.preprocessing["vocabulary"]
-        self.generator = Generator(trainer.run.model, trainer.state.input_spec, vocabulary)
+        self.generator = Generator(trainer.run.model, trainer.steps.input_spec, vocabulary)
 
     def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
         if epoch % self.every:
             return
-        params, state = trainer.state.eval_params(trainer.ts), trainer.ts["state"]
+        params, state = trainer.steps.eval_params(trainer.train_state), trainer.train_state["state"]
         text = self.generator(params, state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
         log.info(f"generate_text after epoch {epoch}:\n{text}")
         with open_append(trainer.run_dir / SAMPLES_TEXT) as file:
@@ -251,18 +252,18 @@ class ReduceOnPlateau(Callback):
     name = "reduce_on_plateau"
 
     def on_train_start(self, trainer) -> None:
-        trainer.lr_scale = float(optimizers.plateau_state(trainer.ts["opt_state"]).scale)  # a resumed run's
+        trainer.lr_scale = float(optimizers.plateau_state(trainer.train_state["opt_state"]).scale)  # a resumed run's
 
     def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
-        plateau, monitor = trainer.state.lr_fn.plateau, trainer.checkpoints.monitor
+        plateau, monitor = trainer.steps.lr_fn.plateau, trainer.checkpoints.monitor
         value = row.get(monitor.name)
         if value is None:
             raise ValueError(f"trainer.monitor: {monitor.name!r} was not computed this epoch")
-        opt_state = trainer.ts["opt_state"]
+        opt_state = trainer.train_state["opt_state"]
         new = optimizers.observe_plateau(
             optimizers.plateau_state(opt_state), plateau, float(value), monitor.mode == "max"
         )
-        trainer.ts = {**trainer.ts, "opt_state": optimizers.with_plateau_state(opt_state, new)}
+        trainer.train_state = {**trainer.train_state, "opt_state": optimizers.with_plateau_state(opt_state, new)}
         before, trainer.lr_scale = trainer.lr_scale, float(new.scale)
         if trainer.lr_scale != before:
             log.info(

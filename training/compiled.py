@@ -52,7 +52,7 @@ class CompiledSteps:
         loader's shapes; "jit", compiled at the first call (what jax_debug_nans needs to re-run a step op by op);
         "eager", under jax.disable_jit, op by op (--no-jit)."""
         self.run, self.settings, self.execution = run, settings, execution
-        self.optimizer, self.lr_fn = run.optimizer()  # the one learning rate: the step's and the logged
+        self.optimizer, self.lr_fn = run.optimizer()  # built with the data (``Run.optimizer``), not again here
         train_loader, valid_loader = run.loaders["train"], run.loaders.get("validation")
         self.mesh = distributed.make_mesh(run.config.get("mesh"))
         self.replicated = NamedSharding(self.mesh, P())
@@ -95,7 +95,7 @@ class CompiledSteps:
         """The training call; ``schedule_length``: a checkpoint's, which its resumed run's schedules keep counting."""
         if schedule_length is not None:
             self.run.epochs, self.run.steps_per_epoch = schedule_length["epochs"], schedule_length["steps_per_epoch"]
-        self.optimizer, self.lr_fn = self.run.optimizer()
+        self.optimizer, self.lr_fn = self.run.optimizer()  # the one learning rate: the step's and the logged
         self.chunk_fn = self.chunk_with(self.optimizer, self.lr_fn)
         self.train_chunk = jax.jit(
             self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)

@@ -5,15 +5,18 @@ array or a dict of arrays), ``target`` (optional: without one, losses and metric
 input, as an autoencoder does) and ``mask`` (0 on padding; (B,) per example or per element, e.g. (B, T)). Each step
 also returns the batch's metric statistics (sums and counts), so epoch metrics are exact whatever the batch sizes.
 
-``make_train_chunk`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
+``train_chunk`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
 fixed cost each jitted call pays on CPU. Stack entries with ``active`` = 0 (completing an epoch's last stack) leave
 the state unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -79,134 +82,135 @@ def output_spec(model, params, state, batch: dict, augment=None):
     return jax.eval_shape(forward, params, state, batch)
 
 
-def make_train_step(
-    model,
-    loss_fn: Callable,
-    optimizer,
-    metrics: Sequence,
-    augment=None,
-    accumulate: int = 1,
-    policy: Policy = Policy(),
-    callbacks: Sequence = (),
-    lr_fn: Callable | None = None,
-) -> Callable:
-    """(train_state, batch) -> (train_state, stats, per-step log values).
+@dataclass(frozen=True)
+class Update:
+    """What one optimizer update is made of; ``train_chunk``, ``train_step`` and ``micro_step`` take it first (the
+    jitted call binds it with ``functools.partial``). ``augment(batch, key, train=True, outputs=...)`` prepares the
+    batch on the device before the forward pass, keyed by (run seed, step). With ``accumulate`` = N a step's batch
+    has a leading axis of N micro-batches: their gradients are summed (weighted by their unmasked examples) and
+    applied as one update, the model state (batch norm statistics) passing from one micro-batch to the next.
+    ``policy``: the mixed-precision policy. ``callbacks`` with an ``update`` advance their state in
+    ``ts["callbacks"]`` after the update (an average of the parameters, say). ``lr_fn`` given, the logs carry each
+    step's learning rate (read with its loss)."""
 
-    ``augment(batch, key, train=True, outputs=...)`` prepares the batch on the device before the forward pass,
-    keyed by (run seed, step). With ``accumulate`` = N the batch has a leading axis of N micro-batches: their
-    gradients are summed (weighted by their unmasked examples) and applied as one update, the model state (batch
-    norm statistics) passing from one micro-batch to the next. ``policy``: the mixed-precision policy.
-    ``callbacks`` with an ``update`` advance their state in ``ts["callbacks"]`` after the update (an average of
-    the parameters, say). ``lr_fn`` given, the logs carry each step's learning rate (read with its loss).
-    """
-
-    def objective(params, state, batch, key, scale):
-        """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
-        outputs, new_state = policy.apply(
-            model, params, state, batch["input"], train=True, key=key, **model_kwargs(model, batch)
-        )
-        per_example, weights = example_losses(loss_fn, outputs, batch)
-        total = jnp.sum(jnp.where(weights > 0, per_example * weights, 0.0))
-        return total * scale, (outputs, new_state, per_example, weights)
-
-    def micro_step(params, state, batch, key, augment_key, scale):
-        """(new model state, gradients of the weighted loss sum, the micro-batch's statistics)."""
-        if augment is not None:
-            outputs = output_spec(model, params, state, batch, augment)
-            batch = augment(batch, augment_key, train=True, outputs=outputs)
-        (_, (outputs, new_state, per_example, weights)), grads = jax.value_and_grad(objective, has_aux=True)(
-            params, state, batch, key, scale
-        )
-        return new_state, grads, batch_stats(metrics, outputs, batch, per_example, weights)
-
-    def train_step(ts: dict, batch: dict):
-        key = jax.random.fold_in(ts["rng"], ts["step"])
-        augment_key = jax.random.fold_in(jax.random.fold_in(ts["rng"], AUGMENT_STREAM), ts["step"])
-        scale = ts["loss_scale"]["scale"] if policy.scaled else jnp.float32(1.0)
-        params = ts["params"]
-        if accumulate == 1:
-            new_state, grads, stats = micro_step(params, ts["state"], batch, key, augment_key, scale)
-        else:
-
-            def body(carry, xs):
-                state, total = carry
-                micro, i = xs
-                state, grads, stats = micro_step(
-                    params, state, micro, jax.random.fold_in(key, i), jax.random.fold_in(augment_key, i), scale
-                )
-                return (state, jax.tree.map(jnp.add, total, grads)), stats
-
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            (new_state, grads), stats = jax.lax.scan(body, (ts["state"], zeros), (batch, jnp.arange(accumulate)))
-            stats = jax.tree.map(lambda s: s.sum(axis=0), stats)
-        # the mean over every unmasked example of the update, whatever the micro-batches held
-        count = jnp.maximum(stats["count"], jnp.finfo(jnp.float32).tiny)
-        grads = jax.tree.map(lambda g: g / (count * scale), grads)
-        # frozen leaves (optimizer.frozen) are no part of what trains: not of the norm either
-        grad_norm = global_norm(
-            grads if optimizer.trainable is None else only_trainable(grads, optimizer.trainable(grads))
-        )
-        updates, opt_state = optimizer.update(grads, ts["opt_state"], params)
-        new_ts = {
-            **ts,
-            "params": apply_updates(params, updates),
-            "state": new_state,
-            "opt_state": opt_state,
-            "step": ts["step"] + 1,
-        }
-        logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm}
-        if lr_fn is not None:
-            logs["lr"] = jnp.asarray(lr_fn(ts["step"]), jnp.float32)
-        if policy.scaled:  # an overflowed step changes nothing but the scale
-            finite = jnp.isfinite(grad_norm)
-            new_ts = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_ts, {**ts, "step": ts["step"] + 1})
-            new_ts["loss_scale"] = policy.next_scale(ts["loss_scale"], finite)
-            logs["skipped"] = ~finite
-        if callbacks:
-            new_ts["callbacks"] = {
-                c.name: c.update(ts["callbacks"][c.name], new_ts["params"], new_ts["step"]) for c in callbacks
-            }
-        return new_ts, stats, logs
-
-    return train_step
+    model: Any
+    loss_fn: Callable
+    optimizer: Any
+    metrics: Sequence
+    augment: Any = None
+    accumulate: int = 1
+    policy: Policy = Policy()
+    callbacks: Sequence = ()
+    lr_fn: Callable | None = None
 
 
-def make_train_chunk(
-    model,
-    loss_fn: Callable,
-    optimizer,
-    metrics: Sequence,
-    augment=None,
-    accumulate: int = 1,
-    policy: Policy = Policy(),
-    callbacks: Sequence = (),
-    lr_fn: Callable | None = None,
-) -> Callable:
-    """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, per-step log values (K,)).
+def train_chunk(update: Update, ts: dict, totals: dict, stack: dict):
+    """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, per-step log values (K,)):
+    K steps in one ``lax.scan``.
 
     N = ``accumulate`` loader batches make one step. An inactive loader batch (completing the epoch's last stack)
     adds nothing: with N = 1 its step leaves the state unchanged; with N > 1 its mask is zeroed, and a step with no
     active batch at all leaves the state unchanged."""
-    train_step = make_train_step(model, loss_fn, optimizer, metrics, augment, accumulate, policy, callbacks, lr_fn)
+    n = update.accumulate
 
     def body(carry, batch):
         ts, totals = carry
-        if accumulate > 1:
-            batch["mask"] = batch["mask"] * batch["active"].reshape((accumulate,) + (1,) * (batch["mask"].ndim - 1))
+        if n > 1:
+            batch["mask"] = batch["mask"] * batch["active"].reshape((n,) + (1,) * (batch["mask"].ndim - 1))
         active = jnp.max(batch.pop("active")) > 0
-        new_ts, stats, logs = train_step(ts, batch)
+        new_ts, stats, logs = train_step(update, ts, batch)
         keep = lambda new, old: jnp.where(active, new, old)
         new_ts = jax.tree.map(keep, new_ts, ts)
         totals = jax.tree.map(lambda a, s: a + jnp.where(active, s, jnp.zeros_like(s)), totals, stats)
         return (new_ts, totals), logs
 
-    def train_chunk(ts, totals, stack):
-        if accumulate > 1:  # (K x N, ...) -> (K, N, ...): the loader's batches grouped into steps
-            stack = jax.tree.map(lambda a: a.reshape(-1, accumulate, *a.shape[1:]), stack)
-        (ts, totals), logs = jax.lax.scan(body, (ts, totals), stack)
-        return ts, totals, logs
+    if n > 1:  # (K x N, ...) -> (K, N, ...): the loader's batches grouped into steps
+        stack = jax.tree.map(lambda a: a.reshape(-1, n, *a.shape[1:]), stack)
+    (ts, totals), logs = jax.lax.scan(body, (ts, totals), stack)
+    return ts, totals, logs
 
-    return train_chunk
+
+def train_step(update: Update, ts: dict, batch: dict):
+    """(train_state, batch) -> (train_state, stats, per-step log values): one optimizer update."""
+    policy, optimizer, accumulate = update.policy, update.optimizer, update.accumulate
+    key = jax.random.fold_in(ts["rng"], ts["step"])
+    augment_key = jax.random.fold_in(jax.random.fold_in(ts["rng"], AUGMENT_STREAM), ts["step"])
+    scale = ts["loss_scale"]["scale"] if policy.scaled else jnp.float32(1.0)
+    params = ts["params"]
+    if accumulate == 1:
+        new_state, grads, stats = micro_step(update, params, ts["state"], batch, key, augment_key, scale)
+    else:
+
+        def body(carry, xs):
+            state, total = carry
+            micro, i = xs
+            state, grads, stats = micro_step(
+                update, params, state, micro, jax.random.fold_in(key, i), jax.random.fold_in(augment_key, i), scale
+            )
+            return (state, jax.tree.map(jnp.add, total, grads)), stats
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (new_state, grads), stats = jax.lax.scan(body, (ts["state"], zeros), (batch, jnp.arange(accumulate)))
+        stats = jax.tree.map(lambda s: s.sum(axis=0), stats)
+    # the mean over every unmasked example of the update, whatever the micro-batches held
+    count = jnp.maximum(stats["count"], jnp.finfo(jnp.float32).tiny)
+    grads = jax.tree.map(lambda g: g / (count * scale), grads)
+    # frozen leaves (optimizer.frozen) are no part of what trains: not of the norm either
+    grad_norm = global_norm(grads if optimizer.trainable is None else only_trainable(grads, optimizer.trainable(grads)))
+    updates, opt_state = optimizer.update(grads, ts["opt_state"], params)
+    new_ts = {
+        **ts,
+        "params": apply_updates(params, updates),
+        "state": new_state,
+        "opt_state": opt_state,
+        "step": ts["step"] + 1,
+    }
+    logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm}
+    if update.lr_fn is not None:
+        logs["lr"] = jnp.asarray(update.lr_fn(ts["step"]), jnp.float32)
+    if policy.scaled:  # an overflowed step changes nothing but the scale
+        finite = jnp.isfinite(grad_norm)
+        new_ts = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_ts, {**ts, "step": ts["step"] + 1})
+        new_ts["loss_scale"] = policy.next_scale(ts["loss_scale"], finite)
+        logs["skipped"] = ~finite
+    if update.callbacks:
+        new_ts["callbacks"] = {
+            c.name: c.update(ts["callbacks"][c.name], new_ts["params"], new_ts["step"]) for c in update.callbacks
+        }
+    return new_ts, stats, logs
+
+
+def micro_step(update: Update, params, state, batch: dict, key, augment_key, scale):
+    """(new model state, gradients of the weighted loss sum, the micro-batch's statistics)."""
+    model, augment = update.model, update.augment
+    if augment is not None:
+        outputs = output_spec(model, params, state, batch, augment)
+        batch = augment(batch, augment_key, train=True, outputs=outputs)
+    (_, (outputs, new_state, per_example, weights)), grads = jax.value_and_grad(objective, argnums=1, has_aux=True)(
+        update, params, state, batch, key, scale
+    )
+    return new_state, grads, batch_stats(update.metrics, outputs, batch, per_example, weights)
+
+
+def objective(update: Update, params, state, batch: dict, key, scale):
+    """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
+    model = update.model
+    outputs, new_state = update.policy.apply(
+        model, params, state, batch["input"], train=True, key=key, **model_kwargs(model, batch)
+    )
+    per_example, weights = example_losses(update.loss_fn, outputs, batch)
+    total = jnp.sum(jnp.where(weights > 0, per_example * weights, 0.0))
+    return total * scale, (outputs, new_state, per_example, weights)
+
+
+def make_train_step(*parts, **named) -> Callable:
+    """(train_state, batch) -> (train_state, stats, per-step log values), of an ``Update(*parts, **named)``."""
+    return functools.partial(train_step, Update(*parts, **named))
+
+
+def make_train_chunk(*parts, **named) -> Callable:
+    """(train_state, epoch_stats, stack) -> (train_state, epoch_stats, logs), of an ``Update(*parts, **named)``."""
+    return functools.partial(train_chunk, Update(*parts, **named))
 
 
 def make_eval_stats(model, loss_fn: Callable, metrics: Sequence, augment=None, policy: Policy = Policy()) -> Callable:

@@ -1,7 +1,10 @@
 """The training loop: epochs of jitted K-step calls, exact epoch metrics, early stopping, a stop at a step boundary.
 
-It reads top to bottom: ``fit`` runs ``train_epochs``; each epoch runs ``train_epoch`` (the compiled K-step calls
-over the loader's stacks, checking each call's losses while the next runs), then evaluation, then the commit.
+It reads top to bottom: ``fit`` runs the epochs; each runs ``train_epoch`` (the compiled K-step calls over the
+loader's stacks, each call's logs read once the next one is dispatched: ``OneCallLate``, ``Progress``), then
+``end_epoch`` (evaluation, the row, the commit). One update, from train.py to its gradient: ``Trainer.fit`` ->
+``Trainer.train_epoch`` -> the compiled call of ``step.train_chunk`` -> ``step.train_step`` -> ``step.micro_step``
+-> ``step.objective``.
 What it builds on, each in its own module: the assembled run (``utils.assemble``: model, loss, metrics, optimizer,
 loaders, callbacks), its typed settings (``training/config/settings.py``), the state on the devices and the compiled
 steps (``training/compiled.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the best value,
@@ -10,6 +13,7 @@ metrics rows).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import resource
@@ -31,6 +35,11 @@ from training.run.saving import Checkpoints
 from training.tracking.trackers import StepTrace
 
 log = logging.getLogger("train")
+
+
+# Several processes agree on a stop signal or a timed checkpoint (one blocking collective) about every this many
+# steps, and at each epoch's end: agreeing at every call would make each call wait for the slowest process.
+AGREE_EVERY_STEPS = 64
 
 
 class TrainingDiverged(Exception):
@@ -70,13 +79,13 @@ class Trainer:
         ``execution``: see ``CompiledSteps``."""
         self.run = run
         self.settings = settings or Settings.of(run.config)
-        self.state = CompiledSteps(run, self.settings, execution)
+        self.steps = CompiledSteps(run, self.settings, execution)
         self.train_loader, self.valid_loader = run.loaders["train"], run.loaders.get("validation")
         self.checkpoints = Checkpoints(
-            run_dir, self.settings, run.monitor, config_hash, self.state.evaluated, run.config, len(self.train_loader)
+            run_dir, self.settings, run.monitor, config_hash, self.steps.evaluated, run.config, len(self.train_loader)
         )
-        self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.state.lr_fn), list(trackers)
-        self.ts = None  # the training state: made by init_state(), restore() or load_weights()
+        self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.steps.lr_fn), list(trackers)
+        self.train_state = None  # the training state: made by init_state(), restore() or load_weights()
         self.origin = None  # where the state came from, for the log
         self.epoch = 0  # epochs completed
         self.position, self.resumed_totals = 0, None  # loader batches of the epoch under way done before a resume
@@ -100,14 +109,14 @@ class Trainer:
     # ------------------------------------------------------------------------------------ where the state comes from
     def init_state(self) -> dict:
         """A fresh state from the config's seed."""
-        self.ts = self.state.init()
+        self.train_state = self.steps.init()
         self.origin = f"fresh state from seed {self.settings.seed}"
-        return self.ts
+        return self.train_state
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint (``Checkpoints.resume``: what it refuses): state, epoch, position, best value."""
-        self.ts, header, self.resumed_totals = self.state.restore(path)
-        self.resume_notes = self.checkpoints.resume(header, path, int(self.ts["step"]))
+        self.train_state, header, self.resumed_totals = self.steps.restore(path)
+        self.resume_notes = self.checkpoints.resume(header, path, int(self.train_state["step"]))
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
         self.resumed_header = header
@@ -118,145 +127,152 @@ class Trainer:
 
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
-        self.ts = self.state.load_weights(self.ts, path, exclude)
+        self.train_state = self.steps.load_weights(self.train_state, path, exclude)
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
+    def check_memory(self) -> None:
+        """Refuses a run whose state and one call's batches do not fit the devices (``CompiledSteps.check_memory``)."""
+        self.steps.check_memory()
+
+    @property
+    def lr_fn(self):
+        """The learning rate by step, as the config's schedule gives it (the optimizer's; a plateau's scale aside)."""
+        return self.steps.lr_fn
+
     def applied_lr(self, step: int) -> float:
-        return float(self.state.lr_fn(step)) * self.lr_scale
+        return float(self.lr_fn(step)) * self.lr_scale
+
+    def describe(self) -> list[str]:
+        """What the log says of the run before it trains: the devices and mesh, a batch, where the state came from,
+        the model."""
+        from model.summary import describe_batch, summary
+
+        steps, params = self.steps, self.train_state["params"]
+        devices = ", ".join(str(d) for d in jax.devices())
+        trainable = steps.optimizer.trainable  # None unless optimizer.frozen names some parameters
+        return [
+            f"devices: {devices}; {distributed.describe()}, mesh {dict(steps.mesh.shape)}",
+            f"batch: {describe_batch(steps.batch_spec)}",
+            f"state: {self.origin}",
+            *[  # what is evaluated and saved is not what the optimizer updates: said once, here
+                f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "
+                f"(callbacks: {json.dumps(spec)}), not the trained ones"
+                for spec, callback in zip(self.run.config["callbacks"], self.run.callbacks)
+                if callback.evaluated
+            ],
+            summary(
+                self.run.model,
+                params,
+                self.train_state["state"],
+                steps.model_input_spec,
+                trainable and trainable(params),
+            ),
+        ]
 
     # ------------------------------------------------------------------------------------------------------ the loop
     def fit(self) -> dict | None:
         """Trains to ``trainer.epochs`` (or an early stop); returns the best value of the monitored metric."""
         profile = self.settings.profile
         self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
-        self.state.compile(self.ts)
+        self.steps.compile(self.train_state)
         try:
             for callback in self.callbacks:
                 callback.on_train_start(self)
             if self.stop_training:
                 log.info(self.stop_training)
                 return self.checkpoints.best
-            self.train_epochs()
+            while self.epoch < self.settings.epochs:
+                started = time.perf_counter()
+                ran = 1 - self.position / len(self.train_loader)  # the share of the epoch this process trains
+                totals = self.train_epoch(self.epoch + 1, self.position, self.resumed_totals)
+                self.position, self.resumed_totals = 0, None
+                if self.end_epoch(totals, started, ran):
+                    break
             for callback in self.callbacks:
                 callback.on_train_end(self)
         finally:
             self.checkpoints.wait()  # the last checkpoint is on disk before the run reports how it ended
         if self.trace:
-            self.trace.stop(self.ts)
+            self.trace.stop(self.train_state)
         return self.checkpoints.best
-
-    def train_epochs(self) -> None:
-        epochs, best = self.settings.epochs, self.checkpoints
-        while self.epoch < epochs:
-            epoch = self.epoch + 1
-            start = time.perf_counter()
-            ran = 1 - self.position / len(self.train_loader)  # the share of the epoch this process trains
-            totals = self.train_epoch(epoch, self.position, self.resumed_totals)
-            self.position, self.resumed_totals = 0, None
-            train = metric_results(self.run.metrics, totals)  # waits for the epoch's last step
-            seconds = time.perf_counter() - start
-            row = {"epoch": epoch, "step": int(self.ts["step"]), **{f"train/{k}": v for k, v in train.items()}}
-            if self.valid_loader is not None:
-                row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
-            row.update(
-                {
-                    "time/epoch_s": seconds,
-                    "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
-                    "time/data_wait_s": self.data_wait,
-                    "time/peak_rss_mb": peak_rss_mb(),
-                    "lr": self.applied_lr(int(self.ts["step"]) - 1),
-                }
-            )
-            row["time/model_flops_per_s"], row["time/mfu"] = peaks.of_run(self.state, row["time/examples_per_s"])
-            for callback in self.callbacks:
-                callback.on_epoch_end(self, epoch, row)
-            self.epoch = epoch
-            improved = best.update_best(row, epoch)
-            log.info(
-                f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
-                + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
-                + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s"
-                + (f"  MFU {row['time/mfu']:.1%}" if isinstance(row["time/mfu"], float) else "")
-                + ("  *" if improved else "")
-            )
-            names, pause = best.commit_epoch(self.ts, self.header(), improved, row)
-            log.debug(f"epoch {epoch} committed; the loop paused {1000 * pause:.0f} ms")
-            for callback in self.callbacks:
-                callback.on_checkpoint(self, names)
-            for tracker in self.trackers:
-                tracker.log_epoch(epoch, row, best.best)
-            if self.agreed_stop() is not None and self.epoch < epochs:
-                raise Stopped(self.stop_signal, f"saved at the end of epoch {epoch}")
-            if best.early_stop_due():
-                log.info(
-                    f"early stop: {best.monitor.name} has not improved for {best.bad_epochs} epochs "
-                    f"(best {best.best:.4f})"
-                )
-                break
 
     def train_epoch(self, epoch: int, start: int = 0, totals=None) -> dict:
         """One epoch's training steps from loader batch `start` of its order on (a resumed position, with the
         statistics `totals` it had gathered); saves the position when checkpoint_every says so or a stop was asked
         for. Positions count loader batches; steps count optimizer updates (trainer.accumulate_steps batches)."""
-        from tqdm import tqdm
-
-        state, loader, n = self.state, self.train_loader, self.state.accumulate
-        batches = len(loader)
-        interactive = sys.stderr.isatty()
-        bar = tqdm(
-            total=state.steps_per_epoch,
-            initial=start // n,
-            desc=f"epoch {epoch}",
-            unit="step",
-            leave=False,
-            disable=not interactive,
-        )
-        totals = state.empty_stats() if totals is None else jax.device_put(totals, state.replicated)
-        pending = None  # the previous call's per-step logs, read while the next call runs
-        first_step = int(self.ts["step"])
-        done, steps_done = 0, 0  # loader batches and steps run by this call of train_epoch
-        self.skipped = start // n
-        started = time.perf_counter()
-        self.data_wait = 0.0
-        chunks = loader.chunks(epoch, state.steps_per_call * n, state.put_stack, start)
+        steps, n, batches = self.steps, self.steps.accumulate, len(self.train_loader)
+        totals = steps.empty_stats() if totals is None else jax.device_put(totals, steps.replicated)
+        progress = Progress(self, epoch, first_step=int(self.train_state["step"]), skipped=start // n)
+        logs = OneCallLate(progress.check)
+        chunks = self.train_loader.chunks(epoch, steps.steps_per_call * n, steps.put_stack, start)
+        done, calls = start, 0  # loader batches of the epoch done; calls made by this train_epoch
         try:
-            while True:
-                waited = time.perf_counter()
-                item = next(chunks, None)
-                self.data_wait += time.perf_counter() - waited
-                if item is None:
-                    break
-                real, stack = item
+            for real, stack in progress.waiting_for_data(chunks):
                 real_steps = -(-real // n)
-                if self.trace:
-                    self.trace.before(first_step + steps_done + 1, first_step + steps_done + real_steps)
-                self.ts, totals, logs = state.compiled_chunk(self.ts, totals, stack)
-                if self.trace:
-                    self.trace.after(first_step + steps_done + real_steps, self.ts)
-                if pending is not None:
-                    self.check_logs(epoch, *pending, bar)
-                pending = (logs, steps_done, real_steps, first_step, started)
-                done += real
-                steps_done += real_steps
-                if start + done < batches and self.position_save_due(first_step + steps_done):
-                    self.check_logs(epoch, *pending, bar)  # a diverged state is never saved
-                    pending = None
-                    self.save_position(start + done, totals)
+                progress.before_call(real_steps)
+                self.train_state, totals, call_logs = steps.compiled_chunk(self.train_state, totals, stack)
+                logs.add(call_logs, *progress.after_call(real_steps))
+                done, calls = done + real, calls + 1
+                if done < batches and self.position_save_due(progress.step, calls):
+                    logs.flush()  # a diverged state is never saved
+                    self.save_position(done, totals)
                     if self.stop_signal is not None:
-                        raise Stopped(
-                            self.stop_signal,
-                            f"saved at step {first_step + steps_done} ({start + done} of {batches} into epoch {epoch})",
-                        )
-            if pending is not None:
-                self.check_logs(epoch, *pending, bar)
+                        where = f"{done} of {batches} into epoch {epoch}"
+                        raise Stopped(self.stop_signal, f"saved at step {progress.step} ({where})")
+            logs.flush()
         finally:
             # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps finish,
             # so the process never exits with work in flight (which aborts it instead of returning its status)
             chunks.close()
-            settle(self.ts)
-            bar.close()
+            settle(self.train_state)
+            progress.close()
         return totals
+
+    def end_epoch(self, totals: dict, started: float, ran: float) -> bool:
+        """An epoch's end: its metrics (and validation's), its row logged and committed, the callbacks and trackers
+        told; a stop asked for raises ``Stopped``. Returns whether the run stops early (trainer.early_stop)."""
+        epoch, epochs, best = self.epoch + 1, self.settings.epochs, self.checkpoints
+        train = metric_results(self.run.metrics, totals)  # waits for the epoch's last step
+        seconds = time.perf_counter() - started
+        row = {"epoch": epoch, "step": int(self.train_state["step"]), **{f"train/{k}": v for k, v in train.items()}}
+        if self.valid_loader is not None:
+            row.update({f"val/{k}": v for k, v in self.evaluate(self.valid_loader, epoch).items()})
+        row.update(
+            {
+                "time/epoch_s": seconds,
+                "time/examples_per_s": ran * self.train_loader.num_examples / seconds,
+                "time/data_wait_s": self.data_wait,
+                "time/peak_rss_mb": peak_rss_mb(),
+                "lr": self.applied_lr(int(self.train_state["step"]) - 1),
+            }
+        )
+        row["time/model_flops_per_s"], row["time/mfu"] = peaks.of_run(self.steps, row["time/examples_per_s"])
+        for callback in self.callbacks:
+            callback.on_epoch_end(self, epoch, row)
+        self.epoch = epoch
+        improved = best.update_best(row, epoch)
+        log.info(
+            f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
+            + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
+            + f"  {seconds:.1f}s  {row['time/examples_per_s']:.0f} ex/s"
+            + (f"  MFU {row['time/mfu']:.1%}" if isinstance(row["time/mfu"], float) else "")
+            + ("  *" if improved else "")
+        )
+        names, pause = best.commit_epoch(self.train_state, self.header(), improved, row)
+        log.debug(f"epoch {epoch} committed; the loop paused {1000 * pause:.0f} ms")
+        for callback in self.callbacks:
+            callback.on_checkpoint(self, names)
+        for tracker in self.trackers:
+            tracker.log_epoch(epoch, row, best.best)
+        if self.agreed_stop() is not None and self.epoch < epochs:
+            raise Stopped(self.stop_signal, f"saved at the end of epoch {epoch}")
+        if best.early_stop_due():
+            log.info(
+                f"early stop: {best.monitor.name} has not improved for {best.bad_epochs} epochs (best {best.best:.4f})"
+            )
+            return True
+        return False
 
     def log_first_call(self, steps: int) -> None:
         """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
@@ -264,88 +280,80 @@ class Trainer:
         self.first_call_seconds = time.time() - platform.STARTED_AT
         log.info(
             f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
-            f"(compiling the step took {self.state.compile_seconds:.1f}s)"
+            f"(compiling the step took {self.steps.compile_seconds:.1f}s)"
         )
 
-    def check_logs(self, epoch: int, logs: dict, done: int, real: int, first_step: int, started: float, bar) -> None:
-        # read once the next call is dispatched; every value shown comes from `logs`, the learning rate included
-        logs = jax.device_get(logs)
-        if not self.first_call_logged:
-            self.log_first_call(real)
-        losses = logs["loss"][:real]
-        # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
-        skipped = logs["skipped"][:real] if "skipped" in logs else np.zeros(real, bool)
-        if skipped.any():
-            log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
+    def check_losses(self, epoch: int, losses: np.ndarray, skipped: np.ndarray, first: int) -> None:
+        """Raises TrainingDiverged at a non-finite step loss, or one above trainer.divergence_factor x the lowest so
+        far (`first`: the step before these losses'); steps that float16's loss scaling skipped do not count."""
         bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
         if bad.size:
-            step = first_step + done + int(bad[0]) + 1
             raise TrainingDiverged(
-                f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {step}; training stopped; "
-                f"{self.checkpoints.kept()}"
+                f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {first + int(bad[0]) + 1}; training "
+                f"stopped; {self.checkpoints.kept()}"
             )
         factor = self.settings.divergence_factor
         for i, loss in enumerate(losses):
             if skipped[i]:
                 continue
             if factor and 0 < self.min_loss and loss > factor * self.min_loss:
-                step = first_step + done + i + 1
                 raise TrainingDiverged(
-                    f"diverging: loss {loss:.4g} at epoch {epoch}, step {step} is above "
+                    f"diverging: loss {loss:.4g} at epoch {epoch}, step {first + i + 1} is above "
                     f"trainer.divergence_factor {factor:g} x the lowest step loss "
                     f"{self.min_loss:.4g}; training stopped; {self.checkpoints.kept()}"
                 )
             self.min_loss = min(self.min_loss, float(loss))
-        every = self.settings.log_every
-        rate = (done + real) / max(time.perf_counter() - started, 1e-9)  # steps/s this epoch, up to these steps
-        examples_per_s = rate * self.train_loader.batch_size * self.settings.accumulate_steps
-        eta = (self.state.steps_per_epoch - self.skipped - done - real) / rate
-        for i in range(real):
-            step = first_step + done + i + 1
-            if step % every == 0:
-                values = {
-                    "train/step_loss": float(losses[i]),
-                    "train/lr": float(logs["lr"][i]) * self.lr_scale,
-                    "train/grad_norm": float(logs["grad_norm"][i]),
-                }
-                # with a live progress bar the console shows the bar; step lines still reach train.log
-                level = logging.INFO if bar.disable else logging.DEBUG
-                log.log(
-                    level,
-                    f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  "
-                    f"lr {values['train/lr']:.3g}  grad_norm {values['train/grad_norm']:.3f}  "
-                    f"{examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}",
-                )
-                for tracker in self.trackers:
-                    tracker.log_step(step, values)
-                for callback in self.callbacks:
-                    callback.on_step(self, step, values)
-        if not bar.disable:  # tqdm shows the ETA itself
-            lr = float(logs["lr"][real - 1]) * self.lr_scale
-            bar.set_postfix(
-                {"loss": f"{losses[-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
+
+    def log_steps(self, epoch: int, logs: dict, first: int, examples_per_s: float, eta: float, console: bool) -> None:
+        """Every trainer.log_every-th step of `logs` (the steps after step `first`): a log line (``console``: at
+        INFO, else the progress bar shows the console and the line reaches train.log only), the trackers and the
+        callbacks."""
+        every, level = self.settings.log_every, logging.INFO if console else logging.DEBUG
+        for i in range(len(logs["loss"])):
+            step = first + i + 1
+            if step % every:
+                continue
+            values = {
+                "train/step_loss": float(logs["loss"][i]),
+                "train/lr": float(logs["lr"][i]) * self.lr_scale,
+                "train/grad_norm": float(logs["grad_norm"][i]),
+            }
+            log.log(
+                level,
+                f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  lr {values['train/lr']:.3g}  "
+                f"grad_norm {values['train/grad_norm']:.3f}  {examples_per_s:.0f} ex/s  "
+                f"eta {int(eta) // 60}:{int(eta) % 60:02d}",
             )
-            bar.update(real)
+            for tracker in self.trackers:
+                tracker.log_step(step, values)
+            for callback in self.callbacks:
+                callback.on_step(self, step, values)
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
         """The loss and metrics of `loader`'s batches under the evaluated parameters."""
-        return metric_results(self.run.metrics, self.state.evaluate(self.ts, loader, epoch))
+        return metric_results(self.run.metrics, self.steps.evaluate(self.train_state, loader, epoch))
 
     # ------------------------------------------------------------------------------------ stopping and saving midway
     def header(self) -> dict:
-        header = self.checkpoints.header(self.epoch, int(self.ts["step"]), self.min_loss)
+        header = self.checkpoints.header(self.epoch, int(self.train_state["step"]), self.min_loss)
         return {**header, "schedule_length": {"epochs": self.run.epochs, "steps_per_epoch": self.run.steps_per_epoch}}
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: the loop saves and stops at the next step boundary."""
         self.stop_signal = signum
 
-    def position_save_due(self, step: int) -> bool:
-        """Whether to save the position now (a stop was asked for, or checkpoint_every says so), agreed by every
-        process: a signal or a clock seen by some processes only must not make them save (a collective) or stop
-        alone. A stop asked of any process becomes every process's."""
-        due = self.checkpoints.save_due(step)
-        signum, due = distributed.max_over_processes(self.stop_signal or 0, int(due))
+    def position_save_due(self, step: int, calls: int) -> bool:
+        """Whether to save the position now, at `step`, after this epoch's `calls`-th call: a stop was asked for, or
+        trainer.checkpoint_every says so. Several processes must agree (a signal or a clock seen by some processes
+        only must not make them save, a collective, or stop alone), and agreeing is a blocking collective: they
+        agree every ``AGREE_EVERY_STEPS`` steps' worth of calls (a count every process keeps alike), and at a save
+        that checkpoint_every's steps make due for all. A stop asked of any process becomes every process's."""
+        if jax.process_count() == 1:
+            return self.stop_signal is not None or self.checkpoints.save_due(step)
+        every = max(1, AGREE_EVERY_STEPS // self.steps.steps_per_call)
+        if calls % every and not self.checkpoints.save_due(step, clock=False):
+            return False
+        signum, due = distributed.max_over_processes(self.stop_signal or 0, int(self.checkpoints.save_due(step)))
         self.stop_signal = self.stop_signal or signum or None
         return bool(signum or due)
 
@@ -358,13 +366,111 @@ class Trainer:
     def save_position(self, position: int, totals) -> None:
         """A checkpoint in the middle of an epoch (``Checkpoints.save_position``)."""
         header = {**self.header(), "position": position}
-        names, pause = self.checkpoints.save_position(self.ts, totals, header)
+        names, pause = self.checkpoints.save_position(self.train_state, totals, header)
         log.info(
             f"checkpoint at step {header['step']} ({position} of {len(self.train_loader)} into epoch "
             f"{self.epoch + 1}); the loop paused {1000 * pause:.0f} ms"
         )
         for callback in self.callbacks:
             callback.on_checkpoint(self, names)
+
+
+class OneCallLate:
+    """Each call's logs are read once the next call is dispatched, so the host never waits for the step it just
+    started: ``add`` reads the previous call's, ``flush`` the last one's (before a save, and at the epoch's end)."""
+
+    def __init__(self, read):
+        self.read, self.pending = read, None
+
+    def add(self, logs, *place) -> None:
+        previous, self.pending = self.pending, (logs, *place)
+        if previous is not None:
+            self.read(*previous)
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self.read(*pending)
+
+
+class Progress:
+    """An epoch under way as the loop sees it: the step reached, the time spent waiting for data, the profile's
+    trace around each call, and each call's logs checked (``check``): divergence, the log lines, the trackers and
+    callbacks, the progress bar (a live one where stderr is a terminal)."""
+
+    def __init__(self, trainer: Trainer, epoch: int, first_step: int, skipped: int):
+        from tqdm import tqdm
+
+        self.trainer, self.epoch, self.first_step, self.skipped = trainer, epoch, first_step, skipped
+        self.steps_done = 0  # steps run by this epoch's calls so far
+        self.started = time.perf_counter()
+        trainer.data_wait = 0.0
+        self.bar = tqdm(
+            total=trainer.steps.steps_per_epoch,
+            initial=skipped,
+            desc=f"epoch {epoch}",
+            unit="step",
+            leave=False,
+            disable=not sys.stderr.isatty(),
+        )
+
+    @property
+    def step(self) -> int:
+        """The training state's step once the calls dispatched so far are done."""
+        return self.first_step + self.steps_done
+
+    def waiting_for_data(self, chunks):
+        """The loader's stacks, the time spent waiting for each counted in ``trainer.data_wait``."""
+        while True:
+            waited = time.perf_counter()
+            item = next(chunks, None)
+            self.trainer.data_wait += time.perf_counter() - waited
+            if item is None:
+                return
+            yield item
+
+    def before_call(self, real_steps: int) -> None:
+        if self.trainer.trace:
+            self.trainer.trace.before(self.step + 1, self.step + real_steps)
+
+    def after_call(self, real_steps: int) -> tuple[int, int]:
+        """The call's place, for ``check``: (steps of the epoch before it, its real steps)."""
+        before, self.steps_done = self.steps_done, self.steps_done + real_steps
+        if self.trainer.trace:
+            self.trainer.trace.after(self.step, self.trainer.train_state)
+        return before, real_steps
+
+    def check(self, logs: dict, before: int, real: int) -> None:
+        """A call's logs (its `real` steps after `before` of the epoch), read from the device: every value shown
+        comes from them, the learning rate included."""
+        trainer = self.trainer
+        logs = {k: v[:real] for k, v in jax.device_get(logs).items()}
+        if not trainer.first_call_logged:
+            trainer.log_first_call(real)
+        # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
+        skipped = logs["skipped"] if "skipped" in logs else np.zeros(real, bool)
+        if skipped.any():
+            log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
+        first = self.first_step + before
+        trainer.check_losses(self.epoch, logs["loss"], skipped, first)
+        rate = (before + real) / max(time.perf_counter() - self.started, 1e-9)  # steps/s this epoch, so far
+        examples_per_s = rate * trainer.train_loader.batch_size * trainer.settings.accumulate_steps
+        eta = (trainer.steps.steps_per_epoch - self.skipped - before - real) / rate
+        trainer.log_steps(self.epoch, logs, first, examples_per_s, eta, console=self.bar.disable)
+        self.show(logs, examples_per_s)
+
+    def show(self, logs: dict, examples_per_s: float) -> None:
+        """The progress bar's figures (it shows the ETA itself)."""
+        if self.bar.disable:
+            return
+        lr = float(logs["lr"][-1]) * self.trainer.lr_scale
+        self.bar.set_postfix(
+            {"loss": f"{logs['loss'][-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
+        )
+        self.bar.update(len(logs["loss"]))
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def settle(tree) -> None:

@@ -173,15 +173,15 @@ def test_no_jit_runs_op_by_op_and_trains_as_compiled(tmp_path):
         seen.append(float(jax.lax.stop_gradient(outputs).sum()))
         return eager.run.loss_fn(outputs, targets, **kw)
 
-    eager.state.execution = "eager"
-    eager.state.chunk_fn = make_train_chunk(
-        eager.run.model, watched, eager.state.optimizer, eager.run.metrics, lr_fn=eager.state.lr_fn
+    eager.steps.execution = "eager"
+    eager.steps.chunk_fn = make_train_chunk(
+        eager.run.model, watched, eager.steps.optimizer, eager.run.metrics, lr_fn=eager.steps.lr_fn
     )
-    eager.state.train_chunk = jax.jit(eager.state.chunk_fn)
+    eager.steps.train_chunk = jax.jit(eager.steps.chunk_fn)
     compiled.fit()
     with jax.disable_jit():
         eager.fit()
     # real numbers: the step, and the inactive entry that completes its call of 2 (the scan ran as a Python loop)
     assert len(seen) == 2 and all(np.isfinite(seen))
-    for a, b in zip(jax.tree.leaves(compiled.ts), jax.tree.leaves(eager.ts)):
+    for a, b in zip(jax.tree.leaves(compiled.train_state), jax.tree.leaves(eager.train_state)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

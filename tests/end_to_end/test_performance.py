@@ -90,7 +90,7 @@ def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
     a, b = one.trackers[0].losses, many.trackers[0].losses
     assert sorted(a) == sorted(b) == list(range(1, 17))  # 8 steps per epoch, padding steps not counted
     np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)
-    for x, y in zip(jax.tree.leaves(one.ts["params"]), jax.tree.leaves(many.ts["params"])):
+    for x, y in zip(jax.tree.leaves(one.train_state["params"]), jax.tree.leaves(many.train_state["params"])):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
     rows = [[json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()] for t in (one, many)]
     for ra, rb in zip(*rows):
@@ -102,7 +102,7 @@ def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
     trainer = make_trainer(tmp_path, TINY_MODELS["mnist_convnext"], "auto", "auto", epochs=1)
-    assert trainer.state.steps_per_call == 8  # the whole (short) epoch in one call
+    assert trainer.steps.steps_per_call == 8  # the whole (short) epoch in one call
     trainer.fit()
     assert trainer.first_call_seconds > 0
     compiles = []
@@ -158,11 +158,11 @@ def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, mo
         return jax.lax.fori_loop(0, 60, lambda i, m: m @ m, m)[0, 0] - 1.0  # exactly 0: m @ m == m
 
     finished_at_dispatch, previous = [], []
-    compile_step = trainer.state.compile
+    compile_step = trainer.steps.compile
 
     def compile_and_slow_down(ts):
         compile_step(ts)
-        chunk = trainer.state.compiled_chunk
+        chunk = trainer.steps.compiled_chunk
 
         def slowed(ts, totals, stack):
             if previous:
@@ -172,11 +172,11 @@ def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, mo
             previous.append(logs["loss"])
             return ts, totals, logs
 
-        trainer.state.compiled_chunk = slowed
+        trainer.steps.compiled_chunk = slowed
 
-    monkeypatch.setattr(trainer.state, "compile", compile_and_slow_down)
+    monkeypatch.setattr(trainer.steps, "compile", compile_and_slow_down)
     trainer.fit()
-    assert len(finished_at_dispatch) == 7 and int(trainer.ts["step"]) == 8
+    assert len(finished_at_dispatch) == 7 and int(trainer.train_state["step"]) == 8
     assert sum(finished_at_dispatch) <= 1, finished_at_dispatch  # one late thread wake-up on a busy machine at most
 
 

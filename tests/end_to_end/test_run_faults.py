@@ -62,13 +62,13 @@ elif kind == "row":
     run_folder.append_row = append_row
 elif kind == "step":
     from training import trainer
-    real_check, sent = trainer.Trainer.check_logs, []
-    def check_logs(self, epoch, logs, done, real, first_step, started, bar):
-        real_check(self, epoch, logs, done, real, first_step, started, bar)
-        if first_step + done + real >= int(spec[0]) and not sent:
+    real_check, sent = trainer.Trainer.check_losses, []
+    def check_losses(self, epoch, losses, skipped, first):
+        real_check(self, epoch, losses, skipped, first)
+        if first + len(losses) >= int(spec[0]) and not sent:
             sent.append(1)
             hit(spec[1])
-    trainer.Trainer.check_logs = check_logs
+    trainer.Trainer.check_losses = check_losses
 elif kind == "init":
     from training import trainer
     def init_state(self):

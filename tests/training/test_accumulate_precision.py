@@ -77,8 +77,8 @@ def test_accumulated_steps_equal_one_larger_batch(tmp_path, n, optimizer):
     large = make_trainer(tmp_path, "large", 128, n=n, optimizer=optimizer)
     small.fit()
     large.fit()
-    assert int(small.ts["step"]) == int(large.ts["step"]) == 2
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(small.ts), jax.tree.leaves(large.ts)):
+    assert int(small.train_state["step"]) == int(large.train_state["step"]) == 2
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(small.train_state), jax.tree.leaves(large.train_state)):
         np.testing.assert_allclose(
             np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6, err_msg=jax.tree_util.keystr(path)
         )
@@ -92,16 +92,16 @@ def test_accumulated_gradient_equals_the_large_batch_gradient(tmp_path):
     batch's, and both equal the gradient of the mean loss over the 160 examples computed directly."""
     sgd = {"name": "sgd", "args": {"lr": 1.0}}
     small = make_trainer(tmp_path, "small", 32, accumulate=5, n=160, optimizer=sgd)
-    start = jax.tree.map(np.asarray, small.ts["params"])
+    start = jax.tree.map(np.asarray, small.train_state["params"])
     small.fit()
     x, y = data(160)
 
     def mean_loss(params):
-        logits, _ = small.run.model(params, small.ts["state"], x)
+        logits, _ = small.run.model(params, small.train_state["state"], x)
         return small.run.loss_fn(logits, y).mean()
 
     want = jax.grad(mean_loss)(start)
-    got = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), start, small.ts["params"])
+    got = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), start, small.train_state["params"])
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
@@ -113,13 +113,13 @@ def test_batch_norm_statistics_pass_from_micro_batch_to_micro_batch(tmp_path):
         {"flat": Flatten(), "lin": Linear(8), "bn": BatchNorm(), "act": Activation("relu"), "out": Linear(5)}
     )
     trainer = make_trainer(tmp_path, "bn", 16, accumulate=2, n=32, model=model)
-    params, state = jax.tree.map(np.asarray, (trainer.ts["params"], trainer.ts["state"]))
+    params, state = jax.tree.map(np.asarray, (trainer.train_state["params"], trainer.train_state["state"]))
     trainer.fit()
     x, _ = data(32)
-    key = lambda i: jax.random.fold_in(jax.random.fold_in(trainer.ts["rng"], 0), i)
+    key = lambda i: jax.random.fold_in(jax.random.fold_in(trainer.train_state["rng"], 0), i)
     _, state = model(params, state, x[:16], train=True, key=key(0))
     _, state = model(params, state, x[16:], train=True, key=key(1))
-    for got, want in zip(jax.tree.leaves(trainer.ts["state"]), jax.tree.leaves(state)):
+    for got, want in zip(jax.tree.leaves(trainer.train_state["state"]), jax.tree.leaves(state)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
 
 
@@ -132,7 +132,9 @@ def test_bfloat16_trains_like_float32_and_keeps_float32_state(tmp_path):
     f32.fit()
     bf16.fit()
     floating = [
-        a for a in jax.tree.leaves((bf16.ts["params"], bf16.ts["opt_state"])) if jnp.issubdtype(a.dtype, jnp.floating)
+        a
+        for a in jax.tree.leaves((bf16.train_state["params"], bf16.train_state["opt_state"]))
+        if jnp.issubdtype(a.dtype, jnp.floating)
     ]
     assert floating and all(a.dtype == jnp.float32 for a in floating)
     first, last = rows(bf16)[0]["train/loss"], rows(bf16)[-1]["train/loss"]
@@ -152,7 +154,7 @@ def test_float16_loss_scaling_recovers_from_overflow(tmp_path):
     trainer = make_trainer(
         tmp_path, "f16", 16, n=640, optimizer=adam, precision={"compute": "float16", "loss_scale": 2.0**40}
     )
-    start = jax.tree.map(np.asarray, trainer.ts["params"])
+    start = jax.tree.map(np.asarray, trainer.train_state["params"])
     first = make_trainer(
         tmp_path, "f16b", 16, n=640, optimizer=adam, precision={"compute": "float16", "loss_scale": 2.0**40}
     )
@@ -162,21 +164,22 @@ def test_float16_loss_scaling_recovers_from_overflow(tmp_path):
     stack["active"] = np.ones(1, np.float32)
     one = jax.jit(
         make_train_chunk(
-            first.run.model, first.run.loss_fn, first.state.optimizer, first.run.metrics, None, 1, first.state.policy
+            first.run.model, first.run.loss_fn, first.steps.optimizer, first.run.metrics, None, 1, first.steps.policy
         )
     )
-    ts, _, logs = one(first.ts, first.state.empty_stats(), stack)
+    ts, _, logs = one(first.train_state, first.steps.empty_stats(), stack)
     assert bool(logs["skipped"][0]) and float(ts["loss_scale"]["scale"]) == 2.0**39
     for a, b in zip(
-        jax.tree.leaves((ts["params"], ts["opt_state"])), jax.tree.leaves((first.ts["params"], first.ts["opt_state"]))
+        jax.tree.leaves((ts["params"], ts["opt_state"])),
+        jax.tree.leaves((first.train_state["params"], first.train_state["opt_state"])),
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     trainer.fit()  # 40 steps: ~25 skipped while the scale falls to float16's range, then learning
-    scale = float(trainer.ts["loss_scale"]["scale"])
+    scale = float(trainer.train_state["loss_scale"]["scale"])
     assert 1.0 <= scale <= 2.0**16
     moved = max(
         float(np.abs(np.asarray(a) - b).max())
-        for a, b in zip(jax.tree.leaves(trainer.ts["params"]), jax.tree.leaves(start))
+        for a, b in zip(jax.tree.leaves(trainer.train_state["params"]), jax.tree.leaves(start))
     )
     assert moved > 1e-3
     assert np.isfinite(rows(trainer)[-1]["train/loss"])
@@ -233,6 +236,8 @@ def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path):
     resumed = make_trainer(tmp_path, "resumed", 16, accumulate=2, model=dropout(), epochs=3)
     resumed.restore(stopped.run_dir / "checkpoint-latest.params")
     resumed.fit()
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(whole.ts), jax.tree.leaves(resumed.ts)):
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(whole.train_state), jax.tree.leaves(resumed.train_state)
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
     assert [r["train/loss"] for r in rows(resumed)] == [r["train/loss"] for r in rows(whole)][1:]

@@ -138,7 +138,7 @@ def test_int_inputs_and_per_element_mask_give_the_mean_over_real_tokens(tmp_path
     config = config_for(tmp_path, "cross_entropy", ["accuracy"])
     trainer = fit(tmp_path, config, TokenTagger(vocab), train, valid)
     results = trainer.evaluate(valid)
-    logits, _ = trainer.run.model(trainer.ts["params"], trainer.ts["state"], jnp.asarray(ids))
+    logits, _ = trainer.run.model(trainer.train_state["params"], trainer.train_state["state"], jnp.asarray(ids))
     log_p = np.asarray(jax.nn.log_softmax(logits))
     nll = -np.take_along_axis(log_p, target[..., None], -1)[..., 0]
     keep = mask > 0

@@ -77,23 +77,23 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
 
     plain = make_trainer(tmp_path, "plain", steps_per_call=1)
     plain.init_state()
-    plain.state.compile(plain.ts)
-    ts, average = plain.ts, jax.tree.map(np.asarray, plain.ts["params"])
+    plain.steps.compile(plain.train_state)
+    ts, average = plain.train_state, jax.tree.map(np.asarray, plain.train_state["params"])
     for epoch in (1, 2):
-        totals = plain.state.empty_stats()
-        for _, stack in plain.train_loader.chunks(epoch, 1, plain.state.put_stack):
-            ts, totals, _ = plain.state.compiled_chunk(ts, totals, stack)
+        totals = plain.steps.empty_stats()
+        for _, stack in plain.train_loader.chunks(epoch, 1, plain.steps.put_stack):
+            ts, totals, _ = plain.steps.compiled_chunk(ts, totals, stack)
             t = float(ts["step"])
             d = min(0.8, (1 + t) / (10 + t))
             average = jax.tree.map(lambda a, p: d * a + (1 - d) * np.asarray(p), average, ts["params"])
-    assert int(ts["step"]) == int(trainer.ts["step"]) == 14
-    for got, want in zip(jax.tree.leaves(trainer.ts["callbacks"]["ema"]["params"]), jax.tree.leaves(average)):
+    assert int(ts["step"]) == int(trainer.train_state["step"]) == 14
+    for got, want in zip(jax.tree.leaves(trainer.train_state["callbacks"]["ema"]["params"]), jax.tree.leaves(average)):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
 
     row = json.loads((trainer.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["val/loss"] == pytest.approx(trainer.evaluate(trainer.valid_loader, 2)["loss"], rel=1e-6)
-    ema_params = trainer.ts["callbacks"]["ema"]["params"]
-    template = {"params": ema_params, "state": trainer.ts["state"]}
+    ema_params = trainer.train_state["callbacks"]["ema"]["params"]
+    template = {"params": ema_params, "state": trainer.train_state["state"]}
     for name in ("checkpoint-latest.params", "model_best.params"):
         tree, header = checkpoint.restore(trainer.run_dir / name, template, only=("params", "state"))
         assert header["eval_params"] == "callbacks.ema.params"
@@ -107,7 +107,9 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
     resumed = make_trainer(tmp_path, "resumed", [spec])
     resumed.restore(first.run_dir / "checkpoint-latest.params")
     resumed.fit()
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(trainer.ts), jax.tree.leaves(resumed.ts)):
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(trainer.train_state), jax.tree.leaves(resumed.train_state)
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
 
 
@@ -117,10 +119,10 @@ def test_lr_finder_sweeps_writes_and_leaves_the_state_untouched(tmp_path):
     finder = {"name": "lr_finder", "args": {"min_lr": 1e-5, "max_lr": 1.0, "steps": 12}}
     stopped = make_trainer(tmp_path, "stop", [finder])
     stopped.init_state()
-    start = jax.tree.map(np.asarray, stopped.ts)
+    start = jax.tree.map(np.asarray, stopped.train_state)
     stopped.fit()
     assert stopped.epoch == 0 and not (stopped.run_dir / "metrics.jsonl").exists()
-    for a, b in zip(jax.tree.leaves(stopped.ts), jax.tree.leaves(start)):
+    for a, b in zip(jax.tree.leaves(stopped.train_state), jax.tree.leaves(start)):
         np.testing.assert_array_equal(np.asarray(a), b)
     with open(stopped.run_dir / "lr_finder.csv") as file:
         rows = list(csv.DictReader(file))
@@ -136,7 +138,7 @@ def test_lr_finder_sweeps_writes_and_leaves_the_state_untouched(tmp_path):
     plain = make_trainer(tmp_path, "plain")
     plain.init_state()
     plain.fit()
-    for a, b in zip(jax.tree.leaves(goes_on.ts), jax.tree.leaves(plain.ts)):
+    for a, b in zip(jax.tree.leaves(goes_on.train_state), jax.tree.leaves(plain.train_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -171,15 +171,17 @@ def devices_env(count: int) -> dict:
     return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}", "JAX_PLATFORMS": "cpu"}
 
 
-def start_processes(count: int, devices: int, *args, heartbeat: int = 60) -> list[subprocess.Popen]:
-    """`count` train.py processes joined on localhost, `devices` simulated CPU devices each."""
+def start_processes(
+    count: int, devices: int, *args, heartbeat: int = 60, command: tuple = ("train.py",)
+) -> list[subprocess.Popen]:
+    """`count` train.py processes (or `command`'s) joined on localhost, `devices` simulated CPU devices each."""
     port = free_port()
     env = {**os.environ, **devices_env(devices)}
     return [
         subprocess.Popen(
             [
                 sys.executable,
-                "train.py",
+                *command,
                 *map(str, args),
                 "--coordinator",
                 f"localhost:{port}",
@@ -297,6 +299,41 @@ def losses(run_dir: Path) -> np.ndarray:
     return np.array([[r["train/loss"], r["val/loss"], r["train/accuracy"]] for r in rows])
 
 
+COUNT_CHILD = textwrap.dedent("""
+    import sys
+    from training.devices import distributed
+    agreed, real = [], distributed.max_over_processes
+    def counted(*values):
+        agreed.append(values)
+        return real(*values)
+    distributed.max_over_processes = counted
+    import train
+    status = train.main(sys.argv[1:])
+    print(f"collectives: {len(agreed)}")
+    sys.exit(status)
+""")
+
+
+@pytest.mark.slow
+def test_processes_agree_at_each_epoch_end_not_at_every_call(tmp_path, data_dir):
+    """Agreeing on a stop or a timed save is a blocking collective: two processes agree at each epoch's end and
+    every ``AGREE_EVERY_STEPS`` steps' worth of calls (here more than an epoch), not at every call. 2 epochs of 16
+    one-step calls: 2 collectives per process (agreeing at every call made 32)."""
+    from training.trainer import AGREE_EVERY_STEPS
+
+    config = tiny_config(
+        tmp_path, data_dir, validation=False, trainer__steps_per_call=1, data_loader__train__args__batch_size=8
+    )
+    calls = (160 - 32) // 8  # the train split (n_train less the validation rows) in batches of 8: one call each
+    assert calls < AGREE_EVERY_STEPS
+    results = finish(start_processes(2, 1, "-c", config, "--run-id", "count", command=("-c", COUNT_CHILD)))
+    for status, out, err in results:
+        assert status == 0, err
+        assert out.strip().splitlines()[-1] == "collectives: 2", out[-2000:]
+    rows = (tmp_path / "saved/tiny/count/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [calls, 2 * calls]
+
+
 @pytest.mark.slow
 def test_two_processes_equal_four_devices_and_one_device_and_resume_in_one(tmp_path, data_dir):
     """2 processes x 2 devices == 1 process x 4 devices == 1 device (losses and final state within 1e-5); the
@@ -354,13 +391,13 @@ FSDP_CHILD = textwrap.dedent("""
         run_dir.mkdir()
         trainer = Trainer(run, run_dir)
         trainer.init_state()
-        held = distributed.device_bytes({k: trainer.ts[k] for k in ("params", "opt_state")})
-        specs = {k: list(v.sharding.spec) for k, v in trainer.ts["params"]["fc0"].items()}
+        held = distributed.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
+        specs = {k: list(v.sharding.spec) for k, v in trainer.train_state["params"]["fc0"].items()}
         trainer.fit()
-        after = distributed.device_bytes({k: trainer.ts[k] for k in ("params", "opt_state")})
-        np.savez(folder / f"fsdp{fsdp}.npz", **checkpoint.flatten(distributed.to_host(trainer.ts)))
+        after = distributed.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
+        np.savez(folder / f"fsdp{fsdp}.npz", **checkpoint.flatten(distributed.to_host(trainer.train_state)))
         out[fsdp] = {"max_device_bytes": max(held.values()), "devices": len(held), "after": max(after.values()),
-                     "specs": specs, "mesh": dict(trainer.state.mesh.shape)}
+                     "specs": specs, "mesh": dict(trainer.steps.mesh.shape)}
     print(json.dumps(out))
 """)
 

@@ -50,7 +50,7 @@ def test_no_recompilation_after_the_first_epoch(tmp_path):
         listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
         jax.monitoring.register_event_duration_secs_listener(listener)
         try:
-            trainer.state.compile = lambda ts: None  # keep the executables compiled by the first fit
+            trainer.steps.compile = lambda ts: None  # keep the executables compiled by the first fit
             trainer.settings = dataclasses.replace(trainer.settings, epochs=3)
             trainer.fit()
         finally:
@@ -65,8 +65,10 @@ def test_k_steps_per_call_equal_one_step_per_call(tmp_path, k):
     many = make_trainer(tmp_path, steps_per_call=k, run="many")
     one.fit()
     many.fit()
-    assert int(one.ts["step"]) == int(many.ts["step"]) == 2 * 5  # inactive padding steps are not counted
-    for a, b in zip(jax.tree.leaves(one.ts), jax.tree.leaves(many.ts)):
+    assert (
+        int(one.train_state["step"]) == int(many.train_state["step"]) == 2 * 5
+    )  # inactive padding steps are not counted
+    for a, b in zip(jax.tree.leaves(one.train_state), jax.tree.leaves(many.train_state)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
     rows = lambda t: [l for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     import json
@@ -79,7 +81,7 @@ def test_k_steps_per_call_equal_one_step_per_call(tmp_path, k):
 def test_epoch_metrics_are_exact_over_padded_batches(tmp_path):
     trainer = make_trainer(tmp_path, epochs=1)
     trainer.fit()
-    params, state = trainer.ts["params"], trainer.ts["state"]
+    params, state = trainer.train_state["params"], trainer.train_state["state"]
     results = trainer.evaluate(trainer.valid_loader)
     x = trainer.valid_loader.dataset.arrays["input"]
     y = trainer.valid_loader.dataset.arrays["target"]

@@ -226,12 +226,13 @@ class Checkpoints:
         self.last_save = (header["step"], time.monotonic())
         return time.perf_counter() - started
 
-    def save_due(self, step: int) -> bool:
-        """trainer.checkpoint_every: every N steps and/or M minutes since the last checkpoint."""
+    def save_due(self, step: int, clock: bool = True) -> bool:
+        """trainer.checkpoint_every: every N steps and/or M minutes since the last checkpoint (``clock`` False: the
+        steps only, which every process of a run counts alike)."""
         every = self.settings.checkpoint_every
         last_step, last_time = self.last_save
         return (every.steps is not None and step // every.steps > last_step // every.steps) or (
-            every.minutes is not None and time.monotonic() - last_time >= 60 * every.minutes
+            clock and every.minutes is not None and time.monotonic() - last_time >= 60 * every.minutes
         )
 
     def wait(self) -> None:
