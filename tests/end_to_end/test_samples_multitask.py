@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_idx_dataset
-from tests.end_to_end.test_samples_regression_segmentation import epochs_of, finite, sample_config
-from tests.end_to_end.test_train import run
+from tests.end_to_end.samples import epochs_of, finite, sample_config
+from tests.end_to_end.test_train import ROOT, run
 
 
 @pytest.mark.slow
@@ -19,7 +19,7 @@ def test_mnist_multitask_sample(tmp_path):
     data_dir = tmp_path / "mnist"
     make_idx_dataset(data_dir, n_train=160, n_test=40)
     config = sample_config(
-        "mnist_multitask",
+        ROOT / "configs" / "mnist_multitask.json",
         tmp_path,
         {"data_dir": str(data_dir), "verify": False, "validation_size": 40, "batch_size": 40},
         trainer__epochs=2,
