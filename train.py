@@ -20,7 +20,7 @@ from training.files.writes import CONFIG, LATEST, METRICS
 from training.run import debug_modes, location, signals
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import command
-from training.tracking.trackers import start_trackers
+from training.tracking.trackers import start_trackers  # [feature: tracking]
 from utils import (
     ArgumentParser,
     ConfigError,
@@ -250,7 +250,8 @@ def run(args) -> int:
     params, spec = trainer.ts["params"], trainer.state.model_input_spec
     log.info(summary(run.model, params, trainer.ts["state"], spec, trainable and trainable(params)))
     monitored = run.monitor.name if run.monitor else None
-    trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
+    trackers: list = []  # WandB, TensorBoard (training/tracking/), on process 0 only
+    trackers += start_trackers(config, run_dir, monitored) if distributed.is_main() else []  # [feature: tracking]
     trainer.trackers = trackers
 
     # 5. Train. A stop signal from here on saves the position first.

@@ -199,7 +199,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     from training.files.writes import LATEST
     from training.run import folder as run_folder
     from training.run import location
-    from training.tracking.trackers import History
+    from training.run.history import History
     from training.trainer import Trainer
 
     config = validate(config, source)
