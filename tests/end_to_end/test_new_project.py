@@ -62,7 +62,7 @@ def files_of(folder: Path) -> set[str]:
         (["--samples", ","], "--samples: name at least one of"),
         (["--samples", "mnist,mnist"], "a sample is named twice"),
         (["--name", "my project"], "--name 'my project': expected letters, digits"),
-        (["--without", "plot"], "--without: unknown feature 'plot'; available: sweeps, tracking, plots"),
+        (["--without", "sweep"], "--without: unknown feature 'sweep'; available: sweeps, tracking"),
         (["--without", "sweeps,sweeps"], "a feature is named twice"),
     ],
 )
