@@ -1,7 +1,7 @@
 """Start a project of your own from this template:
 
     python new_project.py ../my_project [--name my_project] [--samples mnist,shakespeare_char,...]
-                                        [--without sweeps,tracking,kernels]
+                                        [--without sweeps,tracking,plots,kernels]
 
 A copy of the template, less what the tables below leave out: the samples not named (their configs, data and
 end-to-end tests), the optional features named in --without (each a folder, its tests, its entry script and its
@@ -65,11 +65,12 @@ FEATURES = {
         "docs/sweeps.md",
     ),
     "tracking": ("training/tracking", "tests/training/tracking"),
+    "plots": ("training/plots", "tests/training/plots"),
     "kernels": ("model/kernels", "tests/model/kernels"),
     # a placeholder: several processes (jax.distributed, its watchdog, SLURM) are being moved to training/processes/
     "processes": ("training/processes", "tests/training/processes"),
-    # Not yet separable (the core still imports them in several places): plots (training/plots/) and the TFLite
-    # route (inference/formats/tflite_export.py, LiteRT's files): a project keeps them.
+    # Not yet separable (the core still imports it in several places): the TFLite route
+    # (inference/formats/tflite_export.py, LiteRT's files): a project keeps it.
 }
 MARK = re.compile(r"\[feature: (\w+)\]( begin| end)?")
 

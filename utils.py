@@ -486,7 +486,9 @@ def first_loader(run: Run):
 
 
 if __name__ == "__main__":  # python utils.py plot saved/<name>/<run_id>: the run-folder tools live with what they draw
-    from training.plots.figures import main
     from training.run.cli import command
+    from training.run.figures import plots
 
-    sys.exit(command(main))
+    if plots() is None:
+        fail("utils.py: this project has no training/plots/, which draws a run folder's curves")
+    sys.exit(command(plots().main))

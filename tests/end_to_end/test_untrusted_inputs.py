@@ -330,12 +330,3 @@ def test_unicode_class_names_on_an_ascii_terminal(export):
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err.decode()
     assert b"caf\\xe9" in out and b"stra\\xdfe" in out and b"\\u5b57" in out, out
-
-
-@pytest.mark.parametrize("line", ["[1, 2]", "3", '"text"', "[" * 100_000, "{"])
-def test_utils_plot_on_a_metrics_line_that_is_not_an_object_is_one_line(tmp_path, capsys, line):
-    """Before: [1, 2] or 3 was an AttributeError (row.items()), deep nesting a RecursionError, each a traceback."""
-    from training.plots.figures import main as plot
-
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train/loss": 1.0}) + "\n" + line + "\n")
-    assert "metrics.jsonl: line 2 is " in one_line(capsys, plot, "plot", tmp_path)

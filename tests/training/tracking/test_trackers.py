@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.end_to_end.test_train import ROOT, data_dir, make_config, run  # noqa: F401  (data_dir is a fixture)
+from training.run.figures import plots
 from training.tracking.trackers import flatten, scalars
 from utils import read_json
 
@@ -196,12 +197,13 @@ def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_netw
     check_wandb_run(wandb_run, rows, losses, log_every, after_step=0)
     assert wandb_run["summary"]["best/val/accuracy"] == pytest.approx(max(r["val/accuracy"] for r in rows))
     check_events(read_events(run_dir / "tensorboard"), rows, losses, log_every)
-    assert png_size(run_dir / "curves.png") == (1200, 600)  # loss, accuracy, f1, lr: 3 columns x 2 rows
+    if plots() is not None:  # training/plots/ draws them
+        assert png_size(run_dir / "curves.png") == (1200, 600)  # loss, accuracy, f1, lr: 3 columns x 2 rows
 
     # test.py (its main, in this process): the confusion matrix image and the per-class table by the checkpoint.
     assert load_test_script().main(["--run", str(run_dir)]) == 0
     printed = capsys.readouterr().out
-    assert png_size(run_dir / "confusion_matrix.png")[0] >= 400
+    assert plots() is None or png_size(run_dir / "confusion_matrix.png")[0] >= 400
     table = np.genfromtxt(run_dir / "per_class.csv", delimiter=",", names=True)
     assert table["support"].sum() == 90 and list(table["class"]) == list(range(10))
     accuracy = float(re.search(r"accuracy\s+([0-9.]+)", printed)[1])
@@ -233,7 +235,8 @@ def test_wandb_that_cannot_start_is_a_warning_and_the_profile_trace(tmp_path, da
     assert result.returncode == 0, result.stderr
     assert "wandb: could not start" in result.stdout and "training goes on without wandb" in result.stdout
     run_dir = tmp_path / "saved" / "tiny" / "offline"
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1 and (run_dir / "curves.png").is_file()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    assert plots() is None or (run_dir / "curves.png").is_file()
     assert "profile of steps 2..4 written" in result.stdout
     import gzip
 
