@@ -376,3 +376,21 @@ def test_a_project_without_one_feature_imports_and_trains(tmp_path, feature):
     trained = run_in(target, "train.py", "-c", config, "--fast-dev-run")
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "fast dev run passed" in trained.stdout
+
+
+def test_new_project_clears_what_a_killed_one_left(tmp_path, capsys):
+    stale = tmp_path / ".proj-abcd1234"
+    stale.mkdir()
+    (stale / "half").write_text("half")
+    assert new_project.main([str(tmp_path / "proj"), "--samples", "mnist"]) == 0
+    assert not stale.exists() and (tmp_path / "proj" / "train.py").is_file()
+
+
+def test_ctrl_c_is_one_line_and_status_130_and_leaves_nothing(tmp_path):
+    from tests.end_to_end.test_untrusted_inputs import INTERRUPTED, started
+
+    process = started(["-c", INTERRUPTED, "shutil.copytree", ROOT / "new_project.py", tmp_path / "project"])
+    out, err = (s.decode() for s in process.communicate(timeout=300))
+    assert process.returncode == 130, err
+    assert err.strip().splitlines() == ["error: stopped by SIGINT (Ctrl-C)"], err
+    assert list(tmp_path.iterdir()) == []

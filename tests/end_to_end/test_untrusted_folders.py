@@ -279,13 +279,3 @@ def test_replacing_an_export_never_leaves_it_absent_and_clears_what_killed_ones_
     subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert (tmp_path / "m" / "report.json").is_file() and (tmp_path / "m" / "m.jax").is_file()
     assert not stale.exists()
-
-
-def test_new_project_clears_what_a_killed_one_left(tmp_path, capsys):
-    import new_project
-
-    stale = tmp_path / ".proj-abcd1234"
-    stale.mkdir()
-    (stale / "half").write_text("half")
-    assert new_project.main([str(tmp_path / "proj"), "--samples", "mnist"]) == 0
-    assert not stale.exists() and (tmp_path / "proj" / "train.py").is_file()

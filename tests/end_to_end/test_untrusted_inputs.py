@@ -283,7 +283,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
         ("test.py", "training.run.checkpoint.restore", ["--run", "{run}"]),
         ("sample.py", "training.config.file.read_json", ["--run", "{run}"]),
         ("inference/predict.py", "numpy.load", ["{export}/tiny.onnx", "{export}/x.npy"]),
-        ("new_project.py", "shutil.copytree", ["{tmp}/project"]),
         pytest.param(
             "inference/convert_tflite.py",
             "inference.exporter.collect_validation",
