@@ -358,7 +358,7 @@ def test_a_marked_line_or_block_goes_with_its_feature():
 def test_a_project_without_every_feature_passes_its_fast_suite(tmp_path):
     target = tmp_path / "bare"
     make(target, "--samples", "mnist", "--without", ",".join(SHIPPED))
-    tests = run_in(target, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow")
+    tests = run_in(target, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow", "-n", "2")
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
 
 
