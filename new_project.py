@@ -133,8 +133,9 @@ def copy_tree(template: Path, target: Path, leave_out: set[str]) -> None:
 def text_files(root: Path):
     """(path, text) of the project's text files (data sets excluded by size)."""
     for path in sorted(root.rglob("*")):
-        if (path.is_file() and not path.is_symlink() and path.suffix in TEXT_SUFFIXES and path.stat().st_size < 2**20
-                and ".git" not in path.relative_to(root).parts):  # fmt: skip
+        if path.is_symlink() or not path.is_file() or path.suffix not in TEXT_SUFFIXES:
+            continue
+        if path.stat().st_size < 2**20 and ".git" not in path.relative_to(root).parts:
             try:
                 yield path, path.read_text()
             except UnicodeDecodeError:
@@ -188,8 +189,8 @@ def add_samples(template: Path, target: Path, samples: list[str], name: str) -> 
     dropped = {folder for sample in SAMPLES.values() for folder in sample.data} - kept
     (target / "data").mkdir()
     for folder in sorted(kept):
-        shutil.copytree(template / "data" / folder, target / "data" / folder,
-                        ignore=shutil.ignore_patterns(*SKIP_ANYWHERE, "*.pyc"))  # fmt: skip
+        ignore = shutil.ignore_patterns(*SKIP_ANYWHERE, "*.pyc")
+        shutil.copytree(template / "data" / folder, target / "data" / folder, ignore=ignore)
     if (template / "data" / "README.md").is_file():  # without the paragraphs (and their tables) about data left out
         blocks, owner = [], None
         for block in re.split(r"\n\s*\n", (template / "data" / "README.md").read_text().strip()):
@@ -201,8 +202,9 @@ def add_samples(template: Path, target: Path, samples: list[str], name: str) -> 
     if (template / "saved" / "README.md").is_file():
         shutil.copy2(template / "saved" / "README.md", target / "saved" / "README.md")
     if (target / ".gitignore").is_file():
+        unignored = {f"!/data/{folder}/" for folder in dropped}
         lines = (target / ".gitignore").read_text().splitlines(keepends=True)
-        (target / ".gitignore").write_text("".join(l for l in lines if l.strip() not in {f"!/data/{f}/" for f in dropped}))  # noqa: E741, E501  # fmt: skip
+        (target / ".gitignore").write_text("".join(line for line in lines if line.strip() not in unignored))
 
 
 def fit_docs(target: Path, name: str, samples: list[str]) -> None:
@@ -212,14 +214,22 @@ def fit_docs(target: Path, name: str, samples: list[str]) -> None:
     lines = ((target / "README.md").read_text() if (target / "README.md").is_file() else f"# {name}\n").splitlines()
     if lines and lines[0].startswith("# "):
         lines[0] = f"# {name}"
-    keys = [TABLE_KEY.match(line) for line in lines]
-    (target / "README.md").write_text("\n".join(line for line, key in zip(lines, keys) if key is None or not (
-        key[1] in SAMPLES and key[1] not in samples or re.fullmatch(r"[\w.-]+(/[\w.-]*)*", key[1])
-        and re.search(r"[/.]", key[1]) and not (target / key[1]).exists()
-    )) + "\n")  # fmt: skip
+
+    def gone(line: str) -> bool:  # a table row of a sample left out, or of a path (`a/b`, `x.py`) not here
+        key = TABLE_KEY.match(line)
+        key = key and key[1]
+        path = key and re.fullmatch(r"[\w.-]+(/[\w.-]*)*", key) and re.search(r"[/.]", key)
+        return bool(key) and (key in SAMPLES and key not in samples or bool(path) and not (target / key).exists())
+
+    (target / "README.md").write_text("\n".join(line for line in lines if not gone(line)) + "\n")
     for doc in [target / "README.md", *sorted((target / "docs").glob("*.md"))]:
-        dead = lambda href: bool(href.split("#")[0]) and "://" not in href and not href.startswith("mailto:") and (  # noqa: E731
-            not (doc.parent / href.split("#")[0]).exists())  # fmt: skip
+
+        def dead(href: str) -> bool:
+            path = href.split("#")[0]
+            return (
+                bool(path) and "://" not in href and not href.startswith("mailto:") and not (doc.parent / path).exists()
+            )
+
         out, dropping = [], False
         for line in doc.read_text().splitlines():
             if dropping and line.startswith("  ") and line.strip():
