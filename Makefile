@@ -47,17 +47,19 @@ ifneq ($(ACCEL)$(VENV_TOO_OLD),$(BUILT_FOR))
 $(VENV)/.installed $(VENV)/.installed-dev: $(BIN)/python
 endif
 
-# requirements-litert.txt goes in without its declared dependencies: the file says why.
-$(VENV)/.installed: requirements.txt requirements-litert.txt $(REQUIREMENTS) | $(BIN)/python
+# requirements-litert.txt goes in without its declared dependencies: the file says why. It and the sweeps' PostgreSQL
+# driver are optional features' files (new_project.py --without tflite,sweeps): named only where they exist.
+$(VENV)/.installed: requirements.txt $(wildcard requirements-litert.txt) $(REQUIREMENTS) | $(BIN)/python
 	$(SAY_ACCEL)
 	$(BIN)/pip install --quiet -r $(REQUIREMENTS)
-	$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt
+	$(if $(wildcard requirements-litert.txt),$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt)
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt requirements-sweeps-postgres.txt requirements.txt requirements-litert.txt $(REQUIREMENTS) | $(BIN)/python
+$(VENV)/.installed-dev: requirements-dev.txt requirements.txt $(wildcard requirements-sweeps-postgres.txt requirements-litert.txt) \
+		$(REQUIREMENTS) | $(BIN)/python
 	$(SAY_ACCEL)
 	$(BIN)/pip install --quiet -r requirements-dev.txt$(if $(filter-out cpu,$(ACCEL)), -r $(REQUIREMENTS))
-	$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt
+	$(if $(wildcard requirements-litert.txt),$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt)
 	touch $(VENV)/.installed $@
 
 train: $(VENV)/.installed

@@ -26,6 +26,7 @@ import numpy as np
 from training.files.writes import CONFIG, UnsafeFile, refuse_unsafe, write_atomic
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import add_run, command
+from training.run.figures import plots
 from training.run.location import check_config_writes
 from utils import ArgumentParser, ConfigError, assemble, fail, load_config, load_run
 
@@ -223,8 +224,6 @@ def print_per_class(values, classes) -> None:
 
 def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     """The confusion matrix and the per-class table, printed and written."""
-    from training.plots.figures import save_confusion_matrix
-
     names = class_names(classes, len(matrix))
     # columns as wide as the counts (names cut to fit), rows and the table as wide as the longest name
     width = max(len(str(matrix.max())), 3)
@@ -244,8 +243,9 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     table_path, image_path = (out / name.format(suffix=suffix) for name in OUTPUTS["classification"])
     write_atomic(table_path, ("\n".join(lines) + "\n").encode())
-    image = save_confusion_matrix(matrix, image_path, names)
-    print(f"wrote {image} and {table_path}")
+    figures = plots()
+    image = figures and figures.save_confusion_matrix(matrix, image_path, names)
+    print(f"wrote {image} and {table_path}" if image else f"wrote {table_path}")
 
 
 def report_predictions(
@@ -256,8 +256,11 @@ def report_predictions(
     the first examples."""
     import jax
 
-    from training.plots.figures import IMAGE_ROWS, MAX_PANELS, is_image, save_image_grid, save_predictions
     from training.step import model_kwargs, target_of
+
+    figures = plots()
+    if figures is None:  # predictions.png is all this writes
+        return
 
     pick = (lambda tree: tree) if output is None else (lambda tree: tree[output])
     forward = jax.jit(
@@ -273,15 +276,16 @@ def report_predictions(
     predicted, true = np.concatenate(predicted), np.concatenate(true)
     out.mkdir(parents=True, exist_ok=True)
     path = out / OUTPUTS["regression"][0].format(suffix=suffix)
-    if is_image(predicted):
-        shown = inputs[0] is not None and is_image(inputs[0])
-        image = save_image_grid(np.concatenate(inputs) if shown else None, true, predicted, path)
+    if figures.is_image(predicted):
+        shown = inputs[0] is not None and figures.is_image(inputs[0])
+        image = figures.save_image_grid(np.concatenate(inputs) if shown else None, true, predicted, path)
         what = "input / target / prediction" if shown else "target / prediction"
-        print(f"wrote {image} ({what} of the first {min(len(predicted), IMAGE_ROWS)} of {len(predicted)} examples)")
+        rows = min(len(predicted), figures.IMAGE_ROWS)
+        print(f"wrote {image} ({what} of the first {rows} of {len(predicted)} examples)")
         return
-    image = save_predictions(predicted, true, path, preprocessing.get("targets"))
-    outputs = int(np.prod(predicted.shape[1:]))
-    shown = f"all {outputs} outputs" if outputs <= MAX_PANELS else f"the first {MAX_PANELS} of {outputs} outputs"
+    image = figures.save_predictions(predicted, true, path, preprocessing.get("targets"))
+    outputs, most = int(np.prod(predicted.shape[1:])), figures.MAX_PANELS
+    shown = f"all {outputs} outputs" if outputs <= most else f"the first {most} of {outputs} outputs"
     print(f"wrote {image} ({shown})")
 
 

@@ -20,7 +20,8 @@ from training.files.writes import CONFIG, LATEST, METRICS
 from training.run import debug_modes, lifecycle, location, signals
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import command
-from training.tracking.trackers import start_trackers
+from training.run.figures import plots
+from training.tracking.trackers import start_trackers  # [feature: tracking]
 from utils import (
     ArgumentParser,
     ConfigError,
@@ -238,8 +239,10 @@ def describe_run(args, config: dict, run, trainer, folder) -> list:
     for line in trainer.describe():
         log.info(line)
     monitored = run.monitor.name if run.monitor else None
-    trainer.trackers = start_trackers(config, folder.path, monitored) if distributed.is_main() else []
-    return trainer.trackers
+    trackers: list = []  # WandB, TensorBoard (training/tracking/), on process 0 only
+    trackers += start_trackers(config, folder.path, monitored) if distributed.is_main() else []  # [feature: tracking]
+    trainer.trackers = trackers
+    return trackers
 
 
 def fit(args, config: dict, loaders: dict, trainer, folder) -> int:
@@ -377,11 +380,10 @@ def done_line(monitor: str, best, run_dir: Path, args) -> str:
 def finish(run_dir: Path, trackers: list, status: int, lr_fn=None, curves: bool = True) -> None:
     """curves.png from metrics.jsonl (``lr_fn``: the learning rate of every step), then the trackers' last words;
     neither can change how the run ends. ``curves`` False: none (a --fast-dev-run's folder is removed at the end)."""
-    if curves and (run_dir / METRICS).is_file():
+    figures = plots()
+    if curves and figures is not None and (run_dir / METRICS).is_file():
         try:
-            from training.plots.figures import plot_run
-
-            log.info(f"curves: {plot_run(run_dir, lr_fn=lr_fn)}")
+            log.info(f"curves: {figures.plot_run(run_dir, lr_fn=lr_fn)}")
         except Exception as error:
             log.warning(f"curves.png not drawn: {type(error).__name__}: {error}")
     for tracker in trackers:

@@ -206,7 +206,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     from training.files.writes import LATEST
     from training.run import folder as run_folder
     from training.run import location
-    from training.tracking.trackers import History
+    from training.run.history import History
     from training.trainer import Trainer
 
     config = validate(config, source)
@@ -493,7 +493,9 @@ def first_loader(run: Run):
 
 
 if __name__ == "__main__":  # python utils.py plot saved/<name>/<run_id>: the run-folder tools live with what they draw
-    from training.plots.figures import main
     from training.run.cli import command
+    from training.run.figures import plots
 
-    sys.exit(command(main))
+    if plots() is None:
+        fail("utils.py: this project has no training/plots/, which draws a run folder's curves")
+    sys.exit(command(plots().main))

@@ -71,7 +71,7 @@ def gpt2_overrides(smoke: bool) -> list[str]:
 
 def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
     """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
-    from training.plots.figures import read_metrics
+    from training.files.reads import read_metrics
 
     command = [sys.executable, str(REPO / "train.py"), "-c", str(config), "--run-id", name]
     command += ["--set", f"trainer.save_dir={json.dumps(str(save_dir))}"] + [a for o in overrides for a in ("--set", o)]

@@ -37,6 +37,7 @@ import numpy as np
 from model.registry import register
 from training import optimizers
 from training.files.writes import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
+from training.run.figures import plots
 
 log = logging.getLogger("train")
 
@@ -152,28 +153,17 @@ class LRFinder(Callback):
             logs = np.log10(np.asarray(rates)[finite])
             slopes = np.gradient(np.asarray(smoothed_losses)[finite], logs)
             suggestion = float(10 ** logs[int(np.argmin(slopes))])
+        figures, drawn = plots(), ""
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            from training.plots.figures import save_figure
-
-            figure, axis = plt.subplots(figsize=(6, 4))
-            axis.plot(rates, smoothed_losses)
-            axis.set(xscale="log", xlabel="learning rate", ylabel="smoothed training loss", title="lr finder")
-            if suggestion:
-                axis.axvline(suggestion, color="tab:red", linestyle="--", label=f"steepest fall: {suggestion:.2g}")
-                axis.legend()
-            save_figure(figure, run_dir / LR_FINDER_PLOT, dpi=100, bbox_inches="tight")
-            plt.close(figure)
+            if figures is not None:
+                figures.save_lr_finder(rates, smoothed_losses, suggestion, run_dir / LR_FINDER_PLOT)
+                drawn = f", {LR_FINDER_PLOT}"
         except Exception as error:  # the CSV holds the result; a figure is a convenience
-            log.warning(f"lr_finder.png not drawn: {type(error).__name__}: {error}")
+            log.warning(f"{LR_FINDER_PLOT} not drawn: {type(error).__name__}: {error}")
         said = f"steepest fall of the loss at lr {suggestion:.3g}" if suggestion else "no clear fall of the loss"
         log.info(
             f"lr_finder: {len(losses)} steps from {rates[0]:.3g} to {rates[-1]:.3g}: {said} "
-            f"({run_dir / 'lr_finder.csv'}, lr_finder.png)"
+            f"({run_dir / LR_FINDER_TABLE}{drawn})"
         )
         return suggestion
 

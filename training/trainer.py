@@ -31,8 +31,8 @@ from training.config.components import schedule_length_note
 from training.config.settings import Settings
 from training.devices import distributed, peaks, platform
 from training.metrics import metric_results
+from training.run.history import StepTrace
 from training.run.saving import Checkpoints
-from training.tracking.trackers import StepTrace
 
 log = logging.getLogger("train")
 

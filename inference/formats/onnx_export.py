@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 
 from inference.inputs import names_of
-from model import kernels
+from model.modules import conv
 
 OPSET = 18
 
@@ -49,7 +49,7 @@ def export_onnx(
     serde.setLevel(logging.ERROR)
     try:
         # the plain math: jax2onnx has no handler for the platform switch of model/kernels (an XLA:CPU matter)
-        with jax.disable_jit(), kernels.forced(False):
+        with jax.disable_jit(), conv.plain_math():
             model = jax2onnx.to_onnx(
                 fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=names_of(output_name)
             )

@@ -1,5 +1,8 @@
 """Formulations of the convolution written for XLA:CPU, and the one switch that selects them.
 
+An optional part: ``model/__init__.py`` imports it (one line), and it plugs itself into the convolution layers
+(``model.modules.conv.CPU_FORM``); deleting this folder and that line leaves the plain math everywhere.
+
 The layers in ``model/modules`` are the plain math (``lax.conv_general_dilated`` and autodiff). On JAX's CPU
 backend some of that math compiles to slow code, inside ``lax.scan`` bodies above all, and the functions here compute
 the same values and gradients another way:
@@ -27,6 +30,9 @@ from collections.abc import Callable
 
 import jax
 
+from model.kernels import conv, depthwise
+from model.modules import conv as layers
+
 _SETTING = os.environ.get("CPU_KERNELS", "").strip().lower()
 CPU_KERNELS: bool | None = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}.get(_SETTING)
 
@@ -50,3 +56,17 @@ def forced(use: bool):
         yield
     finally:
         CPU_KERNELS = before
+
+
+def cpu_form(plain: Callable, x, w, args: tuple, override: bool | None = None):
+    """`model.modules.conv`'s CPU_FORM: the depthwise or general kernel where chosen, ``plain(x, w)`` elsewhere."""
+
+    def cpu(x, w):
+        if depthwise.is_plain_depthwise(x, w, *args):
+            return depthwise.depthwise_conv(x, w, args[1])
+        return conv.conv(x, w, *args)
+
+    return select(cpu, plain, x, w, override=override)
+
+
+layers.CPU_FORM = cpu_form

@@ -1,22 +1,38 @@
 """2-D convolution and transposed convolution (NHWC inputs, HWIO kernels); 1-D convolution (NLC inputs, WIO kernels).
 
-Both layers are ``lax.conv_general_dilated`` differentiated by JAX. On the CPU backend their training path goes
-through ``model/kernels`` instead (same values and gradients, formulated for XLA:CPU); ``cpu_kernels`` and
-``model.kernels.CPU_KERNELS`` say when.
+Both layers are ``lax.conv_general_dilated`` differentiated by JAX. The optional ``model/kernels`` (imported by
+``model/__init__.py``) sets ``CPU_FORM``: then the CPU backend's training path goes through its formulations instead
+(same values and gradients, written for XLA:CPU), where ``cpu_kernels`` and ``model.kernels.CPU_KERNELS`` say.
+Without it, every convolution is the plain math.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import jax
 from jax import lax
 
-from model import kernels
-from model.kernels import conv as cpu_conv
-from model.kernels import depthwise as cpu_depthwise
 from model.modules import initializers
 from model.modules.module import Module, check_size
 
 DIMS = ("NHWC", "HWIO", "NHWC")
+# `CPU_FORM(plain, x, w, args, override)`: the convolution another way where it pays (model/kernels sets it when
+# imported); None: the plain math everywhere. `args` are conv_general's, `override` the layer call's cpu_kernels.
+CPU_FORM: Callable | None = None
+
+
+@contextlib.contextmanager
+def plain_math():
+    """Every convolution traced inside is the plain math (a tracer that resolves no platform, as jax2onnx's, needs
+    one form)."""
+    global CPU_FORM
+    before, CPU_FORM = CPU_FORM, None
+    try:
+        yield
+    finally:
+        CPU_FORM = before
 
 
 def as_pair(v, name: str) -> tuple[int, int]:
@@ -64,15 +80,10 @@ def conv_general(
 ):
     """``lax.conv_general_dilated`` on NHWC/HWIO with explicit non-negative integer padding.
 
-    ``cpu_kernels``: use ``model/kernels``' formulations (default: ``kernels.CPU_KERNELS``: where lowered for
-    the CPU).
+    ``cpu_kernels``: use ``CPU_FORM``'s formulations (default: ``model.kernels.CPU_KERNELS``: where lowered for
+    the CPU); without ``CPU_FORM``, nothing to choose.
     """
     args = (tuple(strides), tuple(map(tuple, pads)), tuple(lhs_dilation), tuple(rhs_dilation), int(groups))
-
-    def cpu(x, w):
-        if cpu_depthwise.is_plain_depthwise(x, w, *args):
-            return cpu_depthwise.depthwise_conv(x, w, args[1])
-        return cpu_conv.conv(x, w, *args)
 
     def plain(x, w):
         strides, pads, lhs_dilation, rhs_dilation, groups = args
@@ -80,7 +91,9 @@ def conv_general(
             x, w, strides, pads, lhs_dilation, rhs_dilation, DIMS, feature_group_count=groups
         )
 
-    return kernels.select(cpu, plain, x, w, override=cpu_kernels)
+    if CPU_FORM is None:
+        return plain(x, w)
+    return CPU_FORM(plain, x, w, args, cpu_kernels)
 
 
 def conv2d(x, w, stride=1, padding="SAME", dilation=1, groups=1, cpu_kernels: bool | None = None):

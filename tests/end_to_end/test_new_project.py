@@ -3,7 +3,6 @@ tests and first sample run from inside it."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import new_project
-from tests.end_to_end.test_train import ROOT
+from tests.conftest import make_idx_dataset
+from tests.end_to_end.test_train import ROOT, make_config
 
 LIBRARY = (
     "train.py",
@@ -62,6 +62,8 @@ def files_of(folder: Path) -> set[str]:
         (["--samples", ","], "--samples: name at least one of"),
         (["--samples", "mnist,mnist"], "a sample is named twice"),
         (["--name", "my project"], "--name 'my project': expected letters, digits"),
+        (["--without", "sweep"], "--without: unknown feature 'sweep'; available: sweeps, tracking"),
+        (["--without", "sweeps,sweeps"], "a feature is named twice"),
     ],
 )
 def test_bad_arguments_are_one_error_line_and_write_nothing(tmp_path, capsys, args, message):
@@ -97,11 +99,10 @@ def test_a_project_of_two_samples(tmp_path, capsys):
         or f.endswith(".pyc")
     }
     assert "new_project.py" not in files and "tests/end_to_end/test_new_project.py" not in files
-    # benchmarks/ stays behind, and so do the tests of it (a shared file keeps its other tests)
+    # benchmarks/ stays behind, and so do the tests of it
     for test in (target / "tests").rglob("*.py"):
-        assert "benchmarks" not in new_project.imported(ast.parse(test.read_text())), test.name
-    performance = (target / "tests" / "end_to_end" / "test_performance.py").read_text()
-    assert "def test_cpu_model_names_the_processor" not in performance and "def test_" in performance
+        assert not re.search(r"^\s*(from|import) benchmarks\b", test.read_text(), re.M), test.name
+    assert "tests/end_to_end/test_benchmarks.py" not in files and "tests/end_to_end/test_performance.py" in files
     assert list((target / "saved").iterdir()) == []
 
     template = json.loads((ROOT / "configs" / "tabular_regression.json").read_text())
@@ -116,12 +117,10 @@ def test_a_project_of_two_samples(tmp_path, capsys):
     assert "(`config.json`)" in data_readme  # the tabular sample's config moved
     assert "!/data/mnist/" not in (target / ".gitignore").read_text()
 
-    # sample tests only for the samples kept; a shared file keeps only their functions
+    # sample tests only for the samples kept, naming the config where the project has it
     assert "tests/end_to_end/test_samples_language_model.py" in files
-    shared = (target / "tests" / "end_to_end" / "test_samples_regression_segmentation.py").read_text()
-    assert "def test_tabular_regression_sample" in shared and "def test_mnist_segmentation_sample" not in shared
-    assert "make_idx_dataset" not in shared  # only the left-out test used it
-    assert '(ROOT / "config.json")' in shared
+    assert "tests/end_to_end/test_samples_segmentation.py" not in files
+    assert 'ROOT / "config.json"' in (target / "tests" / "end_to_end" / "test_samples_regression.py").read_text()
 
     # README.md and docs/ as the template has them, fitted to the samples kept; no link leads to a file left behind
     readme = (target / "README.md").read_text()
@@ -232,7 +231,7 @@ def test_the_new_project_runs_its_own_tests_and_trains_its_first_sample(tmp_path
             "-m",
             "not slow",
             "tests/end_to_end/test_samples_language_model.py",
-            "tests/end_to_end/test_samples_regression_segmentation.py",
+            "tests/end_to_end/test_samples_regression.py",
             "tests/end_to_end/test_sweep.py",
             "tests/end_to_end/test_docs.py",
             "tests/end_to_end/test_performance.py",
@@ -313,3 +312,85 @@ def test_a_project_takes_the_template_s_later_fixes_as_docs_new_project_md_says(
     assert sh(git, "status", "--porcelain", cwd=project).stdout == ""
     log = sh(git, "log", "--format=%s", cwd=project).stdout.splitlines()
     assert log[0].startswith("Template fixes up to ") and log[1:3] == ["a sample's change", "a library fix"]
+
+
+# ---------------------------------------------------------------------------------- optional features left out
+SHIPPED = [name for name, paths in new_project.FEATURES.items() if any((ROOT / p).exists() for p in paths)]
+
+
+def make(target: Path, *args: str) -> None:
+    made = subprocess.run(
+        [sys.executable, "new_project.py", str(target), *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+
+
+def run_in(project: Path, *args, timeout=600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=project, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_project_without_every_feature_has_none_of_its_files_or_marked_lines(tmp_path):
+    target = tmp_path / "bare"
+    assert new_project.main([str(target), "--samples", "mnist", "--without", ",".join(SHIPPED)]) == 0
+    files = files_of(target)
+    for feature in SHIPPED:
+        for path in new_project.FEATURES[feature]:
+            assert not (target / path).exists(), path
+        for name in files:
+            if (target / name).suffix in new_project.TEXT_SUFFIXES and name.split("/")[0] != "data":
+                assert f"[feature: {feature}]" not in (target / name).read_text(), name
+    for doc in [target / "README.md", *(target / "docs").glob("*.md")]:
+        for href in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            path = href.split("#")[0]
+            assert "://" in href or not path or (doc.parent / path).exists(), (doc.name, href)
+
+
+def test_a_marked_line_or_block_goes_with_its_feature():
+    text = "a\nb  # [feature: sweeps]\n<!-- [feature: plots] begin -->\nc\n<!-- [feature: plots] end -->\nd\n"
+    assert new_project.without_features(text, ["sweeps", "plots"]) == "a\nd\n"
+    assert new_project.without_features(text, ["kernels"]) == text
+
+
+@pytest.mark.slow
+def test_a_project_without_every_feature_passes_its_fast_suite(tmp_path):
+    target = tmp_path / "bare"
+    make(target, "--samples", "mnist", "--without", ",".join(SHIPPED))
+    tests = run_in(target, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow", "-n", "2")
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feature", SHIPPED)
+def test_a_project_without_one_feature_imports_and_trains(tmp_path, feature):
+    target = tmp_path / f"without_{feature}"
+    make(target, "--samples", "mnist", "--without", feature)
+    imported = run_in(target, "-c", "import train, test, utils, sample")
+    assert imported.returncode == 0, imported.stderr
+    make_idx_dataset(tmp_path / "mnist", n_train=96, n_test=32)
+    config = make_config(
+        tmp_path, tmp_path / "mnist", model={"name": "mnist_cnn", "args": {"channels": [4, 8], "hidden": 16}}
+    )
+    trained = run_in(target, "train.py", "-c", config, "--fast-dev-run")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "fast dev run passed" in trained.stdout
+
+
+def test_new_project_clears_what_a_killed_one_left(tmp_path, capsys):
+    stale = tmp_path / ".proj-abcd1234"
+    stale.mkdir()
+    (stale / "half").write_text("half")
+    assert new_project.main([str(tmp_path / "proj"), "--samples", "mnist"]) == 0
+    assert not stale.exists() and (tmp_path / "proj" / "train.py").is_file()
+
+
+def test_ctrl_c_is_one_line_and_status_130_and_leaves_nothing(tmp_path):
+    from tests.end_to_end.test_untrusted_inputs import INTERRUPTED, started
+
+    process = started(["-c", INTERRUPTED, "shutil.copytree", ROOT / "new_project.py", tmp_path / "project"])
+    out, err = (s.decode() for s in process.communicate(timeout=300))
+    assert process.returncode == 130, err
+    assert err.strip().splitlines() == ["error: stopped by SIGINT (Ctrl-C)"], err
+    assert list(tmp_path.iterdir()) == []

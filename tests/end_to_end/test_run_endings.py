@@ -1,5 +1,5 @@
 """How a run reports itself: its last line (the best value rounded, checkpoints named only when there are some), the
-learning rate per step in curves.png, the evaluated weights of an ema run in the console and in test.py, and a
+evaluated weights of an ema run in the console and in test.py, and a
 --fast-dev-run that names no file of the folder it removes."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import pytest
 from tests.conftest import make_idx_dataset
 from tests.end_to_end.test_train import make_config, run
 from train import done_line
-from training.plots.figures import curves_figure, lr_per_step
 
 
 def test_the_last_line_rounds_the_best_value_and_names_checkpoints_only_when_written(tmp_path):
@@ -28,19 +27,6 @@ def test_the_last_line_rounds_the_best_value_and_names_checkpoints_only_when_wri
     assert done_line("off", None, tmp_path, plain) == f"done: checkpoints in {tmp_path}"
     overfit = done_line("min val/loss", 0.001, tmp_path, Namespace(overfit_batches=2))
     assert overfit.endswith("; an --overfit-batches check: remove the folder when done")
-
-
-def test_curves_draw_the_learning_rate_of_every_step():
-    rows = [{"epoch": e, "step": 10 * e, "train/loss": 1.0 / e} for e in (1, 2, 3)]
-    cyclic = lambda step: 0.1 * (step % 10) / 9  # noqa: E731 (a saw-tooth within each epoch)
-    epochs, rates = lr_per_step(rows, cyclic)
-    assert len(rates) == 30 and epochs[0] == pytest.approx(0.1) and epochs[-1] == pytest.approx(3.0)
-    assert rates[:10] == pytest.approx([0.1 * s / 9 for s in range(10)])
-    # the logged value alone (one per epoch, at its last step) would be 0.1 three times
-    fig = curves_figure([{**r, "lr": cyclic(r["step"] - 1)} for r in rows], cyclic)
-    panel = next(ax for ax in fig.axes if ax.get_title() == "learning rate")
-    (line,) = panel.get_lines()
-    assert len(line.get_xdata()) == 30 and min(line.get_ydata()) == 0.0
 
 
 @pytest.fixture(scope="module")

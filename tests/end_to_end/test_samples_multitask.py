@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_idx_dataset
-from tests.end_to_end.test_samples_regression_segmentation import epochs_of, finite, sample_config
-from tests.end_to_end.test_train import run
+from tests.end_to_end.samples import epochs_of, finite, sample_config
+from tests.end_to_end.test_train import ROOT, run
+from training.run.figures import plots
 
 
 @pytest.mark.slow
@@ -19,7 +20,7 @@ def test_mnist_multitask_sample(tmp_path):
     data_dir = tmp_path / "mnist"
     make_idx_dataset(data_dir, n_train=160, n_test=40)
     config = sample_config(
-        "mnist_multitask",
+        ROOT / "configs" / "mnist_multitask.json",
         tmp_path,
         {"data_dir": str(data_dir), "verify": False, "validation_size": 40, "batch_size": 40},
         trainer__epochs=2,
@@ -42,8 +43,9 @@ def test_mnist_multitask_sample(tmp_path):
     assert "tasks: digit classification, ink regression" in tested.stdout
     assert "digit/accuracy" in tested.stdout and "ink/mae" in tested.stdout
     assert "output digit (classification):" in tested.stdout and "confusion matrix" in tested.stdout
-    assert (run_dir / "confusion_matrix_digit.png").is_file() and (run_dir / "per_class_digit.csv").is_file()
-    assert (run_dir / "predictions_ink.png").is_file()
+    assert (run_dir / "per_class_digit.csv").is_file()
+    if plots() is not None:  # training/plots/ draws them
+        assert (run_dir / "confusion_matrix_digit.png").is_file() and (run_dir / "predictions_ink.png").is_file()
 
     out = tmp_path / "exports"
     exported = run("inference/convert_tflite.py", "--run", run_dir, "--name", "mt", "--output-dir", out, timeout=600)

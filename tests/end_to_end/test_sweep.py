@@ -245,3 +245,16 @@ def test_failed_trials_are_recorded_with_their_error_and_retried_only_when_asked
     retried = run("sweep.py", *args, "--retry-failed")
     assert retried.returncode == 0 and f"trial-{table[1]['trial'].zfill(3)}: resumed" in retried.stdout
     assert retried.stdout.count("resumed") == 1
+
+
+def test_a_bad_flag_from_another_working_folder_is_one_line_and_writes_nothing(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    swept = subprocess.run(
+        [sys.executable, str(ROOT / "sweep.py"), "--no-such-flag"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert swept.returncode == 2 and len(swept.stderr.strip().splitlines()) == 1, swept.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -20,6 +20,7 @@ from tests.inference.test_export_cli import run_dir as export_run  # noqa: F401 
 from training.files import writes
 from training.files.writes import UnsafeFile
 from training.run import folder as run_folder
+from training.run.figures import plots
 
 VICTIM_BYTES = b"ssh-ed25519 AAAA... someone's key\n"
 
@@ -125,7 +126,15 @@ def shared_copy(run: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", [".lock", "train.log", "metrics.jsonl", "curves.png", "config.json", "checkpoint-epoch_1.params"]
+    "name",
+    [
+        ".lock",
+        "train.log",
+        "metrics.jsonl",
+        *(["curves.png"] if plots() else []),
+        "config.json",
+        "checkpoint-epoch_1.params",
+    ],
 )
 def test_resume_refuses_a_link_planted_in_the_run_folder(trained, tmp_path, name):
     copy = shared_copy(trained, tmp_path)
@@ -156,7 +165,7 @@ def test_a_requeued_run_copies_its_model_code_over_links_never_through_them(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["per_class.csv", "confusion_matrix.png"])
+@pytest.mark.parametrize("name", ["per_class.csv", *(["confusion_matrix.png"] if plots() else [])])
 def test_test_py_refuses_a_link_planted_where_it_writes(trained, tmp_path, name):
     copy = shared_copy(trained, tmp_path)
     target = victim(tmp_path)
@@ -177,18 +186,6 @@ def test_a_run_folders_config_writes_nowhere_outside_it_unless_given_with_c(trai
     one_error_line(refused, "data_loader.train.args.data_dir", "outside the run folder", "-c")
     vouched = run("test.py", "--run", copy, "-c", copy / "config.json")
     assert vouched.returncode == 0, vouched.stderr
-
-
-def test_utils_plot_refuses_a_link_at_curves_png(tmp_path):
-    rows = [{"epoch": e, "train/loss": 1.0 / e, "val/loss": 1.2 / e} for e in (1, 2)]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    target = victim(tmp_path)
-    (tmp_path / "curves.png").symlink_to(target)
-    result = run("utils.py", "plot", tmp_path)
-    one_error_line(result, str(tmp_path / "curves.png"), "symbolic link")
-    assert target.read_bytes() == VICTIM_BYTES
-    (tmp_path / "curves.png").unlink()
-    assert run("utils.py", "plot", tmp_path).returncode == 0 and (tmp_path / "curves.png").is_file()
 
 
 @pytest.mark.slow
@@ -229,8 +226,6 @@ def test_the_tools_run_from_another_working_folder(trained, tmp_path, data_dir):
     assert trained_here.returncode == 0, trained_here.stderr
     tested = run_in("test.py", "--run", trained)
     assert tested.returncode == 0 and "confusion matrix" in tested.stdout, tested.stderr
-    swept = run_in("sweep.py", "--no-such-flag")
-    assert swept.returncode == 2 and len(swept.stderr.strip().splitlines()) == 1, swept.stderr
     assert list(elsewhere.iterdir()) == []  # nothing written into the working folder
 
 
@@ -284,13 +279,3 @@ def test_replacing_an_export_never_leaves_it_absent_and_clears_what_killed_ones_
     subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert (tmp_path / "m" / "report.json").is_file() and (tmp_path / "m" / "m.jax").is_file()
     assert not stale.exists()
-
-
-def test_new_project_clears_what_a_killed_one_left(tmp_path, capsys):
-    import new_project
-
-    stale = tmp_path / ".proj-abcd1234"
-    stale.mkdir()
-    (stale / "half").write_text("half")
-    assert new_project.main([str(tmp_path / "proj"), "--samples", "mnist"]) == 0
-    assert not stale.exists() and (tmp_path / "proj" / "train.py").is_file()

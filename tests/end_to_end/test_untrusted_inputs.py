@@ -283,7 +283,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
         ("test.py", "training.run.checkpoint.restore", ["--run", "{run}"]),
         ("sample.py", "training.config.file.read_json", ["--run", "{run}"]),
         ("inference/predict.py", "numpy.load", ["{export}/tiny.onnx", "{export}/x.npy"]),
-        ("new_project.py", "shutil.copytree", ["{tmp}/project"]),
         pytest.param(
             "inference/convert_tflite.py",
             "inference.exporter.collect_validation",
@@ -330,12 +329,3 @@ def test_unicode_class_names_on_an_ascii_terminal(export):
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err.decode()
     assert b"caf\\xe9" in out and b"stra\\xdfe" in out and b"\\u5b57" in out, out
-
-
-@pytest.mark.parametrize("line", ["[1, 2]", "3", '"text"', "[" * 100_000, "{"])
-def test_utils_plot_on_a_metrics_line_that_is_not_an_object_is_one_line(tmp_path, capsys, line):
-    """Before: [1, 2] or 3 was an AttributeError (row.items()), deep nesting a RecursionError, each a traceback."""
-    from training.plots.figures import main as plot
-
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train/loss": 1.0}) + "\n" + line + "\n")
-    assert "metrics.jsonl: line 2 is " in one_line(capsys, plot, "plot", tmp_path)

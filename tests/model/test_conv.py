@@ -1,4 +1,4 @@
-"""Conv2d / ConvTranspose2d against lax and flax.linen, and the custom-VJP gradient against autodiff."""
+"""Conv2d / ConvTranspose2d / Conv1d against lax and flax.linen (the CPU formulations: tests/model/kernels/)."""
 
 import flax.linen as nn
 import jax
@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 from jax.test_util import check_grads
 
-from model.modules.conv import Conv2d, ConvTranspose2d, conv2d, conv_transpose2d
+from model.modules.conv import Conv2d, ConvTranspose2d, conv_transpose2d
 
 DIMS = ("NHWC", "HWIO", "NHWC")
 
@@ -105,81 +105,6 @@ def test_conv2d_matches_lax_and_flax(name):
     np.testing.assert_allclose(y, flax_y, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_custom_vjp_equals_autodiff_float64(name):
-    kernel, stride, padding, dilation, groups = CONFIGS[name][:5]
-    with jax.enable_x64(True):
-        x, w = _inputs(CONFIGS[name], np.float64, seed=1)
-        y = _reference(x, w, kernel, stride, padding, dilation, groups)
-        cotangent = np.random.default_rng(2).normal(size=y.shape)
-
-        def loss(conv):
-            return lambda x, w: jnp.vdot(conv(x, w), cotangent)
-
-        ours = jax.jit(
-            jax.grad(loss(lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True)), (0, 1))
-        )(x, w)
-        autodiff = jax.jit(
-            jax.grad(loss(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups)), (0, 1))
-        )(x, w)
-    assert ours[0].dtype == jnp.float64
-    np.testing.assert_allclose(ours[0], autodiff[0], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(ours[1], autodiff[1], rtol=1e-12, atol=1e-12)
-
-
-def test_custom_vjp_float32_inside_scan():
-    # float32 takes XLA:CPU's optimised convolution kernels (float64 does not), and inside a scan is where the
-    # custom backward matters: check it there on the configs that exercise strides, negative padding and groups.
-    def grads(conv, x, w, cotangent):
-        def body(carry, _):
-            return carry, jax.grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))(x, w)
-
-        return lax.scan(body, 0.0, None, length=2)[1]
-
-    for name in [
-        "k3_s2_same_even",
-        "k2x3_s2x1_valid_remainder",
-        "k3_s2_explicit_pad",
-        "k3_pad4_beyond_kernel",
-        "depthwise",
-        "depthwise_x2",
-        "k3_s3_dil2_groups2_same",
-    ]:
-        cfg = CONFIGS[name]
-        kernel, stride, padding, dilation, groups = cfg[:5]
-        x, w = _inputs(cfg, seed=3)
-        out = jax.eval_shape(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w)
-        cotangent = np.random.default_rng(4).normal(size=out.shape).astype(np.float32)
-        ours = jax.jit(
-            lambda x, w, c: grads(
-                lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True), x, w, c
-            )
-        )(x, w, cotangent)
-        ref = jax.jit(
-            lambda x, w, c: grads(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w, c)
-        )(x, w, cotangent)
-        for a, b in zip(ours, ref):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()), err_msg=name)
-
-
-@pytest.mark.parametrize("name", ["k3_s2_explicit_pad", "depthwise", "k3_s3_dil2_groups2_same"])
-def test_conv2d_check_grads(name):
-    kernel, stride, padding, dilation, groups, cin, cout, use_bias, hw = cfg = CONFIGS[name]
-    layer = Conv2d(cout, kernel, stride, padding, dilation, groups, use_bias=True)
-    with jax.enable_x64(True):
-        x, _ = _inputs(cfg, np.float64, seed=5)
-        shapes, state = jax.eval_shape(layer.init, jax.random.key(1), x)
-        params = _random_params(shapes, seed=9)
-        # custom_vjp has no forward mode, so the layer is checked in reverse mode only.
-        check_grads(jax.jit(lambda p, x: layer(p, state, x)[0]), (params, x), order=1, modes=("rev",))
-        custom = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, cpu_kernels=True))
-        with pytest.raises(TypeError):
-            jax.jvp(custom, (x,), (x,))
-        # The plain path (used off the CPU) supports both modes.
-        plain = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, cpu_kernels=False))
-        check_grads(plain, (x,), order=1, modes=("fwd", "rev"))
-
-
 @pytest.mark.parametrize("layer", [Conv2d(8, 3, groups=2), ConvTranspose2d(8, 3, 2)], ids=repr)
 def test_init_is_deterministic(layer):
     x = jax.ShapeDtypeStruct((1, 5, 5, 4), jnp.float32)
@@ -262,119 +187,6 @@ def test_conv_transpose_gradients(cfg):
 def test_conv_transpose_rejects_explicit_padding():
     with pytest.raises(ValueError, match="padding"):
         ConvTranspose2d(4, 3, padding=1)
-
-
-# Depthwise convolutions on the CPU path: (kernel, padding, input hw). Stride 1, one filter per channel.
-DEPTHWISE = {
-    "k7_same_one_tile": (7, "SAME", (9, 8)),
-    # Tiles of 6 x 6 output positions: 3 x 2 of them, the last row and column of tiles padded.
-    "k3_same_tiles_with_remainder": (3, "SAME", (13, 8)),
-    "k3x2_explicit_asymmetric": ((3, 2), ((0, 2), (1, 0)), (7, 14)),
-    # Padding beyond the kernel extent: the input gradient crops g.
-    "k3_pad_beyond_kernel": (3, ((4, 1), (0, 3)), (5, 5)),
-    "k5_valid": (5, "VALID", (12, 11)),
-}
-
-
-def _depthwise_inputs(name, dtype, seed):
-    kernel, padding, hw = DEPTHWISE[name]
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(2, *hw, 3)).astype(dtype), rng.normal(size=(*_as_pair(kernel), 1, 3)).astype(dtype)
-
-
-@pytest.mark.parametrize("name", DEPTHWISE)
-def test_depthwise_path_matches_lax_float64(name):
-    kernel, padding = DEPTHWISE[name][:2]
-    with jax.enable_x64(True):
-        x, w = _depthwise_inputs(name, np.float64, seed=12)
-        ours = lambda x, w: conv2d(x, w, 1, padding, 1, 3, cpu_kernels=True)
-        ref = lambda x, w: _reference(x, w, kernel, 1, padding, 1, 3)
-        cotangent = np.random.default_rng(13).normal(size=jax.eval_shape(ref, x, w).shape)
-        value_and_grads = lambda conv: jax.jit(
-            jax.value_and_grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))
-        )(x, w)
-        (v, (dx, dw)), (v_ref, (dx_ref, dw_ref)) = value_and_grads(ours), value_and_grads(ref)
-        np.testing.assert_allclose(v, v_ref, rtol=1e-12)
-        np.testing.assert_allclose(dx, dx_ref, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(dw, dw_ref, rtol=1e-12, atol=1e-12)
-        check_grads(jax.jit(ours), (x, w), order=1, modes=("rev",))
-
-
-def test_depthwise_path_float32_inside_scan():
-    # The form the trainer runs: float32, K steps of a lax.scan; the tiled weight gradient and the input gradient.
-    x, w = _depthwise_inputs("k3_same_tiles_with_remainder", np.float32, seed=14)
-    cotangent = np.random.default_rng(15).normal(size=x.shape).astype(np.float32)
-
-    def grads(conv):
-        def body(carry, _):
-            return carry, jax.grad(lambda x, w: jnp.vdot(conv(x, w), cotangent), (0, 1))(x, w)
-
-        return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
-
-    ours = grads(lambda x, w: conv2d(x, w, groups=3, cpu_kernels=True))
-    ref = grads(lambda x, w: _reference(x, w, 3, 1, "SAME", 1, 3))
-    for a, b in zip(ours, ref):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
-
-
-def test_depthwise_layers_take_the_shifted_slice_path(monkeypatch):
-    from model import kernels
-
-    monkeypatch.setattr(kernels, "CPU_KERNELS", True)  # the jaxpr of the CPU path (the default holds both paths)
-
-    def primitives(fn, *args):
-        return {eqn.primitive.name for eqn in jax.make_jaxpr(fn)(*args).eqns}
-
-    x = jax.ShapeDtypeStruct((2, 9, 9, 4), jnp.float32)
-    depthwise = Conv2d(4, 7, groups=4)
-    params, _ = jax.eval_shape(depthwise.init, jax.random.key(0), x)
-    assert "conv_general_dilated" not in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
-    assert "custom_vjp_call" in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
-    # Off the fast path: channel multipliers, strides, dilation, cpu_kernels=False.
-    for layer in (Conv2d(8, 3, groups=4), Conv2d(4, 3, stride=2, groups=4), Conv2d(4, 3, dilation=2, groups=4)):
-        params, _ = jax.eval_shape(layer.init, jax.random.key(0), x)
-        assert "conv_general_dilated" in str(jax.make_jaxpr(lambda p, x: layer(p, {}, x)[0])(params, x)), layer
-    w = jax.ShapeDtypeStruct((7, 7, 1, 4), jnp.float32)
-    assert "conv_general_dilated" in primitives(lambda x, w: conv2d(x, w, groups=4, cpu_kernels=False), x, w)
-
-
-def test_weight_gradient_path_by_width():
-    # The weight gradient's own jaxpr: one convolution (the input gradient) when it is kh * kw matrix products,
-    # two when it is a convolution too (over 32 output channels, groups, dilation).
-    def convolutions_in_grad(cout, **kw):
-        x = jnp.ones((2, 8, 8, 3), jnp.float32)
-        w = jnp.ones((3, 3, 3 // kw.get("groups", 1), cout), jnp.float32)
-        jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: conv2d(x, w, cpu_kernels=True, **kw).sum(), (0, 1)))(x, w)
-        return str(jaxpr).count("conv_general_dilated")
-
-    assert convolutions_in_grad(32) == convolutions_in_grad(32, stride=2) == 2  # forward + input gradient
-    assert convolutions_in_grad(33) == convolutions_in_grad(8, dilation=2) == convolutions_in_grad(6, groups=3) == 3
-
-
-def test_cpu_kernels_switch(monkeypatch):
-    """One switch picks the XLA:CPU formulations: by default where the code is lowered for the CPU (whatever JAX's
-    default backend), off when set so, and a layer call's own ``cpu_kernels`` wins over it."""
-    from model import kernels
-
-    x, w = jnp.ones((2, 8, 8, 3), jnp.float32), jnp.ones((3, 3, 3, 32), jnp.float32)
-
-    def uses_kernels(**kw):
-        return "custom_vjp_call" in str(jax.make_jaxpr(lambda x, w: conv2d(x, w, **kw))(x, w))
-
-    def lowered(platform, **kw):
-        """The gradient as lowered for `platform`: its convolutions and optimization barriers (the kernels' marks)."""
-        text = jax.jit(jax.grad(lambda x, w: conv2d(x, w, **kw).sum(), (0, 1))).trace(x, w)
-        text = text.lower(lowering_platforms=(platform,)).as_text()
-        return text.count("stablehlo.convolution"), text.count("optimization_barrier")
-
-    monkeypatch.setattr(kernels, "CPU_KERNELS", None)
-    assert lowered("cpu") == lowered("cpu", cpu_kernels=True) != lowered("cpu", cpu_kernels=False)
-    for platform in ("cuda", "tpu"):
-        assert lowered(platform) == lowered(platform, cpu_kernels=False) != lowered(platform, cpu_kernels=True)
-    monkeypatch.setattr(kernels, "CPU_KERNELS", False)
-    assert not uses_kernels() and uses_kernels(cpu_kernels=True)
-    monkeypatch.setattr(kernels, "CPU_KERNELS", True)
-    assert uses_kernels() and not uses_kernels(cpu_kernels=False)
 
 
 # (kernel, stride, padding, dilation, groups, in_channels, out_channels, length)

@@ -118,3 +118,23 @@ def test_only_a_model_declares_an_export_example():
     for kind, example in (("loss", ({}, (3,), "normal")), ("model", ((3,), "normal"))):
         with pytest.raises(ValueError, match="only a model declares an example"):
             register(kind, example=example)
+
+
+def test_mnist_segmenter_shapes_paths_and_receptive_field():
+    net = models.mnist_segmenter(channels=(4, 8))
+    spec = jax.ShapeDtypeStruct((2, 28, 28, 1), jnp.float32)
+    params, state = net.init(jax.random.PRNGKey(0), spec)
+    paths = {
+        jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    assert {"enc.conv0.weight", "skip.down.weight", "skip.up.weight", "head.weight", "head.bias"} <= paths
+    assert params["skip"]["up"]["weight"].shape == (2, 2, 8, 4)
+    x = jax.random.normal(jax.random.PRNGKey(1), spec.shape)
+    forward = jax.jit(lambda x: net(params, state, x)[0])
+    logits = forward(x)
+    assert logits.shape == (2, 28, 28, 1) and bool(jnp.all(jnp.isfinite(logits)))
+    # row 20 reaches row 14 only through the half-resolution path: the full-resolution convs alone see 3 rows each way
+    changed = jnp.abs(forward(x.at[:, 20].add(5.0)) - logits)[:, 14, 14, 0]
+    assert bool(jnp.all(changed > 0))
+    with pytest.raises(ValueError, match="channels must be"):
+        models.mnist_segmenter(channels=(4, 8, 16))

@@ -8,6 +8,7 @@ then makes the descriptor blocking again for ordinary reads. Standard library on
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -64,3 +65,20 @@ def read_regular(path: str | Path, limit: int | None = None, what: str = "file")
     if limit is not None and len(data) > limit:
         raise FileRefused(f"{path}: more than the {size_text(limit)} a {what} may have")
     return data
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a `metrics.jsonl` file, in order; a resumed run's rows follow the rows before it. A line that is
+    not a JSON object (a hand-edited or foreign file) is a ValueError naming it."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as error:
+            raise ValueError(f"{path}: line {number} is not JSON ({type(error).__name__})") from None
+        if type(row) is not dict:
+            raise ValueError(f"{path}: line {number} is {type(row).__name__}, not a JSON object of an epoch's values")
+        rows.append(row)
+    return rows

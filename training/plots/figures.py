@@ -11,29 +11,13 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from training.files.reads import read_metrics
 from training.files.writes import CURVES, METRICS, atomic_output
 from training.run.cli import ArgumentParser, fail
 
 PANEL_INCHES = (4.0, 3.0)
 DPI = 100
 COLUMNS = 3
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a `metrics.jsonl` file, in order; a resumed run's rows follow the rows before it. A line that is
-    not a JSON object (a hand-edited or foreign file) is a ValueError naming it."""
-    rows = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError) as error:
-            raise ValueError(f"{path}: line {number} is not JSON ({type(error).__name__})") from None
-        if type(row) is not dict:
-            raise ValueError(f"{path}: line {number} is {type(row).__name__}, not a JSON object of an epoch's values")
-        rows.append(row)
-    return rows
 
 
 def curve_names(rows: Sequence[dict]) -> list[str]:
@@ -125,6 +109,21 @@ def save_figure(fig, path: str | Path, **options) -> Path:
     with atomic_output(path) as f:
         fig.savefig(f, format=path.suffix[1:].lower() or "png", **options)
     return path
+
+
+def save_lr_finder(rates, smoothed_losses, suggestion: float | None, path: str | Path) -> Path:
+    """The lr finder's range test: the smoothed loss against the learning rate (log scale), its steepest fall
+    marked."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 4))
+    axis = figure.subplots()
+    axis.plot(rates, smoothed_losses)
+    axis.set(xscale="log", xlabel="learning rate", ylabel="smoothed training loss", title="lr finder")
+    if suggestion:
+        axis.axvline(suggestion, color="tab:red", linestyle="--", label=f"steepest fall: {suggestion:.2g}")
+        axis.legend()
+    return save_figure(figure, path, dpi=100, bbox_inches="tight")
 
 
 def save_curves(rows: Sequence[dict], path: str | Path, lr_fn=None) -> Path:

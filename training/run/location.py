@@ -23,7 +23,7 @@ from training.files.writes import (
     step_checkpoint,
 )
 from training.run.cli import log_files
-from training.tracking.trackers import new_run_id, wandb_on
+from training.run.history import new_run_id, wandb_on
 
 
 def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:

@@ -4,7 +4,6 @@ reader for the event files) and compared with `metrics.jsonl` and `train.log`. N
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import os
@@ -15,8 +14,9 @@ import numpy as np
 import pytest
 
 from tests.end_to_end.test_train import ROOT, data_dir, make_config, run  # noqa: F401  (data_dir is a fixture)
-from training.tracking.trackers import flatten, new_run_id, scalars
-from utils import ConfigError, read_json, validate
+from training.run.figures import plots
+from training.tracking.trackers import flatten, scalars
+from utils import read_json
 
 OFFLINE = {"enabled": True, "project": "tiny-tests", "mode": "offline", "tags": ["e2e"]}
 
@@ -197,12 +197,13 @@ def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_netw
     check_wandb_run(wandb_run, rows, losses, log_every, after_step=0)
     assert wandb_run["summary"]["best/val/accuracy"] == pytest.approx(max(r["val/accuracy"] for r in rows))
     check_events(read_events(run_dir / "tensorboard"), rows, losses, log_every)
-    assert png_size(run_dir / "curves.png") == (1200, 600)  # loss, accuracy, f1, lr: 3 columns x 2 rows
+    if plots() is not None:  # training/plots/ draws them
+        assert png_size(run_dir / "curves.png") == (1200, 600)  # loss, accuracy, f1, lr: 3 columns x 2 rows
 
     # test.py (its main, in this process): the confusion matrix image and the per-class table by the checkpoint.
     assert load_test_script().main(["--run", str(run_dir)]) == 0
     printed = capsys.readouterr().out
-    assert png_size(run_dir / "confusion_matrix.png")[0] >= 400
+    assert plots() is None or png_size(run_dir / "confusion_matrix.png")[0] >= 400
     table = np.genfromtxt(run_dir / "per_class.csv", delimiter=",", names=True)
     assert table["support"].sum() == 90 and list(table["class"]) == list(range(10))
     accuracy = float(re.search(r"accuracy\s+([0-9.]+)", printed)[1])
@@ -234,7 +235,8 @@ def test_wandb_that_cannot_start_is_a_warning_and_the_profile_trace(tmp_path, da
     assert result.returncode == 0, result.stderr
     assert "wandb: could not start" in result.stdout and "training goes on without wandb" in result.stdout
     run_dir = tmp_path / "saved" / "tiny" / "offline"
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1 and (run_dir / "curves.png").is_file()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    assert plots() is None or (run_dir / "curves.png").is_file()
     assert "profile of steps 2..4 written" in result.stdout
     import gzip
 
@@ -282,68 +284,3 @@ def test_flatten_round_trips_nested_config():
         else n
     )
     assert listify(rebuilt) == config
-
-
-def test_new_run_ids_have_the_wandb_form_and_differ():
-    ids = {new_run_id() for _ in range(2000)}
-    assert len(ids) == 2000 and all(re.fullmatch(r"[a-z0-9]{8}", i) for i in ids)
-
-
-def test_per_class_table_matches_counts_from_the_labels():
-    per_class = load_test_script().per_class
-
-    rng = np.random.default_rng(0)
-    true, predicted = rng.integers(0, 5, 400), rng.integers(0, 5, 400)
-    predicted[true == 1] = 1  # class 1 always found; class 4 never predicted
-    predicted[predicted == 4] = 0
-    matrix = np.zeros((5, 5), np.int64)
-    np.add.at(matrix, (true, predicted), 1)
-    table = per_class(matrix)
-    for c in range(5):
-        hits = np.sum((true == c) & (predicted == c))
-        assert table["recall"][c] == pytest.approx(hits / np.sum(true == c))
-        assert table["precision"][c] == pytest.approx(hits / np.sum(predicted == c) if np.any(predicted == c) else 0.0)
-        assert table["support"][c] == np.sum(true == c)
-    assert table["recall"][1] == 1.0 and table["precision"][4] == 0.0 and table["f1"][4] == 0.0
-
-
-BASE = {
-    "name": "t",
-    "model": {"name": "mlp"},
-    "loss": {"name": "cross_entropy"},
-    "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
-    "data_loader": {"train": {"name": "mnist"}},
-    "trainer": {"monitor": "min train/loss"},
-}
-
-
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"tensorboard": {"enabeld": True}}, "tensorboard.enabeld: unknown setting. Did you mean 'enabled'?"),
-        ({"tensorboard": {"enabled": "yes"}}, "tensorboard.enabled: expected true or false"),
-        ({"tensorboard": True}, "tensorboard: expected an object"),
-        ({"wandb": {"enabled": 1}}, "wandb.enabled: expected true or false"),
-        ({"wandb": {"tags": "a"}}, "wandb.tags: expected a list of strings"),
-        ({"wandb": {"id": "a/b"}}, "wandb.id: letters, digits"),
-        ({"wandb": {"project": ""}}, "wandb.project: expected a non-empty string or null"),
-        ({"wandb": {"mode": "cloud"}}, "wandb.mode: expected online, offline or disabled"),
-        ({"trainer": {"profile": {"start": 3}}}, 'trainer.profile: expected {"start_step": N, "num_steps": K}'),
-        ({"trainer": {"profile": {"start_step": 0, "num_steps": 2}}}, "trainer.profile.start_step: must be >= 1"),
-        ({"trainer": {"profile": {"start_step": 3, "num_steps": 1.5}}}, "trainer.profile.num_steps: expected int"),
-    ],
-)
-def test_tracker_settings_are_validated(change, message):
-    config = copy.deepcopy(BASE)
-    for section, value in change.items():
-        config[section] = {**config[section], **value} if section == "trainer" else value
-    with pytest.raises(ConfigError) as error:
-        validate(config)
-    assert message in str(error.value)
-
-
-def test_tracker_defaults_are_filled():
-    config = validate({**BASE, "trainer": {**BASE["trainer"], "profile": {"start_step": 5, "num_steps": 2}}})
-    assert config["tensorboard"] == {"enabled": False}
-    assert config["wandb"]["enabled"] is False and config["wandb"]["id"] is None
-    assert config["trainer"]["profile"] == {"start_step": 5, "num_steps": 2}

@@ -11,10 +11,16 @@ import pytest
 from PIL import Image
 
 from tests.end_to_end.test_train import run
+from tests.end_to_end.test_untrusted_folders import VICTIM_BYTES, one_error_line, victim
+from tests.end_to_end.test_untrusted_inputs import one_line
 from training.plots.figures import (
+    IMAGE_ROWS,
     confusion_figure,
     curve_names,
     curves_figure,
+    image_grid_figure,
+    lr_per_step,
+    main,
     plot_run,
     read_metrics,
     save_confusion_matrix,
@@ -127,3 +133,69 @@ def test_utils_plot_command(tmp_path):
     result = run("utils.py", "plot", tmp_path)
     assert result.returncode == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_curves_draw_the_learning_rate_of_every_step():
+    rows = [{"epoch": e, "step": 10 * e, "train/loss": 1.0 / e} for e in (1, 2, 3)]
+    cyclic = lambda step: 0.1 * (step % 10) / 9  # noqa: E731 (a saw-tooth within each epoch)
+    epochs, rates = lr_per_step(rows, cyclic)
+    assert len(rates) == 30 and epochs[0] == pytest.approx(0.1) and epochs[-1] == pytest.approx(3.0)
+    assert rates[:10] == pytest.approx([0.1 * s / 9 for s in range(10)])
+    # the logged value alone (one per epoch, at its last step) would be 0.1 three times
+    fig = curves_figure([{**r, "lr": cyclic(r["step"] - 1)} for r in rows], cyclic)
+    panel = next(ax for ax in fig.axes if ax.get_title() == "learning rate")
+    (line,) = panel.get_lines()
+    assert len(line.get_xdata()) == 30 and min(line.get_ydata()) == 0.0
+
+
+def test_image_grid_has_a_row_per_example_and_a_column_per_image():
+    rng = np.random.default_rng(0)
+    x, target, predicted = rng.random((12, 8, 8, 3)), rng.random((12, 8, 8, 1)), rng.normal(size=(12, 8, 8, 1))
+    fig = image_grid_figure(x, target, predicted)
+    assert len(fig.axes) == 3 * IMAGE_ROWS
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["input", "target", "prediction"]
+    # a vector input (features) is no image: target and prediction only
+    assert len(image_grid_figure(rng.random((4, 5)), target[:4], predicted[:4]).axes) == 2 * 4
+
+
+@pytest.mark.slow
+def test_test_py_draws_every_output_of_a_vector_regression(tmp_path):
+    x = np.random.default_rng(0).standard_normal((60, 6)).astype(np.float32)
+    np.savez(tmp_path / "rows.npz", x=x, y=np.concatenate([x, x[:, :1]], axis=1))  # 7 outputs, one more than 6
+    data = {"path": str(tmp_path / "rows.npz"), "input": "x", "target": "y", "test_fraction": 0.25}
+    config = {
+        "name": "vectors",
+        "model": {"name": "mlp", "args": {"num_classes": 7, "hidden": [8]}},
+        "loss": {"name": "mse"},
+        "metrics": [],
+        "optimizer": {"name": "adam", "args": {"lr": 0.01}},
+        "data_loader": {
+            s: {"name": "arrays", "args": {**data, "split": s, "batch_size": 16}} for s in ("train", "test")
+        },
+        "trainer": {"epochs": 1, "save_dir": str(tmp_path / "saved"), "monitor": "min train/loss"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert run("train.py", "-c", tmp_path / "config.json", "--run-id", "r").returncode == 0
+    tested = run("test.py", "--run", tmp_path / "saved" / "vectors" / "r")
+    assert tested.returncode == 0, tested.stderr
+    assert "predictions.png (all 7 outputs)" in tested.stdout
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", "3", '"text"', "[" * 100_000, "{"])
+def test_utils_plot_on_a_metrics_line_that_is_not_an_object_is_one_line(tmp_path, capsys, line):
+    """Before: [1, 2] or 3 was an AttributeError (row.items()), deep nesting a RecursionError, each a traceback."""
+    plot = main
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train/loss": 1.0}) + "\n" + line + "\n")
+    assert "metrics.jsonl: line 2 is " in one_line(capsys, plot, "plot", tmp_path)
+
+
+def test_utils_plot_refuses_a_link_at_curves_png(tmp_path):
+    rows = [{"epoch": e, "train/loss": 1.0 / e, "val/loss": 1.2 / e} for e in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    target = victim(tmp_path)
+    (tmp_path / "curves.png").symlink_to(target)
+    result = run("utils.py", "plot", tmp_path)
+    one_error_line(result, str(tmp_path / "curves.png"), "symbolic link")
+    assert target.read_bytes() == VICTIM_BYTES
+    (tmp_path / "curves.png").unlink()
+    assert run("utils.py", "plot", tmp_path).returncode == 0 and (tmp_path / "curves.png").is_file()

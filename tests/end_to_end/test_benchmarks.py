@@ -1,0 +1,101 @@
+"""benchmarks/' helpers: the machine's description and peak, the report's table, and peers that see what the
+template sees. A project made by new_project.py leaves benchmarks/ and this file behind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from utils import build_optimizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------------------------------- benchmark helpers
+def test_cpu_model_names_the_processor_and_its_vector_extensions():
+    from benchmarks.machine import cpu_model
+
+    cpuinfo = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+        "model name\t: Intel(R) Xeon(R) Platinum 8480C\nflags\t\t: fpu avx2 avx512f amx_tile\n\n"
+        "processor\t: 1\nmodel name\t: other\n"
+    )
+    assert cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8480C (family 6 model 143, avx2+avx512f+amx_tile)"
+    assert cpu_model("model name\t: AMD EPYC\nflags\t: sse2\n") == "AMD EPYC (no avx2)"
+    assert cpu_model() and cpu_model() != "x86_64" or sys.platform != "linux"
+
+
+def test_fraction_of_peak_and_matmul_peak():
+    from benchmarks.machine import fraction_of_peak, matmul_peak
+
+    assert fraction_of_peak(4000, 25e6, 200) == pytest.approx(0.5)
+    rates = matmul_peak(size=64, reps=1)
+    assert {"jax", "numpy"} <= set(rates) and all(r > 0 for r in rates.values())
+
+
+def test_torch_variant_is_skipped_with_a_note_without_torch(monkeypatch):
+    import importlib.util
+
+    from benchmarks import train_benchmark
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    variants, notes = train_benchmark.available(["template", "torch", "flax", "torch-bf16", "bf16"])
+    assert variants == ["template", "flax", "bf16"] and len(notes) == 1 and "PyTorch is not installed" in notes[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert train_benchmark.available(["template", "torch"]) == (["template", "torch"], [])
+    assert "torch" not in (REPO / "requirements.txt").read_text()
+
+
+def test_report_gives_every_variant_its_fraction_of_the_peak():
+    from benchmarks import train_benchmark
+
+    runs = {
+        "template": [
+            {
+                "images_per_s": 2000.0,
+                "seconds": 1.0,
+                "data_wait_s": 0.0,
+                "compile_s": 1.0,
+                "steps_per_call": 10,
+                "peak_rss_mb": 1.0,
+                "mflop_per_example": 25.0,
+            }
+        ],
+        "torch": [{"images_per_s": 1000.0, "torch": "2", "threads": 2, "params": 3}],
+    }
+    table = train_benchmark.report("mnist_cnn", runs, peak=100.0)
+    assert "| template | 2,000 | 2,000-2,000 | 1 | 1.00 | - | 50% |" in table
+    assert "| torch | 1,000 | 1,000-1,000 | 1 | 2.00 | - | 25% |" in table
+
+
+def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch):
+    # The peers normalise on the host and follow the sample's schedule: both must equal the template's own.
+    import numpy as np
+
+    from benchmarks import train_benchmark
+    from utils import build_augment
+
+    monkeypatch.setattr(train_benchmark.tempfile, "gettempdir", lambda: str(tmp_path))
+    config = train_benchmark.bench_config("cifar_resnet", steps=2, augment=False)
+    data = np.load(config["data_loader"]["train"]["args"]["path"])
+    assert data["images"].shape == (256, 32, 32, 3) and data["images"].dtype == np.uint8
+    x = data["images"][:8]
+    ours = build_augment(config)({"input": x, "target": data["labels"][:8]}, train=False)["input"]
+    np.testing.assert_allclose(train_benchmark.host_normalize(config)(x), ours, rtol=1e-5, atol=1e-5)
+
+    for each in (config, train_benchmark.bench_config("mnist_cnn")):  # cosine; warm-up + cosine
+        _, schedule = build_optimizer(each, steps_per_epoch=391)
+        peer, flax_peer = train_benchmark.peer_schedule(each, 391), train_benchmark.optax_schedule(each, 391)
+        for step in (0, 1, 100, 500, 391 * each["trainer"]["epochs"] - 1, 391 * each["trainer"]["epochs"] + 5):
+            assert peer(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7), (each["name"], step)
+            assert float(flax_peer(step)) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7)
+    cifar = train_benchmark.bench_config("cifar_resnet", steps=2)
+    assert train_benchmark.peer_is_sgd(cifar) and train_benchmark.weight_decay(cifar) == 0.0005
+    assert [op["name"] for op in cifar["data_loader"]["train"]["augment"]] == [
+        "random_crop",
+        "flip_horizontal",
+        "normalize",
+    ]
