@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from training.devices import distributed, platform
+from training import processes
+from training.devices import mesh, platform
 from training.files.writes import CONFIG, LATEST, METRICS
 from training.run import debug_modes, location, signals
 from training.run.checkpoint import check_checkpoint_file
@@ -80,19 +81,7 @@ def parse_args(argv=None):
     )
     debug("--detect-nans", action="store_true", help="stop at the first operation that makes a NaN, naming its line")
     debug("--no-jit", action="store_true", help="run every step op by op (jax.disable_jit) to debug inside it; slow")
-    several = parser.add_argument_group("several processes (jax.distributed; SLURM's srun is detected)").add_argument
-    several(
-        "--coordinator", metavar="HOST:PORT", help="process 0's address (the same for all), or auto: JAX's detection"
-    )
-    several("--num-processes", type=int, metavar="N", help="how many processes train together")
-    several("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
-    several(
-        "--heartbeat-timeout",
-        type=int,
-        default=distributed.HEARTBEAT_TIMEOUT_S,
-        metavar="SECONDS",
-        help="a process silent this long counts as dead and the others stop with an error (default: %(default)s)",
-    )
+    processes.add_arguments(parser)  # several processes: --coordinator, --num-processes, ...
     return parser.parse_args(argv)
 
 
@@ -107,7 +96,6 @@ def main(argv=None) -> int:
         except (Exception, KeyboardInterrupt, signals.Interrupted) as error:
             stop = signals.signal_in(error)
             if stop is None:
-                distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
                 raise
             signum = getattr(stop, "signum", signal.SIGINT)
             print(f"error: {signals.stopped_at_start_up(signum)}", file=sys.stderr)
@@ -122,11 +110,7 @@ def run(args) -> int:
             fail(str(error))
         return 0
     setup_logging(None)  # the console until the run folder exists
-    # 0. Several processes: jax.distributed starts before anything touches a device (one process: nothing to do).
-    try:
-        distributed.start(args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout)
-    except distributed.DistributedError as error:
-        fail(str(error))
+    processes.start(args)  # several processes: jax.distributed starts before anything touches a device
     # 1. Config: read, override, validate, build. Nothing is loaded or compiled before this passes.
     try:
         config, resume_dir = resolve_config(args)
@@ -167,7 +151,7 @@ def run(args) -> int:
     # 3. State: fresh, resumed, or initialised from another run's weights. A failure here leaves no run folder;
     # a resumed run's folder is held by this process from here on and changed only once its checkpoint loaded.
     try:
-        lock = run_folder.hold(resume_dir, mark=False) if resume_dir and distributed.is_main() else None
+        lock = run_folder.hold(resume_dir, mark=False) if resume_dir and mesh.is_main() else None
         trainer = Trainer(
             run,
             resume_dir,
@@ -189,8 +173,8 @@ def run(args) -> int:
     # 4. Run folder: resolved config, what a user of the weights needs (model code, preprocessing), logs.
     existed = None  # a run folder this process made: the deepest part of its path that existed before (remove_new)
     try:
-        if not distributed.is_main():  # process 0 writes the folder; the others only learn where it is
-            run_dir, repaired = Path(distributed.share_text("run_dir")), []
+        if not mesh.is_main():  # process 0 writes the folder; the others only learn where it is
+            run_dir, repaired = Path(mesh.share_text("run_dir")), []
         elif resume_dir:
             run_dir = resume_dir
             if lock is None:  # a folder without a lock file: made now that its checkpoint loaded
@@ -210,13 +194,13 @@ def run(args) -> int:
             # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
-        if distributed.is_main():
+        if mesh.is_main():
             write_run_files(run_dir, config, run, new=not resume_dir)  # config, preprocessing, a new run's model/
             setup_logging(run_dir)
-            distributed.share_text("run_dir", str(run_dir))
+            mesh.share_text("run_dir", str(run_dir))
         else:
             log.setLevel(logging.WARNING)  # process 0 reports the run; the others only their own errors
-    except (run_folder.RunFolderError, distributed.DistributedError) as error:
+    except (run_folder.RunFolderError, mesh.DistributedError) as error:
         stop_all(str(error))
     except OSError as error:  # a full or read-only disk: a new run's folder goes again, nothing half-made stays
         removed = (
@@ -232,7 +216,7 @@ def run(args) -> int:
     for line in repaired + trainer.resume_notes:
         log.info(f"resume: {line}")
     log.info(
-        f"devices: {', '.join(str(d) for d in jax.devices())}; {distributed.describe()}, mesh "
+        f"devices: {', '.join(str(d) for d in jax.devices())}; {mesh.describe_processes()}, mesh "
         f"{dict(trainer.state.mesh.shape)}"
     )
     ignored = platform.unused_accelerator({d.platform for d in jax.devices()})
@@ -250,7 +234,7 @@ def run(args) -> int:
     params, spec = trainer.ts["params"], trainer.state.model_input_spec
     log.info(summary(run.model, params, trainer.ts["state"], spec, trainable and trainable(params)))
     monitored = run.monitor.name if run.monitor else None
-    trackers = start_trackers(config, run_dir, monitored) if distributed.is_main() else []
+    trackers = start_trackers(config, run_dir, monitored) if mesh.is_main() else []
     trainer.trackers = trackers
 
     # 5. Train. A stop signal from here on saves the position first.
@@ -289,13 +273,13 @@ def run(args) -> int:
         )
         log.info(f"stopped by {signal.Signals(status - 128).name}{saved}; {follow}")
     finally:
-        if distributed.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
+        if mesh.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
             finish(run_dir, trackers, status, trainer.state.lr_fn, curves=not args.fast_dev_run)
             if discarded:
                 run_folder.remove_new(run_dir, existed)
         if args.fast_dev_run:
             shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
-    distributed.finish()  # several processes: each waits here until all are done
+    mesh.finish_processes()  # several processes: each waits here until all are done
     if discarded:
         fail(discarded)
     return status
@@ -378,9 +362,9 @@ def check_position(trainer, path: Path, epochs: int) -> None:
 def stop_all(message: str) -> None:
     """fail() once the processes of a run started: process 0 first tells the others, which wait for its run
     folder, that there will be none (one process: just fail)."""
-    if distributed.is_main():
+    if mesh.is_main():
         try:
-            distributed.share_text("run_dir", "")
+            mesh.share_text("run_dir", "")
         except Exception:  # noqa: BLE001 (the message below is what matters)
             pass
     fail(message)

@@ -48,10 +48,12 @@ def parse_args(argv=None):
 
 def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hidden: int) -> dict:
     """One configuration in this process: build the Trainer, compile, time `steps` steps, measure the memory."""
-    from training.devices import distributed
+    from training.devices import mesh
 
-    if processes > 1:
-        distributed.start(f"localhost:{port}", processes, process_id)
+    if processes > 1:  # training/processes/: without it, the one-process configurations still run
+        from training.processes.launch import join
+
+        join(f"localhost:{port}", processes, process_id)
     import jax
     import numpy as np
 
@@ -84,7 +86,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
     trainer.state.compile(trainer.ts)
-    held = distributed.device_bytes({k: trainer.ts[k] for k in ("params", "opt_state")})
+    held = mesh.device_bytes({k: trainer.ts[k] for k in ("params", "opt_state")})
     temp = None
     try:
         temp = trainer.state.compiled_chunk.memory_analysis().temp_size_in_bytes
@@ -111,7 +113,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
         "parameters": int(parameters),
         "compile_s": trainer.state.compile_seconds,
     }
-    distributed.finish()
+    mesh.finish_processes()
     return result
 
 

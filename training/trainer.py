@@ -25,7 +25,7 @@ from training.callbacks import of_schedule
 from training.compiled import CompiledSteps
 from training.config.components import schedule_length_note
 from training.config.settings import Settings
-from training.devices import distributed, peaks, platform
+from training.devices import mesh, peaks, platform
 from training.metrics import metric_results
 from training.run.saving import Checkpoints
 from training.tracking.trackers import StepTrace
@@ -345,13 +345,13 @@ class Trainer:
         process: a signal or a clock seen by some processes only must not make them save (a collective) or stop
         alone. A stop asked of any process becomes every process's."""
         due = self.checkpoints.save_due(step)
-        signum, due = distributed.max_over_processes(self.stop_signal or 0, int(due))
+        signum, due = mesh.max_over_processes(self.stop_signal or 0, int(due))
         self.stop_signal = self.stop_signal or signum or None
         return bool(signum or due)
 
     def agreed_stop(self) -> int | None:
         """The stop signal any process received (every process then stops at the same boundary), or None."""
-        (signum,) = distributed.max_over_processes(self.stop_signal or 0)
+        (signum,) = mesh.max_over_processes(self.stop_signal or 0)
         self.stop_signal = self.stop_signal or signum or None
         return self.stop_signal
 

@@ -162,7 +162,7 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from training.devices.distributed import with_shardings
+    from training.devices.mesh import with_shardings
 
     for compute in ("float32", "bfloat16"):
         state = sample_train_state(path, tmp_path, compute)
