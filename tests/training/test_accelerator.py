@@ -12,9 +12,10 @@ import pytest
 
 from tests.end_to_end.test_train import ROOT, data_dir, make_config, run  # noqa: F401
 from training.devices import platform
+from training.devices.accelerator import machine_accelerator
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
-no_accelerator = pytest.mark.skipif(platform.machine_accelerator() != "cpu", reason="this machine has an accelerator")
+no_accelerator = pytest.mark.skipif(machine_accelerator() != "cpu", reason="this machine has an accelerator")
 
 
 @pytest.fixture
