@@ -31,8 +31,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 BATCH = 128
-# (processes, devices per process, fsdp)
-CONFIGS = [(1, 1, 1), (1, 2, 1), (1, 2, 2), (1, 4, 1), (1, 4, 4), (2, 2, 1), (2, 2, 4)]
+# (processes, devices per process, fsdp); several processes only where training/processes/ is (a project may leave
+# that feature out)
+CONFIGS = [(1, 1, 1), (1, 2, 1), (1, 2, 2), (1, 4, 1), (1, 4, 4)]
+if (REPO / "training/processes").is_dir():
+    CONFIGS += [(2, 2, 1), (2, 2, 4)]
 
 
 def parse_args(argv=None):
@@ -50,7 +53,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     """One configuration in this process: build the Trainer, compile, time `steps` steps, measure the memory."""
     from training.devices import mesh
 
-    if processes > 1:  # training/processes/: without it, the one-process configurations still run
+    if processes > 1:
         from training.processes.launch import join
 
         join(f"localhost:{port}", processes, process_id)

@@ -14,8 +14,8 @@ count.
 **Processes.** Every process runs the same program (SPMD): each reads only its share of every batch, the jitted step
 sees one global batch, so losses and metrics come out summed over all processes; process 0 alone writes the run
 folder (``is_main``). One process is the usual case. Starting several (``jax.distributed``, SLURM, the watchdog) is
-the optional feature in training/processes/: it puts its own ``team`` here, whose ``share_text``, ``describe`` and
-``finish`` train.py calls; alone, those share with nobody and wait for nobody.
+the optional feature in training/processes/: it puts its own ``team`` here, which ``share_text``,
+``describe_processes`` and ``finish_processes`` ask; alone, those share with nobody and wait for nobody.
 """
 
 from __future__ import annotations
