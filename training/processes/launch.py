@@ -99,6 +99,8 @@ class Team:
 
     def describe(self) -> str:
         cluster = self.cluster
+        if cluster.num_processes == 1:  # --coordinator auto where JAX found no others
+            return "1 process"
         return (
             f"process {cluster.process_id} of {cluster.num_processes} (coordinator {cluster.coordinator}, "
             f"from {cluster.source})"
@@ -110,6 +112,8 @@ class Team:
     def finish(self) -> None:
         """The watchdog stops and every process waits for the others here, so none exits while another still needs
         it (process 0 writes the last checkpoint and plots meanwhile)."""
+        if self.cluster.num_processes == 1:
+            return
         try:
             if Watchdog.current is not None:
                 Watchdog.current.stop()
