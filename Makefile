@@ -4,7 +4,7 @@
 # make lint    -> ruff and the import-layer contract (pyproject.toml); make test runs it first
 # make test-stress -> make test with every test process on one CPU core (two workers and the runs they start share
 #                     it): flushes out tests that depend on the machine's speed or on one side of a race (Linux)
-# JAX comes for the machine's accelerator (training/devices/platform.py, machine_accelerator): requirements-cuda12.txt where
+# JAX comes for the machine's accelerator (training/devices/accelerator.py): requirements-cuda12.txt where
 # an NVIDIA GPU is visible, requirements-tpu.txt on a Cloud TPU VM, else requirements.txt (CPU).
 # When that guess is wrong: make train ACCEL=cpu|cuda12|cuda13|tpu
 # JAX 0.11 and later need Python 3.12 or newer: .venv is built with the first of these that runs and is new enough
@@ -22,7 +22,7 @@ BIN := $(VENV)/bin
 VENV_TOO_OLD := $(if $(wildcard $(BIN)/python),$(if $(call new_enough,$(BIN)/python),,yes))
 ACCELERATORS := cpu cuda12 cuda13 tpu
 ifndef ACCEL
-ACCEL := $(shell $(or $(PY),python3) -m training.devices.platform)
+ACCEL := $(shell $(or $(PY),python3) -m training.devices.accelerator)
 endif
 ifneq ($(filter-out 1,$(words $(ACCEL)))$(filter-out $(ACCELERATORS),$(ACCEL)),)
 $(error ACCEL=$(ACCEL): choose one of $(ACCELERATORS))

@@ -67,7 +67,7 @@ FEATURES = {
     "tracking": ("training/tracking", "tests/training/tracking"),
     "plots": ("training/plots", "tests/training/plots"),
     "kernels": ("model/kernels", "tests/model/kernels"),
-    # a placeholder: several processes (jax.distributed, its watchdog, SLURM) are being moved to training/processes/
+    # several processes: jax.distributed, its watchdog, SLURM
     "processes": ("training/processes", "tests/training/processes"),
     # Not yet separable (the core still imports it in several places): the TFLite route
     # (inference/formats/tflite_export.py, LiteRT's files): a project keeps it.

@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from training.devices import distributed, platform
+from training import processes  # [feature: processes]
+from training.devices import mesh, platform
 from training.files.writes import CONFIG, LATEST, METRICS
 from training.run import debug_modes, lifecycle, location, signals
 from training.run.checkpoint import check_checkpoint_file
@@ -81,19 +82,7 @@ def parse_args(argv=None):
     )
     debug("--detect-nans", action="store_true", help="stop at the first operation that makes a NaN, naming its line")
     debug("--no-jit", action="store_true", help="run every step op by op (jax.disable_jit) to debug inside it; slow")
-    several = parser.add_argument_group("several processes (jax.distributed; SLURM's srun is detected)").add_argument
-    several(
-        "--coordinator", metavar="HOST:PORT", help="process 0's address (the same for all), or auto: JAX's detection"
-    )
-    several("--num-processes", type=int, metavar="N", help="how many processes train together")
-    several("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
-    several(
-        "--heartbeat-timeout",
-        type=int,
-        default=distributed.HEARTBEAT_TIMEOUT_S,
-        metavar="SECONDS",
-        help="a process silent this long counts as dead and the others stop with an error (default: %(default)s)",
-    )
+    processes.add_arguments(parser)  # --coordinator, --num-processes, ... [feature: processes]
     return parser.parse_args(argv)
 
 
@@ -108,7 +97,6 @@ def main(argv=None) -> int:
         except (Exception, KeyboardInterrupt, signals.Interrupted) as error:
             stop = signals.signal_in(error)
             if stop is None:
-                distributed.await_watchdog(error)  # a dead process: the watchdog's one line, not this traceback
                 raise
             signum = getattr(stop, "signum", signal.SIGINT)
             print(f"error: {signals.stopped_at_start_up(signum)}", file=sys.stderr)
@@ -121,7 +109,7 @@ def train(args) -> int:
     if args.list:
         return list_components(args.list)
     setup_logging(None)  # the console until the run folder exists
-    start_processes(args)
+    processes.start(args)  # jax.distributed, before anything touches a device [feature: processes]
     config, resume_dir, run = read_config(args)
     signals.safe_point()
     loaders = load_data(args, config, run)
@@ -139,11 +127,11 @@ def train(args) -> int:
         try:
             status = fit(args, config, loaders, trainer, folder)
         finally:
-            if distributed.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
+            if mesh.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
                 finish(folder.path, trackers, status, trainer.lr_fn, curves=not args.fast_dev_run)
             if args.fast_dev_run:
                 shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
-    distributed.finish()  # several processes: each waits here until all are done
+    mesh.finish_processes()  # several processes: each waits here until all are done
     if folder.discarded:
         fail(folder.discarded)
     return status
@@ -155,14 +143,6 @@ def list_components(kind: str) -> int:
     except ConfigError as error:
         fail(str(error))
     return 0
-
-
-def start_processes(args) -> None:
-    """Several processes: jax.distributed starts before anything touches a device (one process: nothing to do)."""
-    try:
-        distributed.start(args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout)
-    except distributed.DistributedError as error:
-        fail(str(error))
 
 
 def read_config(args):
@@ -240,7 +220,7 @@ def describe_run(args, config: dict, run, trainer, folder) -> list:
         log.info(line)
     monitored = run.monitor.name if run.monitor else None
     trackers: list = []  # WandB, TensorBoard (training/tracking/), on process 0 only
-    trackers += start_trackers(config, folder.path, monitored) if distributed.is_main() else []  # [feature: tracking]
+    trackers += start_trackers(config, folder.path, monitored) if mesh.is_main() else []  # [feature: tracking]
     trainer.trackers = trackers
     return trackers
 

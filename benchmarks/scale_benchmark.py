@@ -31,8 +31,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 BATCH = 128
-# (processes, devices per process, fsdp)
-CONFIGS = [(1, 1, 1), (1, 2, 1), (1, 2, 2), (1, 4, 1), (1, 4, 4), (2, 2, 1), (2, 2, 4)]
+# (processes, devices per process, fsdp); several processes only where training/processes/ is (a project may leave
+# that feature out)
+CONFIGS = [(1, 1, 1), (1, 2, 1), (1, 2, 2), (1, 4, 1), (1, 4, 4)]
+if (REPO / "training/processes").is_dir():
+    CONFIGS += [(2, 2, 1), (2, 2, 4)]
 
 
 def parse_args(argv=None):
@@ -48,10 +51,12 @@ def parse_args(argv=None):
 
 def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hidden: int) -> dict:
     """One configuration in this process: build the Trainer, compile, time `steps` steps, measure the memory."""
-    from training.devices import distributed
+    from training.devices import mesh
 
     if processes > 1:
-        distributed.start(f"localhost:{port}", processes, process_id)
+        from training.processes.launch import join
+
+        join(f"localhost:{port}", processes, process_id)
     import jax
     import numpy as np
 
@@ -84,7 +89,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
     trainer.steps.compile(trainer.train_state)
-    held = distributed.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
+    held = mesh.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
     temp = None
     try:
         temp = trainer.steps.compiled_chunk.memory_analysis().temp_size_in_bytes
@@ -111,7 +116,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
         "parameters": int(parameters),
         "compile_s": trainer.steps.compile_seconds,
     }
-    distributed.finish()
+    mesh.finish_processes()
     return result
 
 

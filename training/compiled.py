@@ -2,7 +2,7 @@
 
 A state is a dict ``{"params", "state", "opt_state", "step", "rng"}`` (plus ``loss_scale`` for float16 and
 ``callbacks`` for callbacks that update inside the step). It lives on the config's mesh over the devices of every
-process (``training/devices/distributed.py``: a data x fsdp grid): batches are split over every device; parameters and
+process (``training/devices/mesh.py``: a data x fsdp grid): batches are split over every device; parameters and
 optimizer state are replicated, or split over "fsdp" when it is above 1, so the same code runs on one CPU, several
 accelerators or several machines. Every shape and dtype of a batch comes from the training loader's ``spec``.
 """
@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from training.config.settings import Settings
-from training.devices import distributed, memory, platform
+from training.devices import memory, mesh, platform
 from training.precision import policy_of
 from training.run import checkpoint
 from training.step import empty_stats, make_eval_step, make_train_chunk
@@ -54,7 +54,7 @@ class CompiledSteps:
         self.run, self.settings, self.execution = run, settings, execution
         self.optimizer, self.lr_fn = run.optimizer()  # built with the data (``Run.optimizer``), not again here
         train_loader, valid_loader = run.loaders["train"], run.loaders.get("validation")
-        self.mesh = distributed.make_mesh(run.config.get("mesh"))
+        self.mesh = mesh.make_mesh(run.config.get("mesh"))
         self.replicated = NamedSharding(self.mesh, P())
         if train_loader.batch_size % self.mesh.size:  # evaluation pads its batches instead (``evaluate``)
             n, size = self.mesh.size, train_loader.batch_size
@@ -83,7 +83,7 @@ class CompiledSteps:
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None
         fsdp = self.mesh.shape["fsdp"] > 1
-        self.sharding = distributed.state_shardings(self.template(), self.mesh) if fsdp else self.replicated
+        self.sharding = mesh.state_shardings(self.template(), self.mesh) if fsdp else self.replicated
         self.jit_train_chunk()
         self.eval_step = jax.jit(
             make_eval_step(run.model, run.loss_fn, run.metrics, run.augment, self.policy),
@@ -156,9 +156,9 @@ class CompiledSteps:
         tree, header = checkpoint.restore(path, template)
         self.jit_train_chunk(header.get("schedule_length"))  # before the step compiles
         totals = tree.pop("epoch_totals", None)
-        shardings = distributed.state_shardings(tree, self.mesh)
-        self.start_compile(distributed.with_shardings(tree, shardings))
-        ts = distributed.to_mesh(tree, shardings)  # every process read the file; each keeps its shards
+        shardings = mesh.state_shardings(tree, self.mesh)
+        self.start_compile(mesh.with_shardings(tree, shardings))
+        ts = mesh.to_mesh(tree, shardings)  # every process read the file; each keeps its shards
         return ts, header, totals
 
     def load_weights(self, ts: dict, path: Path, exclude: Sequence[str] = ()) -> dict:
@@ -166,7 +166,7 @@ class CompiledSteps:
         prefix (e.g. ``params.head``, a new classifier) keep their fresh values."""
         template = {"params": ts["params"], "state": ts["state"]}
         tree, _ = checkpoint.restore(path, template, only=("params", "state"), exclude=exclude)
-        return {**ts, **distributed.to_mesh(tree, distributed.state_shardings(tree, self.mesh))}
+        return {**ts, **mesh.to_mesh(tree, mesh.state_shardings(tree, self.mesh))}
 
     def check_memory(self) -> None:
         """Refuses, before anything is allocated, a run whose state and one call's stacked batches alone exceed the
@@ -194,18 +194,18 @@ class CompiledSteps:
     def stack_sharding(self, stack: dict) -> dict:
         """Stacks of K batches: split along the batch axis (the second) over every device of the mesh; ``active``
         (K,) is replicated."""
-        axes = distributed.BATCH_AXES
+        axes = mesh.BATCH_AXES
         return jax.tree.map(lambda a: NamedSharding(self.mesh, P(None, axes) if a.ndim > 1 else P()), stack)
 
     def batch_sharding(self, batch: dict) -> dict:
-        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(distributed.BATCH_AXES)), batch)
+        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(mesh.BATCH_AXES)), batch)
 
     def put_stack(self, stack: dict) -> dict:
         """This process's rows of a stack (its loader's share) placed as one global stack (see ``host_arrays``)."""
-        return stack if self.host_arrays else distributed.put_local(stack, self.stack_sharding(stack))
+        return stack if self.host_arrays else mesh.put_local(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
-        return batch if self.host_arrays else distributed.put_local(batch, self.batch_sharding(batch))
+        return batch if self.host_arrays else mesh.put_local(batch, self.batch_sharding(batch))
 
     def empty_stats(self, state=None):
         """Zeroed epoch statistics on the device; ``state``: a training state or its abstract value (the first
@@ -240,7 +240,7 @@ class CompiledSteps:
         k = self.steps_per_call * self.accumulate  # loader batches per call
         stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
-        stack_spec = distributed.with_shardings(stack_spec, self.stack_sharding(stack_spec))
+        stack_spec = mesh.with_shardings(stack_spec, self.stack_sharding(stack_spec))
         start = time.perf_counter()
         compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
             platform.xla_options("train", jax.default_backend()) or None
@@ -297,7 +297,7 @@ class CompiledSteps:
             self.compiled_eval = self.eval_step
             return
         spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), loader.spec)
-        batch_spec = distributed.with_shardings(spec, self.batch_sharding(spec))
+        batch_spec = mesh.with_shardings(spec, self.batch_sharding(spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
         lowered = self.eval_step.lower(ts["params"], ts["state"], self.empty_stats(), batch_spec)
         self.compiled_eval = lowered.compile(options)

@@ -29,7 +29,7 @@ from training.callbacks import of_schedule
 from training.compiled import CompiledSteps
 from training.config.components import schedule_length_note
 from training.config.settings import Settings
-from training.devices import distributed, peaks, platform
+from training.devices import mesh, peaks, platform
 from training.metrics import metric_results
 from training.run.history import StepTrace
 from training.run.saving import Checkpoints
@@ -152,7 +152,7 @@ class Trainer:
         devices = ", ".join(str(d) for d in jax.devices())
         trainable = steps.optimizer.trainable  # None unless optimizer.frozen names some parameters
         return [
-            f"devices: {devices}; {distributed.describe()}, mesh {dict(steps.mesh.shape)}",
+            f"devices: {devices}; {mesh.describe_processes()}, mesh {dict(steps.mesh.shape)}",
             f"batch: {describe_batch(steps.batch_spec)}",
             f"state: {self.origin}",
             *[  # what is evaluated and saved is not what the optimizer updates: said once, here
@@ -353,13 +353,13 @@ class Trainer:
         every = max(1, AGREE_EVERY_STEPS // self.steps.steps_per_call)
         if calls % every and not self.checkpoints.save_due(step, clock=False):
             return False
-        signum, due = distributed.max_over_processes(self.stop_signal or 0, int(self.checkpoints.save_due(step)))
+        signum, due = mesh.max_over_processes(self.stop_signal or 0, int(self.checkpoints.save_due(step)))
         self.stop_signal = self.stop_signal or signum or None
         return bool(signum or due)
 
     def agreed_stop(self) -> int | None:
         """The stop signal any process received (every process then stops at the same boundary), or None."""
-        (signum,) = distributed.max_over_processes(self.stop_signal or 0)
+        (signum,) = mesh.max_over_processes(self.stop_signal or 0)
         self.stop_signal = self.stop_signal or signum or None
         return self.stop_signal
 

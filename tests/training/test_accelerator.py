@@ -12,9 +12,10 @@ import pytest
 
 from tests.end_to_end.test_train import ROOT, data_dir, make_config, run  # noqa: F401
 from training.devices import platform
+from training.devices.accelerator import machine_accelerator
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
-no_accelerator = pytest.mark.skipif(platform.machine_accelerator() != "cpu", reason="this machine has an accelerator")
+no_accelerator = pytest.mark.skipif(machine_accelerator() != "cpu", reason="this machine has an accelerator")
 
 
 @pytest.fixture
@@ -162,7 +163,7 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from training.devices.distributed import with_shardings
+    from training.devices.mesh import with_shardings
 
     for compute in ("float32", "bfloat16"):
         state = sample_train_state(path, tmp_path, compute)

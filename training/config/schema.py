@@ -355,7 +355,7 @@ def check_trackers(config: dict, source: str) -> None:
 def check_mesh(config: dict, source: str) -> None:
     """The device mesh: {"data": D, "fsdp": F}; the device count is checked when the devices are known."""
     try:
-        from training.devices.distributed import check_mesh_section
+        from training.devices.mesh import check_mesh_section
 
         config["mesh"] = check_mesh_section(config.get("mesh", {}), f"{source}: mesh")
     except ValueError as error:

@@ -16,21 +16,20 @@ Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names ano
 plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` themselves, or with
 ``TRAIN_PLATFORM_DEFAULTS=0``. Standard library only: ``apply()`` runs before anything imports JAX.
 
-``machine_accelerator()`` names the JAX build the machine calls for (``python3 -m training.devices.platform`` prints
-it: the Makefile installs ``requirements-<it>.txt``); ``unused_accelerator()`` is train.py's warning when JAX ignores
-it.
+``unused_accelerator()`` is train.py's warning when JAX ignores the accelerator the machine shows
+(``training/devices/accelerator.py``, which also tells the Makefile what to install).
 """
 
 from __future__ import annotations
 
-import glob
 import importlib.metadata
 import importlib.util
 import os
 import pkgutil
-import shutil
 import sys
 import time
+
+from training.devices.accelerator import machine_accelerator
 
 SWITCH = "TRAIN_PLATFORM_DEFAULTS"  # "0" turns every default off
 HUGETLB = "glibc.malloc.hugetlb=1"
@@ -66,18 +65,6 @@ def cpu_backend_expected(environ=os.environ) -> bool:
         return False
     plugins = importlib.util.find_spec("jax_plugins")  # where PJRT plugins (CUDA, ROCm, ...) register themselves
     return plugins is None or not any(pkgutil.iter_modules(plugins.submodule_search_locations or []))
-
-
-def machine_accelerator(environ=os.environ) -> str:
-    """The JAX build this machine calls for, from what the operating system shows (JAX is not asked): "cuda12"
-    where an NVIDIA driver is visible (``nvidia-smi`` on PATH or /dev/nvidia0), "tpu" on a Cloud TPU VM (its chips
-    are /dev/accel0, ... up to TPU v4 and /dev/vfio/0, ... from v5e on), else "cpu". CUDA 13 (driver 580 or newer)
-    only when asked for: ``make train ACCEL=cuda13``."""
-    if shutil.which("nvidia-smi", path=environ.get("PATH")) or os.path.exists("/dev/nvidia0"):
-        return "cuda12"
-    if glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"):
-        return "tpu"
-    return "cpu"
 
 
 def unused_accelerator(platforms: set[str], environ=os.environ) -> str | None:
@@ -138,7 +125,3 @@ def describe(backend: str, environ=os.environ) -> str:
     for kind in ("train", "eval"):
         parts += [f"{kind}: {k}={v!r}" for k, v in xla_options(kind, backend, environ).items()]
     return "; ".join(parts) or "none"
-
-
-if __name__ == "__main__":  # the Makefile's choice of requirements file
-    print(machine_accelerator())

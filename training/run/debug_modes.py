@@ -7,7 +7,7 @@ import copy
 import logging
 from pathlib import Path
 
-from training.devices import distributed
+from training.devices import mesh
 from training.files.writes import LATEST
 
 log = logging.getLogger("train")
@@ -36,7 +36,7 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
         trainer.steps.share_batches(loaders["test"])
         results = trainer.evaluate(loaders["test"])
         log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
-    if distributed.is_main():  # the writer; the others may run on other machines
+    if mesh.is_main():  # the writer; the others may run on other machines
         checkpoint.restore(run_dir / LATEST, trainer.steps.template())
     log.info(
         f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "

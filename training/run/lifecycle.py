@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.devices import distributed
+from training.devices import mesh
 from training.files.writes import LATEST
 from training.run import folder, location, signals
 from training.run.checkpoint import CheckpointError, remove_stale_temps
@@ -53,15 +53,15 @@ def opened(
     learn where it is. A failure up to there is one line and exit status 2, with a new folder removed again; a run
     that ``discard``s its folder has it removed when the block ends."""
     try:
-        lock = folder.hold(resume_dir, mark=False) if resume_dir and distributed.is_main() else None
+        lock = folder.hold(resume_dir, mark=False) if resume_dir and mesh.is_main() else None
         trainer = load_state()
     except (CheckpointError, ValueError, folder.RunFolderError) as error:
         stop_all(str(error))
     signals.safe_point()
     existed, run_dir = None, None
     try:
-        if not distributed.is_main():  # process 0 writes the folder; the others only learn where it is
-            run_dir, repaired = Path(distributed.share_text("run_dir")), []
+        if not mesh.is_main():  # process 0 writes the folder; the others only learn where it is
+            run_dir, repaired = Path(mesh.share_text("run_dir")), []
         elif resume_dir:
             run_dir = resume_dir
             if lock is None:  # a folder without a lock file: made now that its checkpoint loaded
@@ -79,13 +79,13 @@ def opened(
             # -r auto reusing the folder of an attempt killed before its first checkpoint was on disk
             repaired = [f"removed an interrupted write: {p.name}" for p in remove_stale_temps(run_dir)]
         trainer.run_dir = run_dir
-        if distributed.is_main():
+        if mesh.is_main():
             write(run_dir)  # config, preprocessing, a new run's model/
             setup_logging(run_dir)
-            distributed.share_text("run_dir", str(run_dir))
+            mesh.share_text("run_dir", str(run_dir))
         else:
             log.setLevel(logging.WARNING)  # process 0 reports the run; the others only their own errors
-    except (folder.RunFolderError, distributed.DistributedError) as error:
+    except (folder.RunFolderError, mesh.DistributedError) as error:
         stop_all(str(error))
     except OSError as error:  # a full or read-only disk: a new run's folder goes again, nothing half-made stays
         removed = "; the run folder was removed again" if existed and folder.remove_new(run_dir, existed) else ""
@@ -95,16 +95,16 @@ def opened(
     try:
         yield trainer, made
     finally:
-        if made.discarded and distributed.is_main():
+        if made.discarded and mesh.is_main():
             folder.remove_new(run_dir, existed)
 
 
 def stop_all(message: str) -> None:
     """fail() once the processes of a run started: process 0 first tells the others, which wait for its run
     folder, that there will be none (one process: just fail)."""
-    if distributed.is_main():
+    if mesh.is_main():
         try:
-            distributed.share_text("run_dir", "")
+            mesh.share_text("run_dir", "")
         except Exception:  # noqa: BLE001 (the message below is what matters)
             pass
     fail(message)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from training.config.settings import Settings
-from training.devices import distributed
+from training.devices import mesh
 from training.files.writes import BEST, LATEST, METRICS, epoch_checkpoint, step_checkpoint
 from training.run import checkpoint
 from training.run import folder as run_folder
@@ -197,7 +197,7 @@ class Checkpoints:
         started = time.perf_counter()
         self.writer.wait()
         # copies (the device buffers go to the next step), gathered from every device: all processes take part
-        host = distributed.to_host(tree)
+        host = mesh.to_host(tree)
         run_dir = self.run_dir
 
         def write():
@@ -221,7 +221,7 @@ class Checkpoints:
                 kept = "nothing was changed" if path.name == names[0] else f"{names[0]} holds step {header['step']}"
                 raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
 
-        if distributed.is_main():  # written once, by process 0; every process reads it on resume
+        if mesh.is_main():  # written once, by process 0; every process reads it on resume
             self.writer.submit(write)
         self.last_save = (header["step"], time.monotonic())
         return time.perf_counter() - started

@@ -1,0 +1,13 @@
+"""Several processes: one run over several machines (or several processes on one), each process running the same
+program on its own devices, joined by ``jax.distributed`` (``cluster``: explicit flags, SLURM's ``srun``, or JAX's
+own detection), a watchdog that ends the others when one dies or hangs (``watchdog``), and the coordinator's
+key-value store through which process 0 shares its run folder and all meet at the end (``store``). Docs:
+docs/runs.md.
+
+train.py names it in three lines (its import, ``add_arguments`` and ``start``); the rest of the template asks only
+``training/devices/mesh.py`` about the run's processes. Deleting this folder, tests/training/processes/ and those
+three lines leaves a template for one process."""
+
+from training.processes.launch import add_arguments, start
+
+__all__ = ["add_arguments", "start"]
