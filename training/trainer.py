@@ -219,7 +219,7 @@ class Trainer:
         self.skipped = start // n
         started = time.perf_counter()
         self.data_wait = 0.0
-        chunks = loader.chunks(epoch, state.steps_per_call * n, state.put_stack, start)
+        chunks = state.calls(loader, epoch, start)  # at the steps per call measured for "auto"
         try:
             while True:
                 waited = time.perf_counter()
