@@ -97,6 +97,7 @@ class CompiledSteps:
         self.stats_template = None
         # XLA:CPU, one process: the call places host arrays in one transfer (jax.device_put is slower per array)
         self.host_arrays = jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu"
+        self.shardings = {}  # of stacks and batches, by structure (``shardings_of``)
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None
@@ -212,14 +213,22 @@ class CompiledSteps:
     def stack_sharding(self, stack: dict) -> dict:
         """Stacks of K batches: split along the batch axis (the second) over every device of the mesh; ``active``
         (K,) is replicated."""
-        axes = distributed.BATCH_AXES
-        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(None, axes) if a.ndim > 1 else P()), stack)
+        return self.shardings_of("stack", stack, lambda a: P(None, distributed.BATCH_AXES) if a.ndim > 1 else P())
 
     def batch_sharding(self, batch: dict) -> dict:
-        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(distributed.BATCH_AXES)), batch)
+        return self.shardings_of("batch", batch, lambda a: P(distributed.BATCH_AXES))
+
+    def shardings_of(self, kind: str, tree: dict, spec: Callable) -> dict:
+        """The shardings of a tree of arrays, made once per structure and rank (every stack and batch of a loader has
+        the same): making NamedShardings for every stack was most of the Python that placing one cost."""
+        key = (kind, jax.tree.structure(tree), tuple(a.ndim for a in jax.tree.leaves(tree)))
+        if key not in self.shardings:
+            self.shardings[key] = jax.tree.map(lambda a: NamedSharding(self.mesh, spec(a)), tree)
+        return self.shardings[key]
 
     def put_stack(self, stack: dict) -> dict:
-        """This process's rows of a stack (its loader's share) placed as one global stack (see ``host_arrays``)."""
+        """This process's rows of a stack (its loader's share) placed as one global stack, all its arrays in one
+        call (see ``host_arrays``)."""
         return stack if self.host_arrays else distributed.put_local(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
