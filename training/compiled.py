@@ -358,18 +358,23 @@ class CompiledSteps:
         if len(self.timings) < AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS:
             return
         self.measuring = False
-        measured = sorted(self.timings[AUTO_WARMUP_CALLS:])
-        host = sorted(h for h, _ in measured)[len(measured) // 2]
-        device = sorted(d for _, d in measured)[len(measured) // 2]
+        measured = self.timings[AUTO_WARMUP_CALLS:]
+        host = sorted(h for h, _ in measured)[len(measured) // 2]  # CPU time: another process's load barely moves it
+        device = min(d for _, d in measured)  # a wall time: only ever lengthened by the host being busy elsewhere
         batch_bytes = self.accumulate * memory.nbytes(self.batch_spec)
         k, why = auto_steps_per_call(self.steps_per_epoch, batch_bytes, host, device / self.steps_per_call)
-        log.info(f"steps per call (auto): {k}; {why}")
-        if k != self.steps_per_call:
-            self.chosen = k
+        # every process runs the same calls: the largest choice, agreed at the same call (one small collective, once)
+        (agreed,) = distributed.max_over_processes(k)
+        why += f"; {agreed} agreed by the {jax.process_count()} processes" if agreed != k else ""
+        log.info(f"steps per call (auto): {agreed}; {why}")
+        if agreed != self.steps_per_call:
+            self.chosen = agreed
             spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), clock["state"])
             worker = ThreadPoolExecutor(1)
-            self.switching = worker.submit(self.compile_train_step, spec, k)
+            self.switching = worker.submit(self.compile_train_step, spec, agreed)
             worker.shutdown(wait=False)
+            if jax.process_count() > 1:  # a compilation ends at different times on each: all switch now, together
+                self.switching.result()
 
     def switch(self) -> None:
         """The chosen steps per call from the next call on (waits for its compilation)."""
