@@ -220,7 +220,7 @@ class CompiledSteps:
 
     def shardings_of(self, kind: str, tree: dict, spec: Callable) -> dict:
         """The shardings of a tree of arrays, made once per structure and rank (every stack and batch of a loader has
-        the same): making NamedShardings for every stack was most of the Python that placing one cost."""
+        the same), not again for every stack the prefetch thread places."""
         key = (kind, jax.tree.structure(tree), tuple(a.ndim for a in jax.tree.leaves(tree)))
         if key not in self.shardings:
             self.shardings[key] = jax.tree.map(lambda a: NamedSharding(self.mesh, spec(a)), tree)
