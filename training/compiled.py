@@ -298,7 +298,9 @@ class CompiledSteps:
         except (KeyError, TypeError, IndexError, NotImplementedError):
             pass  # not every backend reports costs
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
-        auto = f' while "auto" times the first {AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS}' if self.measuring else ""
+        auto = (
+            f' while "auto" times the first {AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS} calls' if self.measuring else ""
+        )
         log.info(
             f"compiled the training step ({self.steps_per_call} step(s) per call{auto}) in "
             f"{self.compile_seconds:.1f}s{flops}"
