@@ -12,6 +12,10 @@ Variants, each measured in a fresh process (one epoch to warm up, then one timed
   K=1 log=50         ... every 50 steps (the default)
   auto log=1/50      the same at ``trainer.steps_per_call: "auto"``
   each of the four also "+tty": the process's terminal is a pseudo-terminal, so the live progress bar is shown
+  place              placing one stack (1 step of 8 examples) as an accelerator gets it: ``CompiledSteps.put_stack``
+                     with its host-array shortcut of the CPU off (the shardings, one ``jax.device_put`` of the stack's
+                     arrays), against the floor of one ``jax.device_put`` of a single array of the stack's bytes;
+                     CPU time per stack, in the process (its ratio is to that floor, not to ``bare``)
 
 Host CPU time is the process's (``time.process_time``: every thread, the prefetch thread and XLA's included) over
 the timed epoch, divided by its steps; wall time likewise. The machine is usually shared, so the report takes the
@@ -37,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 BATCH, FEATURES, CLASSES = 8, 16, 10
 TRAINER_VARIANTS = [(k, every) for k in (1, "auto") for every in (1, 50)]
-VARIANTS = ["bare"] + [f"K={k} log={every}{tty}" for k, every in TRAINER_VARIANTS for tty in ("", "+tty")]
+VARIANTS = ["bare"] + [f"K={k} log={every}{tty}" for k, every in TRAINER_VARIANTS for tty in ("", "+tty")] + ["place"]
 
 
 def config(steps_per_call, log_every: int, save_dir: str) -> dict:
@@ -147,9 +151,38 @@ def run_bare(steps: int) -> dict:
     return {**timed(epoch(2)), "steps_per_call": 1}
 
 
+def run_place(steps: int) -> dict:
+    """Per stack: ``put_stack`` on the accelerator path, and one device_put of one array of as many bytes."""
+    import jax
+    import numpy as np
+
+    trainer = trainer_for(1, 50, steps)
+    state = trainer.steps
+    state.host_arrays = False  # the CPU's shortcut off: placed as on an accelerator
+    _, stack = next(trainer.train_loader.chunks(0, 1))
+    sharding = state.batch_sharding({"bytes": np.zeros((1, 1))})["bytes"]
+    nbytes = sum(a.nbytes for a in jax.tree.leaves(stack))
+    flat = np.zeros((state.mesh.size, -(-nbytes // state.mesh.size)), np.uint8)
+
+    def per_stack(put):
+        def run():
+            for _ in range(steps):
+                placed = put()
+            jax.block_until_ready(placed)
+            return steps
+
+        run()
+        return timed(run)
+
+    floor = per_stack(lambda: jax.device_put(flat, sharding))
+    return {**per_stack(lambda: state.put_stack(stack)), "floor_cpu_us": floor["cpu_us"], "steps_per_call": 1}
+
+
 def child(variant: str, steps: int) -> dict:
     if variant == "bare":
         return run_bare(steps)
+    if variant == "place":
+        return run_place(steps)
     k, every = variant.removesuffix("+tty").split(" ")
     k = k.removeprefix("K=")
     return run_trainer(int(k) if k.isdigit() else k, int(every.removeprefix("log=")), steps)
@@ -228,12 +261,18 @@ def main(argv=None) -> int:
         f"{'variant':16s} {'K':>4s} {'CPU us/step':>12s} {'wall us/step':>13s} {'CPU / bare':>11s} {'wall / bare':>12s}"
     )
     base = best.get("bare")
-    for v in variants:
+    for v in [v for v in variants if v != "place"]:
         k = results[v][0]["steps_per_call"]
         ratios = (
             f"{best[v]['cpu_us'] / base['cpu_us']:11.2f} {best[v]['wall_us'] / base['wall_us']:12.2f}" if base else ""
         )
         print(f"{v:16s} {k:>4} {best[v]['cpu_us']:12.1f} {best[v]['wall_us']:13.1f} {ratios}")
+    if "place" in results:
+        floor = min(r["floor_cpu_us"] for r in results["place"])
+        print(
+            f"\nplacing a stack as on an accelerator: {best['place']['cpu_us']:.1f} us CPU (put_stack), "
+            f"{floor:.1f} us for one array of its bytes ({best['place']['cpu_us'] / floor:.2f}x)"
+        )
     return 0
 
 

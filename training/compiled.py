@@ -10,6 +10,7 @@ accelerators or several machines. Every shape and dtype of a batch comes from th
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,22 +29,39 @@ from training.step import empty_stats, make_eval_step, make_train_chunk
 
 log = logging.getLogger("train")
 
-# XLA:CPU pays a fixed cost per call; 10 steps per call reached 0.98-1.01 of a whole epoch in one call for both
-# sample CNNs (benchmarks/train_benchmark.py). Stacks are prefetched whole, so their size is capped.
-AUTO_STEPS = range(8, 17)
+# trainer.steps_per_call: "auto" times the first calls at one step per call (the first AUTO_WARMUP_CALLS not counted)
+# and picks the fewest steps per call that keep the loop's host work per call within AUTO_HOST_SHARE of the call's
+# device time. Stacks are prefetched whole, so their size is capped; AUTO_MAX_STEPS bounds how late a step's
+# loss is checked and a stop is honoured.
+AUTO_WARMUP_CALLS, AUTO_MEASURED_CALLS = 2, 4
+AUTO_HOST_SHARE = 0.05
+AUTO_MAX_STEPS = 32
 AUTO_STACK_BYTES = 64 * 2**20
 
 
-def auto_steps_per_call(steps_per_epoch: int, batch_bytes: int, backend: str) -> int:
-    """``trainer.steps_per_call: "auto"``: on the CPU, the K in 8..16 that pads the epoch's last call least
-    (largest on ties), or the whole epoch when it is shorter; 1 on accelerators, where nothing was measured."""
-    if backend != "cpu":
-        return 1
-    cap = max(1, AUTO_STACK_BYTES // max(batch_bytes, 1))
-    if steps_per_epoch <= min(cap, AUTO_STEPS[-1]):
-        return steps_per_epoch
-    candidates = [k for k in AUTO_STEPS if k <= cap] or [cap]
-    return min(candidates, key=lambda k: ((-steps_per_epoch) % k, -k))
+def auto_steps_per_call(steps_per_epoch: int, batch_bytes: int, host_s: float, device_s: float) -> tuple[int, str]:
+    """``trainer.steps_per_call: "auto"``: the steps per call for a loop that spends `host_s` of host work per call
+    and `device_s` of device time per step, and why. The fewest steps that bring the host work within
+    AUTO_HOST_SHARE of the call's device time, then, within half as many more, the count that pads the epoch's last
+    call least (the smallest on ties); at most the epoch, AUTO_MAX_STEPS and a stack of AUTO_STACK_BYTES."""
+    share = f"{1e6 * host_s:.0f} us of host work per call, {1e3 * device_s:.3g} ms of device time per step"
+    needed = math.ceil(host_s / (AUTO_HOST_SHARE * max(device_s, 1e-9)))
+    if needed <= 1:
+        return 1, f"{share}: one step per call keeps the host within {AUTO_HOST_SHARE:.0%}"
+    stack_cap = max(1, AUTO_STACK_BYTES // max(batch_bytes, 1))
+    cap = min(stack_cap, AUTO_MAX_STEPS, steps_per_epoch)
+    why = f"{share}: {needed} step(s) per call keep the host within {AUTO_HOST_SHARE:.0%}"
+    if cap < needed:
+        limit = (
+            "the epoch's steps"
+            if cap == steps_per_epoch
+            else f"a {AUTO_STACK_BYTES >> 20} MiB stack"
+            if cap == stack_cap
+            else f"at most {AUTO_MAX_STEPS}"
+        )
+        return cap, f"{why}; capped by {limit}"
+    k = min(range(needed, min(cap, needed + needed // 2) + 1), key=lambda k: ((-steps_per_epoch) % k, k))
+    return k, why + (f" ({k}: the epoch's last call padded least)" if k != needed else "")
 
 
 class CompiledSteps:
@@ -71,14 +89,15 @@ class CompiledSteps:
         self.accumulate = settings.accumulate_steps
         self.steps_per_epoch = -(-len(train_loader) // self.accumulate)
         self.policy = policy_of(settings.precision)
-        self.steps_per_call = settings.steps_per_call
-        if self.steps_per_call == "auto":
-            self.steps_per_call = auto_steps_per_call(
-                self.steps_per_epoch, self.accumulate * memory.nbytes(self.batch_spec), jax.default_backend()
-            )
+        # "auto": one step per call until the first calls are timed (``calls``), then the measured choice
+        self.measuring = settings.steps_per_call == "auto" and execution == "aot"
+        self.steps_per_call = 1 if settings.steps_per_call == "auto" else settings.steps_per_call
+        self.timings, self.switching = [], None  # (host s, device s) of the timed calls; the chosen K's compilation
+        self.chosen = None
         self.stats_template = None
         # XLA:CPU, one process: the call places host arrays in one transfer (jax.device_put is slower per array)
         self.host_arrays = jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu"
+        self.shardings = {}  # of stacks and batches, by structure (``shardings_of``)
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None
@@ -194,14 +213,22 @@ class CompiledSteps:
     def stack_sharding(self, stack: dict) -> dict:
         """Stacks of K batches: split along the batch axis (the second) over every device of the mesh; ``active``
         (K,) is replicated."""
-        axes = mesh.BATCH_AXES
-        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(None, axes) if a.ndim > 1 else P()), stack)
+        return self.shardings_of("stack", stack, lambda a: P(None, mesh.BATCH_AXES) if a.ndim > 1 else P())
 
     def batch_sharding(self, batch: dict) -> dict:
-        return jax.tree.map(lambda a: NamedSharding(self.mesh, P(mesh.BATCH_AXES)), batch)
+        return self.shardings_of("batch", batch, lambda a: P(mesh.BATCH_AXES))
+
+    def shardings_of(self, kind: str, tree: dict, spec: Callable) -> dict:
+        """The shardings of a tree of arrays, made once per structure and rank (every stack and batch of a loader has
+        the same), not again for every stack the prefetch thread places."""
+        key = (kind, jax.tree.structure(tree), tuple(a.ndim for a in jax.tree.leaves(tree)))
+        if key not in self.shardings:
+            self.shardings[key] = jax.tree.map(lambda a: NamedSharding(self.mesh, spec(a)), tree)
+        return self.shardings[key]
 
     def put_stack(self, stack: dict) -> dict:
-        """This process's rows of a stack (its loader's share) placed as one global stack (see ``host_arrays``)."""
+        """This process's rows of a stack (its loader's share) placed as one global stack, all its arrays in one
+        call (see ``host_arrays``)."""
         return stack if self.host_arrays else mesh.put_local(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
@@ -236,8 +263,8 @@ class CompiledSteps:
         self.compiling = worker.submit(self.compile_train_step, state_spec)
         worker.shutdown(wait=False)  # the thread ends with this one task
 
-    def compile_train_step(self, state_spec):
-        k = self.steps_per_call * self.accumulate  # loader batches per call
+    def compile_train_step(self, state_spec, steps_per_call: int | None = None):
+        k = (steps_per_call or self.steps_per_call) * self.accumulate  # loader batches per call
         stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
         stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
         stack_spec = mesh.with_shardings(stack_spec, self.stack_sharding(stack_spec))
@@ -271,9 +298,91 @@ class CompiledSteps:
         except (KeyError, TypeError, IndexError, NotImplementedError):
             pass  # not every backend reports costs
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
-        log.info(
-            f"compiled the training step ({self.steps_per_call} step(s) per call) in {self.compile_seconds:.1f}s{flops}"
+        auto = (
+            f' while "auto" times the first {AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS} calls' if self.measuring else ""
         )
+        log.info(
+            f"compiled the training step ({self.steps_per_call} step(s) per call{auto}) in "
+            f"{self.compile_seconds:.1f}s{flops}"
+        )
+
+    # ------------------------------------------------------------------------------ steps per call, measured
+    def calls(self, loader, epoch: int, start: int = 0):
+        """The epoch's stacks from loader batch `start` on (``DataLoader.chunks``), for the loop to run with
+        ``compiled_chunk``. While "auto" is measuring, the calls are of one step and timed; once the chosen K has
+        compiled (on a worker thread while training goes on), the stacks continue at K from where they were: K steps
+        per call give the numbers of one step per call, so where the switch falls changes nothing."""
+        position = start
+        while True:
+            stacks = loader.chunks(epoch, self.steps_per_call * self.accumulate, self.put_stack, position)
+            try:
+                for real, stack in stacks:
+                    timed = self.measuring and self.timed_call()
+                    yield real, stack
+                    position += real
+                    if timed:
+                        self.time_call(*timed)
+                    if self.switching is not None and self.switching.done():
+                        break
+                else:
+                    if self.switching is not None:  # decided in this epoch: the next one starts at K
+                        self.switch()
+                    return
+            finally:
+                stacks.close()
+            self.switch()
+
+    def timed_call(self) -> tuple:
+        """Wraps the next call so that it is timed: its dispatch, then its wait for the results (``time_call``)."""
+        chunk, clock = self.compiled_chunk, {"cpu": time.thread_time()}
+
+        def timed(ts, totals, stack):
+            self.compiled_chunk = chunk
+            cpu, start = time.thread_time(), time.perf_counter()
+            out = chunk(ts, totals, stack)
+            dispatched = time.thread_time()
+            jax.block_until_ready(out[2])  # the logs: the call's last results
+            clock["device"] = time.perf_counter() - start - (dispatched - cpu)
+            clock["waited"] = time.thread_time() - dispatched
+            clock["state"] = out[0]  # its shapes and shardings: what the chosen K compiles for
+            return out
+
+        self.compiled_chunk = timed
+        return (clock,)
+
+    def time_call(self, clock: dict) -> None:
+        """Records one timed call: the loop's host work (this thread's CPU time from handing out the stack to asking
+        for the next, the wait for the results excepted: the dispatch, the logs, the callbacks) and the call's
+        device time (dispatch to results, less the dispatch's own CPU time); decides once enough are timed."""
+        if "device" not in clock:  # the loop did not make the call (it stopped)
+            return
+        self.timings.append((time.thread_time() - clock["cpu"] - clock["waited"], clock["device"]))
+        if len(self.timings) < AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS:
+            return
+        self.measuring = False
+        measured = self.timings[AUTO_WARMUP_CALLS:]
+        host = sorted(h for h, _ in measured)[len(measured) // 2]  # CPU time: another process's load barely moves it
+        device = min(d for _, d in measured)  # a wall time: only ever lengthened by the host being busy elsewhere
+        batch_bytes = self.accumulate * memory.nbytes(self.batch_spec)
+        k, why = auto_steps_per_call(self.steps_per_epoch, batch_bytes, host, device / self.steps_per_call)
+        # every process runs the same calls: the largest choice, agreed at the same call (one small collective, once)
+        (agreed,) = mesh.max_over_processes(k)
+        why += f"; {agreed} agreed by the {jax.process_count()} processes" if agreed != k else ""
+        log.info(f"steps per call (auto): {agreed}; {why}")
+        if agreed != self.steps_per_call:
+            self.chosen = agreed
+            spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), clock["state"])
+            worker = ThreadPoolExecutor(1)
+            self.switching = worker.submit(self.compile_train_step, spec, agreed)
+            worker.shutdown(wait=False)
+            if jax.process_count() > 1:  # a compilation ends at different times on each: all switch now, together
+                self.switching.result()
+
+    def switch(self) -> None:
+        """The chosen steps per call from the next call on (waits for its compilation)."""
+        self.compiled_chunk, seconds = self.switching.result()
+        self.switching, self.steps_per_call = None, self.chosen
+        log.info(f"compiled the training step ({self.steps_per_call} step(s) per call) in {seconds:.1f}s")
 
     def nan_located_chunk(self) -> Callable:
         """--detect-nans: the jitted call without donation; when jax_debug_nans finds a NaN in its outputs, the call

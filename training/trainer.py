@@ -205,7 +205,7 @@ class Trainer:
         totals = steps.empty_stats() if totals is None else jax.device_put(totals, steps.replicated)
         progress = Progress(self, epoch, first_step=int(self.train_state["step"]), skipped=start // n)
         logs = OneCallLate(progress.check)
-        chunks = self.train_loader.chunks(epoch, steps.steps_per_call * n, steps.put_stack, start)
+        chunks = steps.calls(self.train_loader, epoch, start)  # at the steps per call measured for "auto"
         done, calls = start, 0  # loader batches of the epoch done; calls made by this train_epoch
         try:
             for real, stack in progress.waiting_for_data(chunks):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
-from training.compiled import AUTO_STACK_BYTES, auto_steps_per_call
+from training.compiled import AUTO_MAX_STEPS, AUTO_STACK_BYTES, auto_steps_per_call
 from training.devices import platform
 from training.trainer import Trainer
 from utils import ConfigError, assemble, validate
@@ -102,8 +103,7 @@ def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
     trainer = make_trainer(tmp_path, TINY_MODELS["mnist_convnext"], "auto", "auto", epochs=1)
-    assert trainer.steps.steps_per_call == 8  # the whole (short) epoch in one call
-    trainer.fit()
+    trainer.fit()  # its 8 steps: "auto" decides, and its choice compiles, within the first epoch
     assert trainer.first_call_seconds > 0
     compiles = []
     listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
@@ -181,20 +181,82 @@ def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, mo
 
 
 @pytest.mark.parametrize(
-    "steps, batch_bytes, backend, expected",
+    "steps, batch_bytes, host_us, device_us, expected",
     [
-        (430, 401_920, "cpu", 10),  # MNIST's 55,000 / 128: 10 divides the epoch, no padded step
-        (469, 401_920, "cpu", 10),  # 60,000 / 128 = 469 = 7 * 67: K = 10 leaves one padded step, the least
-        (16 * 9, 401_920, "cpu", 16),  # several K divide the epoch: the largest
-        (5, 401_920, "cpu", 5),  # a short epoch in one call
-        (430, AUTO_STACK_BYTES // 4, "cpu", 4),  # big batches: the prefetched stack stays within its cap
-        (430, AUTO_STACK_BYTES * 2, "cpu", 1),
-        (430, 401_920, "gpu", 1),  # not measured on accelerators: one step per call
-        (430, 401_920, "tpu", 1),
+        (430, 401_920, 300, 50_000, 1),  # a long step: one step per call already hides the host
+        (430, 401_920, 300, 7_000, 1),  # under 5%
+        (430, 401_920, 300, 5_000, 2),
+        (430, 401_920, 300, 1_000, 6),  # 6 pads 430 steps by 2; 7..9 no better
+        (469, 401_920, 300, 1_000, 7),  # 469 = 7 x 67: 7 pads nothing
+        (430, 401_920, 300, 10, AUTO_MAX_STEPS),  # a trivial step: as many as allowed
+        (5, 401_920, 300, 10, 5),  # a short epoch in one call
+        (430, AUTO_STACK_BYTES // 4, 300, 10, 4),  # big batches: the prefetched stack stays within its cap
+        (430, AUTO_STACK_BYTES * 2, 300, 10, 1),
     ],
 )
-def test_auto_steps_per_call(steps, batch_bytes, backend, expected):
-    assert auto_steps_per_call(steps, batch_bytes, backend) == expected
+def test_auto_steps_per_call(steps, batch_bytes, host_us, device_us, expected):
+    k, why = auto_steps_per_call(steps, batch_bytes, host_us * 1e-6, device_us * 1e-6)
+    assert k == expected and f"{host_us} us of host work per call" in why
+
+
+def auto_trainer(tmp_path, hidden: list, batch: int, n: int, epochs: int = 1, steps_per_call="auto", run="r"):
+    """An MLP trained at `steps_per_call` on `n` random examples in batches of `batch`."""
+    config = validate(
+        {
+            "name": "auto",
+            "seed": 0,
+            "model": {"name": "mlp", "args": {"num_classes": 10, "hidden": hidden}},
+            "loss": {"name": "cross_entropy"},
+            "metrics": [{"name": "accuracy"}],
+            "optimizer": {"name": "adamw", "args": {"lr": 1e-3}},
+            "data_loader": {"train": {"name": "mnist"}},
+            "trainer": {
+                "epochs": epochs,
+                "steps_per_call": steps_per_call,
+                "log_every": 1,
+                "save_dir": str(tmp_path),
+                "monitor": "off",
+            },
+        }
+    )
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 16)).astype(np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
+    (tmp_path / run).mkdir()
+    assembled = assemble(config)
+    assembled.use_data({"train": DataLoader(ArrayDataset(input=x, target=y), batch, shuffle=True, seed=1)})
+    trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()])
+    trainer.init_state()
+    return trainer
+
+
+def test_auto_gives_a_long_step_one_step_per_call(tmp_path, caplog):
+    """~0.1 s of matrix products per step against well under a millisecond of the loop's own work."""
+    trainer = auto_trainer(tmp_path, [2048, 2048], 128, 128 * 7)
+    with caplog.at_level(logging.INFO, logger="train"):
+        trainer.fit()
+    assert trainer.steps.steps_per_call == 1 and int(trainer.train_state["step"]) == 7
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("steps per call (auto)")]
+    assert line.startswith("steps per call (auto): 1; ") and "device time per step" in line
+
+
+def test_auto_gives_a_trivial_step_many_steps_per_call_with_the_numbers_of_one(tmp_path, caplog):
+    """A step of microseconds: "auto" times its first calls at one step per call, then switches mid-epoch to the
+    K it chose; the losses and parameters are those of one step per call throughout."""
+    auto = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=2, run="auto")
+    one = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=2, steps_per_call=1, run="one")
+    with caplog.at_level(logging.INFO, logger="train"):
+        auto.fit()
+    one.fit()
+    assert auto.steps.steps_per_call > 1
+    assert any(
+        r.getMessage().startswith(f"steps per call (auto): {auto.steps.steps_per_call}; ") for r in caplog.records
+    )
+    a, b = one.trackers[0].losses, auto.trackers[0].losses
+    assert sorted(a) == sorted(b) and len(a) == 80
+    np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)
+    for x, y in zip(jax.tree.leaves(one.ts["params"]), jax.tree.leaves(auto.ts["params"])):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
 
 
 def test_auto_is_the_default_and_bad_values_are_named():

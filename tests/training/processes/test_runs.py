@@ -244,3 +244,20 @@ def test_processes_agree_at_each_epoch_end_not_at_every_call(tmp_path, data_dir)
         assert out.strip().splitlines()[-1] == "collectives: 2", out[-2000:]
     rows = (tmp_path / "saved/tiny/count/metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [calls, 2 * calls]
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_auto_steps_per_call(tmp_path, data_dir):
+    """ "auto" is timed by each process on its own: both take the same K at the same call (the larger of their
+    choices) and switch to it together mid-epoch, and the run's losses are those of one step per call alone."""
+    config = tiny_config(tmp_path, data_dir, trainer__steps_per_call="auto", trainer__epochs=3)
+    saved = tmp_path / "saved/tiny"
+    results = finish(start_processes(2, 1, "-c", config, "--run-id", "auto"))
+    for status, _out, err in results:
+        assert status == 0, err
+    chosen = [line for line in results[0][1].splitlines() if "steps per call (auto): " in line]
+    assert len(chosen) == 1 and "steps per call (auto): 1;" not in chosen[0], results[0][1]
+    config = tiny_config(tmp_path, data_dir, trainer__steps_per_call=1, trainer__epochs=3)
+    one = run("train.py", "-c", config, "--run-id", "one", env=devices_env(2))
+    assert one.returncode == 0, one.stderr
+    np.testing.assert_allclose(losses(saved / "auto"), losses(saved / "one"), rtol=0, atol=1e-5)
