@@ -1,7 +1,8 @@
 """Loss functions: ``loss(outputs, targets, **hyperparameters) -> per-example loss of shape (batch,)``.
 
 Each loss reduces over every non-batch axis itself; the training step weights and averages the per-example values
-(``weighted_mean``), so a padded last batch only needs zero weights on its padding. A per-element ``mask`` (e.g.
+(``training/step.py``: the sum of weight x loss over the batch, over the sum of the weights), so a padded last batch
+only needs zero weights on its padding. A per-element ``mask`` (e.g.
 (B, T) for padded sequences, given by the training step when the batch has one) makes each example's value the mean
 over its unmasked positions. Elementwise losses (mse, l1,
 huber, binary cross-entropy) take the mean over all non-batch axes. Distribution losses (cross-entropy, KL) sum over
@@ -24,8 +25,6 @@ import jax.numpy as jnp
 from model.checks import check_range
 from model.registry import register
 
-# What a config can name as "loss"; weighted_mean is the training step's helper, not a loss.
-
 
 def _mean_over_examples(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Mean over every axis but the first: (B, ...) -> (B,); with a mask of x's leading shape (B, ...), the mean
@@ -43,19 +42,6 @@ def _check_same_shape(outputs: jax.Array, targets: jax.Array) -> None:
     # (B, 1) against (B,) would otherwise broadcast to (B, B) and train on the wrong loss without a word.
     if outputs.shape != targets.shape:
         raise ValueError(f"outputs of shape {outputs.shape} and targets of shape {targets.shape} differ")
-
-
-def weighted_mean(per_example: jax.Array, weights: jax.Array | None = None) -> jax.Array:
-    """``sum(w * loss) / max(sum(w), tiny)``; the plain mean when ``weights`` is None.
-
-    Zero weights mask examples out (padding of a short last batch); a batch whose weights are all zero gives 0.
-    """
-    if weights is None:
-        return per_example.mean()
-    weights = weights.astype(per_example.dtype)
-    # where, not a bare product, so a non-finite loss on a padded example cannot leak into the value.
-    total = jnp.where(weights != 0, weights * per_example, 0).sum()
-    return total / jnp.maximum(weights.sum(), jnp.finfo(per_example.dtype).tiny)
 
 
 def _check_class_weights(class_weights) -> None:

@@ -169,26 +169,6 @@ def test_kl_divergence():
     _close(losses.kl_divergence(jnp.log(targets + 1e-30), targets), np.zeros(B), atol=1e-6)
 
 
-def test_weighted_mean_masks_padding():
-    per_example = _logits(8) ** 2
-    weights = jnp.asarray([1, 1, 0.5, 2, 1, 0, 0, 0], jnp.float32)
-    _close(losses.weighted_mean(per_example, weights), np.average(np.asarray(per_example), weights=weights))
-    _close(losses.weighted_mean(per_example), np.mean(np.asarray(per_example)))
-    # A padded example whose loss is not finite must not poison the batch value.
-    poisoned = per_example.at[-1].set(jnp.nan)
-    _close(losses.weighted_mean(poisoned, weights), losses.weighted_mean(per_example, weights))
-    assert float(losses.weighted_mean(per_example, jnp.zeros(8))) == 0.0
-
-
-def test_weighted_mean_gradient_ignores_padding():
-    logits, labels = _logits(8, C), jnp.asarray(rng.integers(0, C, 8))
-    mask = jnp.asarray([1, 1, 1, 1, 1, 0, 0, 0], jnp.float32)
-    grad = jax.grad(lambda x: losses.weighted_mean(losses.cross_entropy(x, labels), mask))(logits)
-    reference = jax.grad(lambda x: optax.softmax_cross_entropy_with_integer_labels(x, labels[:5]).mean())(logits[:5])
-    _close(grad[:5], reference)
-    _close(grad[5:], np.zeros((3, C)))
-
-
 def _stability_cases():
     ids = jnp.asarray(rng.integers(0, C, B))
     soft, bits = _probs(B, C), jnp.asarray(rng.integers(0, 2, (B, C)), jnp.float32)
