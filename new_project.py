@@ -163,7 +163,7 @@ def config_places(samples: list[str]) -> dict[str, str]:
 
 
 def moved(text: str, places: dict[str, str]) -> str:
-    """Paths to a sample config that moved, as the docs (`configs/x.json`) and tests (`"configs" / "x.json"`) name
+    """Paths to a sample config that moved, as the docs (configs/<name>.json) and tests (`"configs" / "x.json"`) name
     them."""
     for sample, place in places.items():
         old = SAMPLES[sample].config

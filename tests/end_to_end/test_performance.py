@@ -255,7 +255,7 @@ def test_auto_gives_a_trivial_step_many_steps_per_call_with_the_numbers_of_one(t
     a, b = one.trackers[0].losses, auto.trackers[0].losses
     assert sorted(a) == sorted(b) and len(a) == 80
     np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)
-    for x, y in zip(jax.tree.leaves(one.ts["params"]), jax.tree.leaves(auto.ts["params"])):
+    for x, y in zip(jax.tree.leaves(one.train_state["params"]), jax.tree.leaves(auto.train_state["params"])):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
 
 

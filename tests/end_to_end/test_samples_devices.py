@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_idx_dataset
-from tests.end_to_end.test_samples_cifar import write_cifar10
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = [ROOT / "config.json", *sorted((ROOT / "configs").glob("*.json"))]
@@ -58,7 +57,10 @@ def tiny_configs(tmp_path: Path) -> dict[str, str]:
     """Each sample config with its downloaded data sets pointed at tiny generated files (the shipped ones kept), and
     a warmup short enough for the few steps of a run over them."""
     mnist_dir, cifar_dir = tmp_path / "mnist", tmp_path / "cifar10"
-    write_cifar10(cifar_dir)
+    if any("cifar" in sample.stem for sample in SAMPLES):  # a project may have left the CIFAR sample out
+        from tests.end_to_end.test_samples_cifar import write_cifar10
+
+        write_cifar10(cifar_dir)
     configs = {}
     for sample in SAMPLES:
         config = json.loads(sample.read_text())
@@ -92,7 +94,7 @@ def test_every_sample_trains_on_any_device_count(tmp_path, devices):
     result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     status = json.loads(result.stdout.strip().splitlines()[-1])
-    refused = {"shakespeare_char": 2} if devices == 8 else {}
+    refused = {"shakespeare_char": 2} if devices == 8 and "shakespeare_char" in configs else {}
     trained = {name: 0 for name in configs} | refused
     if refused:
         trained["shakespeare_char --bs 16"] = 0

@@ -264,6 +264,8 @@ def test_a_closed_pipe_ends_quietly_with_status_141(export, run_copy, command):
 # (as Ctrl-C does) when it is called: a point where the command is at work.
 INTERRUPTED = r"""
 import importlib, os, runpy, signal, sys
+# Ctrl-C as in a terminal, even where the tests run with SIGINT ignored (a shell's background job), which Python keeps
+signal.signal(signal.SIGINT, signal.default_int_handler)
 module, function = sys.argv[1].rsplit(".", 1)
 owner = importlib.import_module(module)
 real = getattr(owner, function)
