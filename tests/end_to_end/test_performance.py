@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
-from training.compiled import AUTO_MAX_STEPS, AUTO_STACK_BYTES, auto_steps_per_call
+from training.compiled import AUTO_CPU_CALL_S, AUTO_MAX_STEPS, AUTO_STACK_BYTES, auto_steps_per_call
 from training.devices import platform
 from training.trainer import Trainer
 from utils import ConfigError, assemble, validate
@@ -199,6 +199,15 @@ def test_auto_steps_per_call(steps, batch_bytes, host_us, device_us, expected):
     assert k == expected and f"{host_us} us of host work per call" in why
 
 
+def test_auto_counts_what_the_cpu_runtime_pays_per_call():
+    """mnist_cnn's step on this CPU (~48 ms, ~2 ms of the loop's work per call): host work alone would ask for one
+    step per call, which reached 0.83 of the fused bound; the runtime's cost per call asks for more."""
+    assert auto_steps_per_call(469, 401_920, 2e-3, 48e-3)[0] == 1
+    k, why = auto_steps_per_call(469, 401_920, 2e-3, 48e-3, AUTO_CPU_CALL_S)
+    assert k > 1 and "ms the runtime pays per call" in why
+    assert auto_steps_per_call(469, 401_920, 2e-3, 1.25, AUTO_CPU_CALL_S)[0] == 1  # mnist_convnext's long step
+
+
 def auto_trainer(tmp_path, hidden: list, batch: int, n: int, epochs: int = 1, steps_per_call="auto", run="r"):
     """An MLP trained at `steps_per_call` on `n` random examples in batches of `batch`."""
     config = validate(
@@ -231,8 +240,9 @@ def auto_trainer(tmp_path, hidden: list, batch: int, n: int, epochs: int = 1, st
 
 
 def test_auto_gives_a_long_step_one_step_per_call(tmp_path, caplog):
-    """~0.1 s of matrix products per step against well under a millisecond of the loop's own work."""
-    trainer = auto_trainer(tmp_path, [2048, 2048], 128, 128 * 7)
+    """~0.2 s of matrix products per step against well under a millisecond of the loop's own work (and the CPU
+    runtime's cost per call, ``AUTO_CPU_CALL_S``)."""
+    trainer = auto_trainer(tmp_path, [4096, 4096], 256, 256 * 7)
     with caplog.at_level(logging.INFO, logger="train"):
         trainer.fit()
     assert trainer.steps.steps_per_call == 1 and int(trainer.train_state["step"]) == 7
