@@ -1,7 +1,7 @@
 """Start a project of your own from this template:
 
     python new_project.py ../my_project [--name my_project] [--samples mnist,shakespeare_char,...]
-                                        [--without sweeps,tracking,plots,kernels]
+                                        [--without sweeps,tracking,plots,kernels,tflite]
 
 A copy of the template, less what the tables below leave out: the samples not named (their configs, data and
 end-to-end tests), the optional features named in --without (each a folder, its tests, its entry script and its
@@ -69,8 +69,8 @@ FEATURES = {
     "kernels": ("model/kernels", "tests/model/kernels"),
     # several processes: jax.distributed, its watchdog, SLURM
     "processes": ("training/processes", "tests/training/processes"),
-    # Not yet separable (the core still imports it in several places): the TFLite route
-    # (inference/formats/tflite_export.py, LiteRT's files): a project keeps it.
+    # the TFLite route: without it the export writes ONNX (by jax2onnx) and the JAX artifact
+    "tflite": ("inference/formats/tflite", "tests/inference/tflite", "requirements-litert.txt"),
 }
 MARK = re.compile(r"\[feature: (\w+)\]( begin| end)?")
 

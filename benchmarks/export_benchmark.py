@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     from inference.formats.jax_export import JaxModel, export_jax
-    from inference.formats.onnx_export import export_onnx, tflite_to_onnx
-    from inference.formats.tflite_export import export_tflite
+    from inference.formats.onnx_export import export_onnx
+    from inference.formats.tflite import export_tflite, tflite_to_onnx
     from inference.predict import OnnxModel, TFLiteModel
     from utils import build, load_config, load_run
 

@@ -1,4 +1,5 @@
-"""Export a trained model to TFLite, ONNX and a native JAX artifact, each checked against the JAX model.
+"""Export a trained model to TFLite, ONNX and a native JAX artifact, each checked against the JAX model (TFLite
+where the project has `inference/formats/tflite/`: the formats are those of `inference/formats/`).
 
     python inference/convert_tflite.py --run saved/<name>/<run_id> --name jax_mnist
     python inference/convert_tflite.py -c config.json -w saved/.../model_best.params --input 1 28 28 1 --name jax_mnist
@@ -15,8 +16,8 @@ inference/exporter.py).
 Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into place
 at the end (with --force swapped with the old one in one step), under a lock on the name (docs/export.md).
 
-Batch: TFLite fixed (the first --input dimension, default 1: LiteRT runs a fixed batch much faster), ONNX and JAX
-symbolic. --batch N fixes every format at N, --dynamic-batch makes every one symbolic.
+Batch: each format's own default (TFLite fixed at the first --input dimension, default 1: LiteRT runs a fixed batch
+much faster; ONNX and JAX symbolic). --batch N fixes every format at N, --dynamic-batch makes every one symbolic.
 
 Every option is checked against the model and the data before anything is exported, and a bad one is one `error:`
 line (exit status 2): an --input example shape or dtype other than the data's is refused while the data validates
@@ -41,7 +42,8 @@ from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
 from inference.inputs import MASK, Inputs, Outputs, with_mask, without_mask  # noqa: E402
 from inference.predict import read_preprocessing  # noqa: E402
-from inference.routes import OUTPUT_NAME  # noqa: E402
+from inference.routes import FORMATS as DECLARED  # noqa: E402
+from inference.routes import OUTPUT_NAME, routes_of  # noqa: E402
 from training.files.writes import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
 from training.run.checkpoint import check_checkpoint_file, of_run  # noqa: E402
 from training.run.cli import add_run, command  # noqa: E402
@@ -69,16 +71,20 @@ def parse_args(argv=None):
         default=str(REPO / "exports"),
         help="where the <name> folder goes (default: exports/, which git ignores)",
     )
-    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of tflite,onnx,jax")
-    parser.add_argument("--quantize", choices=("float16", "dynamic-int8"), help="quantize the TFLite model")
+    parser.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
+    quantizable = [f for f in FORMATS if DECLARED[f].quantizations]
+    parser.set_defaults(quantize=None)
+    if quantizable:  # a format that offers quantization (TFLite's folder)
+        choices = tuple(dict.fromkeys(q for f in quantizable for q in DECLARED[f].quantizations))
+        parser.add_argument("--quantize", choices=choices, help=f"quantize the {'/'.join(quantizable)} model")
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch", type=int, help="fix the batch of every format at N")
     batch.add_argument("--dynamic-batch", action="store_true", help="symbolic batch in every format")
     parser.add_argument(
         "--onnx-via",
-        choices=("jax2onnx", "tflite"),
+        choices=routes_of("onnx"),
         default="jax2onnx",
-        help="ONNX route: jax2onnx (default) or tf2onnx from the .tflite",
+        help="ONNX route: jax2onnx (default) or, with TFLite's folder, tflite (tf2onnx from the .tflite)",
     )
     parser.add_argument("--atol", type=float, default=verify.ATOL, help=f"absolute tolerance (default {verify.ATOL})")
     parser.add_argument("--rtol", type=float, default=verify.RTOL, help=f"relative tolerance (default {verify.RTOL})")
@@ -86,7 +92,7 @@ def parse_args(argv=None):
         "--max-accuracy-drop",
         type=float,
         default=0.5,
-        help="quantized TFLite: allowed loss of the task's accuracy in points (default 0.5)",
+        help="a quantized model: allowed loss of the task's accuracy in points (default 0.5)",
     )
     parser.add_argument(
         "--val-examples",
@@ -138,8 +144,9 @@ def check_arguments(args, formats: list[str]) -> None:
     """Every option on its own, before anything is read or built."""
     if not formats or set(formats) - set(FORMATS):
         raise ConfigError(f"--formats {args.formats}: choose from {','.join(FORMATS)}")
-    if args.quantize and "tflite" not in formats:
-        raise ConfigError("--quantize applies to the TFLite model: add tflite to --formats")
+    quantizable = [f for f in FORMATS if args.quantize in DECLARED[f].quantizations]
+    if args.quantize and not set(quantizable) & set(formats):
+        raise ConfigError(f"--quantize applies to the {'/'.join(quantizable)} model: add it to --formats")
     if not args.name or "/" in args.name or args.name.startswith("."):
         raise ConfigError(f"--name {args.name!r}: expected a plain folder name")
     if len(os.fsencode(args.name)) > MAX_NAME:

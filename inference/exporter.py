@@ -28,26 +28,27 @@ from inference import verify
 from inference.inputs import Inputs, Outputs, random_inputs, shape_text
 from inference.predict import CONFIG, PREPROCESSING, run_batched
 from inference.report import MEASURES, fmt_size, markdown
-from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner
+from inference.routes import FORMATS as DECLARED
+from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner, routes_of
 from training.config.file import ConfigError
 from training.files import writes
 from training.step import loss_mask
 
 REPO = Path(__file__).resolve().parents[1]
-FORMATS = ("tflite", "onnx", "jax")
-SUFFIX = {"tflite": ".tflite", "onnx": ".onnx", "jax": ".jax"}
+FORMATS = tuple(DECLARED)  # those of `inference/formats/` (routes.py), in the export's order
+SUFFIX = {name: fmt.suffix for name, fmt in DECLARED.items()}
 LARGER_BATCH = 16  # the "larger size" a symbolic batch is checked at, besides 1
 
 
 @dataclass
 class Options:
     batch: int = 1
-    dynamic: dict = field(default_factory=lambda: {"tflite": False, "onnx": True, "jax": True})
+    dynamic: dict = field(default_factory=lambda: {name: fmt.dynamic for name, fmt in DECLARED.items()})
     quantize: str | None = None
     onnx_via: str = "jax2onnx"
     atol: float = verify.ATOL
     rtol: float = verify.RTOL
-    max_accuracy_drop: float = 0.5  # percentage points of the task's quality measure, quantized TFLite only
+    max_accuracy_drop: float = 0.5  # percentage points of the task's quality measure, a quantized format only
     seed: int = 0
 
 
@@ -283,33 +284,29 @@ def export_format(
 ) -> dict:
     """Exports one format into `folder`, reloads it and checks it; tries the other ONNX route if one fails.
     `outputs`: the model's named outputs when it has several (each a named output of the file)."""
-    if fmt == "onnx":
-        routes = [options.onnx_via, "tflite" if options.onnx_via == "jax2onnx" else "jax2onnx"]
-    else:
-        routes = {"tflite": ["litert"], "jax": ["jax.export"]}[fmt]
-    quantize = options.quantize if fmt == "tflite" else None
+    routes = routes_of(fmt, options.onnx_via if fmt == "onnx" else None)
+    quantize = options.quantize if options.quantize in DECLARED[fmt].quantizations else None
     path = folder / f"{name}{SUFFIX[fmt]}"
-    float_tflite = lambda: export_bytes("litert", fn, inputs, options.dynamic[fmt], outputs=outputs)  # noqa: E731
     errors = []
     for route in routes:
         start = time.perf_counter()
         try:
-            path.write_bytes(export_bytes(route, fn, inputs, options.dynamic[fmt], quantize, float_tflite, outputs))
+            path.write_bytes(export_bytes(route, fn, inputs, options.dynamic[fmt], quantize, outputs))
             seconds = time.perf_counter() - start
             runner = load_runner(path, inputs.names, threads, outputs)
             entry = check(runner, forward, inputs, validation, task, options, quantize is not None, id_bound, outputs)
         except Exception as error:  # any converter or runtime error: report it, try the other route if any
-            message = f"{ROUTES[route]}: {first_line(error)}"
+            message = f"{ROUTES[route].describes}: {first_line(error)}"
             errors.append(message)
             path.unlink(missing_ok=True)
             if route != routes[-1]:
-                log(f"{fmt}: {message}\n{fmt}: trying {ROUTES[routes[routes.index(route) + 1]]} instead")
+                log(f"{fmt}: {message}\n{fmt}: trying {ROUTES[routes[routes.index(route) + 1]].describes} instead")
             continue
         entry = {
             "format": fmt,
             "file": path.name,
             "bytes": path.stat().st_size,
-            "route": ROUTES[route],
+            "route": ROUTES[route].describes,
             "dynamic_batch": options.dynamic[fmt],
             "quantize": quantize,
             "export_seconds": round(seconds, 2),
@@ -459,15 +456,7 @@ def build_report(
     outputs: Outputs | None = None,
 ) -> dict:
     versions = {"jax": jax.__version__}
-    for package in (
-        "litert_converter",
-        "ai_edge_quantizer",
-        "ai_edge_litert",
-        "tensorflow",
-        "onnxruntime",
-        "jax2onnx",
-        "tf2onnx",
-    ):
+    for package in dict.fromkeys(p for route in ROUTES.values() for p in route.packages):
         module = sys.modules.get(package)  # only the converters and runtimes this export used
         if module is not None:
             versions[package] = getattr(module, "__version__", None) or distribution_version(package)

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from jax import export
 
+from inference.formats import Format, Route
 from inference.predict import Runner
 
 # Lowering for several platforms costs nothing and lets the same file run on a GPU host.
@@ -63,3 +64,11 @@ class JaxModel(Runner):
         named = self.named(x)
         out = self._call(*(named[i["name"]] for i in self.inputs))
         return self.result([np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else [out])])
+
+
+def _route(fn, specs, names, *, dynamic_batch, output_name, quantize):
+    return export_jax(fn, specs, dynamic_batch=dynamic_batch)  # a .jax file keeps no names
+
+
+FORMATS = (Format("jax", ".jax", dynamic=True, rank=20),)
+ROUTES = (Route("jax.export", "jax", "jax.export (StableHLO)", _route),)

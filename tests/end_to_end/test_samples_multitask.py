@@ -9,9 +9,11 @@ import json
 import numpy as np
 import pytest
 
+from inference import exporter
 from tests.conftest import make_idx_dataset
 from tests.end_to_end.samples import epochs_of, finite, sample_config
 from tests.end_to_end.test_train import ROOT, run
+from tests.inference.test_export_cli import PREDICTABLE
 from training.run.figures import plots
 
 
@@ -53,7 +55,7 @@ def test_mnist_multitask_sample(tmp_path):
     folder = out / "mt"
     report = json.loads((folder / "report.json").read_text())
     assert report["tasks"] == {"digit": "classification", "ink": "regression"}
-    assert [e["format"] for e in report["formats"]] == ["tflite", "onnx", "jax"]
+    assert [e["format"] for e in report["formats"]] == list(exporter.FORMATS)
     for entry in report["formats"]:
         assert [(o["name"], o["task"]) for o in entry["outputs"]] == [
             ("digit", "classification"),
@@ -67,7 +69,7 @@ def test_mnist_multitask_sample(tmp_path):
 
     batch = np.random.default_rng(0).standard_normal((2, 28, 28, 1)).astype(np.float32)
     np.save(tmp_path / "two.npy", batch)
-    for suffix in (".onnx", ".tflite"):
+    for suffix in PREDICTABLE:
         predicted = run(folder / "predict.py", folder / f"mt{suffix}", tmp_path / "two.npy")
         assert predicted.returncode == 0, predicted.stderr
         lines = predicted.stdout.splitlines()

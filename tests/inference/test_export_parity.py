@@ -3,9 +3,9 @@
 The cases come from the components themselves: a layer class's ``export_examples()`` beside it in model/modules, a
 model's ``@register("model", example=...)`` in model/model.py; a component declaring none is not in the matrix.
 
-Routes: TFLite with a fixed and with a dynamic batch (run in LiteRT), ONNX by jax2onnx with a symbolic batch and by
-tf2onnx from each .tflite (run in onnxruntime), and jax.export (deserialised and called). Fixed-batch artifacts run
-at their batch size, dynamic ones at 1 and a larger size; the check is numpy's allclose at atol = rtol = 1e-4 with
+Routes here: ONNX by jax2onnx with a symbolic batch (run in onnxruntime) and jax.export (deserialised and called);
+TFLite's (a fixed and a dynamic batch in LiteRT, and ONNX by tf2onnx from each .tflite) are checked the same way in
+tests/inference/tflite/, which goes with its folder. Fixed-batch artifacts run at their batch size, dynamic ones at 1 and a larger size; the check is numpy's allclose at atol = rtol = 1e-4 with
 finite outputs wherever JAX's are finite. Parameters are perturbed away from their initial values (unit scales,
 zero biases) so that every parameter matters.
 """
@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 
 from inference.formats.jax_export import JaxModel, export_jax
-from inference.formats.onnx_export import export_onnx, tflite_to_onnx
-from inference.formats.tflite_export import export_tflite
+from inference.formats.onnx_export import export_onnx
 from inference.inputs import Inputs, Outputs
-from inference.predict import OnnxModel, TFLiteModel
+from inference.predict import OnnxModel
 from model import model as samples
 from model.modules.module import Lambda, Module
 from model.registry import entries
@@ -82,8 +81,7 @@ CASES = {
     ),
 }
 
-ROUTES = ("tflite", "tflite_dynamic", "onnx", "onnx_via_tflite", "onnx_via_tflite_dynamic", "jax")
-DYNAMIC_ROUTES = {"tflite_dynamic", "onnx", "onnx_via_tflite_dynamic", "jax"}
+ROUTES = ("onnx", "jax")  # both with a symbolic batch
 
 # (case, route) pairs documented as unsupported (docs/export.md), each with its reason and the layer fix that
 # removes it. strict=True: once a fix lands, the XPASS fails and the entry must go.
@@ -166,31 +164,17 @@ def output_name(case):
     return "output" if outputs.single else outputs.names
 
 
-@functools.cache
-def tflite_bytes(case, dynamic):
-    _, inputs, _ = setup(case)
-    return export_tflite(
-        flat_fn(case), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=output_name(case)
-    )
-
-
 def load(case, route):
     _, inputs, _ = setup(case)
-    if route in ("tflite", "tflite_dynamic"):
-        return TFLiteModel(tflite_bytes(case, route == "tflite_dynamic"))
     if route == "onnx":
         return OnnxModel(export_onnx(flat_fn(case), inputs.specs, inputs.names, output_name=output_name(case)))
-    if route in ("onnx_via_tflite", "onnx_via_tflite_dynamic"):
-        return OnnxModel(
-            tflite_to_onnx(tflite_bytes(case, route.endswith("dynamic")), inputs.names, output_name=output_name(case))
-        )
     names = None if outputs_of(case).single else outputs_of(case).names
     return JaxModel(export_jax(flat_fn(case), inputs.specs), inputs.names, names)
 
 
-def params_for_matrix():
+def params_for_matrix(routes=ROUTES):
     for case in CASES:
-        for route in ROUTES:
+        for route in routes:
             reason = UNSUPPORTED.get((case, route))
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
             yield pytest.param(case, route, id=f"{case}-{route}", marks=marks)
@@ -198,9 +182,12 @@ def params_for_matrix():
 
 @pytest.mark.parametrize("case, route", list(params_for_matrix()))
 def test_export_matches_jax(case, route):
+    check_matches(case, route, load(case, route), dynamic=True)
+
+
+def check_matches(case, route, runner, dynamic: bool):
+    """The runner of `case` by `route` equals the JAX model: at batch FIXED, or where dynamic at each of DYNAMIC."""
     fn, named, inputs = setup(case)
-    runner = load(case, route)
-    dynamic = route in DYNAMIC_ROUTES
     given = {i["name"]: i for i in runner.inputs}
     assert sorted(given) == sorted(named.names)
     for name, spec in zip(named.names, named.specs):
@@ -218,20 +205,3 @@ def test_export_matches_jax(case, route):
             np.testing.assert_allclose(
                 got, want, atol=ATOL, rtol=RTOL, err_msg=f"{case} via {route}, output {name}, batch {n}"
             )
-
-
-# Quantized weights change the outputs by design: each is held to its own bound on max |diff| / max |JAX output|.
-QUANTIZED_BOUNDS = {"float16": 1e-2, "dynamic-int8": 1e-1}
-
-
-@pytest.mark.parametrize("quantize", QUANTIZED_BOUNDS)
-def test_quantized_tflite_is_smaller_and_close(quantize):
-    fn, named, inputs = setup("mnist_cnn")
-    model = export_tflite(named.flat_fn(fn), named.specs, named.names, quantize=quantize, output_name="output")
-    runner = TFLiteModel(model)
-    assert len(model) < len(tflite_bytes("mnist_cnn", False))
-    assert runner.names() == named.names and runner.output_name == "output"
-    x = inputs(FIXED, seed=0)
-    want, got = np.asarray(jax.jit(fn)(x)), runner(x)
-    assert np.isfinite(got).all()
-    assert np.abs(got - want).max() <= QUANTIZED_BOUNDS[quantize] * np.abs(want).max()

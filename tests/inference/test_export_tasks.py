@@ -17,7 +17,7 @@ from data_loader.loader import ArrayDataset, DataLoader
 from inference import convert_tflite, exporter
 from inference.inputs import Inputs
 from inference.predict import load_image
-from tests.inference.test_export_cli import PairNet
+from tests.inference.test_export_cli import PREDICTABLE, PairNet
 from training.run import checkpoint
 from utils import build, load_config
 
@@ -116,7 +116,7 @@ def test_language_model_exports_int_ids_and_generates_text(tmp_path):
         assert entry["validation"]["quality"] == entry["validation"]["jax_quality"]
     prep = json.loads((out / "preprocessing.json").read_text())
     assert prep["vocabulary"] == vocabulary and prep["inputs"][0]["dtype"] == "int32"
-    for suffix in (".onnx", ".tflite"):
+    for suffix in PREDICTABLE:
         done = subprocess.run(
             [
                 sys.executable,
