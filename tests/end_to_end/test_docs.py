@@ -149,7 +149,8 @@ def test_every_file_and_module_the_code_and_docs_name_exists():
             continue  # the new-project test names files it makes up
         text = path.read_text(errors="replace")
         for found in NAMED_PATH.findall(text):
-            if not (ROOT / found).exists():
+            # a test or a benchmark named for a developer may stay behind in a project made with new_project.py
+            if not (ROOT / found).exists() and not found.startswith(("tests/", "benchmarks/")):
                 stale.append(f"{name}: {found}")
         other_utils = re.search(r"^\s*from \w+ import utils\b", text, flags=re.M)  # e.g. tf2onnx's
         for found in NAMED_MODULE.findall(text):
