@@ -153,10 +153,11 @@ def test_every_file_and_module_the_code_and_docs_name_exists():
             if not (ROOT / found).exists() and not found.startswith(("tests/", "benchmarks/")):
                 stale.append(f"{name}: {found}")
         other_utils = re.search(r"^\s*from \w+ import utils\b", text, flags=re.M)  # e.g. tf2onnx's
+        probes = "find_spec(" in text  # a seam that looks for an optional part a project may have left out
         for found in NAMED_MODULE.findall(text):
             parts = found.split(".")
             if (parts[0] == "data_loader" and parts[1] in CONFIG_SECTIONS) or (parts[0] == "utils" and other_utils):
                 continue
-            if not names_a_thing_that_exists(found):
+            if not names_a_thing_that_exists(found) and not probes:
                 stale.append(f"{name}: {found}")
     assert not stale, stale
