@@ -20,12 +20,20 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
 
 TRANSFORM_STREAM = 0x7472616E  # keeps the transform's random numbers apart from the shuffling's
+# Each hand-over between the prefetch thread and the loop costs both threads tens of microseconds of host time (a
+# lock, a wake-up, the GIL), more than a small batch takes to make: batches (or stacks) made quicker than
+# PREFETCH_GROUP_S are handed over together, within a bound on the memory (on the device, once placed) they hold. A
+# batch slower to make than that goes alone, as soon as it is ready.
+PREFETCH_GROUP_S = 0.001
+PREFETCH_GROUP_ITEMS = 64
+PREFETCH_GROUP_BYTES = 4 * 2**20
 
 
 class Dataset(Protocol):
@@ -214,6 +222,7 @@ class DataLoader:
         order = self.order(epoch)
         index, count = (0, 1) if whole else self.share
         rows = slice(index * self.batch_size // count, (index + 1) * self.batch_size // count)
+        full = _constant(np.ones(self.batch_size, np.float32)[rows])  # every full batch's padding mask
         for b in range(start, len(self)):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             real = len(idx)
@@ -225,7 +234,7 @@ class DataLoader:
             if b == start:
                 check_batch(batch, len(idx))
             batch = dict(batch)  # the mask is added to a copy, never to the dataset's own dict
-            padding = (np.arange(self.batch_size) < real).astype(np.float32)[rows]
+            padding = full if real == self.batch_size else (np.arange(self.batch_size) < real).astype(np.float32)[rows]
             mask = batch.get("mask")
             if mask is None:
                 batch["mask"] = padding
@@ -249,14 +258,15 @@ class DataLoader:
 
         def produce():
             batches = self.batches(epoch, start)
+            active = _constant(np.ones(steps_per_call, np.float32))  # every full stack's
             while True:
                 group = [b for _, b in zip(range(steps_per_call), batches)]
                 if not group:
                     return
                 real = len(group)
                 group += [group[-1]] * (steps_per_call - real)
-                stack = _map(lambda *leaves: np.stack(leaves), *group)
-                stack["active"] = (np.arange(steps_per_call) < real).astype(np.float32)
+                stack = _map(lambda *leaves: np.stack(leaves) if len(leaves) > 1 else leaves[0][None], *group)
+                stack["active"] = active if real == steps_per_call else (np.arange(steps_per_call) < real) * active
                 yield real, put(stack)
 
         return _prefetch(produce(), self.prefetch)
@@ -279,8 +289,22 @@ def _pad_rows(batch: dict, rows: int) -> dict:
     return batch
 
 
+def _constant(array: np.ndarray) -> np.ndarray:
+    """An array shared by many batches, made once: read-only, so that a transform writing into it fails loudly."""
+    array.flags.writeable = False
+    return array
+
+
+def _nbytes(item) -> int:
+    if isinstance(item, (dict, tuple, list)):
+        return sum(_nbytes(v) for v in (item.values() if isinstance(item, dict) else item))
+    return getattr(item, "nbytes", 0)
+
+
 def _prefetch(iterator: Iterator, size: int) -> Iterator:
-    """Runs `iterator` in a daemon thread, `size` items ahead, re-raising its errors in the consumer."""
+    """Runs `iterator` in a daemon thread, `size` hand-overs ahead, re-raising its errors in the consumer. Items quick
+    to make are handed over in groups: up to PREFETCH_GROUP_S of the thread's work, PREFETCH_GROUP_BYTES and
+    PREFETCH_GROUP_ITEMS."""
     if size <= 0:
         yield from iterator
         return
@@ -288,17 +312,32 @@ def _prefetch(iterator: Iterator, size: int) -> Iterator:
     done = object()
     stop = threading.Event()
 
+    def hand(group: list) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(group, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def work():
         try:
+            group, began, item_bytes = [], time.perf_counter(), None
             for item in iterator:
-                while not stop.is_set():
-                    try:
-                        items.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                group.append(item)
+                item_bytes = _nbytes(item) if item_bytes is None else item_bytes  # every stack alike
+                if (
+                    time.perf_counter() - began < PREFETCH_GROUP_S
+                    and len(group) < PREFETCH_GROUP_ITEMS
+                    and (len(group) + 1) * item_bytes <= PREFETCH_GROUP_BYTES
+                ):
+                    continue
+                if not hand(group):
                     return
+                group, began = [], time.perf_counter()
+            if group and not hand(group):
+                return
             items.put(done)
         except BaseException as error:  # handed to the consumer
             items.put(error)
@@ -307,12 +346,12 @@ def _prefetch(iterator: Iterator, size: int) -> Iterator:
     thread.start()
     try:
         while True:
-            item = items.get()
-            if item is done:
+            group = items.get()
+            if group is done:
                 return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+            if isinstance(group, BaseException):
+                raise group
+            yield from group
     finally:
         # joined, not abandoned: a daemon thread still placing arrays on the device while the interpreter shuts
         # down (an error or Ctrl-C ending the run) crashes the process with SIGABRT/SIGSEGV instead of its status

@@ -3,7 +3,8 @@
 The trainer calls every callback's methods at five places, and nowhere else:
 
     on_train_start(trainer)               after the step is compiled, before the first epoch
-    on_step(trainer, step, values)        after each logged step (trainer.log_every), values as logged
+    on_step(trainer, step, values)        after each logged step (trainer.log_every), values as logged: when
+                                          the loop reads the logs, every 0.1 s or 64 steps (trainer.py, READ_EVERY_S)
     on_epoch_end(trainer, epoch, row)     after evaluation, before the checkpoint; may add entries to `row`
     on_checkpoint(trainer, names)         after a checkpoint's files were handed to the writer
     on_train_end(trainer)                 after the last epoch (or an early stop)
@@ -38,6 +39,7 @@ from model.registry import register
 from training import optimizers
 from training.files.writes import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
 from training.run.figures import plots
+from training.step import log_columns
 
 log = logging.getLogger("train")
 
@@ -123,7 +125,7 @@ class LRFinder(Callback):
         while len(losses) < self.steps and not diverged:
             for real, stack in trainer.train_loader.chunks(epoch, k, trainer.steps.put_stack):
                 ts, totals, logs = chunk(ts, totals, stack)
-                for loss in np.asarray(logs["loss"])[: -(-real // trainer.steps.accumulate)]:
+                for loss in log_columns(np.asarray(logs))["loss"][: -(-real // trainer.steps.accumulate)]:
                     losses.append(float(loss))
                     average = 0.98 * average + 0.02 * float(loss)
                     curve.append(average / (1 - 0.98 ** len(losses)))

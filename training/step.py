@@ -69,6 +69,10 @@ def batch_stats(metrics: Sequence, outputs, batch, per_example_loss, weights) ->
 
 
 AUGMENT_STREAM = 0x61756700  # augmentation draws from the run's key folded with this, never from dropout's keys
+# Each step's logs, the columns of the one float32 array a call returns them in: the host reads a call's logs in one
+# transfer, not one per name. "lr" is NaN when the step was given no schedule; "skipped" is 1 where float16's loss
+# scaling skipped the step (its gradients overflowed).
+LOGS = ("loss", "grad_norm", "lr", "skipped")
 
 
 def output_spec(model, params, state, batch: dict, augment=None):
@@ -105,8 +109,8 @@ class Update:
 
 
 def train_chunk(update: Update, ts: dict, totals: dict, stack: dict):
-    """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, per-step log values (K,)):
-    K steps in one ``lax.scan``.
+    """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, the K steps' logs as one
+    array (K, len(LOGS)): ``log_columns`` names them): K steps in one ``lax.scan``.
 
     N = ``accumulate`` loader batches make one step. An inactive loader batch (completing the epoch's last stack)
     adds nothing: with N = 1 its step leaves the state unchanged; with N > 1 its mask is zeroed, and a step with no
@@ -127,7 +131,12 @@ def train_chunk(update: Update, ts: dict, totals: dict, stack: dict):
     if n > 1:  # (K x N, ...) -> (K, N, ...): the loader's batches grouped into steps
         stack = jax.tree.map(lambda a: a.reshape(-1, n, *a.shape[1:]), stack)
     (ts, totals), logs = jax.lax.scan(body, (ts, totals), stack)
-    return ts, totals, logs
+    return ts, totals, jnp.stack([logs[name].astype(jnp.float32) for name in LOGS], axis=-1)
+
+
+def log_columns(logs) -> dict:
+    """``train_chunk``'s logs (K, len(LOGS)), on the device or read, by name: each (K,)."""
+    return {name: logs[..., i] for i, name in enumerate(LOGS)}
 
 
 def train_step(update: Update, ts: dict, batch: dict):
@@ -165,9 +174,9 @@ def train_step(update: Update, ts: dict, batch: dict):
         "opt_state": opt_state,
         "step": ts["step"] + 1,
     }
-    logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm}
-    if update.lr_fn is not None:
-        logs["lr"] = jnp.asarray(update.lr_fn(ts["step"]), jnp.float32)
+    lr = jnp.nan if update.lr_fn is None else update.lr_fn(ts["step"])
+    logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm, "lr": jnp.asarray(lr, jnp.float32)}
+    logs["skipped"] = jnp.zeros((), bool)
     if policy.scaled:  # an overflowed step changes nothing but the scale
         finite = jnp.isfinite(grad_norm)
         new_ts = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_ts, {**ts, "step": ts["step"] + 1})

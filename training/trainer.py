@@ -33,6 +33,7 @@ from training.devices import mesh, peaks, platform
 from training.metrics import metric_results
 from training.run.history import StepTrace
 from training.run.saving import Checkpoints
+from training.step import log_columns
 
 log = logging.getLogger("train")
 
@@ -40,6 +41,14 @@ log = logging.getLogger("train")
 # Several processes agree on a stop signal or a timed checkpoint (one blocking collective) about every this many
 # steps, and at each epoch's end: agreeing at every call would make each call wait for the slowest process.
 AGREE_EVERY_STEPS = 64
+# The loop reads the calls' logs (the divergence check, the step lines, trackers and callbacks, the live bar) every
+# READ_EVERY_S or READ_EVERY_STEPS steps, whichever comes first, whatever trainer.log_every, and takes every call
+# since the last read together: each read of device values, and each log record, costs the host more than a small
+# step's own dispatch (benchmarks/README.md, "The loop's own cost"). Step lines of quick steps so arrive in bursts ten
+# times a second; a diverged step is found within READ_EVERY_STEPS steps (a diverged state is never saved: the logs
+# are read before every checkpoint).
+READ_EVERY_S = 0.1
+READ_EVERY_STEPS = 64
 
 
 class TrainingDiverged(Exception):
@@ -204,7 +213,7 @@ class Trainer:
         steps, n, batches = self.steps, self.steps.accumulate, len(self.train_loader)
         totals = steps.empty_stats() if totals is None else jax.device_put(totals, steps.replicated)
         progress = Progress(self, epoch, first_step=int(self.train_state["step"]), skipped=start // n)
-        logs = OneCallLate(progress.check)
+        logs = OneCallLate(progress.check, progress.due)
         chunks = steps.calls(self.train_loader, epoch, start)  # at the steps per call measured for "auto"
         done, calls = start, 0  # loader batches of the epoch done; calls made by this train_epoch
         try:
@@ -293,41 +302,41 @@ class Trainer:
                 f"stopped; {self.checkpoints.kept()}"
             )
         factor = self.settings.divergence_factor
-        for i, loss in enumerate(losses):
-            if skipped[i]:
-                continue
-            if factor and 0 < self.min_loss and loss > factor * self.min_loss:
-                raise TrainingDiverged(
-                    f"diverging: loss {loss:.4g} at epoch {epoch}, step {first + i + 1} is above "
-                    f"trainer.divergence_factor {factor:g} x the lowest step loss "
-                    f"{self.min_loss:.4g}; training stopped; {self.checkpoints.kept()}"
-                )
-            self.min_loss = min(self.min_loss, float(loss))
+        # lowest[i]: the lowest loss before step i (skipped steps not counted); lowest[-1]: after them all
+        lowest = np.minimum.accumulate(np.concatenate([[self.min_loss], np.where(skipped, np.inf, losses)]))
+        over = np.flatnonzero(~skipped & (lowest[:-1] > 0) & (losses > factor * lowest[:-1])) if factor else []
+        if len(over):
+            i = over[0]
+            raise TrainingDiverged(
+                f"diverging: loss {losses[i]:.4g} at epoch {epoch}, step {first + i + 1} is above "
+                f"trainer.divergence_factor {factor:g} x the lowest step loss "
+                f"{lowest[i]:.4g}; training stopped; {self.checkpoints.kept()}"
+            )
+        self.min_loss = float(lowest[-1])
 
     def log_steps(self, epoch: int, logs: dict, first: int, examples_per_s: float, eta: float, console: bool) -> None:
-        """Every trainer.log_every-th step of `logs` (the steps after step `first`): a log line (``console``: at
-        INFO, else the progress bar shows the console and the line reaches train.log only), the trackers and the
-        callbacks."""
-        every, level = self.settings.log_every, logging.INFO if console else logging.DEBUG
-        for i in range(len(logs["loss"])):
-            step = first + i + 1
-            if step % every:
-                continue
+        """Every trainer.log_every-th step of `logs` (the steps after step `first`): the trackers, the callbacks and
+        a log line (``console``: at INFO, else the progress bar shows the console and the line reaches train.log
+        only); the lines of one read in one log record (each a line of train.log, ``run.cli.EachLine``)."""
+        every, level, lines = self.settings.log_every, logging.INFO if console else logging.DEBUG, []
+        for i in np.flatnonzero((first + 1 + np.arange(len(logs["loss"]))) % every == 0):
+            step = first + int(i) + 1
             values = {
                 "train/step_loss": float(logs["loss"][i]),
                 "train/lr": float(logs["lr"][i]) * self.lr_scale,
                 "train/grad_norm": float(logs["grad_norm"][i]),
             }
-            log.log(
-                level,
+            lines.append(
                 f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  lr {values['train/lr']:.3g}  "
                 f"grad_norm {values['train/grad_norm']:.3f}  {examples_per_s:.0f} ex/s  "
-                f"eta {int(eta) // 60}:{int(eta) % 60:02d}",
+                f"eta {int(eta) // 60}:{int(eta) % 60:02d}"
             )
             for tracker in self.trackers:
                 tracker.log_step(step, values)
             for callback in self.callbacks:
                 callback.on_step(self, step, values)
+        if lines:
+            log.log(level, "\n".join(lines))
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
         """The loss and metrics of `loader`'s batches under the evaluated parameters."""
@@ -376,21 +385,25 @@ class Trainer:
 
 
 class OneCallLate:
-    """Each call's logs are read once the next call is dispatched, so the host never waits for the step it just
-    started: ``add`` reads the previous call's, ``flush`` the last one's (before a save, and at the epoch's end)."""
+    """The calls' logs stay on the device until the loop wants them: ``add`` takes the logs of the call just
+    dispatched and, when ``due`` says so, reads the earlier calls' together (never the call just dispatched: the host
+    does not wait for the step it just started); ``flush`` reads them all (before a save, and at the epoch's end).
+    Each call's logs are one array (``step.LOGS``), so a read costs one transfer per call and one check in all."""
 
-    def __init__(self, read):
-        self.read, self.pending = read, None
+    def __init__(self, read, due):
+        self.read, self.due, self.pending = read, due, []
 
-    def add(self, logs, *place) -> None:
-        previous, self.pending = self.pending, (logs, *place)
-        if previous is not None:
-            self.read(*previous)
+    def add(self, logs, before: int, real: int) -> None:
+        """`logs` of the call that runs the epoch's `real` steps after its first `before`."""
+        self.pending.append((logs, before, real))
+        if len(self.pending) > 1 and self.due(before):
+            earlier, self.pending = self.pending[:-1], self.pending[-1:]
+            self.read(earlier)
 
     def flush(self) -> None:
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            self.read(*pending)
+        pending, self.pending = self.pending, []
+        if pending:
+            self.read(pending)
 
 
 class Progress:
@@ -403,7 +416,8 @@ class Progress:
 
         self.trainer, self.epoch, self.first_step, self.skipped = trainer, epoch, first_step, skipped
         self.steps_done = 0  # steps run by this epoch's calls so far
-        self.started = time.perf_counter()
+        self.read_to = 0  # steps of this epoch whose logs have been read
+        self.started = self.read_at = time.perf_counter()
         trainer.data_wait = 0.0
         self.bar = tqdm(
             total=trainer.steps.steps_per_epoch,
@@ -440,15 +454,26 @@ class Progress:
             self.trainer.trace.after(self.step, self.trainer.train_state)
         return before, real_steps
 
-    def check(self, logs: dict, before: int, real: int) -> None:
-        """A call's logs (its `real` steps after `before` of the epoch), read from the device: every value shown
-        comes from them, the learning rate included."""
+    def due(self, done: int) -> bool:
+        """Whether to read the logs of the epoch's first `done` steps now: the first call's (the start-up line), then
+        after READ_EVERY_S or READ_EVERY_STEPS steps."""
+        return (
+            not self.trainer.first_call_logged
+            or done - self.read_to >= READ_EVERY_STEPS
+            or time.perf_counter() - self.read_at >= READ_EVERY_S
+        )
+
+    def check(self, calls: list) -> None:
+        """The logs of consecutive calls ((logs, steps of the epoch before the call, its real steps) each), read from
+        the device: every value shown comes from them, the learning rate included."""
         trainer = self.trainer
-        logs = {k: v[:real] for k, v in jax.device_get(logs).items()}
+        logs = log_columns(np.concatenate([np.asarray(logs)[:real] for logs, _, real in calls]))
+        before, real = calls[0][1], len(logs["loss"])
+        self.read_to, self.read_at = before + real, time.perf_counter()
         if not trainer.first_call_logged:
             trainer.log_first_call(real)
         # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
-        skipped = logs["skipped"] if "skipped" in logs else np.zeros(real, bool)
+        skipped = logs["skipped"] > 0
         if skipped.any():
             log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
         first = self.first_step + before

@@ -168,8 +168,8 @@ def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, mo
             if previous:
                 finished_at_dispatch.append(previous[-1].is_ready())
             ts, totals, logs = chunk(ts, totals, stack)
-            logs = {**logs, "loss": logs["loss"] + slow(logs["loss"][0])}
-            previous.append(logs["loss"])
+            logs = logs + slow(logs[0, 0])
+            previous.append(logs)
             return ts, totals, logs
 
         trainer.steps.compiled_chunk = slowed

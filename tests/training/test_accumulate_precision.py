@@ -13,7 +13,7 @@ from model.modules.flatten import Flatten
 from model.modules.linear import Linear
 from model.modules.normalization import BatchNorm
 from model.modules.sequential import Sequential
-from training.step import make_train_chunk
+from training.step import log_columns, make_train_chunk
 from training.trainer import Trainer
 from utils import ConfigError, assemble, build, validate
 
@@ -168,7 +168,7 @@ def test_float16_loss_scaling_recovers_from_overflow(tmp_path):
         )
     )
     ts, _, logs = one(first.train_state, first.steps.empty_stats(), stack)
-    assert bool(logs["skipped"][0]) and float(ts["loss_scale"]["scale"]) == 2.0**39
+    assert bool(log_columns(logs)["skipped"][0]) and float(ts["loss_scale"]["scale"]) == 2.0**39
     for a, b in zip(
         jax.tree.leaves((ts["params"], ts["opt_state"])),
         jax.tree.leaves((first.train_state["params"], first.train_state["opt_state"])),
@@ -209,10 +209,14 @@ def test_bad_settings_are_config_errors(trainer, message):
         validate(config)
 
 
-def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path):
+def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path, monkeypatch):
     """Dropout on, 2 micro-batches per update, 2 updates per call: a stop asked for at step 6 (epoch 2) saves at the
-    next call boundary; the resumed run ends bit-identical to one never stopped."""
+    next call boundary; the resumed run ends bit-identical to one never stopped. (The loop reads the logs, and calls
+    ``on_step``, at every call here: by default it reads them in groups, so a stop asked from ``on_step`` comes up to
+    ``READ_EVERY_STEPS`` steps later.)"""
     import signal
+
+    monkeypatch.setattr("training.trainer.READ_EVERY_STEPS", 1)
 
     from training.callbacks import Callback
     from training.trainer import Stopped

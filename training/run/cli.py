@@ -27,6 +27,20 @@ CLOSED_PIPE = 128 + signal.SIGPIPE  # the shell's status for a writer whose read
 LOGGER_CONFIG = Path(__file__).resolve().parents[2] / "logger_config.json"
 
 
+class EachLine(logging.Formatter):
+    """A record of several lines (the loop logs the step lines of one read of the logs together) formatted as that
+    many records would be: each line with the format's prefix and suffix, so train.log keeps one timestamped line per
+    step. A traceback is formatted as usual."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if "\n" not in message or record.exc_info or record.stack_info:
+            return super().format(record)
+        around = super().format(logging.makeLogRecord({**record.__dict__, "msg": "\0", "args": None}))
+        before, after = around.split("\0", 1)
+        return "\n".join(before + line + after for line in message.split("\n"))
+
+
 class _NoFollow:
     """A log file opened to append, never through a link planted at its name (files.open_append)."""
 
