@@ -62,6 +62,7 @@ elif kind == "row":
     run_folder.append_row = append_row
 elif kind == "step":
     from training import trainer
+    trainer.READ_EVERY_STEPS = 1  # the logs read at every call, so that the signal lands during a known call
     real_check, sent = trainer.Trainer.check_losses, []
     def check_losses(self, epoch, losses, skipped, first):
         real_check(self, epoch, losses, skipped, first)
