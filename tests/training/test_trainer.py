@@ -93,3 +93,49 @@ def test_epoch_metrics_are_exact_over_padded_batches(tmp_path):
     np.testing.assert_array_equal(np.asarray(results["confusion_matrix"]), matrix)
     log_p = np.asarray(jax.nn.log_softmax(logits))
     assert results["loss"] == pytest.approx(float(-log_p[np.arange(70), y].mean()), rel=1e-5)
+
+
+def test_the_logs_of_quick_calls_are_read_together_and_every_step_keeps_its_line(tmp_path, monkeypatch, caplog):
+    """log_every 1 at one step per call: the loop reads the calls' logs in groups (every READ_EVERY_STEPS steps
+    here, the clock never due), not at each call; each step still has its line, in order, with its own loss and
+    learning rate; trackers see every step. The first call is read on its own (the start-up line)."""
+    import logging
+
+    from training import trainer as loop
+
+    monkeypatch.setattr(loop, "READ_EVERY_S", 1e9)
+    monkeypatch.setattr(loop, "READ_EVERY_STEPS", 3)
+    trainer = make_trainer(tmp_path, epochs=1, n=32 * 9)
+    reads, check = [], loop.Progress.check
+    monkeypatch.setattr(loop.Progress, "check", lambda self, calls: (reads.append(len(calls)), check(self, calls)))
+    seen = []
+    steps = type("Steps", (), {"log_step": lambda self, step, values: seen.append(step), "log_epoch": lambda *a: None})
+    trainer.trackers = [steps()]
+    with caplog.at_level(logging.DEBUG, logger="train"):
+        trainer.fit()
+    # 9 calls: the first alone, then 3 at a time (each read after the next call is dispatched), the last at the end
+    assert reads == [1, 3, 3, 2], reads
+    lines = [line for r in caplog.records for line in r.getMessage().splitlines() if line.startswith("epoch 1 step ")]
+    assert [int(line.split(" step ")[1].split(":")[0]) for line in lines] == list(range(1, 10))
+    assert seen == list(range(1, 10))
+    assert all("loss " in line and "lr 0.01" in line for line in lines)
+
+
+def test_a_record_of_several_lines_is_written_as_that_many_lines(tmp_path):
+    """train.log's format (run.cli.EachLine): every line of a multi-line record gets the prefix; a traceback stays as
+    Python writes it."""
+    import logging
+
+    from training.run.cli import EachLine
+
+    formatter = EachLine("%(levelname)s %(name)s: %(message)s [end]")
+    record = logging.LogRecord("train", logging.INFO, __file__, 1, "a %s\nb\nc", ("x",), None)
+    assert formatter.format(record) == "INFO train: a x [end]\nINFO train: b [end]\nINFO train: c [end]"
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        import sys
+
+        failed = logging.LogRecord("train", logging.ERROR, __file__, 1, "one\ntwo", None, sys.exc_info())
+    text = formatter.format(failed)
+    assert text.startswith("ERROR train: one\ntwo [end]\nTraceback") and "ValueError: bad" in text
