@@ -9,6 +9,7 @@ accelerators or several machines. Every shape and dtype of a batch comes from th
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from training.config.settings import Settings
 from training.devices import memory, mesh, platform
+from training.devices.packing import Packing
 from training.precision import policy_of
 from training.run import checkpoint
 from training.step import empty_stats, make_eval_step, make_train_chunk
@@ -73,6 +75,11 @@ def auto_steps_per_call(
     return k, why + (f" ({k}: the epoch's last call padded least)" if k != needed else "")
 
 
+def unpacked(chunk: Callable, packing: Packing, ts: dict, totals: dict, packed):
+    """``chunk`` of the stack that `packing` packed into `packed` (``CompiledSteps.place_stacks``)."""
+    return chunk(ts, totals, packing.unpack(packed, lead=2))
+
+
 class CompiledSteps:
     def __init__(self, run, settings: Settings, execution: str = "aot"):
         """``run``: the assembled run with its data loaded. ``execution``: "aot", compiled ahead of time for the
@@ -104,9 +111,9 @@ class CompiledSteps:
         self.timings, self.switching = [], None  # (host s, device s) of the timed calls; the chosen K's compilation
         self.chosen = None
         self.stats_template = None
-        # XLA:CPU, one process: the call places host arrays in one transfer (jax.device_put is slower per array)
-        self.host_arrays = jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu"
         self.shardings = {}  # of stacks and batches, by structure (``shardings_of``)
+        self.train_chunk = None
+        self.place_stacks(host_arrays=jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu")
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None
@@ -118,6 +125,29 @@ class CompiledSteps:
             donate_argnums=(2,),
             out_shardings=self.replicated,
         )
+
+    def place_stacks(self, host_arrays: bool) -> None:
+        """How stacks reach the devices. `host_arrays` (XLA:CPU, one process): as the host's arrays, which the
+        compiled call transfers itself in one go (``jax.device_put`` costs more per array than a small step).
+        Otherwise (accelerators, several processes) packed into one array each (``training/devices/packing.py``),
+        placed in one transfer and unpacked by the compiled call; leaf by leaf where a loader's leaves cannot be
+        packed (64-bit numbers). A change rebuilds the training call."""
+        self.host_arrays = host_arrays
+        packable = not host_arrays and Packing.supports(self.batch_spec)
+        self.packing = Packing(self.batch_spec, {"active": jnp.float32}) if packable else None
+        self.packed_sharding = NamedSharding(self.mesh, P(None, mesh.BATCH_AXES))
+        if self.train_chunk is not None:
+            self.jit_train_chunk()
+            self.compiling = None  # a compilation under way is for the other stacks: compile() starts anew
+
+    def stack_spec(self, k: int):
+        """The abstract stack of `k` loader batches as the training call takes it (the shardings included)."""
+        if self.packing is not None:
+            rows = jax.tree.leaves(self.batch_spec)[0].shape[0]
+            return jax.ShapeDtypeStruct((k, rows, self.packing.row_bytes), jnp.uint8, sharding=self.packed_sharding)
+        stack = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
+        stack["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
+        return mesh.with_shardings(stack, self.stack_sharding(stack))
 
     def jit_train_chunk(self, schedule_length: dict | None = None) -> None:
         """The training call; ``schedule_length``: a checkpoint's, which its resumed run's schedules keep counting."""
@@ -236,9 +266,12 @@ class CompiledSteps:
         return self.shardings[key]
 
     def put_stack(self, stack: dict) -> dict:
-        """This process's rows of a stack (its loader's share) placed as one global stack, all its arrays in one
-        call (see ``host_arrays``)."""
-        return stack if self.host_arrays else mesh.put_local(stack, self.stack_sharding(stack))
+        """This process's rows of a stack (its loader's share) placed as one global stack (``place_stacks``)."""
+        if self.host_arrays:
+            return stack
+        if self.packing is not None:
+            return mesh.put_local(self.packing.pack(stack, lead=2), self.packed_sharding)
+        return mesh.put_local(stack, self.stack_sharding(stack))
 
     def put_batch(self, batch: dict) -> dict:
         return batch if self.host_arrays else mesh.put_local(batch, self.batch_sharding(batch))
@@ -261,7 +294,8 @@ class CompiledSteps:
         """The K-step training call with `optimizer` (the config's, or the lr_finder's range) and its `lr_fn`."""
         run = self.run
         parts = (run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy)
-        return make_train_chunk(*parts, self.in_step, lr_fn)
+        chunk = make_train_chunk(*parts, self.in_step, lr_fn)
+        return chunk if self.packing is None else functools.partial(unpacked, chunk, self.packing)
 
     def start_compile(self, state_spec) -> None:
         """Starts compiling the training step from the state's abstract value on a worker thread: XLA compiles
@@ -274,11 +308,8 @@ class CompiledSteps:
 
     def compile_train_step(self, state_spec, steps_per_call: int | None = None):
         k = (steps_per_call or self.steps_per_call) * self.accumulate  # loader batches per call
-        stack_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), self.batch_spec)
-        stack_spec["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
-        stack_spec = mesh.with_shardings(stack_spec, self.stack_sharding(stack_spec))
         start = time.perf_counter()
-        compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), stack_spec).compile(
+        compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), self.stack_spec(k)).compile(
             platform.xla_options("train", jax.default_backend()) or None
         )
         return compiled, time.perf_counter() - start

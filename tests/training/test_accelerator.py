@@ -160,18 +160,14 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
     """Each sample's training step as XLA:GPU and TPU would compile it, lowered on this machine: no custom calls
     (host callbacks are custom calls too), no float64, and none of the XLA:CPU kernels (model/kernels: their
     optimization barriers and roundings) whatever JAX's default backend is."""
-    import jax
-    import jax.numpy as jnp
 
-    from training.devices.mesh import with_shardings
 
     for compute in ("float32", "bfloat16"):
         state = sample_train_state(path, tmp_path, compute)
+        state.place_stacks(host_arrays=False)  # as on an accelerator: each stack one packed array
+        assert state.packing is not None
         template = state.template()
-        k = state.steps_per_call * state.accumulate
-        stack = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), state.batch_spec)
-        stack["active"] = jax.ShapeDtypeStruct((k,), jnp.float32)
-        stack = with_shardings(stack, state.stack_sharding(stack))
+        stack = state.stack_spec(state.steps_per_call * state.accumulate)
         traced = state.train_chunk.trace(template, state.empty_stats(template), stack)
         for target in ("cuda", "tpu"):
             text = traced.lower(lowering_platforms=(target,)).as_text()
