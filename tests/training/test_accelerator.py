@@ -161,7 +161,6 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
     (host callbacks are custom calls too), no float64, and none of the XLA:CPU kernels (model/kernels: their
     optimization barriers and roundings) whatever JAX's default backend is."""
 
-
     for compute in ("float32", "bfloat16"):
         state = sample_train_state(path, tmp_path, compute)
         state.place_stacks(host_arrays=False)  # as on an accelerator: each stack one packed array
