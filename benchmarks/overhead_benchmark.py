@@ -27,13 +27,16 @@ console lines go to the terminal (or a pipe) as in ``train.py``; ``train.log`` t
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import pty
 import select
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 
@@ -207,6 +210,8 @@ def measure(variant: str, steps: int) -> dict:
         command = [sys.executable, __file__, "--child", variant, "--steps", str(steps), "--result", str(out)]
         if variant.endswith("+tty"):
             main_fd, terminal = pty.openpty()
+            # 100 columns: tqdm draws nothing on a terminal of none (a new pseudo-terminal's size)
+            fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
             process = subprocess.Popen(
                 command, cwd=REPO, env=child_env(), stdin=terminal, stdout=terminal, stderr=terminal, close_fds=True
             )

@@ -5,7 +5,6 @@ documented, nothing recompiles after the first epoch, and the platform defaults 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import logging
 import os
@@ -26,6 +25,8 @@ from training.trainer import Trainer
 from utils import ConfigError, assemble, validate
 
 REPO = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+
 TINY_MODELS = {
     # the reference CNN's layers (custom-VJP convolutions, reshape max pooling) at small widths
     "mnist_cnn": {"name": "mnist_cnn", "args": {"channels": [4, 8], "hidden": 16}},
@@ -134,23 +135,12 @@ def test_device_peaks_and_utilization():
     assert utilization(None, 1000.0, 1e12, 1) == ("unknown", "unknown")
 
 
-class Terminal(io.StringIO):
-    """stderr as a terminal: the loop then shows its live progress bar."""
-
-    def isatty(self) -> bool:
-        return True
-
-
-@pytest.mark.parametrize("log_every, terminal", [(1, False), (50, True), (1, True)])
-def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, monkeypatch, log_every, terminal):
-    """Nothing the loop shows (step lines, the bar's loss and learning rate, trackers) waits on the call just
-    dispatched: each call is made slow (its logs wait on ~0.1 s of matrix products queued behind it) and, when the
-    next call is dispatched, it has not finished yet. A loop that read a value of the running call (the learning
-    rate computed eagerly, say) would find every previous call finished."""
+def finished_at_each_dispatch(tmp_path, log_every: int) -> list[bool]:
+    """Trains 8 steps of mnist_cnn at one step per call, each call made slow (its logs wait on ~0.1 s of matrix
+    products queued behind it); for each call after the first, whether the previous one had finished when it was
+    dispatched."""
     trainer = make_trainer(tmp_path, TINY_MODELS["mnist_cnn"], 1, "r", epochs=1)
     trainer.settings = dataclasses.replace(trainer.settings, log_every=log_every)
-    if terminal:
-        monkeypatch.setattr(sys, "stderr", Terminal())
 
     @jax.jit
     def slow(loss):
@@ -174,10 +164,68 @@ def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, mo
 
         trainer.steps.compiled_chunk = slowed
 
-    monkeypatch.setattr(trainer.steps, "compile", compile_and_slow_down)
+    trainer.steps.compile = compile_and_slow_down
     trainer.fit()
-    assert len(finished_at_dispatch) == 7 and int(trainer.train_state["step"]) == 8
-    assert sum(finished_at_dispatch) <= 1, finished_at_dispatch  # one late thread wake-up on a busy machine at most
+    assert int(trainer.train_state["step"]) == 8
+    return finished_at_dispatch
+
+
+ON_A_TERMINAL = r"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, ".")
+from tests.end_to_end.test_performance import finished_at_each_dispatch
+assert sys.stderr.isatty()
+Path(sys.argv[1], "finished.json").write_text(json.dumps(finished_at_each_dispatch(Path(sys.argv[1]), int(sys.argv[2]))))
+"""
+
+
+def on_a_terminal(tmp_path, log_every: int) -> tuple[list[bool], str]:
+    """``finished_at_each_dispatch`` in a child process whose terminal is a pseudo-terminal (so the progress bar is
+    live, drawn by tqdm as a user sees it); with what the terminal showed."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    main_fd, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns (a new one has 0)
+    command = [sys.executable, "-c", ON_A_TERMINAL, str(tmp_path), str(log_every)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    child = subprocess.Popen(command, cwd=ROOT, env=env, stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    shown = b""
+    while True:
+        ready, _, _ = select.select([main_fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # the child's end closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        elif child.poll() is not None:
+            break
+    os.close(main_fd)
+    assert child.wait(timeout=60) == 0, shown.decode(errors="replace")[-3000:]
+    return json.loads((tmp_path / "finished.json").read_text()), shown.decode(errors="replace")
+
+
+@pytest.mark.parametrize("log_every, terminal", [(1, False), (50, True), (1, True)])
+def test_the_loop_dispatches_each_call_before_the_previous_one_ends(tmp_path, log_every, terminal):
+    """Nothing the loop shows (step lines, the live bar's loss and learning rate on a real pseudo-terminal, trackers)
+    waits on the call just dispatched: when each call is dispatched, the previous one has not finished yet. A loop
+    that read a value of the running call (the learning rate computed eagerly, say) would find every previous call
+    finished."""
+    if terminal:
+        finished, shown = on_a_terminal(tmp_path, log_every)
+        assert "epoch 1:" in shown and ("step/s" in shown or "s/step" in shown), shown[-2000:]  # tqdm's live bar
+    else:
+        finished = finished_at_each_dispatch(tmp_path, log_every)
+    assert len(finished) == 7
+    assert sum(finished) <= 1, finished  # one late thread wake-up on a busy machine at most
 
 
 @pytest.mark.parametrize(
