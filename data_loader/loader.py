@@ -18,6 +18,7 @@ inputs and read outputs (class names, per-channel mean/std, a vocabulary); it tr
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -260,7 +261,7 @@ class DataLoader:
             batches = self.batches(epoch, start)
             active = _constant(np.ones(steps_per_call, np.float32))  # every full stack's
             while True:
-                group = [b for _, b in zip(range(steps_per_call), batches)]
+                group = list(itertools.islice(batches, steps_per_call))
                 if not group:
                     return
                 real = len(group)

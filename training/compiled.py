@@ -112,8 +112,9 @@ class CompiledSteps:
         self.chosen = None
         self.stats_template = None
         self.shardings = {}  # of stacks and batches, by structure (``shardings_of``)
+        self.processes = jax.process_count()
         self.train_chunk = None
-        self.place_stacks(host_arrays=jax.process_count() == 1 and self.mesh.devices.flat[0].platform == "cpu")
+        self.place_stacks(host_arrays=self.processes == 1 and self.mesh.devices.flat[0].platform == "cpu")
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
         self.compiled_eval, self.eval_batch_size = None, None

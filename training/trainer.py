@@ -1,7 +1,7 @@
 """The training loop: epochs of jitted K-step calls, exact epoch metrics, early stopping, a stop at a step boundary.
 
 It reads top to bottom: ``fit`` runs the epochs; each runs ``train_epoch`` (the compiled K-step calls over the
-loader's stacks, each call's logs read once the next one is dispatched: ``OneCallLate``, ``Progress``), then
+loader's stacks, their logs read in groups and never the call just dispatched: ``OneCallLate``, ``Progress``), then
 ``end_epoch`` (evaluation, the row, the commit). One update, from train.py to its gradient: ``Trainer.fit`` ->
 ``Trainer.train_epoch`` -> the compiled call of ``step.train_chunk`` -> ``step.train_step`` -> ``step.micro_step``
 -> ``step.objective``.
@@ -357,7 +357,7 @@ class Trainer:
         only must not make them save, a collective, or stop alone), and agreeing is a blocking collective: they
         agree every ``AGREE_EVERY_STEPS`` steps' worth of calls (a count every process keeps alike), and at a save
         that checkpoint_every's steps make due for all. A stop asked of any process becomes every process's."""
-        if jax.process_count() == 1:
+        if self.steps.processes == 1:
             return self.stop_signal is not None or self.checkpoints.save_due(step)
         every = max(1, AGREE_EVERY_STEPS // self.steps.steps_per_call)
         if calls % every and not self.checkpoints.save_due(step, clock=False):
