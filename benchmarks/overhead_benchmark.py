@@ -7,7 +7,8 @@
 Variants, each measured in a fresh process (one epoch to warm up, then one timed epoch):
   bare               the reference: the Trainer's own compiled K = 1 step, called in a Python loop over numpy batches
                      (a fancy index of a random order), each placed as the Trainer places its stacks
-                     (``CompiledSteps.put_stack``); nothing read back until the end
+                     (``CompiledSteps.put_stack``); nothing read back until the end. Each K=1 variant's process also
+                     runs it, alternating epochs with the Trainer's (``SAME_PROCESS_PAIRS``): "same process" ratios
   K=1 log=1          the Trainer at 1 step per call, a step line (log, trackers, callbacks) every step
   K=1 log=50         ... every 50 steps (the default)
   auto log=1/50      the same at ``trainer.steps_per_call: "auto"``
@@ -32,6 +33,7 @@ import json
 import os
 import pty
 import select
+import statistics
 import struct
 import subprocess
 import sys
@@ -44,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 BATCH, FEATURES, CLASSES = 8, 16, 10
+SAME_PROCESS_PAIRS = 3  # bare and Trainer epochs alternated in each one-step-per-call variant's process
 TRAINER_VARIANTS = [(k, every) for k in (1, "auto") for every in (1, 50)]
 VARIANTS = ["bare"] + [f"K={k} log={every}{tty}" for k, every in TRAINER_VARIANTS for tty in ("", "+tty")] + ["place"]
 
@@ -111,9 +114,12 @@ def timed(fn) -> dict:
 
 
 def run_trainer(steps_per_call, log_every: int, steps: int) -> dict:
+    """The Trainer's epochs; at one step per call also the bare loop's, alternating in the same process (the
+    process-to-process spread of this machine, up to a fifth of a step, is then no part of the ratio)."""
     import jax
 
     trainer = trainer_for(steps_per_call, log_every, steps)
+    bare = bare_epoch(trainer, steps) if steps_per_call == 1 else None
 
     def epoch(number):
         def run():
@@ -124,15 +130,21 @@ def run_trainer(steps_per_call, log_every: int, steps: int) -> dict:
         return run
 
     epoch(1)()  # warm-up: the first call, the caches, the prefetch thread's first start
-    return {**timed(epoch(2)), "steps_per_call": trainer.steps.steps_per_call}
+    if bare is None:
+        return {**timed(epoch(2)), "steps_per_call": trainer.steps.steps_per_call}
+    bare(1)()
+    pairs = [(timed(bare(2 + 2 * i)), timed(epoch(3 + 2 * i))) for i in range(SAME_PROCESS_PAIRS)]
+    best = {key: min(t[key] for _, t in pairs) for key in ("cpu_us", "wall_us")}
+    best.update({f"bare_{key}": min(b[key] for b, _ in pairs) for key in ("cpu_us", "wall_us")})
+    return {**best, "steps_per_call": 1}
 
 
-def run_bare(steps: int) -> dict:
-    """The same compiled update in a plain loop: batches gathered from numpy and placed as the Trainer places them."""
+def bare_epoch(trainer, steps: int):
+    """The Trainer's compiled update (one step per call) in a plain loop: batches gathered from numpy and placed as
+    the Trainer places them; an epoch(number)() runs one epoch and returns its steps."""
     import jax
     import numpy as np
 
-    trainer = trainer_for(1, 50, steps)
     compiled, x, y = trainer.steps, *data(steps)
     step = compiled.compiled_chunk
     one, mask = np.ones(1, np.float32), np.ones((1, BATCH), np.float32)
@@ -151,6 +163,11 @@ def run_bare(steps: int) -> dict:
 
         return run
 
+    return epoch
+
+
+def run_bare(steps: int) -> dict:
+    epoch = bare_epoch(trainer_for(1, 50, steps), steps)
     epoch(1)()
     return {**timed(epoch(2)), "steps_per_call": 1}
 
@@ -265,9 +282,13 @@ def main(argv=None) -> int:
                 flush=True,
             )
     best = {v: {key: min(r[key] for r in rs) for key in ("cpu_us", "wall_us")} for v, rs in results.items()}
-    print(f"\n{args.steps} steps of {BATCH} examples per timed epoch; minimum of {args.rounds} interleaved rounds\n")
+    print(
+        f"\n{args.steps} steps of {BATCH} examples per timed epoch; minimum of {args.rounds} interleaved rounds "
+        "(same process: the median over the rounds of each process's ratio of its best epochs)\n"
+    )
     print(
         f"{'variant':16s} {'K':>4s} {'CPU us/step':>12s} {'wall us/step':>13s} {'CPU / bare':>11s} {'wall / bare':>12s}"
+        f" {'same process: CPU / bare':>25s} {'wall / bare':>12s}"
     )
     base = best.get("bare")
     for v in [v for v in variants if v != "place"]:
@@ -275,7 +296,12 @@ def main(argv=None) -> int:
         ratios = (
             f"{best[v]['cpu_us'] / base['cpu_us']:11.2f} {best[v]['wall_us'] / base['wall_us']:12.2f}" if base else ""
         )
-        print(f"{v:16s} {k:>4} {best[v]['cpu_us']:12.1f} {best[v]['wall_us']:13.1f} {ratios}")
+        same = ""
+        if "bare_cpu_us" in results[v][0]:  # the ratio in each process (best epoch to best epoch), their median
+            cpu = statistics.median(r["cpu_us"] / r["bare_cpu_us"] for r in results[v])
+            wall = statistics.median(r["wall_us"] / r["bare_wall_us"] for r in results[v])
+            same = f" {cpu:25.2f} {wall:12.2f}"
+        print(f"{v:16s} {k:>4} {best[v]['cpu_us']:12.1f} {best[v]['wall_us']:13.1f} {ratios}{same}")
     if "place" in results:
         floor = min(r["floor_cpu_us"] for r in results["place"])
         leaves = min(r["leaves_cpu_us"] for r in results["place"])

@@ -67,6 +67,8 @@ def _leaves(tree) -> list:
 
 def _map(fn: Callable, *trees):
     """fn over the leaves of nested dicts (numpy only: the loader never imports JAX)."""
+    if len(trees) == 1 and isinstance(trees[0], dict):  # every batch goes through here: the quick way for one
+        return {k: _map(fn, v) if isinstance(v, dict) else fn(v) for k, v in trees[0].items()}
     if isinstance(trees[0], dict):
         return {key: _map(fn, *(t[key] for t in trees)) for key in trees[0]}
     return fn(*trees)
@@ -266,7 +268,7 @@ class DataLoader:
                     return
                 real = len(group)
                 group += [group[-1]] * (steps_per_call - real)
-                stack = _map(lambda *leaves: np.stack(leaves) if len(leaves) > 1 else leaves[0][None], *group)
+                stack = _map(lambda a: a[None], group[0]) if steps_per_call == 1 else _map(lambda *a: np.stack(a), *group)
                 stack["active"] = active if real == steps_per_call else (np.arange(steps_per_call) < real) * active
                 yield real, put(stack)
 
