@@ -268,7 +268,10 @@ class DataLoader:
                     return
                 real = len(group)
                 group += [group[-1]] * (steps_per_call - real)
-                stack = _map(lambda a: a[None], group[0]) if steps_per_call == 1 else _map(lambda *a: np.stack(a), *group)
+                if steps_per_call == 1:
+                    stack = _map(lambda a: a[None], group[0])
+                else:
+                    stack = _map(lambda *a: np.stack(a), *group)
                 stack["active"] = active if real == steps_per_call else (np.arange(steps_per_call) < real) * active
                 yield real, put(stack)
 
