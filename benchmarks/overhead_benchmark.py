@@ -13,6 +13,8 @@ Variants, each measured in a fresh process (one epoch to warm up, then one timed
   K=1 log=50         ... every 50 steps (the default)
   auto log=1/50      the same at ``trainer.steps_per_call: "auto"``
   each of the four also "+tty": the process's terminal is a pseudo-terminal, so the live progress bar is shown
+  loop               the Trainer's loop alone: its compiled call replaced by a function that returns at once (the
+                     host work per step outside XLA), with the prefetch thread and with ``prefetch: 0``
   place              placing one stack (1 step of 8 examples) as an accelerator gets it: ``CompiledSteps.put_stack``
                      with its host-array shortcut of the CPU off (packed into one array, then one ``jax.device_put``),
                      and leaf by leaf (one ``jax.device_put`` of the stack's arrays), against the floor of one
@@ -48,7 +50,8 @@ sys.path.insert(0, str(REPO))
 BATCH, FEATURES, CLASSES = 8, 16, 10
 SAME_PROCESS_PAIRS = 3  # bare and Trainer epochs alternated in each one-step-per-call variant's process
 TRAINER_VARIANTS = [(k, every) for k in (1, "auto") for every in (1, 50)]
-VARIANTS = ["bare"] + [f"K={k} log={every}{tty}" for k, every in TRAINER_VARIANTS for tty in ("", "+tty")] + ["place"]
+VARIANTS = ["bare"] + [f"K={k} log={every}{tty}" for k, every in TRAINER_VARIANTS for tty in ("", "+tty")]
+VARIANTS += ["loop", "place"]
 
 
 def config(steps_per_call, log_every: int, save_dir: str) -> dict:
@@ -172,6 +175,30 @@ def run_bare(steps: int) -> dict:
     return {**timed(epoch(2)), "steps_per_call": 1}
 
 
+def run_loop(steps: int) -> dict:
+    """The Trainer's loop alone (one step per call, ``log_every`` 50): its compiled call replaced by a function that
+    returns at once, so what remains is the host work per step outside XLA (making and handing over the batches,
+    reading the logs, the bookkeeping), with the prefetch thread and without (``prefetch: 0``)."""
+    import jax.numpy as jnp
+
+    trainer = trainer_for(1, 50, steps)
+    trainer.train_epoch(1)
+    logs = jnp.zeros((1, 4))
+    trainer.steps.compiled_chunk = lambda ts, totals, stack: (ts, totals, logs)
+
+    def epoch(number, prefetch):
+        def run():
+            trainer.train_loader.prefetch = prefetch
+            trainer.train_epoch(number)
+            return steps
+
+        return run
+
+    threaded = min((timed(epoch(2 + i, 2)) for i in range(3)), key=lambda r: r["wall_us"])
+    inline = min((timed(epoch(5 + i, 0)) for i in range(3)), key=lambda r: r["wall_us"])
+    return {**threaded, "inline_cpu_us": inline["cpu_us"], "inline_wall_us": inline["wall_us"], "steps_per_call": 1}
+
+
 def run_place(steps: int) -> dict:
     """Per stack: ``put_stack`` on the accelerator path, and one device_put of one array of as many bytes."""
     import jax
@@ -207,6 +234,8 @@ def child(variant: str, steps: int) -> dict:
         return run_bare(steps)
     if variant == "place":
         return run_place(steps)
+    if variant == "loop":
+        return run_loop(steps)
     k, every = variant.removesuffix("+tty").split(" ")
     k = k.removeprefix("K=")
     return run_trainer(int(k) if k.isdigit() else k, int(every.removeprefix("log=")), steps)
@@ -291,7 +320,7 @@ def main(argv=None) -> int:
         f" {'same process: CPU / bare':>25s} {'wall / bare':>12s}"
     )
     base = best.get("bare")
-    for v in [v for v in variants if v != "place"]:
+    for v in [v for v in variants if v not in ("place", "loop")]:
         k = results[v][0]["steps_per_call"]
         ratios = (
             f"{best[v]['cpu_us'] / base['cpu_us']:11.2f} {best[v]['wall_us'] / base['wall_us']:12.2f}" if base else ""
@@ -302,6 +331,13 @@ def main(argv=None) -> int:
             wall = statistics.median(r["wall_us"] / r["bare_wall_us"] for r in results[v])
             same = f" {cpu:25.2f} {wall:12.2f}"
         print(f"{v:16s} {k:>4} {best[v]['cpu_us']:12.1f} {best[v]['wall_us']:13.1f} {ratios}{same}")
+    if "loop" in results:
+        inline = {key: min(r[f"inline_{key}"] for r in results["loop"]) for key in ("cpu_us", "wall_us")}
+        print(
+            f"\nthe loop alone (its compiled call returning at once): {best['loop']['cpu_us']:.1f} us CPU, "
+            f"{best['loop']['wall_us']:.1f} us wall per step with the prefetch thread; {inline['cpu_us']:.1f} us CPU, "
+            f"{inline['wall_us']:.1f} us wall making the batches on the loop's thread (prefetch 0)"
+        )
     if "place" in results:
         floor = min(r["floor_cpu_us"] for r in results["place"])
         leaves = min(r["leaves_cpu_us"] for r in results["place"])

@@ -99,3 +99,23 @@ def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch)
         "flip_horizontal",
         "normalize",
     ]
+
+
+def test_the_overhead_benchmark_runs_each_kind_of_variant():
+    """benchmarks/overhead_benchmark.py in a few steps: the bare loop, a Trainer variant on a pseudo-terminal (with the
+    bare loop in its own process), the loop alone and the placement, so that it keeps working between measurements."""
+    import subprocess
+
+    variants = "bare,K=1 log=1+tty,loop,place"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/overhead_benchmark.py", "--rounds", "1", "--steps", "40", "--variants", variants],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "K=1 log=1+tty" in out and "the loop alone" in out and "placing a stack" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("K=1 log=1+tty"))
+    assert len(row.split()) == 9, row  # variant (2 words), K, CPU, wall, 2 ratios, 2 same-process ratios
