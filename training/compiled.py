@@ -113,6 +113,7 @@ class CompiledSteps:
         self.stats_template = None
         self.shardings = {}  # of stacks and batches, by structure (``shardings_of``)
         self.processes = jax.process_count()
+        self.packed_sharding = NamedSharding(self.mesh, P(None, mesh.BATCH_AXES))  # (K, B, bytes): split as B
         self.train_chunk = None
         self.place_stacks(host_arrays=self.processes == 1 and self.mesh.devices.flat[0].platform == "cpu")
         self.compiling = None  # the training step's compilation under way (a Future)
@@ -136,7 +137,6 @@ class CompiledSteps:
         self.host_arrays = host_arrays
         packable = not host_arrays and Packing.supports(self.batch_spec)
         self.packing = Packing(self.batch_spec, {"active": jnp.float32}) if packable else None
-        self.packed_sharding = NamedSharding(self.mesh, P(None, mesh.BATCH_AXES))
         if self.train_chunk is not None:
             self.jit_train_chunk()
             self.compiling = None  # a compilation under way is for the other stacks: compile() starts anew

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 
 
@@ -20,44 +21,46 @@ class Packing:
     per-step leaves a stack adds (``per_step``: name -> dtype, e.g. ``{"active": float32}``)."""
 
     def __init__(self, batch_spec: dict, per_step: dict | None = None):
-        self.fields = []  # (path, per-example shape, dtype, start, stop, per_step) in row order
+        per_step = per_step or {}
+        tree = {**batch_spec, **{name: jax.ShapeDtypeStruct((), dtype) for name, dtype in per_step.items()}}
+        leaves, self.treedef = jax.tree.flatten(tree)
+        steps = self.treedef.flatten_up_to(
+            {**jax.tree.map(lambda _: False, batch_spec), **dict.fromkeys(per_step, True)}
+        )
+        self.fields = []  # (per-example shape, dtype, start, stop, per step), in the tree's leaf order
         start = 0
-        leaves = [(path, a.shape[1:], np.dtype(a.dtype), False) for path, a in _items(batch_spec)]
-        leaves += [((name,), (), np.dtype(dtype), True) for name, dtype in (per_step or {}).items()]
-        for path, shape, dtype, step in leaves:
+        for a, step in zip(leaves, steps):
+            dtype = np.dtype(a.dtype)
+            shape = () if step else a.shape[1:]
             stop = start + math.prod(shape) * dtype.itemsize
-            self.fields.append((path, shape, dtype, start, stop, step))
+            self.fields.append((shape, dtype, start, stop, step))
             start = stop
         self.row_bytes = start
 
     @staticmethod
     def supports(batch_spec: dict) -> bool:
         """Whether every leaf is a number of at most 4 bytes (what the devices hold without x64) or a bool."""
-        return all(np.dtype(a.dtype).kind in "biuf" and np.dtype(a.dtype).itemsize <= 4 for _, a in _items(batch_spec))
+        return all(
+            np.dtype(a.dtype).kind in "biuf" and np.dtype(a.dtype).itemsize <= 4 for a in jax.tree.leaves(batch_spec)
+        )
 
     def pack(self, tree: dict, lead: int) -> np.ndarray:
         """A host batch (`lead` = 1: (B, ...) leaves) or stack (2: (K, B, ...); per-step leaves (K,)) as one
         uint8 array (..., B, row_bytes)."""
-        first = tree
-        for key in self.fields[0][0]:
-            first = first[key]
-        axes = first.shape[:lead]
+        leaves = self.treedef.flatten_up_to(tree)
+        axes = next(leaf.shape[:lead] for leaf, field in zip(leaves, self.fields) if not field[4])
         out = np.empty((*axes, self.row_bytes), np.uint8)
-        for path, _, dtype, start, stop, step in self.fields:
-            leaf = tree
-            for key in path:
-                leaf = leaf[key]
+        for leaf, (_, dtype, start, stop, step) in zip(leaves, self.fields):
             raw = np.ascontiguousarray(leaf, dtype).view(np.uint8)
             out[..., start:stop] = raw.reshape(*axes[:-1], 1, -1) if step else raw.reshape(*axes, -1)
         return out
 
     def unpack(self, packed, lead: int) -> dict:
         """The tree ``pack`` was given, from its bytes on the devices (inside the compiled step)."""
-        import jax
         import jax.numpy as jnp
 
-        axes, tree = packed.shape[:lead], {}
-        for path, shape, dtype, start, stop, step in self.fields:
+        axes, leaves = packed.shape[:lead], []
+        for shape, dtype, start, stop, step in self.fields:
             raw = packed[..., start:stop]
             if dtype == np.bool_:
                 value = raw != 0
@@ -68,15 +71,5 @@ class Packing:
             value = value.reshape(*axes, *shape)
             if step:  # the same value in every row: any row's (a maximum is one reduction, whatever the sharding)
                 value = jnp.max(value, axis=lead - 1)
-            node = tree
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = value
-        return tree
-
-
-def _items(tree: dict, path: tuple = ()) -> list:
-    """(key path, leaf) of nested dicts, in their order."""
-    if isinstance(tree, dict):
-        return [item for key, value in tree.items() for item in _items(value, (*path, key))]
-    return [(path, tree)]
+            leaves.append(value)
+        return self.treedef.unflatten(leaves)
