@@ -10,7 +10,8 @@ Rows:
   each sample config (config.json, configs/*.json): `train.py` with at most --limit-batches batches per epoch of
       each split, over the config's epochs (a schedule's warm-up may be counted in them; --full: the whole run),
       in a fresh process; examples/s and MFU are the last epoch's row of its metrics.jsonl, as the `Trainer` logs
-      them (MFU against training/devices/peaks.py's table; "unknown" where the device is not in it, as on a CPU)
+      them (MFU against training/devices/peaks.py's table; "unknown" where the device is not in it, as on a CPU);
+      "steps per call" is what the run used, as its train.log says ("auto": the measured choice, and why)
   gpt2-small: the language-model sample at GPT-2 small's size (12 layers x 768, 12 heads, context 1024, batch 12:
       the shapes of nanoGPT's bench.py), computing in bfloat16 (`trainer.precision`)
   lm_benchmark / train_benchmark (not with --smoke), one round each, through those scripts (their docstrings say
@@ -84,6 +85,10 @@ def train(name: str, config: Path, overrides: list[str], limit: int | None, save
         return {"error": lines[-1]}
     (metrics,) = save_dir.glob(f"*/{name}/metrics.jsonl")
     row = read_metrics(metrics)[-1]
+    # steps per call: "auto"'s choice with its reason, else the compiled step's own line
+    said = [line.split(": ", 1)[-1] for line in (metrics.parent / "train.log").read_text().splitlines()]
+    said = [line for line in said if line.startswith(("compiled the training step (", "steps per call (auto):"))]
+    said.sort(key=lambda line: line.startswith("steps per call (auto):"))
     from utils import load_config
 
     context = load_config(config, overrides)["model"]["args"].get("context")
@@ -92,11 +97,37 @@ def train(name: str, config: Path, overrides: list[str], limit: int | None, save
         "unit": "tokens/s" if context else "examples/s",
         "rate": row["time/examples_per_s"] * (context or 1),
         "mfu": row.get("time/mfu", "unknown"),
+        "steps_per_call": steps_per_call(said[-1]) if said else "-",
     }
 
 
+def steps_per_call(line: str) -> str:
+    """A train.log line -> the table's cell: "steps per call (auto): 8; <why>" -> "8 (auto: <why>)", and
+    "compiled the training step (1 step(s) per call) in ..." -> "1"."""
+    if line.startswith("steps per call (auto):"):
+        k, _, why = line.removeprefix("steps per call (auto):").strip().partition("; ")
+        return f"{k} (auto: {why})"
+    return line.removeprefix("compiled the training step (").split(" ", 1)[0]
+
+
+def devices() -> dict:
+    """The device kind, its count and jax's version, asked of a child process: a parent that initialised the GPU
+    would hold most of its memory (JAX preallocates) for the whole run, and every run here is a child."""
+    ask = "import jax, json; print(json.dumps([jax.devices()[0].device_kind, jax.device_count(), jax.__version__]))"
+    done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True)
+    kind, count, version = json.loads(done.stdout.splitlines()[-1])
+    return {"kind": kind, "count": count, "jax": version}
+
+
 def peer(
-    script: str, flags: list[str], template: str, other: str, rate_key: str, out: Path, compute: str = "float32"
+    script: str,
+    flags: list[str],
+    template: str,
+    other: str,
+    rate_key: str,
+    out: Path,
+    device: dict,
+    compute: str = "float32",
 ) -> dict:
     """One round of a peer benchmark: the template's rate, its ratio to `other` (None when skipped) and its MFU (XLA's
     FLOP count per example or token over training/devices/peaks.py's peak of the devices for `compute`)."""
@@ -107,15 +138,13 @@ def peer(
         return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
     results = json.loads(out.read_text())["results"]
     results = results.get("cifar_resnet", results)  # train_benchmark nests by model
-    import jax
-
     from training.devices import peaks
 
     run = results[template][0]
     flops = run.get("flop_per_token") or 1e6 * run.get("mflop_per_example", 0) or None
-    peak = peaks.peak_flops(jax.devices()[0].device_kind, compute)
+    peak = peaks.peak_flops(device["kind"], compute)
     # the template's Trainer trains on every device, as train.py does
-    _, mfu = peaks.utilization(flops, run[rate_key], peak, jax.device_count())
+    _, mfu = peaks.utilization(flops, run[rate_key], peak, device["count"])
     ratio = run[rate_key] / results[other][0][rate_key] if results.get(other) else None
     return {"rate": run[rate_key], "unit": rate_key.replace("_per_s", "/s"), "ratio": ratio, "mfu": mfu}
 
@@ -125,14 +154,20 @@ def cell(value, form: str) -> str:
 
 
 def table(rows: dict[str, dict], device: str) -> str:
-    lines = ["| run | device | throughput | template / peer | MFU |", "| --- | --- | --- | --- | --- |"]
-    for name, r in rows.items():
-        if "error" in r:
-            lines.append(f"| {name} | {device} | failed: {r['error']} | - | - |")
-            continue
-        ratio = cell(r.get("ratio"), ".2f") if r.get("ratio") is not None else "-"
-        lines.append(f"| {name} | {device} | {r['rate']:,.0f} {r['unit']} | {ratio} | {cell(r['mfu'], '.1%')} |")
+    lines = [
+        "| run | device | throughput | template / peer | MFU | steps per call |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [row_line(name, r, device) for name, r in rows.items()]
     return "\n".join(lines)
+
+
+def row_line(name: str, r: dict, device: str) -> str:
+    if "error" in r:
+        return f"| {name} | {device} | failed: {r['error']} | - | - | - |"
+    ratio = cell(r.get("ratio"), ".2f") if r.get("ratio") is not None else "-"
+    rate = f"{r['rate']:,.0f} {r['unit']}"
+    return f"| {name} | {device} | {rate} | {ratio} | {cell(r['mfu'], '.1%')} | {r.get('steps_per_call', '-')} |"
 
 
 def main(argv=None) -> int:
@@ -141,18 +176,21 @@ def main(argv=None) -> int:
     if out.is_dir() or not out.parent.is_dir():  # said before minutes of training, not after
         print(f"error: --out {out}: expected a file in an existing folder", file=sys.stderr)
         return 2
-    import jax
-
-    device = jax.devices()[0].device_kind
+    found = devices()
+    device = found["kind"]
     limit = 3 if args.smoke else None if args.full else args.limit_batches
     rows = {}
+
+    def add(name: str, result: dict) -> None:  # each row as it is measured: a run cut short still shows them
+        rows[name] = result
+        print(row_line(name, result, device), flush=True)
+
     with tempfile.TemporaryDirectory(prefix="accelerator-run-") as tmp:
         for config in sample_configs():
             name = config.stem if config.parent.name == "configs" else "config"
-            rows[name] = train(name, config, [], limit, Path(tmp))
-        rows["gpt2-small" + (" (toy)" if args.smoke else "")] = train(
-            "gpt2-small", LM_SAMPLE, gpt2_overrides(args.smoke), limit or args.limit_batches, Path(tmp)
-        )
+            add(name, train(name, config, [], limit, Path(tmp)))
+        gpt2 = "gpt2-small" + (" (toy)" if args.smoke else "")
+        add(gpt2, train("gpt2-small", LM_SAMPLE, gpt2_overrides(args.smoke), limit or args.limit_batches, Path(tmp)))
         if not args.smoke:
             # nanoGPT as its train.py runs by default: compiled, and in bfloat16 where the template computes in it
             nanogpt = ["--nanogpt", args.nanogpt, "--compile"] if args.nanogpt else []
@@ -161,24 +199,28 @@ def main(argv=None) -> int:
                 ("gpt2-small", gpt2_overrides(False), "nanogpt-bf16"),
             ]:
                 variants = "template," + peer_variant if args.nanogpt else "template"
-                rows[f"lm_benchmark {name} vs nanoGPT"] = peer(
+                result = peer(
                     "lm_benchmark.py",
                     ["--variants", variants, *nanogpt, *[a for o in sets for a in ("--set", o)]],
                     "template",
                     peer_variant,
                     "tokens_per_s",
                     Path(tmp) / f"{name}.json",
+                    found,
                     "bfloat16" if sets else "float32",
                 )
-            rows["ResNet-20 vs PyTorch"] = peer(
+                add(f"lm_benchmark {name} vs nanoGPT", result)
+            result = peer(
                 "train_benchmark.py",
                 ["--models", "cifar_resnet", "--variants", "template,torch"],
                 "template",
                 "torch",
                 "images_per_s",
                 Path(tmp) / "train.json",
+                found,
             )
-    text = f"{device}, jax {jax.__version__}, {len(jax.devices())} device(s)\n\n{table(rows, device)}\n"
+            add("ResNet-20 vs PyTorch", result)
+    text = f"{device}, jax {found['jax']}, {found['count']} device(s)\n\n{table(rows, device)}\n"
     from training.files.writes import write_atomic
 
     write_atomic(Path(args.out), text.encode())

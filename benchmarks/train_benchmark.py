@@ -14,9 +14,9 @@ Variants (each measured in a fresh process, since platform defaults are per proc
                 thread, metric statistics accumulated, no checkpoints; platform defaults as `train.py` sets them
   fused         the bound: the same epoch in one jitted `lax.scan` call over batches already on the device
   flax          conventional: flax.linen model + optax, one jitted step per batch, Python loop, XLA defaults
-  torch         the peer a user would pick instead: the same network in PyTorch eager (NCHW, all cores), AdamW
-                with the same schedule and clipping, one step per batch; skipped with a note when torch is not
-                installed (it is never a requirement of the template)
+  torch         the peer a user would pick instead: the same network in PyTorch eager (NCHW; on the GPU where CUDA
+                is there, else all cores), AdamW with the same schedule and clipping, one step per batch; skipped
+                with a note when torch is not installed (it is never a requirement of the template)
   K=1           template with one step per call
   no-hugetlb    template without GLIBC_TUNABLES=glibc.malloc.hugetlb=1
   no-xla-opts   template without the per-executable XLA:CPU options
@@ -621,9 +621,9 @@ def torch_model(model_name: str):
 
 
 def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
-    """PyTorch eager on all cores: the same network and optimizer (AdamW with the config's schedule and clipping;
-    for the CIFAR sample SGD with Nesterov momentum and weight decay), batch 128; ``bf16``: the forward pass and
-    the loss under CPU autocast to bfloat16."""
+    """PyTorch eager on the GPU where CUDA is there, else on all cores: the same network and optimizer (AdamW with
+    the config's schedule and clipping; for the CIFAR sample SGD with Nesterov momentum and weight decay), batch 128;
+    ``bf16``: the forward pass and the loss under autocast to bfloat16."""
     import contextlib
 
     import torch
@@ -632,11 +632,12 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     config = bench_config(model_name, steps)
     loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
     normalize = host_normalize(config)
-    net = torch_model(model_name).train()
+    net = torch_model(model_name).to(device).train()
     sgd = peer_is_sgd(config)
     if sgd:
         optimizer = torch.optim.SGD(
@@ -647,9 +648,9 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, peer_schedule(config, len(loader)))
 
     def step(batch):
-        x = torch.from_numpy(normalize(batch["input"])).permute(0, 3, 1, 2).contiguous()
-        y = torch.from_numpy(batch["target"]).long()
-        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        x = torch.from_numpy(normalize(batch["input"])).permute(0, 3, 1, 2).contiguous().to(device)
+        y = torch.from_numpy(batch["target"]).long().to(device)
+        with torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             logits = net(x)
             loss = torch.nn.functional.cross_entropy(logits, y)
         optimizer.zero_grad(set_to_none=True)
@@ -663,7 +664,7 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
     for _, batch in zip(range(10), loader.batches(0)):  # warm up
         step(batch)
     start = time.perf_counter()
-    total = torch.zeros(2)
+    total = torch.zeros(2, device=device)
     for batch in loader.batches(1):
         total += step(batch)
     total.tolist()
@@ -673,6 +674,7 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
         "seconds": seconds,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "device": device,
         "params": sum(p.numel() for p in net.parameters()),
     }
 
