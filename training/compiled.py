@@ -310,10 +310,9 @@ class CompiledSteps:
     def compile_train_step(self, state_spec, steps_per_call: int | None = None):
         k = (steps_per_call or self.steps_per_call) * self.accumulate  # loader batches per call
         start = time.perf_counter()
-        compiled = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), self.stack_spec(k)).compile(
-            platform.xla_options("train", jax.default_backend()) or None
-        )
-        return compiled, time.perf_counter() - start
+        lowered = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), self.stack_spec(k))
+        compiled = lowered.compile(platform.xla_options("train", jax.default_backend()) or None)
+        return compiled, time.perf_counter() - start, lowered
 
     def compile(self, ts: dict) -> None:
         """Compiles the training step ahead of time for the loader's fixed batch shape (the evaluation step is
@@ -329,13 +328,17 @@ class CompiledSteps:
             return
         if self.compiling is None:
             self.start_compile(ts)
-        self.compiled_chunk, self.compile_seconds = self.compiling.result()
+        self.compiled_chunk, self.compile_seconds, lowered = self.compiling.result()
         self.compiling = None
         try:
-            cost = self.compiled_chunk.cost_analysis()
+            # The step as lowered, before XLA's passes: the model's FLOPs for the whole batch, the same on every
+            # backend and device count. The compiled program's count is not: XLA:GPU's leaves out the matrix
+            # products it hands to cuBLAS (on an H100, GPT-2 small counted ~1/6 of its FLOPs), and with several
+            # devices it counts one device's share with the partitioner's extra work. The scan over a call's
+            # steps (and over accumulated batches) counts its body once: one loader batch.
+            cost = lowered.cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-            # XLA reports one device's program and counts the scan body once: flops of one step on a device's shard
-            self.flops_per_example = float(cost["flops"]) / (self.run.loaders["train"].batch_size / self.mesh.size)
+            self.flops_per_example = float(cost["flops"]) / self.run.loaders["train"].batch_size
         except (KeyError, TypeError, IndexError, NotImplementedError):
             pass  # not every backend reports costs
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
@@ -422,7 +425,7 @@ class CompiledSteps:
 
     def switch(self) -> None:
         """The chosen steps per call from the next call on (waits for its compilation)."""
-        self.compiled_chunk, seconds = self.switching.result()
+        self.compiled_chunk, seconds, _ = self.switching.result()
         self.switching, self.steps_per_call = None, self.chosen
         log.info(f"compiled the training step ({self.steps_per_call} step(s) per call) in {seconds:.1f}s")
 

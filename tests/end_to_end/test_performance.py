@@ -20,7 +20,7 @@ import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
 from training.compiled import AUTO_CPU_CALL_S, AUTO_MAX_STEPS, AUTO_STACK_BYTES, auto_steps_per_call
-from training.devices import platform
+from training.devices import peaks, platform
 from training.trainer import Trainer
 from utils import ConfigError, assemble, validate
 
@@ -98,8 +98,41 @@ def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
     for ra, rb in zip(*rows):
         assert abs(ra["train/loss"] - rb["train/loss"]) < 1e-6 and ra["val/accuracy"] == rb["val/accuracy"]
         assert ra["time/peak_rss_mb"] > 0
-        # XLA's FLOP count x examples/s; no peak for the CPU in the table of device peaks
-        assert ra["time/model_flops_per_s"] > 0 and ra["time/mfu"] == "unknown"
+        # XLA's FLOP count x examples/s; a fraction of the device's peak where the table knows it (not a CPU's)
+        assert ra["time/model_flops_per_s"] > 0
+        if peaks.peak_flops(jax.devices()[0].device_kind, "float32") is None:
+            assert ra["time/mfu"] == "unknown"
+        else:
+            assert 0 < ra["time/mfu"] < 1
+
+
+MLP = {"name": "mlp", "args": {"num_classes": 10, "hidden": [32]}}
+FLOPS = r"""
+import sys, pathlib
+sys.path.insert(0, ".")
+from tests.end_to_end.test_performance import MLP, make_trainer
+trainer = make_trainer(pathlib.Path(sys.argv[1]), MLP, 3, "four")
+trainer.steps.compile(trainer.train_state)
+print(trainer.steps.mesh.size, trainer.steps.flops_per_example)
+"""
+
+
+def test_the_flop_count_is_the_models_whatever_the_devices_and_steps_per_call(tmp_path):
+    """MFU's numerator: at least the MLP's matrix products per example (forward 2(784*32 + 32*10), backward the
+    weight gradients and the hidden layer's input gradient), with the optimizer's and the metrics' elementwise work
+    over a batch of 16 on top, and the same count at 3 steps per call on 4 devices as at 1 step on 1 device (XLA's
+    count of the compiled program is one device's share, with the partitioner's own work)."""
+    trainer = make_trainer(tmp_path, MLP, 1, "one")
+    trainer.steps.compile(trainer.train_state)
+    matmuls = 2 * (784 * 32 + 32 * 10) + 2 * (784 * 32 + 2 * 32 * 10)
+    assert matmuls <= trainer.steps.flops_per_example < 2 * matmuls, trainer.steps.flops_per_example
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", FLOPS, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    devices, flops = done.stdout.split()
+    assert devices == "4" and float(flops) == pytest.approx(trainer.steps.flops_per_example, rel=1e-4)
 
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):

@@ -1,7 +1,8 @@
 """Model FLOP utilisation (MFU): the FLOP/s a run's model performs against the peak of the devices it runs on.
 
 ``utilization = XLA's FLOP estimate per training example x examples per second / (peak per device x devices)``, the
-definition of PaLM (Chowdhery et al. 2022, appendix B) with XLA's count of the compiled step instead of a formula.
+definition of PaLM (Chowdhery et al. 2022, appendix B) with XLA's count of the step as lowered (before XLA's passes,
+so the model's FLOPs on any backend and device count; ``CompiledSteps.compile``) instead of a formula.
 The peaks are the vendors' dense (no structured sparsity) tensor rates per device (one GPU, one TPU chip), in FLOP/s:
 
 - NVIDIA H100 SXM / PCIe / NVL, H200 SXM / NVL: the H100 and H200 datasheets (nvidia.com/en-us/data-center/h100,
