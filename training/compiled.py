@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from training.config.settings import Settings
-from training.devices import memory, mesh, platform
+from training.devices import memory, mesh, peaks, platform
 from training.devices.packing import Packing
 from training.precision import policy_of
 from training.run import checkpoint
@@ -310,9 +310,14 @@ class CompiledSteps:
     def compile_train_step(self, state_spec, steps_per_call: int | None = None):
         k = (steps_per_call or self.steps_per_call) * self.accumulate  # loader batches per call
         start = time.perf_counter()
-        lowered = self.train_chunk.lower(state_spec, self.empty_stats(state_spec), self.stack_spec(k))
-        compiled = lowered.compile(platform.xla_options("train", jax.default_backend()) or None)
-        return compiled, time.perf_counter() - start, lowered
+        traced = self.train_chunk.trace(state_spec, self.empty_stats(state_spec), self.stack_spec(k))
+        counting = None
+        if steps_per_call is None:  # MFU's FLOP count (seconds for a large model), made while XLA compiles
+            counter = ThreadPoolExecutor(1)
+            counting = counter.submit(peaks.step_flops, traced)
+            counter.shutdown(wait=False)
+        compiled = traced.lower().compile(platform.xla_options("train", jax.default_backend()) or None)
+        return compiled, time.perf_counter() - start, counting
 
     def compile(self, ts: dict) -> None:
         """Compiles the training step ahead of time for the loader's fixed batch shape (the evaluation step is
@@ -328,19 +333,10 @@ class CompiledSteps:
             return
         if self.compiling is None:
             self.start_compile(ts)
-        self.compiled_chunk, self.compile_seconds, lowered = self.compiling.result()
+        self.compiled_chunk, self.compile_seconds, counting = self.compiling.result()
         self.compiling = None
-        try:
-            # The step as lowered, before XLA's passes: the model's FLOPs for the whole batch, the same on every
-            # backend and device count. The compiled program's count is not: XLA:GPU's leaves out the matrix
-            # products it hands to cuBLAS (on an H100, GPT-2 small counted ~1/6 of its FLOPs), and with several
-            # devices it counts one device's share with the partitioner's extra work. The scan over a call's
-            # steps (and over accumulated batches) counts its body once: one loader batch.
-            cost = lowered.cost_analysis()
-            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-            self.flops_per_example = float(cost["flops"]) / self.run.loaders["train"].batch_size
-        except (KeyError, TypeError, IndexError, NotImplementedError):
-            pass  # not every backend reports costs
+        flops = counting.result()  # the scan over a call's steps (and over accumulated batches) counts once
+        self.flops_per_example = None if flops is None else flops / self.run.loaders["train"].batch_size
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
         auto = (
             f' while "auto" times the first {AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS} calls' if self.measuring else ""

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -170,15 +172,23 @@ def test_device_peaks_and_utilization():
 
 def finished_at_each_dispatch(tmp_path, log_every: int) -> list[bool]:
     """Trains 8 steps of mnist_cnn at one step per call, each call made slow (its logs wait on ~0.1 s of matrix
-    products queued behind it); for each call after the first, whether the previous one had finished when it was
-    dispatched."""
+    products queued behind it, as many as take that long on the device in use: 60 on a CPU took 0.1 ms on a GPU);
+    for each call after the first, whether the previous one had finished when it was dispatched."""
     trainer = make_trainer(tmp_path, TINY_MODELS["mnist_cnn"], 1, "r", epochs=1)
     trainer.settings = dataclasses.replace(trainer.settings, log_every=log_every)
 
     @jax.jit
-    def slow(loss):
+    def products(loss, n):
         m = jnp.full((384, 384), 1.0 / 384, jnp.float32) + loss * 0
-        return jax.lax.fori_loop(0, 60, lambda i, m: m @ m, m)[0, 0] - 1.0  # exactly 0: m @ m == m
+        return jax.lax.fori_loop(0, n, lambda i, m: m @ m, m)[0, 0] - 1.0  # exactly 0: m @ m == m
+
+    jax.block_until_ready(products(0.0, 1))  # compiled
+    start = time.perf_counter()
+    jax.block_until_ready(products(0.0, 60))
+    n = max(60, math.ceil(60 * 0.1 / (time.perf_counter() - start)))
+
+    def slow(loss):
+        return products(loss, n)
 
     finished_at_dispatch, previous = [], []
     compile_step = trainer.steps.compile

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.end_to_end.test_train import ROOT, data_dir, make_config, run  # noqa: F401
-from training.devices import platform
+from training.devices import peaks, platform
 from training.devices.accelerator import machine_accelerator
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
@@ -176,3 +176,7 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
                 assert mark not in text, f"{where}: {mark}"
         cpu = traced.lower(lowering_platforms=("cpu",)).as_text()  # the same trace keeps the kernels for the CPU
         assert "custom_call" not in cpu and "f64" not in cpu
+        # MFU's count is of the step as an accelerator compiles it: the module lowered for CUDA, here as on a GPU
+        counted = peaks.step_flops(traced)
+        assert counted and counted == peaks.flops_of(traced.lower(lowering_platforms=("cuda",))), (path, counted)
+        assert abs(peaks.flops_of(traced.lower(lowering_platforms=("tpu",))) / counted - 1) < 1e-3, path

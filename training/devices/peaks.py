@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 
+import jax
+
 TERA = 1e12
 
 # (pattern on the lowercased device kind, name, {compute dtype: dense peak FLOP/s}); the first match wins, so the
@@ -48,6 +50,33 @@ def peak_flops(device_kind: str, compute: str) -> float | None:
         if re.search(pattern, kind):
             return peaks["float32" if compute == "float32" else "bfloat16"]
     return None
+
+
+def step_flops(traced) -> float | None:
+    """XLA's FLOP count of a traced step as lowered for an accelerator, before XLA's passes: the model's FLOPs for
+    the whole batch, the same on every backend and device count; None where it cannot be had (JAX_PLATFORMS without
+    "cpu", a step that does not lower for CUDA on a CPU host).
+
+    A compiled program's count is not that: on an H100 the compiled GPT-2-small step counted about a sixth of the
+    FLOPs of its lowered form (which match 6N + 12LHQT, PaLM's formula), and with several devices it counts one
+    device's share plus the partitioner's work. On a CPU host the step is counted as lowered for CUDA, since
+    model/kernels' XLA:CPU formulations do work that is not the model's (ConvNeXt's depthwise convolutions as
+    shifted slices: +24%).
+    """
+    try:
+        on_cpu = jax.default_backend() == "cpu"
+        return flops_of(traced.lower(lowering_platforms=("cuda",)) if on_cpu else traced.lower())
+    except (ImportError, AttributeError, NotImplementedError, RuntimeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def flops_of(lowered) -> float:
+    """XLA's FLOP count of a lowered module, made by the CPU client whatever the devices it is for: JAX counts a
+    lowered module only on the CPU (``Lowered.cost_analysis`` is not implemented for the GPU and TPU plugins)."""
+    from jax._src.lib import _jax  # Lowered.cost_analysis's own call, given the CPU client
+
+    module = lowered.compiler_ir("hlo").as_hlo_module()
+    return float(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)["flops"])
 
 
 def utilization(flops_per_example: float | None, examples_per_s: float, peak_per_device: float | None, devices: int):
