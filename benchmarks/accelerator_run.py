@@ -1,17 +1,18 @@
 """Every sample and the peer benchmarks in one command, for the day an accelerator is there: writes a markdown table
 (sample or benchmark, device, throughput, ratio to its peer, MFU) for benchmarks/README.md and prints it.
 
-    python benchmarks/accelerator_run.py                          # samples for 50 batches, GPT-2 small, the peers
+    python benchmarks/accelerator_run.py                          # samples for 2 x 200 batches, GPT-2 small, peers
     python benchmarks/accelerator_run.py --nanogpt ~/src/nanoGPT  # add nanoGPT's model.py as the language model's peer
     python benchmarks/accelerator_run.py --full                   # each sample's whole configured run
     python benchmarks/accelerator_run.py --smoke                  # on the CPU in seconds: tiny runs, no peers
 
 Rows:
-  each sample config (config.json, configs/*.json): `train.py` with at most --limit-batches batches per epoch of
-      each split, over the config's epochs (a schedule's warm-up may be counted in them; --full: the whole run),
-      in a fresh process; examples/s and MFU are the last epoch's row of its metrics.jsonl, as the `Trainer` logs
-      them (MFU against training/devices/peaks.py's table; "unknown" where the device is not in it, as on a CPU);
-      "steps per call" is what the run used, as its train.log says ("auto": the measured choice, and why)
+  each sample config (config.json, configs/*.json): `train.py` for two epochs of at most --limit-batches batches
+      of each split (--full: the whole configured run), in a fresh process; examples/s and MFU are the last
+      epoch's row of its metrics.jsonl, as the `Trainer` logs them: the second epoch, after the compilation,
+      "auto"'s measurement of steps per call and the first evaluation (MFU against training/devices/peaks.py's
+      table; "unknown" where the device is not in it, as on a CPU); "steps per call" is what the run used, as its
+      train.log says ("auto": the measured choice, and why)
   gpt2-small: the language-model sample at GPT-2 small's size (12 layers x 768, 12 heads, context 1024, batch 12:
       the shapes of nanoGPT's bench.py), computing in bfloat16 (`trainer.precision`)
   lm_benchmark / train_benchmark (not with --smoke), one round each, through those scripts (their docstrings say
@@ -41,7 +42,7 @@ GPT2_TOY = (1, 32, 2, 32, 4)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit-batches", type=int, default=50, help="at most N batches per epoch and split")
+    parser.add_argument("--limit-batches", type=int, default=200, help="at most N batches per epoch and split")
     parser.add_argument("--full", action="store_true", help="each sample's whole configured run instead")
     parser.add_argument("--smoke", action="store_true", help="CPU check: 3 batches, a toy GPT-2, no peer benchmarks")
     parser.add_argument("--nanogpt", help="a checkout of nanoGPT, for lm_benchmark's nanogpt variant")
@@ -76,8 +77,8 @@ def train(name: str, config: Path, overrides: list[str], limit: int | None, save
 
     command = [sys.executable, str(REPO / "train.py"), "-c", str(config), "--run-id", name]
     command += ["--set", f"trainer.save_dir={json.dumps(str(save_dir))}"] + [a for o in overrides for a in ("--set", o)]
-    if limit is not None:
-        command += ["--limit-batches", str(limit)]
+    if limit is not None:  # the second epoch is the one measured
+        command += ["--limit-batches", str(limit), "--set", "trainer.epochs=2"]
     print(f"{name}: {' '.join(command[1:])}", flush=True)
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
