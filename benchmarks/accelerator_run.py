@@ -19,6 +19,9 @@ Rows:
       what each variant is): the language-model sample and gpt2-small against nanoGPT under torch.compile (with
       --nanogpt; gpt2-small against its bfloat16 autocast) and ResNet-20 against PyTorch eager (with torch
       installed); "template / peer" is their ratio, and a skipped peer leaves it "-"
+  the loop (not with --smoke): overhead_benchmark.py's Trainer at one step per call (log_every 50 and 1) and at
+      "auto" against a bare jit loop of the same compiled update, an MLP of 8 examples (2 rounds, wall time)
+--only picks groups of rows (samples, gpt2, lm, resnet, overhead), for a short lease on a lent machine.
 A sample whose data cannot be had (CIFAR-10 downloads it) gets its error as the row, and the rest still run.
 """
 
@@ -38,6 +41,11 @@ LM_SAMPLE = REPO / "configs" / "shakespeare_char.json"
 # (layers, width, heads, context, batch): GPT-2 small as nanoGPT's bench.py trains it; --smoke: a toy of the same code
 GPT2_SMALL = (12, 768, 12, 1024, 12)
 GPT2_TOY = (1, 32, 2, 32, 4)
+# the rows, in groups a short session on a lent machine can pick from (--only); --smoke runs no peers
+GROUPS = ("samples", "gpt2", "lm", "resnet", "overhead")
+PEERS = ("lm", "resnet", "overhead")
+# overhead_benchmark's Trainer settings reported here, each against the bare jit loop in the same run
+OVERHEAD = ("K=1 log=50", "K=1 log=1", "K=auto log=50")
 
 
 def parse_args(argv=None):
@@ -47,9 +55,16 @@ def parse_args(argv=None):
     parser.add_argument("--smoke", action="store_true", help="CPU check: 3 batches, a toy GPT-2, no peer benchmarks")
     parser.add_argument("--nanogpt", help="a checkout of nanoGPT, for lm_benchmark's nanogpt variant")
     parser.add_argument("--out", default="accelerator_run.md", help="where the table goes (default: %(default)s)")
+    parser.add_argument(
+        "--only", default=",".join(GROUPS), help=f"a comma-separated subset of {', '.join(GROUPS)} (default: all)"
+    )
     args = parser.parse_args(argv)
     if args.limit_batches < 1:
         parser.error(f"--limit-batches: expected a positive number of batches, got {args.limit_batches}")
+    args.only = [g.strip() for g in args.only.split(",") if g.strip()]
+    unknown = [g for g in args.only if g not in GROUPS]
+    if unknown or not args.only:
+        parser.error(f"--only: expected some of {', '.join(GROUPS)}, got {', '.join(unknown) or 'nothing'}")
     return args
 
 
@@ -150,6 +165,31 @@ def peer(
     return {"rate": run[rate_key], "unit": rate_key.replace("_per_s", "/s"), "ratio": ratio, "mfu": mfu}
 
 
+def overhead(out: Path) -> dict[str, dict]:
+    """overhead_benchmark.py's Trainer settings against its bare jit loop (2 rounds of 2000 steps, wall time): a row
+    each, "template / peer" the Trainer's rate over the bare loop's (the loop's own cost: 1 / its ratio of times)."""
+    variants = ",".join(("bare", *OVERHEAD))
+    command = [sys.executable, str(REPO / "benchmarks" / "overhead_benchmark.py"), "--rounds", "2"]
+    command += ["--variants", variants, "--out", str(out)]
+    print(" ".join(command[1:]), flush=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        error = {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+        return {f"the loop, {v}, vs a bare jit loop": error for v in OVERHEAD}
+    measured = json.loads(out.read_text())
+    best, bare = measured["best"], measured["best"]["bare"]["wall_us"]
+    return {
+        f"the loop, {v}, vs a bare jit loop": {
+            "rate": 1e6 / best[v]["wall_us"],
+            "unit": "steps/s",
+            "ratio": bare / best[v]["wall_us"],
+            "mfu": "-",
+            "steps_per_call": measured["results"][v][0]["steps_per_call"],
+        }
+        for v in OVERHEAD
+    }
+
+
 def cell(value, form: str) -> str:
     return format(value, form) if isinstance(value, (int, float)) else str(value)
 
@@ -186,15 +226,18 @@ def main(argv=None) -> int:
         rows[name] = result
         print(row_line(name, result, device), flush=True)
 
+    groups = [g for g in args.only if not (args.smoke and g in PEERS)]
     with tempfile.TemporaryDirectory(prefix="accelerator-run-") as tmp:
-        for config in sample_configs():
+        for config in sample_configs() if "samples" in groups else []:
             name = config.stem if config.parent.name == "configs" else "config"
             add(name, train(name, config, [], limit, Path(tmp)))
-        gpt2 = "gpt2-small" + (" (toy)" if args.smoke else "")
-        add(gpt2, train("gpt2-small", LM_SAMPLE, gpt2_overrides(args.smoke), limit or args.limit_batches, Path(tmp)))
-        if not args.smoke:
-            # nanoGPT as its train.py runs by default: compiled, and in bfloat16 where the template computes in it
-            nanogpt = ["--nanogpt", args.nanogpt, "--compile"] if args.nanogpt else []
+        if "gpt2" in groups:
+            gpt2 = "gpt2-small" + (" (toy)" if args.smoke else "")
+            overrides = gpt2_overrides(args.smoke)
+            add(gpt2, train("gpt2-small", LM_SAMPLE, overrides, limit or args.limit_batches, Path(tmp)))
+        # nanoGPT as its train.py runs by default: compiled, and in bfloat16 where the template computes in it
+        nanogpt = ["--nanogpt", args.nanogpt, "--compile"] if args.nanogpt else []
+        if "lm" in groups:
             for name, sets, peer_variant in [
                 ("shakespeare_char", [], "nanogpt"),
                 ("gpt2-small", gpt2_overrides(False), "nanogpt-bf16"),
@@ -211,6 +254,7 @@ def main(argv=None) -> int:
                     "bfloat16" if sets else "float32",
                 )
                 add(f"lm_benchmark {name} vs nanoGPT", result)
+        if "resnet" in groups:
             result = peer(
                 "train_benchmark.py",
                 ["--models", "cifar_resnet", "--variants", "template,torch"],
@@ -221,6 +265,9 @@ def main(argv=None) -> int:
                 found,
             )
             add("ResNet-20 vs PyTorch", result)
+        if "overhead" in groups:
+            for name, result in overhead(Path(tmp) / "overhead.json").items():
+                add(name, result)
     text = f"{device}, jax {found['jax']}, {found['count']} device(s)\n\n{table(rows, device)}\n"
     from training.files.writes import write_atomic
 

@@ -290,6 +290,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2000, help="steps per timed epoch")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", help="also write the raw results and each variant's minimum here (JSON)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -311,6 +312,8 @@ def main(argv=None) -> int:
                 flush=True,
             )
     best = {v: {key: min(r[key] for r in rs) for key in ("cpu_us", "wall_us")} for v, rs in results.items()}
+    if args.out:
+        Path(args.out).write_text(json.dumps({"results": results, "best": best}, indent=1))
     print(
         f"\n{args.steps} steps of {BATCH} examples per timed epoch; minimum of {args.rounds} interleaved rounds "
         "(same process: the median over the rounds of each process's ratio of its best epochs)\n"

@@ -27,3 +27,12 @@ def test_smoke_run_writes_a_row_per_sample_with_its_throughput(tmp_path):
             assert rows[name][4].rstrip(" |") == "unknown", rows[name]  # no peak FLOP/s for a CPU
     assert re.fullmatch(r"[\d,]+ tokens/s", rows["gpt2-small (toy)"][2])
     assert "lm_benchmark" not in out.read_text()  # --smoke runs no peers
+
+
+def test_only_names_its_groups_and_refuses_others():
+    script = ROOT / "benchmarks" / "accelerator_run.py"
+    done = subprocess.run([sys.executable, str(script), "--only", "samples,bogus"], capture_output=True, text=True)
+    assert (
+        done.returncode == 2
+        and "--only: expected some of samples, gpt2, lm, resnet, overhead, got bogus" in done.stderr
+    )
