@@ -1,18 +1,18 @@
 """Every sample and the peer benchmarks in one command, for the day an accelerator is there: writes a markdown table
 (sample or benchmark, device, throughput, ratio to its peer, MFU) for benchmarks/README.md and prints it.
 
-    python benchmarks/accelerator_run.py                          # samples for 2 x 200 batches, GPT-2 small, peers
+    python benchmarks/accelerator_run.py                          # samples at 200 batches an epoch, GPT-2, peers
     python benchmarks/accelerator_run.py --nanogpt ~/src/nanoGPT  # add nanoGPT's model.py as the language model's peer
     python benchmarks/accelerator_run.py --full                   # each sample's whole configured run
     python benchmarks/accelerator_run.py --smoke                  # on the CPU in seconds: tiny runs, no peers
 
 Rows:
-  each sample config (config.json, configs/*.json): `train.py` for two epochs of at most --limit-batches batches
-      of each split (--full: the whole configured run), in a fresh process; examples/s and MFU are the last
-      epoch's row of its metrics.jsonl, as the `Trainer` logs them: the second epoch, after the compilation,
-      "auto"'s measurement of steps per call and the first evaluation (MFU against training/devices/peaks.py's
-      table; "unknown" where the device is not in it, as on a CPU); "steps per call" is what the run used, as its
-      train.log says ("auto": the measured choice, and why)
+  each sample config (config.json, configs/*.json): `train.py` over the config's epochs (two where it has one) of
+      at most --limit-batches batches of each split (--full: the whole configured run), in a fresh process;
+      examples/s and MFU are the last epoch's row of its metrics.jsonl, as the `Trainer` logs them: an epoch after
+      the compilation, "auto"'s measurement of steps per call and the first evaluation (MFU against
+      training/devices/peaks.py's table; "unknown" where the device is not in it, as on a CPU); "steps per call" is
+      what the run used, as its train.log says ("auto": the measured choice, and why)
   gpt2-small: the language-model sample at GPT-2 small's size (12 layers x 768, 12 heads, context 1024, batch 12:
       the shapes of nanoGPT's bench.py), computing in bfloat16 (`trainer.precision`)
   lm_benchmark / train_benchmark (not with --smoke), one round each, through those scripts (their docstrings say
@@ -89,11 +89,15 @@ def gpt2_overrides(smoke: bool) -> list[str]:
 def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
     """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
     from training.files.reads import read_metrics
+    from utils import load_config
 
+    settings = load_config(config, overrides)
     command = [sys.executable, str(REPO / "train.py"), "-c", str(config), "--run-id", name]
     command += ["--set", f"trainer.save_dir={json.dumps(str(save_dir))}"] + [a for o in overrides for a in ("--set", o)]
-    if limit is not None:  # the second epoch is the one measured
-        command += ["--limit-batches", str(limit), "--set", "trainer.epochs=2"]
+    if limit is not None:
+        command += ["--limit-batches", str(limit)]
+        if settings["trainer"]["epochs"] < 2:  # the last epoch is measured: one after the compilation
+            command += ["--set", "trainer.epochs=2"]
     print(f"{name}: {' '.join(command[1:])}", flush=True)
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
@@ -105,9 +109,7 @@ def train(name: str, config: Path, overrides: list[str], limit: int | None, save
     said = [line.split(": ", 1)[-1] for line in (metrics.parent / "train.log").read_text().splitlines()]
     said = [line for line in said if line.startswith(("compiled the training step (", "steps per call (auto):"))]
     said.sort(key=lambda line: line.startswith("steps per call (auto):"))
-    from utils import load_config
-
-    context = load_config(config, overrides)["model"]["args"].get("context")
+    context = settings["model"]["args"].get("context")
     return {
         "examples_per_s": row["time/examples_per_s"],
         "unit": "tokens/s" if context else "examples/s",
