@@ -86,6 +86,15 @@ def gpt2_overrides(smoke: bool) -> list[str]:
     ]
 
 
+def failed(command: list[str], label: str = "") -> dict | None:
+    """Runs `command` in a fresh process (printed first); {"error": its last line of stderr} if it failed."""
+    print(f"{label}{' '.join(command[1:])}", flush=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+    return None
+
+
 def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
     """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
     from training.files.reads import read_metrics
@@ -98,11 +107,8 @@ def train(name: str, config: Path, overrides: list[str], limit: int | None, save
         command += ["--limit-batches", str(limit)]
         if settings["trainer"]["epochs"] < 2:  # the last epoch is measured: one after the compilation
             command += ["--set", "trainer.epochs=2"]
-    print(f"{name}: {' '.join(command[1:])}", flush=True)
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
-        return {"error": lines[-1]}
+    if error := failed(command, f"{name}: "):
+        return error
     (metrics,) = save_dir.glob(f"*/{name}/metrics.jsonl")
     row = read_metrics(metrics)[-1]
     # steps per call: "auto"'s choice with its reason, else the compiled step's own line
@@ -150,10 +156,8 @@ def peer(
     """One round of a peer benchmark: the template's rate, its ratio to `other` (None when skipped) and its MFU (XLA's
     FLOP count per example or token over training/devices/peaks.py's peak of the devices for `compute`)."""
     command = [sys.executable, str(REPO / "benchmarks" / script), "--rounds", "1", "--out", str(out), *flags]
-    print(" ".join(command[1:]), flush=True)
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+    if error := failed(command):
+        return error
     results = json.loads(out.read_text())["results"]
     results = results.get("cifar_resnet", results)  # train_benchmark nests by model
     from training.devices import peaks
@@ -173,15 +177,13 @@ def overhead(out: Path) -> dict[str, dict]:
     variants = ",".join(("bare", *OVERHEAD))
     command = [sys.executable, str(REPO / "benchmarks" / "overhead_benchmark.py"), "--rounds", "2"]
     command += ["--variants", variants, "--out", str(out)]
-    print(" ".join(command[1:]), flush=True)
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        error = {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
-        return {f"the loop, {v}, vs a bare jit loop": error for v in OVERHEAD}
+    name = "the loop, {}, vs a bare jit loop".format
+    if error := failed(command):
+        return {name(v): error for v in OVERHEAD}
     measured = json.loads(out.read_text())
     best, bare = measured["best"], measured["best"]["bare"]["wall_us"]
     return {
-        f"the loop, {v}, vs a bare jit loop": {
+        name(v): {
             "rate": 1e6 / best[v]["wall_us"],
             "unit": "steps/s",
             "ratio": bare / best[v]["wall_us"],

@@ -181,9 +181,11 @@ def run_loop(steps: int) -> dict:
     reading the logs, the bookkeeping), with the prefetch thread and without (``prefetch: 0``)."""
     import jax.numpy as jnp
 
+    from training.step import LOGS
+
     trainer = trainer_for(1, 50, steps)
     trainer.train_epoch(1)
-    logs = jnp.zeros((1, 4))
+    logs = jnp.zeros((1, len(LOGS)))
     trainer.steps.compiled_chunk = lambda ts, totals, stack: (ts, totals, logs)
 
     def epoch(number, prefetch):
