@@ -4,7 +4,7 @@ The trainer calls every callback's methods at five places, and nowhere else:
 
     on_train_start(trainer)               after the step is compiled, before the first epoch
     on_step(trainer, step, values)        after each logged step (trainer.log_every), values as logged: when
-                                          the loop reads the logs, every 0.1 s or 64 steps (trainer.py, READ_EVERY_S)
+                                          the loop reads the logs, every 0.1 s or 1024 steps (trainer.py, READ_EVERY_S)
     on_epoch_end(trainer, epoch, row)     after evaluation, before the checkpoint; may add entries to `row`
     on_checkpoint(trainer, names)         after a checkpoint's files were handed to the writer
     on_train_end(trainer)                 after the last epoch (or an early stop)

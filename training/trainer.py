@@ -43,12 +43,13 @@ log = logging.getLogger("train")
 AGREE_EVERY_STEPS = 64
 # The loop reads the calls' logs (the divergence check, the step lines, trackers and callbacks, the live bar) every
 # READ_EVERY_S or READ_EVERY_STEPS steps, whichever comes first, whatever trainer.log_every, and takes every call
-# since the last read together: each read of device values, and each log record, costs the host more than a small
-# step's own dispatch (benchmarks/README.md, "The loop's own cost"). Step lines of quick steps so arrive in bursts ten
-# times a second; a diverged step is found within READ_EVERY_STEPS steps (a diverged state is never saved: the logs
-# are read before every checkpoint).
+# since the last read together: a read costs the host a fixed part (numpy over the group, a log record, the bar) that
+# is more than a small step's own dispatch, so quick steps are read in large groups (benchmarks/README.md, "The loop's
+# own cost"). Step lines of quick steps so arrive in bursts ten times a second, and a diverged step is found within
+# READ_EVERY_S (a diverged state is never saved: the logs are read before every checkpoint); READ_EVERY_STEPS bounds
+# the calls held unread when steps are very quick.
 READ_EVERY_S = 0.1
-READ_EVERY_STEPS = 64
+READ_EVERY_STEPS = 1024
 
 
 class TrainingDiverged(Exception):
@@ -318,25 +319,26 @@ class Trainer:
         """Every trainer.log_every-th step of `logs` (the steps after step `first`): the trackers, the callbacks and
         a log line (``console``: at INFO, else the progress bar shows the console and the line reaches train.log
         only); the lines of one read in one log record (each a line of train.log, ``run.cli.EachLine``)."""
-        every, level, lines = self.settings.log_every, logging.INFO if console else logging.DEBUG, []
-        for i in np.flatnonzero((first + 1 + np.arange(len(logs["loss"]))) % every == 0):
-            step = first + int(i) + 1
-            values = {
-                "train/step_loss": float(logs["loss"][i]),
-                "train/lr": float(logs["lr"][i]) * self.lr_scale,
-                "train/grad_norm": float(logs["grad_norm"][i]),
-            }
-            lines.append(
-                f"epoch {epoch} step {step}: loss {values['train/step_loss']:.6f}  lr {values['train/lr']:.3g}  "
-                f"grad_norm {values['train/grad_norm']:.3f}  {examples_per_s:.0f} ex/s  "
-                f"eta {int(eta) // 60}:{int(eta) % 60:02d}"
-            )
-            for tracker in self.trackers:
-                tracker.log_step(step, values)
-            for callback in self.callbacks:
-                callback.on_step(self, step, values)
-        if lines:
-            log.log(level, "\n".join(lines))
+        index = np.flatnonzero((first + 1 + np.arange(len(logs["loss"]))) % self.settings.log_every == 0)
+        if not index.size:
+            return
+        # whole columns to Python floats at once (a read at log_every 1 holds up to READ_EVERY_STEPS lines)
+        steps = (first + 1 + index).tolist()
+        loss, grad_norm = logs["loss"][index].tolist(), logs["grad_norm"][index].tolist()
+        lr = (logs["lr"][index].astype(np.float64) * self.lr_scale).tolist()
+        tail = f"  {examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}"
+        lines = [
+            f"epoch {epoch} step {s}: loss {a:.6f}  lr {b:.3g}  grad_norm {c:.3f}{tail}"
+            for s, a, b, c in zip(steps, loss, lr, grad_norm)
+        ]
+        log.log(logging.INFO if console else logging.DEBUG, "\n".join(lines))
+        if self.trackers or self.callbacks:
+            for step, *values in zip(steps, loss, lr, grad_norm):
+                values = dict(zip(("train/step_loss", "train/lr", "train/grad_norm"), values))
+                for tracker in self.trackers:
+                    tracker.log_step(step, values)
+                for callback in self.callbacks:
+                    callback.on_step(self, step, values)
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
         """The loss and metrics of `loader`'s batches under the evaluated parameters."""
