@@ -315,7 +315,9 @@ def main(argv=None) -> int:
             )
     best = {v: {key: min(r[key] for r in rs) for key in ("cpu_us", "wall_us")} for v, rs in results.items()}
     if args.out:
-        Path(args.out).write_text(json.dumps({"results": results, "best": best}, indent=1))
+        from training.files.writes import write_atomic
+
+        write_atomic(Path(args.out), json.dumps({"results": results, "best": best}, indent=1).encode())
     print(
         f"\n{args.steps} steps of {BATCH} examples per timed epoch; minimum of {args.rounds} interleaved rounds "
         "(same process: the median over the rounds of each process's ratio of its best epochs)\n"

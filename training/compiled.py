@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -73,6 +73,14 @@ def auto_steps_per_call(
         return cap, f"{why}; capped by {limit}"
     k = min(range(needed, min(cap, needed + needed // 2) + 1), key=lambda k: ((-steps_per_epoch) % k, k))
     return k, why + (f" ({k}: the epoch's last call padded least)" if k != needed else "")
+
+
+def in_background(fn: Callable, *args) -> Future:
+    """`fn(*args)` on a thread of its own, which ends with it (XLA compiles and counts outside the GIL)."""
+    worker = ThreadPoolExecutor(1)
+    future = worker.submit(fn, *args)
+    worker.shutdown(wait=False)
+    return future
 
 
 def unpacked(chunk: Callable, packing: Packing, ts: dict, totals: dict, packed):
@@ -303,19 +311,14 @@ class CompiledSteps:
         outside the GIL, so on a multi-core host this overlaps the initialisation. ``compile()`` waits for it."""
         if self.execution != "aot":
             return
-        worker = ThreadPoolExecutor(1)
-        self.compiling = worker.submit(self.compile_train_step, state_spec)
-        worker.shutdown(wait=False)  # the thread ends with this one task
+        self.compiling = in_background(self.compile_train_step, state_spec)
 
     def compile_train_step(self, state_spec, steps_per_call: int | None = None):
         k = (steps_per_call or self.steps_per_call) * self.accumulate  # loader batches per call
         start = time.perf_counter()
         traced = self.train_chunk.trace(state_spec, self.empty_stats(state_spec), self.stack_spec(k))
-        counting = None
-        if steps_per_call is None:  # MFU's FLOP count (seconds for a large model), made while XLA compiles
-            counter = ThreadPoolExecutor(1)
-            counting = counter.submit(peaks.step_flops, traced)
-            counter.shutdown(wait=False)
+        # MFU's FLOP count (seconds for a large model), made while XLA compiles; once, for the first compilation
+        counting = in_background(peaks.step_flops, traced) if steps_per_call is None else None
         compiled = traced.lower().compile(platform.xla_options("train", jax.default_backend()) or None)
         return compiled, time.perf_counter() - start, counting
 
@@ -413,9 +416,7 @@ class CompiledSteps:
         if agreed != self.steps_per_call:
             self.chosen = agreed
             spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), clock["state"])
-            worker = ThreadPoolExecutor(1)
-            self.switching = worker.submit(self.compile_train_step, spec, agreed)
-            worker.shutdown(wait=False)
+            self.switching = in_background(self.compile_train_step, spec, agreed)
             if jax.process_count() > 1:  # a compilation ends at different times on each: all switch now, together
                 self.switching.result()
 
