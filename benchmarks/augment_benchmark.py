@@ -2,7 +2,7 @@
 
     python benchmarks/augment_benchmark.py [--steps 60] [--rounds 3] [--batch 128] [--depth 20]
 
-Times the template's jitted K-step training call (`training.step.make_train_chunk`, K = 10, batches already on the
+Times the template's jitted K-step training call (`training.step.make_train_call`, K = 10, batches already on the
 device) for the sample's ResNet on uint8 (B, 32, 32, 3) batches, with the sample's list (random_crop 4, flip_horizontal,
 normalize) against normalize alone (the conversion every uint8 run needs), interleaved round by round; and the
 list on its own, jitted, per batch. Prints the medians and the augmentation's share of the step.
@@ -28,7 +28,7 @@ from model.model import cifar_resnet  # noqa: E402
 from training.losses import cross_entropy  # noqa: E402
 from training.metrics import accuracy  # noqa: E402
 from training.optimizers import add_decayed_weights, chain, sgd  # noqa: E402
-from training.step import empty_stats, make_train_chunk  # noqa: E402
+from training.step import empty_stats, make_train_call  # noqa: E402
 from utils import build_augment  # noqa: E402
 
 NORMALIZE = {"name": "normalize", "args": {"mean": [0.4914, 0.4822, 0.4465], "std": [0.2470, 0.2435, 0.2616]}}
@@ -76,7 +76,7 @@ def main() -> None:
             "rng": jax.random.PRNGKey(1),
         }
         totals = empty_stats(model, cross_entropy, metrics, params, state, batch_spec, augment)
-        chunk = jax.jit(make_train_chunk(model, cross_entropy, optimizer, metrics, augment))
+        chunk = jax.jit(make_train_call(model, cross_entropy, optimizer, metrics, augment))
         started = time.perf_counter()
         jax.block_until_ready(chunk(ts, totals, stack))
         print(f"{name}: compiled and ran one call in {time.perf_counter() - started:.1f}s")

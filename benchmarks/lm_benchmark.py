@@ -140,7 +140,7 @@ def fused_run(steps: int) -> dict:
 
     from training.devices import platform
     from training.metrics import metric_results
-    from training.step import empty_stats, make_train_chunk
+    from training.step import empty_stats, make_train_call
     from utils import assemble
 
     config = bench_config()
@@ -165,7 +165,7 @@ def fused_run(steps: int) -> dict:
 
     ts = jax.jit(init)(config["seed"])
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], loader.spec))
-    chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
+    chunk = jax.jit(make_train_call(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
     start = time.perf_counter()
     compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
     compile_s = time.perf_counter() - start

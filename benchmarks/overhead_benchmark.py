@@ -209,7 +209,7 @@ def run_place(steps: int) -> dict:
     trainer = trainer_for(1, 50, steps)
     state = trainer.steps
     state.place_stacks(host_arrays=False)  # the CPU's shortcut off: placed as on an accelerator, packed
-    _, stack = next(trainer.train_loader.chunks(0, 1))
+    _, stack = next(trainer.train_loader.stacks(0, 1))
     sharding = state.batch_sharding({"bytes": np.zeros((1, 1))})["bytes"]
     nbytes = sum(a.nbytes for a in jax.tree.leaves(stack))
     flat = np.zeros((state.mesh.size, -(-nbytes // state.mesh.size)), np.uint8)

@@ -52,7 +52,7 @@ def one_run(compute: str, steps: int) -> dict:
     import jax
 
     # the first call runs outside the clock: the epoch is timed from its second call on
-    chunks = train.chunks(1, trainer.steps.steps_per_call, trainer.steps.put_stack)
+    chunks = train.stacks(1, trainer.steps.steps_per_call, trainer.steps.put_stack)
     totals = trainer.steps.empty_stats()
     real, stack = next(chunks)
     trainer.train_state, totals, _ = trainer.steps.compiled_chunk(trainer.train_state, totals, stack)

@@ -95,7 +95,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
         temp = trainer.steps.compiled_chunk.memory_analysis().temp_size_in_bytes
     except (AttributeError, NotImplementedError):
         pass
-    _, stack = next(loader.chunks(0, trainer.steps.steps_per_call, trainer.steps.put_stack))
+    _, stack = next(loader.stacks(0, trainer.steps.steps_per_call, trainer.steps.put_stack))
     totals = trainer.steps.empty_stats()
     ts = trainer.train_state
     calls = max(1, steps // trainer.steps.steps_per_call)

@@ -295,7 +295,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
     trainer = compiled_trainer(config, loader)
     if ablations & SLOW:  # warm up with one call
-        _, stack = next(iter(loader.chunks(0, trainer.steps.steps_per_call, trainer.steps.put_stack)))
+        _, stack = next(iter(loader.stacks(0, trainer.steps.steps_per_call, trainer.steps.put_stack)))
         steps = trainer.steps
         trainer.train_state, _, logs = steps.compiled_chunk(trainer.train_state, steps.empty_stats(), stack)
         jax.block_until_ready(logs)
@@ -323,7 +323,7 @@ def fused_run(model_name: str, steps: int) -> dict:
 
     from training.devices import platform
     from training.metrics import metric_results
-    from training.step import empty_stats, make_train_chunk
+    from training.step import empty_stats, make_train_call
     from utils import assemble
 
     run = assemble(bench_config(model_name, steps, augment=False))
@@ -354,7 +354,7 @@ def fused_run(model_name: str, steps: int) -> dict:
 
     ts = jax.jit(init)(config["seed"])
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], seen))
-    chunk = jax.jit(make_train_chunk(model, loss_fn, optimizer, metrics, augment), donate_argnums=(0, 1))
+    chunk = jax.jit(make_train_call(model, loss_fn, optimizer, metrics, augment), donate_argnums=(0, 1))
     start = time.perf_counter()
     compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
     compile_s = time.perf_counter() - start

@@ -249,7 +249,7 @@ class DataLoader:
                 batch = self.transform(batch, epoch=epoch, index=b, rng=rng)
             yield batch
 
-    def chunks(
+    def stacks(
         self, epoch: int, steps_per_call: int, put: Callable = lambda b: b, start: int = 0
     ) -> Iterator[tuple[int, dict]]:
         """Stacks of `steps_per_call` batches (leading axis K) placed by `put`, prepared in a background thread.
@@ -278,7 +278,7 @@ class DataLoader:
         return _prefetch(produce(), self.prefetch)
 
     def placed(self, epoch: int, put: Callable, rows: int | None = None) -> Iterator:
-        """The epoch's batches (``batches``) each placed by `put`, prepared in a background thread as ``chunks``
+        """The epoch's batches (``batches``) each placed by `put`, prepared in a background thread as ``stacks``
         prepares stacks (evaluation's); with `rows`, each batch padded to that many rows (of this process's share)
         by repeating it cyclically with a zero mask, so that it divides over the devices and sums are unchanged."""
         return _prefetch((put(_pad_rows(batch, rows or 0)) for batch in self.batches(epoch)), self.prefetch)

@@ -123,7 +123,7 @@ class LRFinder(Callback):
         # curve: the losses smoothed as fastai does (an exponential average of 0.98, debiased)
         losses, curve, average, best, diverged, epoch = [], [], 0.0, math.inf, False, 0
         while len(losses) < self.steps and not diverged:
-            for real, stack in trainer.train_loader.chunks(epoch, k, trainer.steps.put_stack):
+            for real, stack in trainer.train_loader.stacks(epoch, k, trainer.steps.put_stack):
                 ts, totals, logs = chunk(ts, totals, stack)
                 for loss in log_columns(np.asarray(logs))["loss"][: -(-real // trainer.steps.accumulate)]:
                     losses.append(float(loss))

@@ -27,7 +27,7 @@ from training.devices import memory, mesh, peaks, platform
 from training.devices.packing import Packing
 from training.precision import policy_of
 from training.run import checkpoint
-from training.step import empty_stats, make_eval_step, make_train_chunk
+from training.step import empty_stats, make_eval_step, make_train_call
 
 log = logging.getLogger("train")
 
@@ -122,7 +122,7 @@ class CompiledSteps:
         self.shardings = {}  # of stacks and batches, by structure (``shardings_of``)
         self.processes = jax.process_count()
         self.packed_sharding = NamedSharding(self.mesh, P(None, mesh.BATCH_AXES))  # (K, B, bytes): split as B
-        self.train_chunk = None
+        self.train_call = None
         self.place_stacks(host_arrays=self.processes == 1 and self.mesh.devices.flat[0].platform == "cpu")
         self.compiling = None  # the training step's compilation under way (a Future)
         self.compiled_chunk, self.compile_seconds, self.flops_per_example = None, 0.0, None
@@ -145,7 +145,7 @@ class CompiledSteps:
         self.host_arrays = host_arrays
         packable = not host_arrays and Packing.supports(self.batch_spec)
         self.packing = Packing(self.batch_spec, {"active": jnp.float32}) if packable else None
-        if self.train_chunk is not None:
+        if self.train_call is not None:
             self.jit_train_chunk()
             self.compiling = None  # a compilation under way is for the other stacks: compile() starts anew
 
@@ -164,7 +164,7 @@ class CompiledSteps:
             self.run.epochs, self.run.steps_per_epoch = schedule_length["epochs"], schedule_length["steps_per_epoch"]
         self.optimizer, self.lr_fn = self.run.optimizer()  # the one learning rate: the step's and the logged
         self.chunk_fn = self.chunk_with(self.optimizer, self.lr_fn)
-        self.train_chunk = jax.jit(
+        self.train_call = jax.jit(
             self.chunk_fn, donate_argnums=(0, 1), out_shardings=(self.sharding, self.replicated, self.replicated)
         )
 
@@ -303,7 +303,7 @@ class CompiledSteps:
         """The K-step training call with `optimizer` (the config's, or the lr_finder's range) and its `lr_fn`."""
         run = self.run
         parts = (run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy)
-        chunk = make_train_chunk(*parts, self.in_step, lr_fn)
+        chunk = make_train_call(*parts, self.in_step, lr_fn)
         return chunk if self.packing is None else functools.partial(unpacked, chunk, self.packing)
 
     def start_compile(self, state_spec) -> None:
@@ -316,7 +316,7 @@ class CompiledSteps:
     def compile_train_step(self, state_spec, steps_per_call: int | None = None):
         k = (steps_per_call or self.steps_per_call) * self.accumulate  # loader batches per call
         start = time.perf_counter()
-        traced = self.train_chunk.trace(state_spec, self.empty_stats(state_spec), self.stack_spec(k))
+        traced = self.train_call.trace(state_spec, self.empty_stats(state_spec), self.stack_spec(k))
         # MFU's FLOP count (seconds for a large model), made while XLA compiles; once, for the first compilation
         counting = in_background(peaks.step_flops, traced) if steps_per_call is None else None
         compiled = traced.lower().compile(platform.xla_options("train", jax.default_backend()) or None)
@@ -331,7 +331,7 @@ class CompiledSteps:
         """
         log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
         if self.execution != "aot":  # the jitted function itself: compiled at its first call, or run op by op
-            self.compiled_chunk = self.train_chunk if self.execution == "eager" else self.nan_located_chunk()
+            self.compiled_chunk = self.train_call if self.execution == "eager" else self.nan_located_chunk()
             log.info(f"training step: {'jitted at the first call' if self.execution == 'jit' else 'op by op'}")
             return
         if self.compiling is None:
@@ -357,7 +357,7 @@ class CompiledSteps:
         per call give the numbers of one step per call, so where the switch falls changes nothing."""
         position = start
         while True:
-            stacks = loader.chunks(epoch, self.steps_per_call * self.accumulate, self.put_stack, position)
+            stacks = loader.stacks(epoch, self.steps_per_call * self.accumulate, self.put_stack, position)
             try:
                 for real, stack in stacks:
                     timed = self.measuring and self.timed_call()

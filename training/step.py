@@ -5,7 +5,7 @@ array or a dict of arrays), ``target`` (optional: without one, losses and metric
 input, as an autoencoder does) and ``mask`` (0 on padding; (B,) per example or per element, e.g. (B, T)). Each step
 also returns the batch's metric statistics (sums and counts), so epoch metrics are exact whatever the batch sizes.
 
-``train_chunk`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
+``train_call`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
 fixed cost each jitted call pays on CPU. Stack entries with ``active`` = 0 (completing an epoch's last stack) leave
 the state unchanged.
 """
@@ -88,7 +88,7 @@ def output_spec(model, params, state, batch: dict, augment=None):
 
 @dataclass(frozen=True)
 class Update:
-    """What one optimizer update is made of; ``train_chunk``, ``train_step`` and ``micro_step`` take it first (the
+    """What one optimizer update is made of; ``train_call``, ``train_step`` and ``micro_step`` take it first (the
     jitted call binds it with ``functools.partial``). ``augment(batch, key, train=True, outputs=...)`` prepares the
     batch on the device before the forward pass, keyed by (run seed, step). With ``accumulate`` = N a step's batch
     has a leading axis of N micro-batches: their gradients are summed (weighted by their unmasked examples) and
@@ -108,7 +108,7 @@ class Update:
     lr_fn: Callable | None = None
 
 
-def train_chunk(update: Update, ts: dict, totals: dict, stack: dict):
+def train_call(update: Update, ts: dict, totals: dict, stack: dict):
     """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, the K steps' logs as one
     array (K, len(LOGS)): ``log_columns`` names them): K steps in one ``lax.scan``.
 
@@ -135,7 +135,7 @@ def train_chunk(update: Update, ts: dict, totals: dict, stack: dict):
 
 
 def log_columns(logs) -> dict:
-    """``train_chunk``'s logs (K, len(LOGS)), on the device or read, by name: each (K,)."""
+    """``train_call``'s logs (K, len(LOGS)), on the device or read, by name: each (K,)."""
     return {name: logs[..., i] for i, name in enumerate(LOGS)}
 
 
@@ -217,9 +217,9 @@ def make_train_step(*parts, **named) -> Callable:
     return functools.partial(train_step, Update(*parts, **named))
 
 
-def make_train_chunk(*parts, **named) -> Callable:
+def make_train_call(*parts, **named) -> Callable:
     """(train_state, epoch_stats, stack) -> (train_state, epoch_stats, logs), of an ``Update(*parts, **named)``."""
-    return functools.partial(train_chunk, Update(*parts, **named))
+    return functools.partial(train_call, Update(*parts, **named))
 
 
 def make_eval_stats(model, loss_fn: Callable, metrics: Sequence, augment=None, policy: Policy = Policy()) -> Callable:

@@ -3,7 +3,7 @@
 It reads top to bottom: ``fit`` runs the epochs; each runs ``train_epoch`` (the compiled K-step calls over the
 loader's stacks, their logs read in groups and never the call just dispatched: ``OneCallLate``, ``Progress``), then
 ``end_epoch`` (evaluation, the row, the commit). One update, from train.py to its gradient: ``Trainer.fit`` ->
-``Trainer.train_epoch`` -> the compiled call of ``step.train_chunk`` -> ``step.train_step`` -> ``step.micro_step``
+``Trainer.train_epoch`` -> the compiled call of ``step.train_call`` -> ``step.train_step`` -> ``step.micro_step``
 -> ``step.objective``.
 What it builds on, each in its own module: the assembled run (``utils.assemble``: model, loss, metrics, optimizer,
 loaders, callbacks), its typed settings (``training/config/settings.py``), the state on the devices and the compiled

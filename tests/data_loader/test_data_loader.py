@@ -63,7 +63,7 @@ def test_loader_order_is_a_function_of_seed_and_epoch():
 
 def test_chunks_stack_and_mark_inactive_padding():
     loader = DataLoader(ArrayDataset(input=np.arange(10, dtype=np.float32)), batch_size=2)
-    chunks = list(loader.chunks(epoch=0, steps_per_call=3))
+    chunks = list(loader.stacks(epoch=0, steps_per_call=3))
     assert [real for real, _ in chunks] == [3, 2]
     assert all(stack["input"].shape == (3, 2) for _, stack in chunks)
     assert list(chunks[-1][1]["active"]) == [1, 1, 0]
@@ -78,7 +78,7 @@ def test_prefetch_propagates_errors():
 
     loader = DataLoader(Broken(input=np.zeros(4)), batch_size=2)
     with pytest.raises(RuntimeError, match="disk on fire"):
-        list(loader.chunks(0, 1))
+        list(loader.stacks(0, 1))
 
 
 def test_mnist_split_is_a_seeded_partition(tiny_mnist):

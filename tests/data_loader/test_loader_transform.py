@@ -50,6 +50,6 @@ def test_a_resumed_epoch_sees_the_same_transformed_batches():
     for a, b in zip(whole[2:], resumed):
         np.testing.assert_array_equal(a["input"], b["input"])
         np.testing.assert_array_equal(a["seen"], b["seen"])
-    # and through the prefetching chunks the trainer uses
-    stacks = [stack for _, stack in make().chunks(2, 2, start=2)]
+    # and through the prefetching stacks the trainer uses
+    stacks = [stack for _, stack in make().stacks(2, 2, start=2)]
     np.testing.assert_array_equal(stacks[0]["input"][0], whole[2]["input"])

@@ -163,7 +163,7 @@ def test_no_jit_runs_op_by_op_and_trains_as_compiled(tmp_path):
     """--no-jit: the loss sees real values (what a breakpoint or a print there shows; compiled, the same line
     raises a ConcretizationTypeError), and the step ends where the compiled step does."""
     from tests.training.test_accumulate_precision import make_trainer
-    from training.step import make_train_chunk
+    from training.step import make_train_call
 
     compiled = make_trainer(tmp_path, "aot", 32, n=32)
     eager = make_trainer(tmp_path, "eager", 32, n=32)
@@ -174,10 +174,10 @@ def test_no_jit_runs_op_by_op_and_trains_as_compiled(tmp_path):
         return eager.run.loss_fn(outputs, targets, **kw)
 
     eager.steps.execution = "eager"
-    eager.steps.chunk_fn = make_train_chunk(
+    eager.steps.chunk_fn = make_train_call(
         eager.run.model, watched, eager.steps.optimizer, eager.run.metrics, lr_fn=eager.steps.lr_fn
     )
-    eager.steps.train_chunk = jax.jit(eager.steps.chunk_fn)
+    eager.steps.train_call = jax.jit(eager.steps.chunk_fn)
     compiled.fit()
     with jax.disable_jit():
         eager.fit()

@@ -167,7 +167,7 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
         assert state.packing is not None
         template = state.template()
         stack = state.stack_spec(state.steps_per_call * state.accumulate)
-        traced = state.train_chunk.trace(template, state.empty_stats(template), stack)
+        traced = state.train_call.trace(template, state.empty_stats(template), stack)
         for target in ("cuda", "tpu"):
             text = traced.lower(lowering_platforms=(target,)).as_text()
             where = f"{path.name}, {compute}, {target}"

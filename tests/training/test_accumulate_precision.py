@@ -13,7 +13,7 @@ from model.modules.flatten import Flatten
 from model.modules.linear import Linear
 from model.modules.normalization import BatchNorm
 from model.modules.sequential import Sequential
-from training.step import log_columns, make_train_chunk
+from training.step import log_columns, make_train_call
 from training.trainer import Trainer
 from utils import ConfigError, assemble, build, validate
 
@@ -163,7 +163,7 @@ def test_float16_loss_scaling_recovers_from_overflow(tmp_path):
     stack = jax.tree.map(lambda a: a[None], batch)
     stack["active"] = np.ones(1, np.float32)
     one = jax.jit(
-        make_train_chunk(
+        make_train_call(
             first.run.model, first.run.loss_fn, first.steps.optimizer, first.run.metrics, None, 1, first.steps.policy
         )
     )

@@ -113,7 +113,7 @@ def test_dict_inputs_stack_place_and_train(tmp_path):
     valid = DataLoader(ArrayDataset(input={k: v[:20] for k, v in inputs.items()}, target=target[:20]), 8)
     spec = train.spec
     assert spec["input"]["image"].shape == (8, 4, 4, 1) and spec["input"]["features"].dtype == np.float32
-    _, stack = next(iter(train.chunks(0, 3)))
+    _, stack = next(iter(train.stacks(0, 3)))
     assert stack["input"]["features"].shape == (3, 8, 3) and stack["active"].shape == (3,)
     config = config_for(tmp_path, "cross_entropy", ["accuracy"], "max val/accuracy", steps_per_call=3)
     trainer = fit(tmp_path, config, TwoInputs(), train, valid)

@@ -82,7 +82,7 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
     ts, average = plain.train_state, jax.tree.map(np.asarray, plain.train_state["params"])
     for epoch in (1, 2):
         totals = plain.steps.empty_stats()
-        for _, stack in plain.train_loader.chunks(epoch, 1, plain.steps.put_stack):
+        for _, stack in plain.train_loader.stacks(epoch, 1, plain.steps.put_stack):
             ts, totals, _ = plain.steps.compiled_chunk(ts, totals, stack)
             t = float(ts["step"])
             d = min(0.8, (1 + t) / (10 + t))

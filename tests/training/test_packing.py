@@ -90,7 +90,7 @@ for host_arrays in (True, False):
     trainer.fit()
     states.append(jax.tree.leaves(trainer.train_state))
 if not host_arrays:
-    packed = trainer.steps.put_stack(next(trainer.train_loader.chunks(0, 2))[1])
+    packed = trainer.steps.put_stack(next(trainer.train_loader.stacks(0, 2))[1])
     assert len(packed.sharding.device_set) == 4 and packed.dtype == np.uint8, packed.sharding
 for a, b in zip(*states):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -243,7 +243,7 @@ def test_wandb_that_cannot_start_is_a_warning_and_the_profile_trace(tmp_path, da
     (trace,) = (run_dir / "profile").glob("plugins/profile/*/perfetto_trace.json.gz")
     events = json.loads(gzip.decompress(trace.read_bytes()))
     events = events["traceEvents"] if isinstance(events, dict) else events
-    calls = {e.get("ts") for e in events if e.get("name") == "PjitFunction(jit(train_chunk))"}
+    calls = {e.get("ts") for e in events if e.get("name") == "PjitFunction(jit(train_call))"}
     assert calls  # the traced window holds the training step's executions
 
 
