@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from training.files.writes import remove_stale_folders, temporary_folder
+from files.writes import remove_stale_folders, temporary_folder
 
 TEMPLATE = Path(__file__).resolve().parent
 

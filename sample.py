@@ -12,8 +12,8 @@ import argparse
 import math
 import sys
 
+from files.writes import CONFIG, PREPROCESSING
 from inference.predict import read_preprocessing
-from training.files.writes import CONFIG, PREPROCESSING
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import add_run, command
 from training.run.location import check_config_writes

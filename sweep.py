@@ -31,8 +31,8 @@ from optuna.storages import JournalStorage, RDBStorage, fail_stale_trials
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
+from files.writes import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, write_atomic
 from training.config.file import is_index
-from training.files.writes import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, write_atomic
 from training.run.cli import command
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes

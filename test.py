@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.files.writes import CONFIG, UnsafeFile, refuse_unsafe, write_atomic
+from files.writes import CONFIG, UnsafeFile, refuse_unsafe, write_atomic
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import add_run, command
 from training.run.figures import plots

@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from files.writes import CONFIG, LATEST, METRICS
 from training import processes  # [feature: processes]
 from training.devices import mesh, platform
-from training.files.writes import CONFIG, LATEST, METRICS
 from training.run import debug_modes, lifecycle, location, signals
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import command

@@ -203,7 +203,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     this kernel knows that component."""
     import os
 
-    from training.files.writes import LATEST
+    from files.writes import LATEST
     from training.run import folder as run_folder
     from training.run import location
     from training.run.history import History
@@ -293,7 +293,7 @@ def write_run_files(run_dir: Path, config: dict, run: Run, new: bool = True) -> 
     import json
     import shutil
 
-    from training.files.writes import CONFIG, PREPROCESSING, replace_folder, temporary_folder, write_atomic
+    from files.writes import CONFIG, PREPROCESSING, replace_folder, temporary_folder, write_atomic
 
     if new:
         # copied into a folder made here, then swapped in: a folder named model/ in a run folder from elsewhere
@@ -435,7 +435,7 @@ def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> L
 
     import jax
 
-    from training.files.writes import CONFIG, PREPROCESSING
+    from files.writes import CONFIG, PREPROCESSING
     from training.run import checkpoint
 
     checkpoint_path = checkpoint.of_run(path)

@@ -97,7 +97,7 @@ def failed(command: list[str], label: str = "") -> dict | None:
 
 def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
     """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
-    from training.files.reads import read_metrics
+    from files.reads import read_metrics
     from utils import load_config
 
     settings = load_config(config, overrides)
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
             for name, result in overhead(Path(tmp) / "overhead.json").items():
                 add(name, result)
     text = f"{device}, jax {found['jax']}, {found['count']} device(s)\n\n{table(rows, device)}\n"
-    from training.files.writes import write_atomic
+    from files.writes import write_atomic
 
     write_atomic(Path(args.out), text.encode())
     print("\n" + text)

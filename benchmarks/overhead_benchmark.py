@@ -315,7 +315,7 @@ def main(argv=None) -> int:
             )
     best = {v: {key: min(r[key] for r in rs) for key in ("cpu_us", "wall_us")} for v, rs in results.items()}
     if args.out:
-        from training.files.writes import write_atomic
+        from files.writes import write_atomic
 
         write_atomic(Path(args.out), json.dumps({"results": results, "best": best}, indent=1).encode())
     print(

@@ -150,7 +150,7 @@ def cifar_like(steps: int) -> Path:
     once per size (atomically: rounds run in fresh processes)."""
     import numpy as np
 
-    from training.files.writes import atomic_output
+    from files.writes import atomic_output
 
     rows = steps * BATCH if steps else CIFAR_EXAMPLES
     path = Path(tempfile.gettempdir()) / f"train-benchmark-cifar-like-{rows}.npz"

@@ -38,13 +38,13 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packa
     sys.path.insert(0, str(REPO))
 
 from data_loader.augment.pipeline import Prepared  # noqa: E402
+from files.writes import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
 from inference.inputs import MASK, Inputs, Outputs, with_mask, without_mask  # noqa: E402
 from inference.predict import read_preprocessing  # noqa: E402
 from inference.routes import FORMATS as DECLARED  # noqa: E402
 from inference.routes import OUTPUT_NAME, routes_of  # noqa: E402
-from training.files.writes import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
 from training.run.checkpoint import check_checkpoint_file, of_run  # noqa: E402
 from training.run.cli import add_run, command  # noqa: E402
 from training.run.location import check_config_writes  # noqa: E402

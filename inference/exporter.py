@@ -24,6 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from files import writes
 from inference import verify
 from inference.inputs import Inputs, Outputs, random_inputs, shape_text
 from inference.predict import CONFIG, PREPROCESSING, run_batched
@@ -31,7 +32,6 @@ from inference.report import MEASURES, fmt_size, markdown
 from inference.routes import FORMATS as DECLARED
 from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner, routes_of
 from training.config.file import ConfigError
-from training.files import writes
 from training.step import loss_mask
 
 REPO = Path(__file__).resolve().parents[1]

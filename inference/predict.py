@@ -38,7 +38,7 @@ import numpy as np
 
 # The export folder's files next to the model (exporter.write_extras writes them under these names). Named here,
 # not imported from training/, because this file ships alone; they are the run folder's names
-# (training/files/writes.py).
+# (files/writes.py).
 CONFIG = "config.json"
 PREPROCESSING = "preprocessing.json"
 MASK = "mask"  # the named input of a model that declares a padding mask (inference/inputs.py writes it so)
@@ -211,7 +211,7 @@ def run_batched(model, x, batch_size: int = 256):
 def open_input(path: str | Path, limit: int | None = MAX_INPUT_BYTES):
     """`path` opened for binary reading if it is a regular file of at most `limit` bytes: opened without blocking (a
     FIFO would wait for a writer forever), checked with fstat on the open file, then read normally. The same check
-    as training/files/reads.py, repeated here because this file ships alone."""
+    as files/reads.py, repeated here because this file ships alone."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)

@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from files.writes import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
 from model.registry import register
 from training import optimizers
-from training.files.writes import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_append, write_atomic
 from training.run.figures import plots
 from training.step import log_columns
 

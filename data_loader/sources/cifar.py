@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from data_loader.sources.download import checksum, download
-from training.files.reads import open_regular, read_regular
+from files.reads import open_regular, read_regular
 
 PIXELS = 32 * 32 * 3
 SOURCES = {

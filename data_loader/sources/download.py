@@ -6,8 +6,8 @@ import hashlib
 import urllib.request
 from pathlib import Path
 
-from training.files.reads import open_regular
-from training.files.writes import atomic_output
+from files.reads import open_regular
+from files.writes import atomic_output
 
 
 def checksum(path: str | Path, algorithm: str = "md5") -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.files import reads
-from training.files.reads import open_regular, size_text
+from files import reads
+from files.reads import open_regular, size_text
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 

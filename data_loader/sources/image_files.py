@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.files.reads import open_regular
+from files.reads import open_regular
 
 # Past this an image is a decompression bomb, not a training image: refused from its header, before decoding.
 # Pillow's own guard (DecompressionBombError, from twice its MAX_IMAGE_PIXELS) stops larger ones in Image.open.

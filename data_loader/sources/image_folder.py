@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from data_loader.sources.image_files import open_image
+from files import reads
+from files.writes import atomic_path, write_atomic
 from model.checks import check_range
-from training.files import reads
-from training.files.writes import atomic_path, write_atomic
 from training.run import signals
 from training.run.signals import IN_WORKERS
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from data_loader.sources.download import checksum
+from files.reads import open_regular
 from training.config.schema import check_split_by
-from training.files.reads import open_regular
 
 SPLITS = ("train", "validation", "test")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.files.reads import read_regular
+from files.reads import read_regular
 
 SPLITS = ("train", "validation", "test")
 

@@ -18,8 +18,8 @@ import pytest
 from data_loader.sources import image_files, image_folder
 from data_loader.sources.arrays import ArraysDataset
 from data_loader.sources.idx import read_idx
+from files import reads
 from tests.end_to_end.test_data_faults import train_error
-from training.files import reads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,7 +155,7 @@ import os, sys
 sys.path.insert(0, os.getcwd())
 from data_loader.sources.arrays import ArraysDataset
 from data_loader.sources.idx import read_idx
-from training.files import reads
+from files import reads
 from data_loader.sources.tabular import CsvDataset
 from data_loader.sources.text import CharDataset
 for read in (lambda: read_idx(sys.argv[1]), lambda: ArraysDataset(sys.argv[2], "x", "y"),

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from files import writes
+from files.writes import UnsafeFile
 from tests.end_to_end.test_train import ROOT, make_config, run
 from tests.inference.test_export_cli import run_dir as export_run  # noqa: F401 (a fixture: a run folder to export)
-from training.files import writes
-from training.files.writes import UnsafeFile
 from training.run import folder as run_folder
 from training.run.figures import plots
 

@@ -333,8 +333,8 @@ def test_remove_stale_temps_matches_what_write_atomic_leaves(tmp_path, monkeypat
 
 
 def test_atomic_output_keeps_the_old_file_when_the_writer_fails(tmp_path):
-    """Every atomic write (checkpoints, image cache, downloads, sweep results) goes through training.files.writes."""
-    from training.files.writes import TEMP_NAME, atomic_output, atomic_path
+    """Every atomic write (checkpoints, image cache, downloads, sweep results) goes through files.writes."""
+    from files.writes import TEMP_NAME, atomic_output, atomic_path
 
     path = tmp_path / "results.csv"
     path.write_bytes(b"old")

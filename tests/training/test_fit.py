@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from files.writes import LATEST, METRICS
 from tests.end_to_end.test_train import data_dir, make_config, run  # noqa: F401
-from training.files.writes import LATEST, METRICS
 from utils import ConfigError, fit
 
 

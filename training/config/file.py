@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from training.files.reads import FileRefused, read_regular
+from files.reads import FileRefused, read_regular
 
 # Past these a config is a typo or an attack, not a setting: nesting deeper than any real config, integers
 # wider than int64, a file larger than any config written by hand or by a tool (the largest shipped is a few kB).

@@ -11,8 +11,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from training.files.reads import read_metrics
-from training.files.writes import CURVES, METRICS, atomic_output
+from files.reads import read_metrics
+from files.writes import CURVES, METRICS, atomic_output
 from training.run.cli import ArgumentParser, fail
 
 PANEL_INCHES = (4.0, 3.0)
@@ -144,7 +144,7 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None, lr_fn=None) ->
 def schedule_of(run_dir: Path, rows: Sequence[dict]):
     """The learning rate by step of the run's config.json, with an epoch's steps as the first logged epoch took
     them; None where that cannot be known (no config, no step counts, a config this version cannot build)."""
-    from training.files.writes import CONFIG
+    from files.writes import CONFIG
 
     first = next((r for r in rows if isinstance(r.get("step"), int) and r.get("epoch") == 1), None)
     if first is None or not (run_dir / CONFIG).is_file():

@@ -24,10 +24,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from files.writes import BEST, LATEST, TEMP_NAME, write_atomic
 from model.modules.module import key_path_str
 from training.config.file import ConfigError
 from training.devices.memory import host_available, show_bytes
-from training.files.writes import BEST, LATEST, TEMP_NAME, write_atomic
 
 FORMAT_VERSION = 2  # 2: checksums of the header and of every array (dtype, shape, bytes); 1 had none
 CORRUPT = "the file is corrupt; use another checkpoint of the run or a copy"

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from files.writes import open_append
 from training.config.file import ConfigError, closest
-from training.files.writes import open_append
 
 INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a command Ctrl-C ended
 CLOSED_PIPE = 128 + signal.SIGPIPE  # the shell's status for a writer whose reader went away (`| head -1`)

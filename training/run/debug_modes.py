@@ -7,8 +7,8 @@ import copy
 import logging
 from pathlib import Path
 
+from files.writes import LATEST
 from training.devices import mesh
-from training.files.writes import LATEST
 
 log = logging.getLogger("train")
 ROOT = Path(__file__).resolve().parents[2]  # the project: the frames of its own code are the ones named

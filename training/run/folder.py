@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from training.files.writes import BEST, LOCK_NAME, METRICS, UnsafeFile, epoch_checkpoint, open_append, open_nofollow
+from files.writes import BEST, LOCK_NAME, METRICS, UnsafeFile, epoch_checkpoint, open_append, open_nofollow
 from training.run import checkpoint
 
 

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from files.writes import LATEST
 from training.devices import mesh
-from training.files.writes import LATEST
 from training.run import folder, location, signals
 from training.run.checkpoint import CheckpointError, remove_stale_temps
 from training.run.cli import fail, setup_logging

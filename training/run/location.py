@@ -10,9 +10,8 @@ import stat
 from datetime import datetime
 from pathlib import Path
 
-from training.config.file import MAX_CONFIG_BYTES, ConfigError, config_hash, read_json
-from training.files.reads import read_regular
-from training.files.writes import (
+from files.reads import read_regular
+from files.writes import (
     CONFIG,
     LOCK_NAME,
     METRICS,
@@ -22,6 +21,7 @@ from training.files.writes import (
     refuse_unsafe,
     step_checkpoint,
 )
+from training.config.file import MAX_CONFIG_BYTES, ConfigError, config_hash, read_json
 from training.run.cli import log_files
 from training.run.history import new_run_id, wandb_on
 

@@ -14,9 +14,9 @@ import re
 import time
 from pathlib import Path
 
+from files.writes import BEST, LATEST, METRICS, epoch_checkpoint, step_checkpoint
 from training.config.settings import Settings
 from training.devices import mesh
-from training.files.writes import BEST, LATEST, METRICS, epoch_checkpoint, step_checkpoint
 from training.run import checkpoint
 from training.run import folder as run_folder
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from training.files.reads import read_metrics
-from training.files.writes import atomic_output, write_atomic
+from files.reads import read_metrics
+from files.writes import atomic_output, write_atomic
 
 WAITING, RUNNING, FAIL, PRUNED = TrialState.WAITING, TrialState.RUNNING, TrialState.FAIL, TrialState.PRUNED
 ORDER = ["done", "pruned", "running", "stopped", "waiting", "failed"]  # the table's, best first
