@@ -16,9 +16,10 @@ import tempfile
 from pathlib import Path
 
 from files.writes import CONFIG, LATEST, METRICS
+from signals import stops
 from training import processes  # [feature: processes]
 from training.devices import mesh, platform
-from training.run import debug_modes, lifecycle, location, signals
+from training.run import debug_modes, lifecycle, location
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import command
 from training.run.figures import plots
@@ -91,29 +92,29 @@ def main(argv=None) -> int:
     data, checkpoint, a run folder in use or not writable, a new run diverging before its first checkpoint: nothing
     was written, or it was removed again), 130/143/138 stopped by
     SIGINT/SIGTERM/SIGUSR1 after saving the position (continue with -r)."""
-    with signals.noted_until_safe_points():
+    with stops.noted_until_safe_points():
         try:
             return train(parse_args(argv))
-        except (Exception, KeyboardInterrupt, signals.Interrupted) as error:
-            stop = signals.signal_in(error)
+        except (Exception, KeyboardInterrupt, stops.Interrupted) as error:
+            stop = stops.signal_in(error)
             if stop is None:
                 raise
             signum = getattr(stop, "signum", signal.SIGINT)
-            print(f"error: {signals.stopped_at_start_up(signum)}", file=sys.stderr)
+            print(f"error: {stops.stopped_at_start_up(signum)}", file=sys.stderr)
             return 128 + signum
 
 
 def train(args) -> int:
     """The run in order: config, data, state, run folder, training, exit status. Between phases a stop signal
-    ends the start-up (``signals.safe_point``); nothing is loaded or compiled before the config passed."""
+    ends the start-up (``stops.safe_point``); nothing is loaded or compiled before the config passed."""
     if args.list:
         return list_components(args.list)
     setup_logging(None)  # the console until the run folder exists
     processes.start(args)  # jax.distributed, before anything touches a device [feature: processes]
     config, resume_dir, run = read_config(args)
-    signals.safe_point()
+    stops.safe_point()
     loaders = load_data(args, config, run)
-    signals.safe_point()
+    stops.safe_point()
     with lifecycle.opened(
         config,
         Path(args.resume) if args.resume else None,
@@ -233,7 +234,7 @@ def fit(args, config: dict, loaders: dict, trainer, folder) -> int:
     from training.run.folder import RunFolderError
     from training.trainer import Stopped, TrainingDiverged
 
-    signals.stop_at_next_step(trainer)
+    stops.stop_at_next_step(trainer)
     try:
         jax.config.update("jax_debug_nans", args.detect_nans)
         with jax.disable_jit(args.no_jit):
@@ -256,7 +257,7 @@ def fit(args, config: dict, loaders: dict, trainer, folder) -> int:
         log.error(str(error))
     except FloatingPointError as error:  # --detect-nans found the operation
         log.error(debug_modes.nan_report(error))
-    except (Stopped, KeyboardInterrupt, signals.Interrupted) as stop:
+    except (Stopped, KeyboardInterrupt, stops.Interrupted) as stop:
         status = 128 + getattr(stop, "signum", signal.SIGINT)
         saved = f" ({stop})" if isinstance(stop, Stopped) else " at once"
         latest = folder.path / LATEST

@@ -38,8 +38,8 @@ from data_loader.sources.image_files import open_image
 from files import reads
 from files.writes import atomic_path, write_atomic
 from model.checks import check_range
-from training.run import signals
-from training.run.signals import IN_WORKERS
+from signals import stops
+from signals.stops import IN_WORKERS
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 SPLITS = ("all", "train", "validation", "test")
@@ -194,7 +194,7 @@ def decode_into(
         )
     try:
         for start, (array, chunk_errors) in zip(starts, results):
-            signals.safe_point()  # SIGTERM or Ctrl-C: decoding ends within a chunk (an image in this process)
+            stops.safe_point()  # SIGTERM or Ctrl-C: decoding ends within a chunk (an image in this process)
             out[start : start + len(array)] = array
             errors.update({start + i: message for i, message in chunk_errors})
             if errors and stop_on_error:
@@ -349,7 +349,7 @@ def load_or_build(
     for old_data, _ in previous:  # stale caches of this folder and settings
         old_data.unlink(missing_ok=True)
         old_data.with_suffix(".json").unlink(missing_ok=True)
-    signals.KEPT.append(f"the image cache {data_path}")  # a stop from here on leaves it for the next run
+    stops.KEPT.append(f"the image cache {data_path}")  # a stop from here on leaves it for the next run
     info = {
         "path": data_path,
         "built": True,

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from files.writes import LATEST
+from signals import stops
 from training.devices import mesh
-from training.run import folder, location, signals
+from training.run import folder, location
 from training.run.checkpoint import CheckpointError, remove_stale_temps
 from training.run.cli import fail, setup_logging
 
@@ -57,7 +58,7 @@ def opened(
         trainer = load_state()
     except (CheckpointError, ValueError, folder.RunFolderError) as error:
         stop_all(str(error))
-    signals.safe_point()
+    stops.safe_point()
     existed, run_dir = None, None
     try:
         if not mesh.is_main():  # process 0 writes the folder; the others only learn where it is
