@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import shutil
@@ -73,6 +74,9 @@ FEATURES = {
     "tflite": ("inference/formats/tflite", "tests/inference/tflite", "requirements-litert.txt"),
 }
 MARK = re.compile(r"\[feature: (\w+)\]( begin| end)?")
+# The top-level config sections a feature adds (its folder's config.py: SECTIONS): a project without it has them in
+# no sample config, and its train.py refuses them as unknown sections.
+SECTIONS = {"tracking": ("wandb", "tensorboard")}
 
 # Never copied: the template's own measurements and tooling, outputs of runs, what the samples place themselves,
 # and, wherever they are, repositories, environments, caches and tracker output.
@@ -174,10 +178,30 @@ def moved(text: str, places: dict[str, str]) -> str:
     return text
 
 
-def add_samples(template: Path, target: Path, samples: list[str], name: str) -> None:
+def without_sections(text: str, sections) -> str:
+    """A config's JSON text less its top-level `sections`, the rest as it was written (each top-level key starts a
+    line of its own at two spaces in the samples; any other layout is written anew)."""
+    config = json.loads(text)
+    if not set(sections) & set(config):
+        return text
+    kept, dropping = [], False
+    for line in text.splitlines(keepends=True):
+        top = re.match(r'  "([^"]+)":', line)
+        dropping = bool(top) and top[1] in sections or dropping and not top and line.strip() != "}"
+        kept += [] if dropping else [line]
+    new = re.sub(r",(\s*)\}\s*$", r"\1}\n", "".join(kept))  # the last section kept ends the object
+    expected = {key: value for key, value in config.items() if key not in sections}
+    try:
+        return new if json.loads(new) == expected else json.dumps(expected, indent=2) + "\n"
+    except ValueError:
+        return json.dumps(expected, indent=2) + "\n"
+
+
+def add_samples(template: Path, target: Path, samples: list[str], name: str, without=()) -> None:
+    dropped_sections = [section for feature in without for section in SECTIONS.get(feature, ())]
     for sample, place in config_places(samples).items():
         (target / place).parent.mkdir(exist_ok=True)
-        text = (template / SAMPLES[sample].config).read_text()
+        text = without_sections((template / SAMPLES[sample].config).read_text(), dropped_sections)
         (target / place).write_text(text.replace('"project": "jax-template"', f'"project": "{name}"'))
     (target / "configs").mkdir(exist_ok=True)
     if not any((target / "configs").iterdir()):  # git keeps no empty folder; tests look for configs/
@@ -297,7 +321,7 @@ def create(target: Path, name: str, samples: list[str], without=(), template: Pa
     building = temporary_folder(target, "-")
     try:
         copy_tree(template, building, left_out(samples, without))
-        add_samples(template, building, samples, name)
+        add_samples(template, building, samples, name, without)
         for path, text in text_files(building):
             new = moved(without_features(text, without), config_places(samples))
             if new != text:

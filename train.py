@@ -18,23 +18,18 @@ from pathlib import Path
 from files.writes import CONFIG, LATEST, METRICS
 from signals import stops
 from training import processes  # [feature: processes]
+from training.assembly import assemble
+from training.config.components import components_text
+from training.config.file import ConfigError, config_hash
+from training.config.validation import load_config
 from training.devices import mesh, platform
 from training.run import debug_modes, lifecycle, location
 from training.run.checkpoint import check_checkpoint_file
-from training.run.cli import command
+from training.run.cli import ArgumentParser, command, fail, setup_logging
 from training.run.figures import plots
+from training.run.folder import write_run_files
+from training.tracking import config as tracking  # [feature: tracking]
 from training.tracking.trackers import start_trackers  # [feature: tracking]
-from utils import (
-    ArgumentParser,
-    ConfigError,
-    assemble,
-    components_text,
-    config_hash,
-    fail,
-    load_config,
-    setup_logging,
-    write_run_files,
-)
 
 log = logging.getLogger("train")
 
@@ -126,7 +121,7 @@ def train(args) -> int:
         trackers = describe_run(args, config, run, trainer, folder)
         status = 1
         try:
-            status = fit(args, config, loaders, trainer, folder)
+            status = run_loop(args, config, loaders, trainer, folder)
         finally:
             if mesh.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
                 finish(folder.path, trackers, status, trainer.lr_fn, curves=not args.fast_dev_run)
@@ -153,12 +148,12 @@ def read_config(args):
         if not resume_dir and not args.fast_dev_run:
             location.check_not_linked(config)
         run = assemble(config, source_of(args))  # every component, and the optimizer's checks
-        location.assign_wandb_id(config, resume_dir)
+        tracking.assign_wandb_id(config, resume_dir)  # [feature: tracking] a new run folder is named after it
     except ConfigError as error:
         fail(str(error))
     if args.fast_dev_run:  # a throw-away folder, no trackers: nothing of the check outlives it
         config["trainer"]["save_dir"] = tempfile.mkdtemp(prefix="fast-dev-run-")
-        config["wandb"]["enabled"] = config["tensorboard"]["enabled"] = False
+        tracking.switch_off(config)  # [feature: tracking]
     return config, resume_dir, run
 
 
@@ -226,8 +221,9 @@ def describe_run(args, config: dict, run, trainer, folder) -> list:
     return trackers
 
 
-def fit(args, config: dict, loaders: dict, trainer, folder) -> int:
-    """Trains; the exit status (``main``). A stop signal from here on saves the position first."""
+def run_loop(args, config: dict, loaders: dict, trainer, folder) -> int:
+    """Runs the training loop and turns how it ended into the exit status (``main``); a stop signal from here on
+    saves the position first."""
     import jax
 
     from training.run.checkpoint import CheckpointError

@@ -46,11 +46,11 @@ from training.config.file import (  # noqa: F401
 )
 from training.config.schema import (
     check_components,
+    check_features,
     check_loaders,
     check_mesh,
     check_optimizer,
     check_top_level,
-    check_trackers,
     check_trainer,
 )
 from training.config.settings import Monitor
@@ -68,7 +68,7 @@ def validate(config: dict, source: str = "config.json") -> dict:
     check_loaders(config, source)
     build_augment(config, source)  # every op's name and arguments, before any data is read
     check_trainer(config, names, source)
-    check_trackers(config, source)
+    check_features(config, source)  # the optional features' sections (training/<feature>/config.py)
     check_mesh(config, source)
     return config
 

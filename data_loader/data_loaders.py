@@ -12,11 +12,10 @@ from data_loader.sources import arrays as arrays_module
 from data_loader.sources import cifar
 from data_loader.sources import image_folder as image_folder_module
 from data_loader.sources.mnist import SOURCES, MnistDataset
-from data_loader.sources.tabular import CsvDataset
+from data_loader.sources.tabular import CsvDataset, check_split_by
 from data_loader.sources.text import CharDataset
 from model.checks import check_integer, check_range
 from model.registry import register
-from training.config.schema import check_split_by
 
 # The tiny Shakespeare text shipped in data/ (public domain), as published with char-rnn.
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"

@@ -136,21 +136,6 @@ def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: 
         rows = int(np.clip(CHECK_BYTES * len(indices) // max(size, 1), 64, 65536))
 
 
-def check_split(run, split: str, loader) -> None:
-    """``check_values`` on a split of a run (``utils.Run``) as its config describes it: class ids up to the classes
-    the data names, else the model's outputs; NaN and infinities unless the split's ``allow_nonfinite``. A
-    ConfigError naming the split and the example."""
-    from training.config.file import ConfigError
-    from training.tasks import label_bound  # JAX, which reading the loader's spec has imported already
-
-    spec = run.config["data_loader"].get(split, {})
-    allow = isinstance(spec, dict) and spec.get("allow_nonfinite", False)
-    try:
-        check_values(loader.dataset, label_bound(run.config, run.model, loader, run.augment, run.source), allow)
-    except ValueError as error:
-        raise ConfigError(f"{run.source}: data_loader.{split}: {error}") from None
-
-
 class DataLoader:
     """Batches of `dataset` in an order that is a function of (seed, epoch).
 

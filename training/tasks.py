@@ -25,6 +25,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from data_loader.loader import check_values
 from model.registry import TASKS, entries
 from model.summary import describe_batch
 from training.config.components import CLASS_COUNT_ARGUMENTS, available, output_losses
@@ -140,6 +141,18 @@ def label_bound(config: dict, model, loader, augment, source: str) -> int | None
         return len(named)
     # a label past the outputs in the first batch says more as the model's fault: "set num_classes to ..."
     return check_model_fits_data(config, model, loader, augment, source)
+
+
+def check_split(run, split: str, loader) -> None:
+    """The loader's ``check_values`` on a split of a run (``training.assembly.Run``) as its config describes it:
+    class ids up to ``label_bound``; NaN and infinities unless the split's ``allow_nonfinite``. A ConfigError naming
+    the split and the example."""
+    spec = run.config["data_loader"].get(split, {})
+    allow = isinstance(spec, dict) and spec.get("allow_nonfinite", False)
+    try:
+        check_values(loader.dataset, label_bound(run.config, run.model, loader, run.augment, run.source), allow)
+    except ValueError as error:
+        raise ConfigError(f"{run.source}: data_loader.{split}: {error}") from None
 
 
 def check_model_fits_data(config: dict, model, loader, augment, source: str) -> int | None:

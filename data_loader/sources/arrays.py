@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from data_loader.sources.tabular import split_rows
+from data_loader.sources.tabular import check_split_by, split_rows
 from files import reads
 from files.reads import open_regular, size_text
 from model.checks import check_range
-from training.config.schema import check_split_by
 
 SPLITS = ("all", "train", "validation", "test")
 NARROW = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32, np.dtype(np.float64): np.float32}

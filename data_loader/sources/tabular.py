@@ -19,9 +19,23 @@ import numpy as np
 
 from data_loader.sources.download import checksum
 from files.reads import open_regular
-from training.config.schema import check_split_by
 
 SPLITS = ("train", "validation", "test")
+# How the arrays and csv loaders partition rows into train / validation / test (docs/data.md says when each is right):
+# "random" a seeded shuffle of the rows; "order" the file's order, train first, then validation, then test (a time
+# series: the model is judged on what comes after what it learned from); "group" whole groups of rows (a patient, a
+# recording) at random, each group in one split only, named by `group`.
+SPLIT_BY = ("random", "order", "group")
+
+
+def check_split_by(split_by, group, what: str) -> None:
+    """A loader's ``split_by`` and ``group`` (``what`` the group names: "an array", "a column"), as ValueError."""
+    if split_by not in SPLIT_BY:
+        raise ValueError(f"split_by: expected one of {', '.join(map(repr, SPLIT_BY))}, got {split_by!r}")
+    if split_by == "group" and not (isinstance(group, str) and group):
+        raise ValueError(f'group: split_by "group" needs the name of {what} holding each row\'s group, got {group!r}')
+    if split_by != "group" and group is not None:
+        raise ValueError(f'group: {group!r} is used only with split_by "group" (split_by is {split_by!r})')
 
 
 def split_rows(

@@ -101,9 +101,9 @@ def test_csv_splits_by_order_and_by_a_group_column(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        ({"split_by": "time"}, "split_by: expected one of 'random', 'order', 'group', got \"time\""),
+        ({"split_by": "time"}, "split_by: expected one of 'random', 'order', 'group', got 'time'"),
         ({"split_by": "group"}, 'group: split_by "group" needs the name of an array'),
-        ({"group": "patient"}, 'group: "patient" is used only with split_by "group"'),
+        ({"group": "patient"}, "group: 'patient' is used only with split_by \"group\""),
     ],
 )
 def test_a_wrong_split_by_is_one_line_naming_its_place(tmp_path, args, message):

@@ -25,7 +25,9 @@ import pytest
 import train
 import training.trainer
 from tests.conftest import make_idx_dataset
-from utils import COMPONENT_MODULES, ConfigError, available, build, build_optimizer, load_config, validate
+from training.config.components import COMPONENT_MODULES, available, build, build_optimizer
+from training.config.file import ConfigError
+from training.config.validation import load_config, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20240611
@@ -85,10 +87,10 @@ LEAVES = {
     "trainer.log_every": set(),
     "trainer.steps_per_call": set(),
     "trainer.run_id": {"string", "null"},
-    "wandb.enabled": {"true"},
-    "wandb.project": {"string", "null"},
-    "wandb.mode": set(),
-    "tensorboard.enabled": {"true"},
+    "wandb.enabled": {"true"},  # [feature: tracking]
+    "wandb.project": {"string", "null"},  # [feature: tracking]
+    "wandb.mode": set(),  # [feature: tracking]
+    "tensorboard.enabled": {"true"},  # [feature: tracking]
 }
 NUMERIC = [
     path
@@ -125,8 +127,8 @@ SECTIONS = [
     "optimizer",
     "data_loader",
     "trainer",
-    "wandb",
-    "tensorboard",
+    "wandb",  # [feature: tracking]
+    "tensorboard",  # [feature: tracking]
     "model.args",
     "loss.args",
     "metrics.0",
@@ -173,8 +175,8 @@ EXTRA = [
     "data_loader.train",
     "data_loader.train.args",
     "trainer",
-    "wandb",
-    "tensorboard",
+    "wandb",  # [feature: tracking]
+    "tensorboard",  # [feature: tracking]
 ]
 FOLDER_NAMES = [
     "..",
@@ -241,8 +243,8 @@ def base_config(data_dir: Path, save_dir: Path) -> dict:
             "steps_per_call": "auto",
             "run_id": "r1",
         },
-        "wandb": {"enabled": False, "project": "jax-template", "mode": "offline"},
-        "tensorboard": {"enabled": False},
+        "wandb": {"enabled": False, "project": "jax-template", "mode": "offline"},  # [feature: tracking]
+        "tensorboard": {"enabled": False},  # [feature: tracking]
     }
 
 

@@ -100,7 +100,7 @@ def test_run_folder_contents_best_checkpoint_and_test_py(tmp_path, data_dir):
     } <= names
     assert (run_dir / "model" / "model.py").is_file()
     saved = json.loads((run_dir / "config.json").read_text())
-    assert saved["trainer"]["early_stop"] == 0 and saved["wandb"]["enabled"] is False  # resolved, defaults filled
+    assert saved["trainer"]["early_stop"] == 0 and saved["trainer"]["async_checkpoints"] is True  # defaults filled
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     for key in ("train/loss", "train/accuracy", "val/loss", "val/accuracy", "val/f1", "time/examples_per_s"):

@@ -8,6 +8,8 @@ data_loader's, a layer above this one).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import json
 from collections.abc import Callable
@@ -39,16 +41,6 @@ TRAINER_DEFAULTS = {
     "accumulate_steps": 1,
     "precision": None,
 }
-WANDB_DEFAULTS = {
-    "enabled": False,
-    "project": "jax-template",
-    "entity": None,
-    "group": None,
-    "tags": [],
-    "mode": "offline",
-    "id": None,
-}
-TENSORBOARD_DEFAULTS = {"enabled": False}
 # How the arrays and csv loaders partition rows into train / validation / test (docs/data.md says when each is right):
 # "random" a seeded shuffle of the rows; "order" the file's order, train first, then validation, then test (a time
 # series: the model is judged on what comes after what it learned from); "group" whole groups of rows (a patient, a
@@ -56,21 +48,14 @@ TENSORBOARD_DEFAULTS = {"enabled": False}
 SPLIT_BY = ("random", "order", "group")
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
-TOP_LEVEL = {
-    "name",
-    "seed",
-    "model",
-    "loss",
-    "metrics",
-    "optimizer",
-    "data_loader",
-    "trainer",
-    "wandb",
-    "tensorboard",
-    "mesh",
-    "callbacks",
-}
+TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "mesh", "callbacks"}
 LOADER_SPLITS = ("train", "validation", "test")
+# The optional features' parts of the config: each module declares SECTIONS (a top-level section's name -> its
+# defaults) and check(config, source), and is found while its folder is there. A project made without a feature
+# (new_project.py --without) loses its line here with its folder: its sections are then unknown ones.
+FEATURE_CONFIGS = (
+    "training.tracking.config",  # [feature: tracking]
+)
 
 
 # Bounds past which a value is a typo, not a setting: a run that never ends, a step counter (int32) that wraps, a seed
@@ -147,13 +132,23 @@ def section(config: dict, key: str, source: str, default: Any) -> Any:
     return value
 
 
+def feature_configs() -> list:
+    """The modules of FEATURE_CONFIGS whose feature's folder the project has."""
+    found = []
+    for name in FEATURE_CONFIGS:
+        if importlib.util.find_spec(name.rpartition(".")[0]) is not None and importlib.util.find_spec(name) is not None:
+            found.append(importlib.import_module(name))
+    return found
+
+
 def check_top_level(config: dict, source: str) -> None:
     """The sections a config may have and must have, its name and its seed."""
-    unknown = set(config) - TOP_LEVEL
+    sections = TOP_LEVEL | {name for feature in feature_configs() for name in feature.SECTIONS}
+    unknown = set(config) - sections
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(
-            f"{source}: unknown section {key!r}.{closest(key, TOP_LEVEL)} Sections: {', '.join(sorted(TOP_LEVEL))}"
+            f"{source}: unknown section {key!r}.{closest(key, sections)} Sections: {', '.join(sorted(sections))}"
         )
     for key in ("name", "model", "loss", "optimizer", "data_loader"):
         if key not in config:
@@ -304,45 +299,11 @@ def check_trainer(config: dict, names: list[str], source: str) -> None:
             raise ConfigError(
                 f"{where}monitor: {metric!r} is not logged.{closest(metric, known)} Logged: {', '.join(known)}"
             )
+    check_profile(config, source)
 
 
-def check_trackers(config: dict, source: str) -> None:
-    """The wandb and tensorboard sections (unknown settings, defaults, types) and the shape of trainer.profile."""
-    wandb = section(config, "wandb", source, {})
-    for key in wandb:
-        if key not in WANDB_DEFAULTS:
-            raise ConfigError(f"{source}: wandb.{key}: unknown setting.{closest(key, WANDB_DEFAULTS)}")
-    for key, value in WANDB_DEFAULTS.items():
-        wandb.setdefault(key, value)
-    if wandb["mode"] not in ("online", "offline", "disabled"):
-        raise ConfigError(f"{source}: wandb.mode: expected online, offline or disabled, got {show(wandb['mode'])}")
-    wandb = config["wandb"]
-    if not isinstance(wandb["enabled"], bool):
-        raise ConfigError(f"{source}: wandb.enabled: expected true or false, got {show(wandb['enabled'])}")
-    for key in ("project", "entity", "group", "id"):
-        if wandb[key] is not None and (not isinstance(wandb[key], str) or not wandb[key]):
-            raise ConfigError(f"{source}: wandb.{key}: expected a non-empty string or null, got {show(wandb[key])}")
-    if not isinstance(wandb["tags"], list) or not all(isinstance(t, str) for t in wandb["tags"]):
-        raise ConfigError(f"{source}: wandb.tags: expected a list of strings, got {show(wandb['tags'])}")
-    # the id becomes part of the run folder's name
-    run_id = wandb["id"]
-    if run_id is not None and (len(run_id) > MAX_NAME or not all(c.isalnum() or c in "-_" for c in run_id)):
-        raise ConfigError(
-            f"{source}: wandb.id: letters, digits, '-' and '_' only, at most {MAX_NAME}, got {show(wandb['id'])}"
-        )
-
-    tensorboard = section(config, "tensorboard", source, {})
-    for key in tensorboard:
-        if key not in TENSORBOARD_DEFAULTS:
-            raise ConfigError(
-                f"{source}: tensorboard.{key}: unknown setting.{closest(key, TENSORBOARD_DEFAULTS)} "
-                f"Settings: {', '.join(TENSORBOARD_DEFAULTS)}"
-            )
-    for key, value in TENSORBOARD_DEFAULTS.items():
-        tensorboard.setdefault(key, value)
-    if not isinstance(tensorboard["enabled"], bool):
-        raise ConfigError(f"{source}: tensorboard.enabled: expected true or false, got {show(tensorboard['enabled'])}")
-
+def check_profile(config: dict, source: str) -> None:
+    """The shape of trainer.profile: the steps a profiler trace covers."""
     profile = config["trainer"].get("profile")
     if profile is not None:
         where = f"{source}: trainer.profile"
@@ -350,6 +311,12 @@ def check_trackers(config: dict, source: str) -> None:
             raise ConfigError(f'{where}: expected {{"start_step": N, "num_steps": K}} or null, got {show(profile)}')
         check_number(profile, "start_step", f"{where}.", int, 1, maximum=MAX_STEPS)
         check_number(profile, "num_steps", f"{where}.", int, 1, maximum=MAX_STEPS)
+
+
+def check_features(config: dict, source: str) -> None:
+    """The sections of the optional features the project has (FEATURE_CONFIGS), each by its own check."""
+    for feature in feature_configs():
+        feature.check(config, source)
 
 
 def check_mesh(config: dict, source: str) -> None:

@@ -1,6 +1,6 @@
 """What the loop reports to with no tracker library: ``History`` (every epoch's row in memory, what ``utils.fit``
-returns to a notebook) and ``StepTrace`` (a profiler trace of a few steps); and the wandb run id a run folder is named
-after, which the config holds whether or not the trackers of ``training/tracking/`` are there.
+returns to a notebook) and ``StepTrace`` (a profiler trace of a few steps). The trackers and their config sections:
+``training/tracking/``.
 
 A tracker is any object with ``log_step(step, values)`` (every ``trainer.log_every`` steps: step loss, learning
 rate, gradient norm), ``log_epoch(epoch, row, best)`` (the epoch's row of ``metrics.jsonl``) and
@@ -10,27 +10,9 @@ rate, gradient norm), ``log_epoch(epoch, row, best)`` (the epoch's row of ``metr
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import string
 from pathlib import Path
 
 log = logging.getLogger("train")
-
-
-def new_run_id() -> str:
-    """Eight random base-36 characters, the form of a wandb run id; drawn before the run folder is named after it."""
-    alphabet = string.ascii_lowercase + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(8))
-
-
-def wandb_mode(config: dict) -> str:
-    """`WANDB_MODE` in the environment overrides `wandb.mode`, so CI can force a run offline."""
-    return os.environ.get("WANDB_MODE") or config["wandb"]["mode"]
-
-
-def wandb_on(config: dict) -> bool:
-    return bool(config["wandb"]["enabled"]) and wandb_mode(config) != "disabled"
 
 
 class History:

@@ -21,18 +21,9 @@ from files.writes import (
     refuse_unsafe,
     step_checkpoint,
 )
-from training.config.file import MAX_CONFIG_BYTES, ConfigError, config_hash, read_json
+from training.config.file import MAX_CONFIG_BYTES, ConfigError, config_hash
 from training.run.cli import log_files
-from training.run.history import new_run_id, wandb_on
-
-
-def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
-    """A resumed run keeps its wandb run (the id saved in its folder's config); a new one draws an id now, so the
-    run folder can be named after it."""
-    if not wandb_on(config) or config["wandb"]["id"]:
-        return
-    saved = read_json(resume_dir / CONFIG).get("wandb", {}) if resume_dir else {}
-    config["wandb"]["id"] = saved.get("id") or new_run_id()
+from training.tracking import config as tracking  # [feature: tracking]
 
 
 def run_id_of(config: dict) -> str:
@@ -42,7 +33,8 @@ def run_id_of(config: dict) -> str:
     if trainer["run_id"]:
         return trainer["run_id"]
     run_id = datetime.now().strftime("%Y%m%d_%H%M%S")
-    return f"{run_id}_{config['wandb']['id']}" if wandb_on(config) else run_id
+    run_id += tracking.folder_suffix(config)  # [feature: tracking]
+    return run_id
 
 
 def named_run(config: dict) -> Path:

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from training.run.history import wandb_mode, wandb_on
+from training.tracking.config import wandb_mode, wandb_on
 
 log = logging.getLogger("train")
 
