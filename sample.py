@@ -14,10 +14,13 @@ import sys
 
 from files.writes import CONFIG, PREPROCESSING
 from inference.predict import read_preprocessing
+from inference.trained_run import load_run
+from training.assembly import assemble
+from training.config.file import ConfigError
+from training.config.validation import load_config
 from training.run.checkpoint import check_checkpoint_file
-from training.run.cli import add_run, command
+from training.run.cli import ArgumentParser, add_run, command, fail
 from training.run.location import check_config_writes
-from utils import ArgumentParser, ConfigError, assemble, fail, load_config, load_run
 
 
 def parse_args(argv=None):

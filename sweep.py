@@ -32,11 +32,11 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
 from files.writes import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, write_atomic
-from training.config.file import is_index
-from training.run.cli import command
+from training.config.file import ConfigError, is_index, read_json
+from training.config.validation import load_config
+from training.run.cli import ArgumentParser, command, fail
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
-from utils import ArgumentParser, ConfigError, fail, load_config, read_json
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25

@@ -215,7 +215,7 @@ def describe_run(args, config: dict, run, trainer, folder) -> list:
     for line in trainer.describe():
         log.info(line)
     monitored = run.monitor.name if run.monitor else None
-    trackers: list = []  # WandB, TensorBoard (training/tracking/), on process 0 only
+    trackers: list = []  # the optional feature's trackers, on process 0 only
     trackers += start_trackers(config, folder.path, monitored) if mesh.is_main() else []  # [feature: tracking]
     trainer.trackers = trackers
     return trackers

@@ -98,7 +98,7 @@ def failed(command: list[str], label: str = "") -> dict | None:
 def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
     """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
     from files.reads import read_metrics
-    from utils import load_config
+    from training.config.validation import load_config
 
     settings = load_config(config, overrides)
     command = [sys.executable, str(REPO / "train.py"), "-c", str(config), "--run-id", name]

@@ -25,11 +25,11 @@ import numpy as np  # noqa: E402
 
 from benchmarks.machine import cpu_model  # noqa: E402
 from model.model import cifar_resnet  # noqa: E402
+from training.config.validation import build_augment  # noqa: E402
 from training.losses import cross_entropy  # noqa: E402
 from training.metrics import accuracy  # noqa: E402
 from training.optimizers import add_decayed_weights, chain, sgd  # noqa: E402
 from training.step import empty_stats, make_train_call  # noqa: E402
-from utils import build_augment  # noqa: E402
 
 NORMALIZE = {"name": "normalize", "args": {"mean": [0.4914, 0.4822, 0.4465], "std": [0.2470, 0.2435, 0.2616]}}
 LISTS = {

@@ -65,7 +65,9 @@ def main(argv=None) -> int:
     from inference.formats.onnx_export import export_onnx
     from inference.formats.tflite import export_tflite, tflite_to_onnx
     from inference.predict import OnnxModel, TFLiteModel
-    from utils import build, load_config, load_run
+    from inference.trained_run import load_run
+    from training.config.components import build
+    from training.config.validation import load_config
 
     spec = jax.ShapeDtypeStruct((1, *args.input), jnp.float32)
     if args.run:

@@ -155,7 +155,7 @@ def loading_rate(loader, epoch: int) -> float:
 # -------------------------------------------------------------------------------------------------------- training
 def device_normalize():
     """The augmentation list that turns uint8 images into normalised float32 on the device (in the jitted step)."""
-    from utils import build_augment
+    from training.config.validation import build_augment
 
     return build_augment(
         {"data_loader": {"train": {"augment": [{"name": "normalize", "args": {"mean": 0.2860, "std": 0.3530}}]}}}
@@ -163,8 +163,9 @@ def device_normalize():
 
 
 def compiled_trainer(loader, augment=None):
+    from training.assembly import assemble
+    from training.config.validation import load_config
     from training.trainer import Trainer
-    from utils import assemble, load_config
 
     config = load_config(REPO / "config.json", ["model.name=mnist_cnn", "model.args={}", 'trainer.monitor="off"'])
     run = assemble(config)

@@ -78,7 +78,7 @@ def parse_args(argv=None):
 
 
 def bench_config() -> dict:
-    from utils import load_config
+    from training.config.validation import load_config
 
     # the warm-up in epochs: a timed run of any length still fits it (the values do not change the work)
     config = load_config(CONFIG, ['optimizer.schedule.args.warmup_steps={"epochs": 0.05}', *OVERRIDES])
@@ -87,7 +87,7 @@ def bench_config() -> dict:
 
 
 def train_loader(config: dict, steps: int):
-    from utils import build
+    from training.config.components import build
 
     loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * loader.batch_size)
@@ -138,10 +138,10 @@ def fused_run(steps: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
+    from training.assembly import assemble
     from training.devices import platform
     from training.metrics import metric_results
     from training.step import empty_stats, make_train_call
-    from utils import assemble
 
     config = bench_config()
     run = assemble(config)

@@ -55,7 +55,7 @@ VARIANTS += ["loop", "place"]
 
 
 def config(steps_per_call, log_every: int, save_dir: str) -> dict:
-    from utils import validate
+    from training.config.validation import validate
 
     return validate(
         {
@@ -96,8 +96,9 @@ def data(steps: int):
 def trainer_for(steps_per_call, log_every: int, steps: int):
     """The Trainer as train.py makes it (console and train.log logging), state initialised, step compiled."""
     from data_loader.loader import ArrayDataset, DataLoader
+    from training.assembly import assemble
+    from training.run.cli import setup_logging
     from training.trainer import Trainer
-    from utils import assemble, setup_logging
 
     run_dir = Path(tempfile.mkdtemp())
     x, y = data(steps)

@@ -28,9 +28,10 @@ POLICIES = ("float32", "bfloat16", "float16")
 
 
 def one_run(compute: str, steps: int) -> dict:
+    from training.assembly import assemble
+    from training.config.validation import load_config
     from training.metrics import metric_results
     from training.trainer import Trainer
-    from utils import assemble, load_config
 
     overrides = [
         "model.name=mnist_cnn",

@@ -61,8 +61,9 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     import numpy as np
 
     from data_loader.loader import ArrayDataset, DataLoader
+    from training.assembly import assemble
+    from training.config.validation import validate
     from training.trainer import Trainer
-    from utils import assemble, validate
 
     config = validate(
         {

@@ -168,7 +168,7 @@ def cifar_like(steps: int) -> Path:
 def bench_config(model: str, steps: int = 0, augment: bool = True) -> dict:
     """The model's training config with its train loader only; cifar_resnet: the CIFAR sample on random images
     (``augment`` false: its normalisation only)."""
-    from utils import load_config
+    from training.config.validation import load_config
 
     if model == "cifar_resnet":
         config = load_config(CIFAR_SAMPLE, [])
@@ -231,8 +231,8 @@ class FirstExamples:
 
 def compiled_trainer(config: dict, loader):
     """The template's Trainer for `config` on `loader`, state initialised and training step compiled."""
+    from training.assembly import assemble
     from training.trainer import Trainer
-    from utils import assemble
 
     run = assemble(config)
     run.use_data({"train": loader})
@@ -258,9 +258,9 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     from model.kernels import conv as cpu_conv
     from model.kernels import depthwise as cpu_depthwise
     from model.modules import pooling
+    from training.config.components import build
     from training.devices import platform
     from training.metrics import metric_results
-    from utils import build
 
     ablations = set(variant.split("+"))
     if "no-xla-opts" in ablations:
@@ -321,10 +321,10 @@ def fused_run(model_name: str, steps: int) -> dict:
     import jax
     import numpy as np
 
+    from training.assembly import assemble
     from training.devices import platform
     from training.metrics import metric_results
     from training.step import empty_stats, make_train_call
-    from utils import assemble
 
     run = assemble(bench_config(model_name, steps, augment=False))
     config, augment = run.config, run.augment
@@ -489,7 +489,7 @@ def flax_run(model_name: str, steps: int) -> dict:
     import jax.numpy as jnp
     import optax
 
-    from utils import build
+    from training.config.components import build
 
     config = bench_config(model_name, steps)
     loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
@@ -628,7 +628,7 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
 
     import torch
 
-    from utils import build
+    from training.config.components import build
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())

@@ -45,11 +45,14 @@ from inference.inputs import MASK, Inputs, Outputs, with_mask, without_mask  # n
 from inference.predict import read_preprocessing  # noqa: E402
 from inference.routes import FORMATS as DECLARED  # noqa: E402
 from inference.routes import OUTPUT_NAME, routes_of  # noqa: E402
+from inference.trained_run import ModelInputError, load_run  # noqa: E402
+from training.assembly import assemble  # noqa: E402
+from training.config.file import ConfigError  # noqa: E402
+from training.config.validation import load_config  # noqa: E402
 from training.run.checkpoint import check_checkpoint_file, of_run  # noqa: E402
-from training.run.cli import add_run, command  # noqa: E402
+from training.run.cli import ArgumentParser, add_run, command, fail  # noqa: E402
 from training.run.location import check_config_writes  # noqa: E402
 from training.step import declares_mask  # noqa: E402
-from utils import ArgumentParser, ConfigError, ModelInputError, assemble, fail, load_config, load_run  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -3,8 +3,9 @@
     @register("loss", task="regression")
     def mse(outputs, targets, *, mask=None): ...
 
-A config names a component by its function's name (``{"name": "mse", "args": {...}}``); ``utils.build`` finds it
-with ``entries(kind)``. What else a component declares lives beside it, in the decorator:
+A config names a component by its function's name (``{"name": "mse", "args": {...}}``);
+``training.config.components.build`` finds it with ``entries(kind)``. What else a component declares lives beside it,
+in the decorator:
 
 - ``check``: a function taking the component's config arguments that raises ``ValueError`` for impossible values;
   for what is not built before the data exists (a loss) or whose building reads files (a data loader);

@@ -9,7 +9,8 @@ import pytest
 
 from files.writes import LATEST, METRICS
 from tests.end_to_end.test_train import data_dir, make_config, run  # noqa: F401
-from utils import ConfigError, fit
+from training.config.file import ConfigError
+from utils import fit
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ from data_loader.augment import mixing
 from data_loader.augment import pipeline as aug
 from data_loader.augment.ops import Pixels
 from data_loader.augment.pipeline import Augment
-from utils import ConfigError, build_augment
+from training.config.file import ConfigError
+from training.config.validation import build_augment
 
 B, H, W, C = 6, 9, 7, 3  # H != W catches a swapped axis
 CLASSES = 5
@@ -373,7 +374,7 @@ def test_runs_sharded_over_devices():
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tests.data_loader.test_augment import PIPELINE, config_with
-from utils import build_augment
+from training.config.validation import build_augment
 assert len(jax.devices()) == 4
 augment = build_augment(config_with([PIPELINE[i] for i in (0, 1, 6, 7, 8)]))  # a gather, a flip, masks, the partner
 rng = np.random.default_rng(1)
@@ -490,7 +491,7 @@ def test_config_errors_name_their_place(ops, message):
 
 
 def test_validation_refuses_augment_outside_the_train_split_and_checks_ops():
-    from utils import validate
+    from training.config.validation import validate
 
     with pytest.raises(
         ConfigError,

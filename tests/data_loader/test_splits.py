@@ -9,7 +9,8 @@ import pytest
 
 from data_loader.data_loaders import arrays, csv
 from data_loader.sources.tabular import split_rows
-from utils import ConfigError, validate
+from training.config.file import ConfigError
+from training.config.validation import validate
 
 SPLITS = ("train", "validation", "test")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from utils import build_optimizer
+from training.config.components import build_optimizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch)
     import numpy as np
 
     from benchmarks import train_benchmark
-    from utils import build_augment
+    from training.config.validation import build_augment
 
     monkeypatch.setattr(train_benchmark.tempfile, "gettempdir", lambda: str(tmp_path))
     config = train_benchmark.bench_config("cifar_resnet", steps=2, augment=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import utils
+from training.config import components
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -64,15 +64,15 @@ def test_train_py_lists_every_registered_component():
     )
     assert listed.returncode == 0, listed.stderr
     names = {line.split("(")[0].strip() for line in listed.stdout.splitlines() if line.startswith("  ")}
-    for kind in utils.COMPONENT_MODULES:
+    for kind in components.COMPONENT_MODULES:
         assert f"{kind}:" in listed.stdout.splitlines()
-        assert set(utils.available(kind)) <= names, kind
+        assert set(components.available(kind)) <= names, kind
     assert "  huber(*, delta: float = 1.0)  [task: regression]" in listed.stdout.splitlines()
     one = subprocess.run(
         [sys.executable, "train.py", "--list", "schedule"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert one.stdout.splitlines()[0] == "schedule:" and len(one.stdout.splitlines()) == 1 + len(
-        utils.available("schedule")
+        components.available("schedule")
     )
     bad = subprocess.run(
         [sys.executable, "train.py", "--list", "lossses"], cwd=ROOT, capture_output=True, text=True, timeout=120

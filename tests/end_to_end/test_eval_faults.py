@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import pytest
 
 from tests.conftest import make_idx_dataset
+from training.config.components import build
+from training.config.validation import load_config
 from training.run import checkpoint
 from training.run.figures import plots
-from utils import build, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,10 +21,12 @@ import numpy as np
 import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
+from training.assembly import assemble
 from training.compiled import AUTO_CPU_CALL_S, AUTO_MAX_STEPS, AUTO_STACK_BYTES, auto_steps_per_call
+from training.config.file import ConfigError
+from training.config.validation import validate
 from training.devices import peaks, platform
 from training.trainer import Trainer
-from utils import ConfigError, assemble, validate
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = Path(__file__).resolve().parents[2]

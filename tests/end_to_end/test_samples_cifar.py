@@ -199,7 +199,7 @@ def test_cifar10_resnet_sample_end_to_end(tmp_path):
     from PIL import Image
 
     from inference.predict import load_image
-    from utils import build_augment, load_config
+    from training.config.validation import build_augment, load_config
 
     rng = np.random.default_rng(3)
     png = tmp_path / "photo.png"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.end_to_end.test_train import ROOT, run
-from utils import load_config
+from training.config.validation import load_config
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
 

@@ -87,7 +87,8 @@ def test_nan_inputs_are_refused_by_default_and_trained_on_when_allowed(tmp_path,
     assert f"data_loader.{split}: example 25: input holds nan" in line, line
     assert "allow_nonfinite" in line
 
-    from utils import assemble, validate
+    from training.assembly import assemble
+    from training.config.validation import validate
 
     allowed = validate(arrays_config(tmp_path, validation=True, allow_nonfinite=True))
     loaders = assemble(allowed).load_data()  # the data reaches the loop as it is

@@ -11,8 +11,9 @@ import pytest
 
 from inference import convert_tflite
 from tests.inference.test_export_cli import run_dir, write_config  # noqa: F401 (the tiny run folder fixture)
+from training.config.components import build
+from training.config.validation import load_config
 from training.run import checkpoint
-from utils import build, load_config
 
 
 def refused(capsys, tmp_path, *args) -> str:

@@ -22,8 +22,9 @@ from inference import convert_tflite, exporter
 from inference.routes import ROUTES
 from model.modules.linear import Linear
 from model.modules.module import Module
+from training.config.components import build
+from training.config.validation import load_config
 from training.run import checkpoint
-from utils import build, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 N_VAL = 40

@@ -18,8 +18,9 @@ from inference import convert_tflite, exporter
 from inference.inputs import Inputs
 from inference.predict import load_image
 from tests.inference.test_export_cli import PREDICTABLE, PairNet
+from training.config.components import build
+from training.config.validation import load_config
 from training.run import checkpoint
-from utils import build, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = "to be, or not to be: that is the question.\n" * 30

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from tests.end_to_end.test_train import run
+from training.config.components import build
+from training.config.validation import load_config
 from training.run import checkpoint
-from utils import build, load_config
 
 LABELS = ["T-shirt/top", "Trouser", "Ankle boot", "Bag", "Sneaker"]
 

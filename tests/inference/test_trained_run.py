@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from data_loader.sources.arrays import ArraysDataset
+from inference.trained_run import load_run
 from tests.end_to_end.test_train import run
 from tests.inference.test_reports import trained
+from training.config.file import ConfigError
 from training.run.checkpoint import CheckpointError
-from utils import ConfigError, load_run
 
 
 @pytest.mark.slow
@@ -45,7 +46,7 @@ def test_a_folder_without_a_checkpoint_or_config_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     run_dir = trained(tmp_path, "cross_entropy", [{"name": "accuracy"}], lambda x: x[:, :5].argmax(1))
-    from utils import load_config
+    from training.config.validation import load_config
 
     config = load_config(run_dir / "config.json")
     config["model"]["args"]["hidden"] = [8]

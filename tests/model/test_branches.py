@@ -17,8 +17,9 @@ from model.modules.linear import Linear
 from model.modules.sequential import Sequential
 from model.summary import summary
 from tests.end_to_end.test_train import run
+from training.config.components import build
+from training.config.validation import load_config
 from training.run import checkpoint
-from utils import build, load_config
 
 SPEC = {"image": jax.ShapeDtypeStruct((4, 6, 6, 2), jnp.float32), "features": jax.ShapeDtypeStruct((4, 3), jnp.float32)}
 

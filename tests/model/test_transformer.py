@@ -247,8 +247,8 @@ def test_a_model_that_declares_mask_exports_it_as_a_named_input(tmp_path):
     load_run gives on the same rows, and without a mask in the file every position is real."""
     import json
 
+    from inference.trained_run import load_run
     from tests.end_to_end.test_train import run
-    from utils import load_run
 
     rng = np.random.default_rng(1)
     n, length = 96, 12

@@ -139,9 +139,10 @@ def sample_train_state(path, tmp_path, compute: str):
     """The CompiledSteps of a sample config at one step per call in `compute` precision, on its own training data
     (shipped with the repository; a downloaded data set is stood in for by generated files of its format)."""
     from tests.end_to_end.test_samples_cifar import write_cifar10
+    from training.assembly import assemble
     from training.compiled import CompiledSteps
     from training.config.settings import Settings
-    from utils import assemble, load_config
+    from training.config.validation import load_config
 
     config = load_config(path)
     config["trainer"].update(steps_per_call=1, precision={"compute": compute})

@@ -13,9 +13,12 @@ from model.modules.flatten import Flatten
 from model.modules.linear import Linear
 from model.modules.normalization import BatchNorm
 from model.modules.sequential import Sequential
+from training.assembly import assemble
+from training.config.components import build
+from training.config.file import ConfigError
+from training.config.validation import validate
 from training.step import log_columns, make_train_call
 from training.trainer import Trainer
-from utils import ConfigError, assemble, build, validate
 
 
 def data(n, seed=0):

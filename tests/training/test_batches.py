@@ -16,10 +16,13 @@ from model.modules.embedding import Embedding
 from model.modules.linear import Linear
 from model.modules.module import Module
 from training import losses
+from training.assembly import assemble
+from training.config.components import build_optimizer
+from training.config.file import ConfigError
+from training.config.validation import validate
 from training.run import checkpoint
 from training.tasks import task_of
 from training.trainer import Trainer
-from utils import ConfigError, assemble, build_optimizer, validate
 
 
 class TwoInputs(Module):

@@ -12,11 +12,14 @@ import pytest
 
 from data_loader.data_loaders import char_text
 from data_loader.loader import ArrayDataset, DataLoader
+from training.assembly import assemble
 from training.callbacks import ema
+from training.config.components import available, build
+from training.config.file import ConfigError
+from training.config.validation import validate
 from training.run import checkpoint
 from training.run.figures import plots
 from training.trainer import Trainer
-from utils import ConfigError, assemble, available, build, validate
 
 
 def make_trainer(tmp_path, run, callbacks=(), epochs=2, steps_per_call=2, train=None, model=None):

@@ -245,7 +245,8 @@ def test_class_weights_of_another_count_than_the_models_classes_are_a_config_err
     import json
 
     from tests.end_to_end.test_train import make_config
-    from utils import ConfigError, validate
+    from training.config.file import ConfigError
+    from training.config.validation import validate
 
     config = json.loads(make_config(tmp_path, tmp_path / "none", loss={"name": "focal_loss"}).read_text())
     config["loss"]["args"] = {"class_weights": [1.0, 2.0]}

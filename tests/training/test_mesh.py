@@ -16,9 +16,10 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from tests.conftest import make_idx_dataset
 from tests.end_to_end.test_train import ROOT, run, write_config
+from training.config.file import ConfigError
+from training.config.validation import validate
 from training.devices import mesh
 from training.run import checkpoint
-from utils import ConfigError, validate
 
 
 # ------------------------------------------------------------------------------------------------ without devices
@@ -197,7 +198,8 @@ FSDP_CHILD = textwrap.dedent("""
     from training.run import checkpoint
     from training.devices import mesh
     from training.trainer import Trainer
-    from utils import assemble, load_config
+    from training.assembly import assemble
+    from training.config.validation import load_config
 
     folder = Path(sys.argv[1])
     out = {}
@@ -259,7 +261,8 @@ EVALUATE = textwrap.dedent(
     import numpy as np
     from data_loader.loader import ArrayDataset, DataLoader
     from training.trainer import Trainer
-    from utils import assemble, validate
+    from training.assembly import assemble
+    from training.config.validation import validate
 
     def trainer(train_batch):
         config = validate({

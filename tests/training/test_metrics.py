@@ -7,7 +7,7 @@ import pytest
 from scipy.special import expit, log_softmax
 
 from training import metrics
-from utils import available
+from training.config.components import available
 
 C = 4
 rng = np.random.default_rng(0)

@@ -20,10 +20,12 @@ from model.modules.linear import Linear
 from model.modules.module import Lambda
 from model.modules.sequential import Sequential
 from model.summary import summary
+from training.config.components import build
+from training.config.file import ConfigError
+from training.config.validation import validate
 from training.metrics import metric_results
 from training.step import empty_stats, make_eval_step
 from training.tasks import check_outputs_named, output_tasks
-from utils import ConfigError, build, validate
 
 LOSS = {
     "name": "weighted_sum",

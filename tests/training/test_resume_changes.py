@@ -12,10 +12,11 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from tests.end_to_end.test_train import make_config, run
 from tests.training.test_checkpoint_integrity import rewrite
+from training.assembly import assemble
+from training.config.validation import validate
 from training.run import checkpoint
 from training.run.checkpoint import CheckpointError
 from training.trainer import Trainer
-from utils import assemble, validate
 
 
 def make_trainer(tmp_path, name, batch=16, n=160, epochs=1, monitor="min train/loss", accumulate=1):

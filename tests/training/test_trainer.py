@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
+from training.assembly import assemble
+from training.config.validation import validate
 from training.trainer import Trainer
-from utils import assemble, validate
 
 
 def make_trainer(tmp_path, steps_per_call=1, epochs=2, n=150, batch=32, model=None, run="r"):

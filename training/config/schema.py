@@ -1,9 +1,9 @@
 """The config's schema: every section's defaults and bounds, and a check per section that fills its defaults in
 place and reports the first problem as one ConfigError naming its place (`config.json: trainer.epochs: ...`).
 
-``utils.validate`` runs the checks in a fixed order, so a config with several problems reports the same one first
-every time; the train split's augmentation is checked there too, between the loaders and the trainer (its ops are
-data_loader's, a layer above this one).
+``training.config.validation.validate`` runs the checks in a fixed order, so a config with several problems reports
+the same one first every time; the train split's augmentation is checked there too, between the loaders and the
+trainer.
 """
 
 from __future__ import annotations

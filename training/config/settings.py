@@ -1,6 +1,6 @@
 """What the trainer reads of a config, typed: the ``"trainer"`` section and the metric it watches (``Monitor``)
-(validated and given its defaults by ``utils.validate``; the defaults are training/config/schema.py's
-``TRAINER_DEFAULTS``) and the seed."""
+(validated and given its defaults by ``training.config.validation.validate``; the defaults are
+training/config/schema.py's ``TRAINER_DEFAULTS``) and the seed."""
 
 from __future__ import annotations
 

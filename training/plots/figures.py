@@ -279,12 +279,12 @@ def save_image_grid(inputs, targets, predictions, path: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    """python utils.py plot saved/<name>/<run_id> [-o curves.png]"""
-    parser = ArgumentParser(prog="utils.py", description="Tools for run folders.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    plot = commands.add_parser("plot", help="draw a run folder's metrics.jsonl as curves.png")
-    plot.add_argument("run_dir", help="a run folder, e.g. saved/<name>/<run_id>")
-    plot.add_argument("-o", "--out", help="image file (default: <run_dir>/curves.png)")
+    """python -m training.plots saved/<name>/<run_id> [-o curves.png] (training/plots/__main__.py)"""
+    parser = ArgumentParser(
+        prog="python -m training.plots", description="Draws a run folder's metrics.jsonl as curves.png."
+    )
+    parser.add_argument("run_dir", help="a run folder, e.g. saved/<name>/<run_id>")
+    parser.add_argument("-o", "--out", help="image file (default: <run_dir>/curves.png)")
     args = parser.parse_args(argv)
 
     try:

@@ -16,7 +16,21 @@ import re
 import shutil
 from pathlib import Path
 
-from files.writes import BEST, LOCK_NAME, METRICS, UnsafeFile, epoch_checkpoint, open_append, open_nofollow
+from files.writes import (
+    BEST,
+    CONFIG,
+    LOCK_NAME,
+    METRICS,
+    PREPROCESSING,
+    UnsafeFile,
+    epoch_checkpoint,
+    open_append,
+    open_nofollow,
+    replace_folder,
+    temporary_folder,
+    write_atomic,
+)
+from training.config.notebook_components import NOTEBOOK, kernel_components
 from training.run import checkpoint
 
 
@@ -205,3 +219,43 @@ def written_at(path: Path) -> tuple[int, int] | None:
     except checkpoint.CheckpointError:
         return None
     return header.get("epoch"), header.get("step")
+
+
+def write_run_files(run_dir: Path, config: dict, run, new: bool = True) -> None:
+    """What makes a folder a run that test.py, sample.py, the export and load_run take, as train.py and ``fit``
+    write it: the resolved config, the training data's preprocessing, a copy of model/ (``new``: the code of the
+    weights), and notebook.json naming the components that only this process knows. ``run``: the assembled run
+    (``training.assembly.Run``) with its train data loaded."""
+    import model
+
+    if new:
+        # copied into a folder made here, then swapped in: a folder named model/ in a run folder from elsewhere
+        # (a requeued -r auto run) may hold links, and copying over them would write through them
+        building = temporary_folder(run_dir / "model")
+        try:
+            code = Path(model.__file__).parent
+            shutil.copytree(code, building, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+            replace_folder(building, run_dir / "model")
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+    write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+    preprocessing = run_preprocessing(run)
+    if preprocessing:
+        write_atomic(run_dir / PREPROCESSING, (json.dumps(preprocessing, indent=2) + "\n").encode())
+    local = kernel_components(config)
+    if local:
+        write_atomic(run_dir / NOTEBOOK, (json.dumps({"registered_in_notebook": local}, indent=2) + "\n").encode())
+
+
+def run_preprocessing(run) -> dict:
+    """preprocessing.json of a run: the training data's preprocessing, the augmentation's normalisation folded in
+    (what predict.py computes), and the range of the model's inputs (predict.py's range check)."""
+    from data_loader.augment.pipeline import input_range
+
+    loader = run.loaders["train"]
+    preprocessing = loader.preprocessing
+    if run.augment is not None:
+        preprocessing = run.augment.preprocessing(preprocessing, loader.spec)
+    preprocessing.update(input_range(loader, run.augment))
+    return preprocessing

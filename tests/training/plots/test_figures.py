@@ -1,5 +1,5 @@
 """Run figures: the curves drawn are the numbers in metrics.jsonl, the PNGs have the expected size and are not blank,
-and `python utils.py plot` writes curves.png or fails with one line."""
+and `python -m training.plots` writes curves.png or fails with one line."""
 
 from __future__ import annotations
 
@@ -123,14 +123,14 @@ def test_plot_run_reads_metrics_jsonl(tmp_path):
         plot_run(tmp_path / "elsewhere")
 
 
-def test_utils_plot_command(tmp_path):
+def test_the_plot_command(tmp_path):
     run_dir = tmp_path / "saved" / "tiny" / "r1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(3)))
-    result = run("utils.py", "plot", run_dir, "-o", tmp_path / "out.png")
+    result = run("-m", "training.plots", run_dir, "-o", tmp_path / "out.png")
     assert result.returncode == 0, result.stderr
     assert Image.open(tmp_path / "out.png").size == (1200, 600)
-    result = run("utils.py", "plot", tmp_path)
+    result = run("-m", "training.plots", tmp_path)
     assert result.returncode == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -182,20 +182,19 @@ def test_test_py_draws_every_output_of_a_vector_regression(tmp_path):
 
 
 @pytest.mark.parametrize("line", ["[1, 2]", "3", '"text"', "[" * 100_000, "{"])
-def test_utils_plot_on_a_metrics_line_that_is_not_an_object_is_one_line(tmp_path, capsys, line):
+def test_the_plot_command_on_a_metrics_line_that_is_not_an_object_is_one_line(tmp_path, capsys, line):
     """Before: [1, 2] or 3 was an AttributeError (row.items()), deep nesting a RecursionError, each a traceback."""
-    plot = main
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train/loss": 1.0}) + "\n" + line + "\n")
-    assert "metrics.jsonl: line 2 is " in one_line(capsys, plot, "plot", tmp_path)
+    assert "metrics.jsonl: line 2 is " in one_line(capsys, main, tmp_path)
 
 
-def test_utils_plot_refuses_a_link_at_curves_png(tmp_path):
+def test_the_plot_command_refuses_a_link_at_curves_png(tmp_path):
     rows = [{"epoch": e, "train/loss": 1.0 / e, "val/loss": 1.2 / e} for e in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     target = victim(tmp_path)
     (tmp_path / "curves.png").symlink_to(target)
-    result = run("utils.py", "plot", tmp_path)
+    result = run("-m", "training.plots", tmp_path)
     one_error_line(result, str(tmp_path / "curves.png"), "symbolic link")
     assert target.read_bytes() == VICTIM_BYTES
     (tmp_path / "curves.png").unlink()
-    assert run("utils.py", "plot", tmp_path).returncode == 0 and (tmp_path / "curves.png").is_file()
+    assert run("-m", "training.plots", tmp_path).returncode == 0 and (tmp_path / "curves.png").is_file()

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tests.end_to_end.test_train import ROOT, data_dir, make_config, run  # noqa: F401  (data_dir is a fixture)
+from training.config.file import read_json
 from training.run.figures import plots
 from training.tracking.trackers import flatten, scalars
-from utils import read_json
 
 OFFLINE = {"enabled": True, "project": "tiny-tests", "mode": "offline", "tags": ["e2e"]}
 

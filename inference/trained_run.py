@@ -1,0 +1,125 @@
+"""A trained run back in Python (``load_run``): a run folder or one checkpoint file -> a ``LoadedRun``, the model with
+its trained params and state, its config and preprocessing, called on inputs as the data loader gives them. test.py,
+sample.py and the export load their runs here, and so does a notebook:
+
+    from inference.trained_run import load_run
+
+    run = load_run("saved/Mnist_LeNet/<run_id>")  # model_best.params, else checkpoint-latest.params
+    logits = run(images)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from files.writes import CONFIG, PREPROCESSING
+from training.assembly import Run, assemble
+from training.config.file import ConfigError
+from training.config.validation import load_config
+from training.run import checkpoint
+
+
+class ModelInputError(ConfigError):
+    """The model cannot take the input it is loaded for; ``reason`` is the first line of the layer's complaint."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"config.json: model: cannot take the data's input ({reason})")
+        self.reason = reason
+
+
+@dataclass
+class LoadedRun:
+    """A trained run ready to use in Python, made by ``load_run``: the model with its trained ``params`` and
+    ``state``, the ``config`` it trained with, the ``preprocessing`` a user of it needs (class names, vocabulary,
+    normalisation), the components (``run``: loss, metrics, augmentation) and the checkpoint it came from."""
+
+    model: Any
+    params: Any
+    state: Any
+    config: dict
+    preprocessing: dict
+    run: Run
+    checkpoint: Path
+    header: dict  # the checkpoint's header: epoch, step, monitored value
+    input_spec: Any  # what the model takes (shapes and dtypes, batch first), after the augmentation's eval part
+    _forward: Any = field(default=None, repr=False)
+
+    def __call__(self, inputs, mask=None):
+        """The model's outputs on a batch of inputs as the run's data loader gives them, in inference mode: the train
+        split's deterministic augmentation (normalize...) first, as test.py evaluates. A numpy array. ``mask``: the
+        batch's padding mask, for a model whose call declares one (without it, every position is real)."""
+        import jax
+        import numpy as np
+
+        if self._forward is None:
+            augment, model = self.run.augment, self.model
+
+            def forward(params, state, x, mask):
+                if augment is not None:
+                    x = augment({"input": x}, None, train=False)["input"]
+                return model(params, state, x, train=False, **({} if mask is None else {"mask": mask}))[0]
+
+            self._forward = jax.jit(forward)
+        return np.asarray(self._forward(self.params, self.state, inputs, mask))
+
+
+def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> LoadedRun:
+    """A run folder (its best checkpoint, else the latest) or a checkpoint file -> a ``LoadedRun`` ready to call.
+
+    ``config``: a validated config (default: the config.json beside the checkpoint). ``input_spec``: what the model
+    takes (default: read from one batch of the config's data, the train split first). Bad input raises ConfigError,
+    a checkpoint that does not fit the model ``training.run.checkpoint.CheckpointError``; both carry one line."""
+    import jax
+
+    checkpoint_path = checkpoint.of_run(path)
+    checkpoint.check_checkpoint_file(checkpoint_path)
+    if config is None:
+        config_path = checkpoint_path.parent / CONFIG
+        if not config_path.is_file():
+            raise ConfigError(f"{config_path}: no such file; pass the run's config as load_run(path, config=...)")
+        config = load_config(config_path, source=CONFIG)
+    run = assemble(config)
+    data_preprocessing = None
+    if input_spec is None:
+        loader = first_loader(run)
+        batch_spec = loader.spec if run.augment is None else run.augment.spec(loader.spec)
+        input_spec = batch_spec["input"]
+        data_preprocessing = loader.preprocessing
+        if run.augment is not None:  # as train.py records it
+            data_preprocessing = run.augment.preprocessing(data_preprocessing, loader.spec)
+    try:
+        template = jax.eval_shape(
+            lambda: dict(zip(("params", "state"), run.model.init(jax.random.PRNGKey(0), input_spec)))
+        )
+    except Exception as error:  # shape errors from deep inside a layer: their first line says what
+        raise ModelInputError((str(error).strip() or type(error).__name__).splitlines()[0]) from None
+    tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
+    saved = checkpoint_path.parent / PREPROCESSING
+    if saved.is_file():  # what train.py recorded of the training data
+        try:
+            preprocessing = json.loads(saved.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise ConfigError(f"{saved}: cannot read it as JSON ({error})") from None
+    else:
+        preprocessing = data_preprocessing or {}
+    return LoadedRun(
+        run.model, tree["params"], tree["state"], config, preprocessing, run, checkpoint_path, header, input_spec
+    )
+
+
+def first_loader(run: Run):
+    """The loader of the first split of the config that reads (train, validation, test): its first batch gives the
+    shapes and dtypes the model takes."""
+    splits = [s for s in ("train", "validation", "test") if s in run.config["data_loader"]]
+    problem = None
+    for split in splits:
+        try:
+            return run.load_data([split])[split]
+        except ConfigError as error:
+            problem = str(error)
+        except (OSError, ValueError) as error:  # the data set's own complaint, which does not say which split
+            problem = f"config.json: data_loader.{split}: {error}"
+    raise ConfigError(problem or "config.json: data_loader: no split to read the model's input shape from")
