@@ -41,11 +41,6 @@ TRAINER_DEFAULTS = {
     "accumulate_steps": 1,
     "precision": None,
 }
-# How the arrays and csv loaders partition rows into train / validation / test (docs/data.md says when each is right):
-# "random" a seeded shuffle of the rows; "order" the file's order, train first, then validation, then test (a time
-# series: the model is judged on what comes after what it learned from); "group" whole groups of rows (a patient, a
-# recording) at random, each group in one split only, named by `group`.
-SPLIT_BY = ("random", "order", "group")
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
 TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "mesh", "callbacks"}
@@ -412,13 +407,3 @@ def monitored_names(config: dict, names: list[str] | None = None) -> list[str]:
     return logged
 
 
-def check_split_by(split_by, group, what: str) -> None:
-    """A loader's ``split_by`` and ``group`` (``what`` the group names: "an array", "a column"), as ValueError."""
-    if split_by not in SPLIT_BY:
-        raise ValueError(f"split_by: expected one of {', '.join(map(repr, SPLIT_BY))}, got {show(split_by)}")
-    if split_by == "group" and not (isinstance(group, str) and group):
-        raise ValueError(
-            f'group: split_by "group" needs the name of {what} holding each row\'s group, got {show(group)}'
-        )
-    if split_by != "group" and group is not None:
-        raise ValueError(f'group: {show(group)} is used only with split_by "group" (split_by is {show(split_by)})')
