@@ -1,6 +1,6 @@
 """What the loop reports to with no tracker library: ``History`` (every epoch's row in memory, what ``utils.fit``
-returns to a notebook) and ``StepTrace`` (a profiler trace of a few steps). The trackers and their config sections:
-``training/tracking/``.
+returns to a notebook) and ``StepTrace`` (a profiler trace of a few steps). Trackers that send these values elsewhere
+are an optional feature's folder, with their config sections.
 
 A tracker is any object with ``log_step(step, values)`` (every ``trainer.log_every`` steps: step loss, learning
 rate, gradient norm), ``log_epoch(epoch, row, best)`` (the epoch's row of ``metrics.jsonl``) and

@@ -27,13 +27,12 @@ from training.tracking import config as tracking  # [feature: tracking]
 
 
 def run_id_of(config: dict) -> str:
-    """A new run's folder name: trainer.run_id, else the start time (and the wandb run id, so each finds the
-    other)."""
+    """A new run's folder name: trainer.run_id, else the start time."""
     trainer = config["trainer"]
     if trainer["run_id"]:
         return trainer["run_id"]
     run_id = datetime.now().strftime("%Y%m%d_%H%M%S")
-    run_id += tracking.folder_suffix(config)  # [feature: tracking]
+    run_id += tracking.folder_suffix(config)  # [feature: tracking] the wandb run's id, so each finds the other
     return run_id
 
 

@@ -1,6 +1,6 @@
 """Trackers for real: `train.py` runs with wandb (offline) and TensorBoard on tiny generated data, and the files they
-write are read back with independent readers (the wandb run log parsed record by record, TensorFlow's TFRecord
-reader for the event files) and compared with `metrics.jsonl` and `train.log`. Nothing contacts the network."""
+write are read back with readers of their own (the wandb run log parsed record by record, the event files' TFRecord
+framing read and checksummed here) and compared with `metrics.jsonl` and `train.log`. Nothing contacts the network."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -86,16 +87,40 @@ def read_wandb_run(folder: Path) -> dict:
     return out
 
 
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), bit by bit: the checksum TFRecord framing uses."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def tfrecords(path: Path) -> list[bytes]:
+    """The records of a TFRecord file, each as [length u64][masked CRC of the length][data][masked CRC of the data];
+    a checksum that does not match fails the test."""
+    masked = lambda data: ((((c := crc32c(data)) >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF  # noqa: E731
+    records, blob, at = [], path.read_bytes(), 0
+    while at < len(blob):
+        length, length_crc = struct.unpack_from("<QI", blob, at)
+        data = blob[at + 12 : at + 12 + length]
+        (data_crc,) = struct.unpack_from("<I", blob, at + 12 + length)
+        assert length_crc == masked(blob[at : at + 8]) and data_crc == masked(data), f"{path.name}: bad record at {at}"
+        records.append(data)
+        at += 16 + length
+    return records
+
+
 def read_events(folder: Path) -> dict:
-    """{tag: [(step, value), ...]} and the hparams plugin tags of every event file in `folder`, via TensorFlow."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
+    """{tag: [(step, value), ...]} and the hparams plugin tags of every event file in `folder`: the TFRecord framing
+    read and checksummed here, each record an Event protocol buffer (TensorBoard's schema, as tensorboardX ships it)."""
+    from tensorboardX.proto import event_pb2
 
     values, plugin_tags = {}, {}
     for path in sorted(folder.glob("events.out.tfevents.*")):
-        for raw in tf.data.TFRecordDataset(str(path)):
-            event = event_pb2.Event.FromString(raw.numpy())
+        for raw in tfrecords(path):
+            event = event_pb2.Event.FromString(raw)
             for value in event.summary.value:
                 if value.metadata.plugin_data.plugin_name == "hparams":
                     plugin_tags[value.tag] = value.metadata.plugin_data.content
@@ -248,6 +273,10 @@ def test_wandb_that_cannot_start_is_a_warning_and_the_profile_trace(tmp_path, da
 
 
 # ---------------------------------------------------------------------------------------------------- units
+def test_the_event_files_checksum_is_crc32c():
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C (RFC 3720)
+
+
 def test_scalars_flatten_vectors_and_skip_matrices():
     row = {
         "epoch": 2,
