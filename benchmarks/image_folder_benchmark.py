@@ -173,7 +173,7 @@ def compiled_trainer(loader, augment=None):
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.steps.compile(trainer.train_state)
+    trainer.log_compile()
     trainer.first_call_logged = True
     return trainer
 

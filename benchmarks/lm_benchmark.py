@@ -124,12 +124,12 @@ def template_run(steps: int, compute: str = "float32") -> dict:
     return {
         "tokens_per_s": len(loader) * tokens_per_step(loader) / seconds,
         "seconds": seconds,
-        "steps_per_call": trainer.steps.steps_per_call,
-        "compile_s": trainer.steps.compile_seconds,
+        "steps_per_call": trainer.steps_per_call.k,
+        "compile_s": trainer.compiled.seconds[trainer.steps_per_call.k],
         "data_wait_s": trainer.data_wait,
         "peak_rss_mb": peak_rss_mb(),
         "params": sum(x.size for x in jax.tree.leaves(trainer.train_state["params"])),
-        "flop_per_token": (trainer.steps.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
+        "flop_per_token": (trainer.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
     }
 
 

@@ -7,7 +7,7 @@
 Variants, each measured in a fresh process (one epoch to warm up, then one timed epoch):
   bare               the reference: the Trainer's own compiled K = 1 step, called in a Python loop over numpy batches
                      (a fancy index of a random order), each placed as the Trainer places its stacks
-                     (``CompiledSteps.put_stack``); nothing read back until the end. Each K=1 variant's process also
+                     (``Placement.put_stack``); nothing read back until the end. Each K=1 variant's process also
                      runs it, alternating epochs with the Trainer's (``SAME_PROCESS_PAIRS``): "same process" ratios
   K=1 log=1          the Trainer at 1 step per call, a step line (log, trackers, callbacks) every step
   K=1 log=50         ... every 50 steps (the default)
@@ -15,7 +15,7 @@ Variants, each measured in a fresh process (one epoch to warm up, then one timed
   each of the four also "+tty": the process's terminal is a pseudo-terminal, so the live progress bar is shown
   loop               the Trainer's loop alone: its compiled call replaced by a function that returns at once (the
                      host work per step outside XLA), with the prefetch thread and with ``prefetch: 0``
-  place              placing one stack (1 step of 8 examples) as an accelerator gets it: ``CompiledSteps.put_stack``
+  place              placing one stack (1 step of 8 examples) as an accelerator gets it: ``Placement.put_stack``
                      with its host-array shortcut of the CPU off (packed into one array, then one ``jax.device_put``),
                      and leaf by leaf (one ``jax.device_put`` of the stack's arrays), against the floor of one
                      ``jax.device_put`` of a single array of the stack's bytes; CPU time per stack, in the process
@@ -107,7 +107,7 @@ def trainer_for(steps_per_call, log_every: int, steps: int):
     setup_logging(run_dir)
     trainer = Trainer(run, run_dir)
     trainer.init_state()
-    trainer.steps.compile(trainer.train_state)
+    trainer.log_compile()
     return trainer
 
 
@@ -129,13 +129,13 @@ def run_trainer(steps_per_call, log_every: int, steps: int) -> dict:
         def run():
             totals = trainer.train_epoch(number)
             jax.block_until_ready((trainer.train_state, totals))
-            return trainer.steps.steps_per_epoch
+            return trainer.steps_per_epoch
 
         return run
 
     epoch(1)()  # warm-up: the first call, the caches, the prefetch thread's first start
     if bare is None:
-        return {**timed(epoch(2)), "steps_per_call": trainer.steps.steps_per_call}
+        return {**timed(epoch(2)), "steps_per_call": trainer.steps_per_call.k}
     bare(1)()
     pairs = [(timed(bare(2 + 2 * i)), timed(epoch(3 + 2 * i))) for i in range(SAME_PROCESS_PAIRS)]
     best = {key: min(t[key] for _, t in pairs) for key in ("cpu_us", "wall_us")}
@@ -149,18 +149,18 @@ def bare_epoch(trainer, steps: int):
     import jax
     import numpy as np
 
-    compiled, x, y = trainer.steps, *data(steps)
-    step = compiled.compiled_chunk
+    x, y = data(steps)
+    step = trainer.compiled.train_call(trainer.steps_per_call.k)
     one, mask = np.ones(1, np.float32), np.ones((1, BATCH), np.float32)
 
     def epoch(number):
         def run():
-            ts, totals = trainer.train_state, compiled.empty_stats()
+            ts, totals = trainer.train_state, trainer.compiled.empty_stats()
             order = np.random.default_rng([0, number]).permutation(len(x))
             for i in range(steps):
                 idx = order[i * BATCH : (i + 1) * BATCH]
                 batch = {"input": x[idx][None], "target": y[idx][None], "mask": mask, "active": one}
-                ts, totals, logs = step(ts, totals, compiled.put_stack(batch))
+                ts, totals, logs = step(ts, totals, trainer.placement.put_stack(batch))
             jax.block_until_ready((ts, totals, logs))
             trainer.train_state = ts
             return steps
@@ -187,7 +187,8 @@ def run_loop(steps: int) -> dict:
     trainer = trainer_for(1, 50, steps)
     trainer.train_epoch(1)
     logs = jnp.zeros((1, len(LOGS)))
-    trainer.steps.compiled_chunk = lambda ts, totals, stack: (ts, totals, logs)
+    # the loop asks for its call once per epoch (``Compiled.train_call``)
+    trainer.compiled.train_call = lambda k: lambda ts, totals, stack: (ts, totals, logs)
 
     def epoch(number, prefetch):
         def run():
@@ -208,12 +209,13 @@ def run_place(steps: int) -> dict:
     import numpy as np
 
     trainer = trainer_for(1, 50, steps)
-    state = trainer.steps
-    state.place_stacks(host_arrays=False)  # the CPU's shortcut off: placed as on an accelerator, packed
+    trainer.place_stacks(host_arrays=False)  # the CPU's shortcut off: placed as on an accelerator, packed
+    trainer.compiled.train_call(trainer.steps_per_call.k)  # the compilation place_stacks starts, done before timing
+    placement = trainer.placement
     _, stack = next(trainer.train_loader.stacks(0, 1))
-    sharding = state.batch_sharding({"bytes": np.zeros((1, 1))})["bytes"]
+    sharding = placement.batch_sharding({"bytes": np.zeros((1, 1))})["bytes"]
     nbytes = sum(a.nbytes for a in jax.tree.leaves(stack))
-    flat = np.zeros((state.mesh.size, -(-nbytes // state.mesh.size)), np.uint8)
+    flat = np.zeros((placement.mesh.size, -(-nbytes // placement.mesh.size)), np.uint8)
 
     def per_stack(put):
         def run():
@@ -226,9 +228,9 @@ def run_place(steps: int) -> dict:
         return timed(run)
 
     floor = per_stack(lambda: jax.device_put(flat, sharding))
-    packed = per_stack(lambda: state.put_stack(stack))
-    state.packing = None  # leaf by leaf, as before stacks were packed
-    leaves = per_stack(lambda: state.put_stack(stack))
+    packed = per_stack(lambda: placement.put_stack(stack))
+    placement.packing = None  # leaf by leaf, as before stacks were packed
+    leaves = per_stack(lambda: placement.put_stack(stack))
     return {**packed, "floor_cpu_us": floor["cpu_us"], "leaves_cpu_us": leaves["cpu_us"], "steps_per_call": 1}
 
 

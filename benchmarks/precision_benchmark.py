@@ -48,19 +48,21 @@ def one_run(compute: str, steps: int) -> dict:
     train = loaders["train"]
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.steps.compile(trainer.train_state)
+    trainer.log_compile()
     trainer.first_call_logged = True
     import jax
 
     # the first call runs outside the clock: the epoch is timed from its second call on
-    chunks = train.stacks(1, trainer.steps.steps_per_call, trainer.steps.put_stack)
-    totals = trainer.steps.empty_stats()
-    real, stack = next(chunks)
-    trainer.train_state, totals, _ = trainer.steps.compiled_chunk(trainer.train_state, totals, stack)
+    k = trainer.steps_per_call.k
+    call = trainer.compiled.train_call(k)
+    stacks = train.stacks(1, k, trainer.placement.put_stack)
+    totals = trainer.compiled.empty_stats()
+    real, stack = next(stacks)
+    trainer.train_state, totals, _ = call(trainer.train_state, totals, stack)
     jax.block_until_ready(trainer.train_state)
     examples, start = 0, time.perf_counter()
-    for real, stack in chunks:
-        trainer.train_state, totals, _ = trainer.steps.compiled_chunk(trainer.train_state, totals, stack)
+    for real, stack in stacks:
+        trainer.train_state, totals, _ = call(trainer.train_state, totals, stack)
         examples += real * train.batch_size
     train_results = metric_results(trainer.run.metrics, totals)  # waits for the last step
     seconds = time.perf_counter() - start

@@ -89,33 +89,35 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
     trainer.init_state()
-    trainer.steps.compile(trainer.train_state)
-    held = mesh.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
+    trainer.log_compile()
+    held = mesh.device_bytes({name: trainer.train_state[name] for name in ("params", "opt_state")})
+    k = trainer.steps_per_call.k
+    call = trainer.compiled.train_call(k)
     temp = None
     try:
-        temp = trainer.steps.compiled_chunk.memory_analysis().temp_size_in_bytes
+        temp = call.memory_analysis().temp_size_in_bytes
     except (AttributeError, NotImplementedError):
         pass
-    _, stack = next(loader.stacks(0, trainer.steps.steps_per_call, trainer.steps.put_stack))
-    totals = trainer.steps.empty_stats()
+    _, stack = next(loader.stacks(0, k, trainer.placement.put_stack))
+    totals = trainer.compiled.empty_stats()
     ts = trainer.train_state
-    calls = max(1, steps // trainer.steps.steps_per_call)
-    ts, totals, logs = trainer.steps.compiled_chunk(ts, totals, stack)  # warm-up
+    calls = max(1, steps // k)
+    ts, totals, logs = call(ts, totals, stack)  # warm-up
     jax.block_until_ready(logs)
     started = time.perf_counter()
     for _ in range(calls):
-        ts, totals, logs = trainer.steps.compiled_chunk(ts, totals, stack)
+        ts, totals, logs = call(ts, totals, stack)
     jax.block_until_ready(logs)
     seconds = time.perf_counter() - started
     parameters = sum(leaf.size for leaf in jax.tree.leaves(ts["params"]))
     result = {
-        "ms_per_step": 1000 * seconds / (calls * trainer.steps.steps_per_call),
+        "ms_per_step": 1000 * seconds / (calls * k),
         "state_mb_per_device": max(held.values()) / 2**20,
         "temp_mb_per_device": temp and temp / 2**20,
         "devices": jax.device_count(),
-        "mesh": dict(trainer.steps.mesh.shape),
+        "mesh": dict(trainer.placement.mesh.shape),
         "parameters": int(parameters),
-        "compile_s": trainer.steps.compile_seconds,
+        "compile_s": trainer.compiled.seconds[k],
     }
     mesh.finish_processes()
     return result

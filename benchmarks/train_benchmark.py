@@ -230,15 +230,16 @@ class FirstExamples:
 
 
 def compiled_trainer(config: dict, loader):
-    """The template's Trainer for `config` on `loader`, state initialised and training step compiled."""
+    """The template's Trainer for `config` on `loader`, state initialised and training step compiled (its FLOPs
+    counted, for the reports' FLOP rates)."""
     from training.assembly import assemble
     from training.trainer import Trainer
 
     run = assemble(config)
     run.use_data({"train": loader})
-    trainer = Trainer(run, Path(tempfile.mkdtemp()))
+    trainer = Trainer(run, Path(tempfile.mkdtemp()), count_flops=True)
     trainer.init_state()
-    trainer.steps.compile(trainer.train_state)
+    trainer.log_compile()
     trainer.first_call_logged = True
     return trainer
 
@@ -295,9 +296,10 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
     trainer = compiled_trainer(config, loader)
     if ablations & SLOW:  # warm up with one call
-        _, stack = next(iter(loader.stacks(0, trainer.steps.steps_per_call, trainer.steps.put_stack)))
-        steps = trainer.steps
-        trainer.train_state, _, logs = steps.compiled_chunk(trainer.train_state, steps.empty_stats(), stack)
+        k = trainer.steps_per_call.k
+        _, stack = next(iter(loader.stacks(0, k, trainer.placement.put_stack)))
+        call = trainer.compiled.train_call(k)
+        trainer.train_state, _, logs = call(trainer.train_state, trainer.compiled.empty_stats(), stack)
         jax.block_until_ready(logs)
     else:  # warm up with one epoch, as the fused bound does
         metric_results(trainer.run.metrics, trainer.train_epoch(0))
@@ -310,10 +312,10 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         "images_per_s": loader.num_examples / seconds,
         "seconds": seconds,
         "data_wait_s": trainer.data_wait,
-        "compile_s": trainer.steps.compile_seconds,
-        "steps_per_call": trainer.steps.steps_per_call,
+        "compile_s": trainer.compiled.seconds[trainer.steps_per_call.k],
+        "steps_per_call": trainer.steps_per_call.k,
         "peak_rss_mb": peak_rss_mb(),
-        "mflop_per_example": (trainer.steps.flops_per_example or 0) / 1e6,
+        "mflop_per_example": (trainer.flops_per_example or 0) / 1e6,
     }
 
 
