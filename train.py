@@ -17,12 +17,12 @@ from pathlib import Path
 
 from files.writes import CONFIG, LATEST, METRICS
 from signals import stops
-from training import processes  # [feature: processes]
 from training.assembly import assemble
 from training.config.components import components_text
 from training.config.file import ConfigError, config_hash
 from training.config.validation import load_config
 from training.devices import mesh, platform
+from training.processes import launch  # [feature: processes]
 from training.run import debug_modes, lifecycle, location
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import ArgumentParser, command, fail, setup_logging
@@ -78,7 +78,7 @@ def parse_args(argv=None):
     )
     debug("--detect-nans", action="store_true", help="stop at the first operation that makes a NaN, naming its line")
     debug("--no-jit", action="store_true", help="run every step op by op (jax.disable_jit) to debug inside it; slow")
-    processes.add_arguments(parser)  # --coordinator, --num-processes, ... [feature: processes]
+    launch.add_arguments(parser)  # --coordinator, --num-processes, ... [feature: processes]
     return parser.parse_args(argv)
 
 
@@ -105,7 +105,7 @@ def train(args) -> int:
     if args.list:
         return list_components(args.list)
     setup_logging(None)  # the console until the run folder exists
-    processes.start(args)  # jax.distributed, before anything touches a device [feature: processes]
+    launch.start(args)  # jax.distributed, before anything touches a device [feature: processes]
     config, resume_dir, run = read_config(args)
     stops.safe_point()
     loaders = load_data(args, config, run)

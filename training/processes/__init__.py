@@ -4,10 +4,9 @@ own detection), a watchdog that ends the others when one dies or hangs (``watchd
 key-value store through which process 0 shares its run folder and all meet at the end (``store``). Docs:
 docs/runs.md.
 
-train.py names it in three lines (its import, ``add_arguments`` and ``start``); the rest of the template asks only
-``training/devices/mesh.py`` about the run's processes. Deleting this folder, tests/training/processes/ and those
-three lines leaves a template for one process."""
+train.py names it in three lines (its import of ``launch``, ``launch.add_arguments`` and ``launch.start``); the rest
+of the template asks only ``training/devices/mesh.py`` about the run's processes. Deleting this folder,
+tests/training/processes/ and those three lines leaves a template for one process.
 
-from training.processes.launch import add_arguments, start
-
-__all__ = ["add_arguments", "start"]
+This file imports none of the modules: launch and the watchdog import ``store`` from the package, so an import of
+launch here would make a cycle (the package -> launch -> watchdog -> the package)."""
