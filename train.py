@@ -17,6 +17,7 @@ from pathlib import Path
 
 from files.writes import CONFIG, LATEST, METRICS
 from signals import stops
+from training import compiled
 from training.assembly import assemble
 from training.config.components import components_text
 from training.config.file import ConfigError, config_hash
@@ -107,6 +108,7 @@ def train(args) -> int:
     setup_logging(None)  # the console until the run folder exists
     launch.start(args)  # jax.distributed, before anything touches a device [feature: processes]
     config, resume_dir, run = read_config(args)
+    compiled.use_cache(config["trainer"]["compilation_cache"])  # before anything compiles: kept for the next run
     stops.safe_point()
     loaders = load_data(args, config, run)
     stops.safe_point()
@@ -234,7 +236,7 @@ def run_loop(args, config: dict, loaders: dict, trainer, folder) -> int:
     try:
         jax.config.update("jax_debug_nans", args.detect_nans)
         with jax.disable_jit(args.no_jit):
-            best = trainer.fit()
+            best = trainer.train()
         if args.fast_dev_run:
             debug_modes.fast_dev_checks(trainer, loaders, folder.path)
         else:

@@ -10,16 +10,16 @@ The trainer calls every callback's methods at five places, and nowhere else:
     on_train_end(trainer)                 after the last epoch (or an early stop)
 
 A callback that must see every step (an average of the parameters, say) cannot wait for the host: it keeps a state
-in the training state instead, ``ts["callbacks"][name]``, made by ``init(params)`` and advanced inside the jitted
-step by ``update(state, params, step)``; it is checkpointed with everything else, so a resumed run continues it
+in the training state instead, ``train_state["callbacks"][name]``, made by ``init(params)`` and advanced inside the
+jitted step by ``update(state, params, step)``; it is checkpointed with everything else, so a resumed run continues it
 exactly. A callback with ``evaluated = True`` keeps parameters in ``state["params"]`` that evaluation, model_best,
 ``test.py`` and the export use instead of the trained ones (the checkpoint's header names them: ``eval_params``).
 ``check(train_loader)`` runs once the data is loaded, before anything is compiled: a callback that needs something
 of the data says there what is missing.
 
 What a callback may read of the trainer: ``trainer.train_state`` (the training state), ``trainer.run`` (model, loss,
-metrics, loaders), ``trainer.steps`` (the compiled steps and how batches are placed), ``trainer.run_dir``,
-``trainer.epoch``.
+metrics, loaders), ``trainer.compiled`` (the compiled calls), ``trainer.placement`` (how batches reach the devices),
+``trainer.run_dir``, ``trainer.epoch``.
 Add one by writing a function here that returns a ``Callback``, decorated with ``@register("callbacks")``.
 """
 
@@ -39,6 +39,7 @@ from files.writes import LR_FINDER_PLOT, LR_FINDER_TABLE, SAMPLES_TEXT, open_app
 from model.registry import register
 from training import optimizers
 from training.run.figures import plots
+from training.state import eval_params
 from training.step import log_columns
 
 log = logging.getLogger("train")
@@ -115,17 +116,17 @@ class LRFinder(Callback):
         if trainer.epoch > 0 or trainer.position:  # a resumed run has already chosen
             return
         optimizer, _ = trainer.run.optimizer(self.lr)  # the config's, with the range test's learning rate
-        chunk = jax.jit(trainer.steps.chunk_with(optimizer))
-        ts = {**jax.tree.map(jnp.copy, trainer.train_state), "step": jnp.zeros((), jnp.int32)}
-        ts["opt_state"] = optimizer.init(ts["params"])
-        totals = trainer.steps.empty_stats()
-        k = trainer.steps.steps_per_call * trainer.steps.accumulate
+        call = jax.jit(trainer.compiled.call_with(optimizer))
+        train_state = {**jax.tree.map(jnp.copy, trainer.train_state), "step": jnp.zeros((), jnp.int32)}
+        train_state["opt_state"] = optimizer.init(train_state["params"])
+        totals = trainer.compiled.empty_stats()
+        k = trainer.steps_per_call.k * trainer.accumulate
         # curve: the losses smoothed as fastai does (an exponential average of 0.98, debiased)
         losses, curve, average, best, diverged, epoch = [], [], 0.0, math.inf, False, 0
         while len(losses) < self.steps and not diverged:
-            for real, stack in trainer.train_loader.stacks(epoch, k, trainer.steps.put_stack):
-                ts, totals, logs = chunk(ts, totals, stack)
-                for loss in log_columns(np.asarray(logs))["loss"][: -(-real // trainer.steps.accumulate)]:
+            for real, stack in trainer.train_loader.stacks(epoch, k, trainer.placement.put_stack):
+                train_state, totals, logs = call(train_state, totals, stack)
+                for loss in log_columns(np.asarray(logs))["loss"][: -(-real // trainer.accumulate)]:
                     losses.append(float(loss))
                     average = 0.98 * average + 0.02 * float(loss)
                     curve.append(average / (1 - 0.98 ** len(losses)))
@@ -206,12 +207,12 @@ class GenerateText(Callback):
         from model.generate import Generator
 
         vocabulary = trainer.train_loader.preprocessing["vocabulary"]
-        self.generator = Generator(trainer.run.model, trainer.steps.input_spec, vocabulary)
+        self.generator = Generator(trainer.run.model, trainer.train_loader.spec["input"], vocabulary)
 
     def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
         if epoch % self.every:
             return
-        params, state = trainer.steps.eval_params(trainer.train_state), trainer.train_state["state"]
+        params, state = eval_params(trainer.train_state, trainer.evaluated), trainer.train_state["state"]
         text = self.generator(params, state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
         log.info(f"generate_text after epoch {epoch}:\n{text}")
         with open_append(trainer.run_dir / SAMPLES_TEXT) as file:
@@ -247,7 +248,7 @@ class ReduceOnPlateau(Callback):
         trainer.lr_scale = float(optimizers.plateau_state(trainer.train_state["opt_state"]).scale)  # a resumed run's
 
     def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
-        plateau, monitor = trainer.steps.lr_fn.plateau, trainer.checkpoints.monitor
+        plateau, monitor = trainer.lr_fn.plateau, trainer.checkpoints.monitor
         value = row.get(monitor.name)
         if value is None:
             raise ValueError(f"trainer.monitor: {monitor.name!r} was not computed this epoch")

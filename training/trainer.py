@@ -6,9 +6,10 @@ loader's stacks, their logs read in groups and never the call just dispatched: `
 ``Trainer.train_epoch`` -> the compiled call of ``step.train_call`` -> ``step.train_step`` -> ``step.micro_step``
 -> ``step.objective``.
 What it builds on, each in its own module: the assembled run (``utils.assemble``: model, loss, metrics, optimizer,
-loaders, callbacks), its typed settings (``training/config/settings.py``), the state on the devices and the compiled
-steps (``training/compiled.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the best value,
-metrics rows).
+loaders, callbacks), its typed settings (``training/config/settings.py``), the training state (``training/state.py``),
+where arrays live (``training/devices/placement.py``), the compiled calls (``training/compiled.py``), how many steps
+each call runs (``training/steps_per_call.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the
+best value, metrics rows).
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from training import state
 from training.callbacks import of_schedule
-from training.compiled import CompiledSteps
+from training.compiled import Compiled, cache_folder, in_background
 from training.config.components import schedule_length_note
 from training.config.settings import Settings
-from training.devices import mesh, peaks, platform
+from training.devices import memory, mesh, peaks, platform
+from training.devices.placement import Placement
 from training.metrics import metric_results
+from training.precision import policy_of
 from training.run.history import StepTrace
 from training.run.saving import Checkpoints
 from training.step import log_columns
+from training.steps_per_call import StepsPerCall, key_of
 
 log = logging.getLogger("train")
 
@@ -83,18 +88,31 @@ class Trainer:
         config_hash: str | None = None,
         execution: str = "aot",
         settings: Settings | None = None,
+        count_flops: bool | None = None,
     ):
         """``run``: the assembled run (``utils.assemble``) with its data loaded: its config, components, loaders and
         optimizer are the only source of what is trained and how; ``settings``: its config's, unless given.
-        ``execution``: see ``CompiledSteps``."""
+        ``execution``: see ``Compiled``. ``count_flops``: count the step's FLOPs for the model FLOP/s and MFU (None:
+        where the devices' peak is known, so MFU can be had)."""
         self.run = run
-        self.settings = settings or Settings.of(run.config)
-        self.steps = CompiledSteps(run, self.settings, execution)
+        self.settings = settings = settings or Settings.of(run.config)
+        self.execution, self.count_flops = execution, count_flops
         self.train_loader, self.valid_loader = run.loaders["train"], run.loaders.get("validation")
-        self.checkpoints = Checkpoints(
-            run_dir, self.settings, run.monitor, config_hash, self.steps.evaluated, run.config, len(self.train_loader)
+        self.accumulate = settings.accumulate_steps
+        self.steps_per_epoch = -(-len(self.train_loader) // self.accumulate)
+        self.precision = policy_of(settings.precision)
+        self.placement = Placement(run.config.get("mesh"), self.train_loader.spec)
+        self.placement.check_batch_size(self.train_loader.batch_size)
+        self.placement.share(self.train_loader, self.valid_loader)
+        self.steps_per_call = StepsPerCall(
+            settings.steps_per_call, self.steps_per_epoch, self.accumulate * memory.nbytes(self.train_loader.spec)
         )
-        self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.steps.lr_fn), list(trackers)
+        self.build_calls()
+        self.evaluated = state.evaluated_callback(run)
+        self.checkpoints = Checkpoints(
+            run_dir, settings, run.monitor, config_hash, self.evaluated, run.config, len(self.train_loader)
+        )
+        self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.lr_fn), list(trackers)
         self.train_state = None  # the training state: made by init_state(), restore() or load_weights()
         self.origin = None  # where the state came from, for the log
         self.epoch = 0  # epochs completed
@@ -107,6 +125,23 @@ class Trainer:
         self.first_call_logged, self.first_call_seconds = False, None
         self.data_wait, self.trace = 0.0, None
         self.lr_scale = 1.0  # reduce_on_plateau's factor of the lr, kept on the host (callbacks.ReduceOnPlateau)
+        self.flops_per_example, self.counting = None, None  # MFU's count (``start_compile``)
+
+    def build_calls(self) -> None:
+        """The optimizer (``Run.optimizer``: its schedule counts the run's steps) and the compiled calls made with it;
+        again after a resume, whose checkpoint's schedule length the run keeps (``restore``)."""
+        self.optimizer, self.lr_fn = self.run.optimizer()  # the one learning rate: the step's and the logged
+        self.state_sharding = self.placement.state_sharding(self.template())
+        self.compiled = Compiled(
+            self.run, self.settings, self.placement, self.optimizer, self.lr_fn, self.state_sharding, self.execution
+        )
+
+    def place_stacks(self, host_arrays: bool) -> None:
+        """Stacks as the host's arrays, or packed onto the devices (``Placement``); rebuilds the compiled calls."""
+        self.placement = Placement(self.run.config.get("mesh"), self.train_loader.spec, host_arrays)
+        self.build_calls()
+        if self.train_state is not None:
+            self.start_compile(spec_of(self.train_state))
 
     @property
     def run_dir(self) -> Path | None:
@@ -117,15 +152,28 @@ class Trainer:
         self.checkpoints.run_dir = path
 
     # ------------------------------------------------------------------------------------ where the state comes from
+    def template(self) -> dict:
+        """The training state's abstract value (shapes and dtypes, nothing computed)."""
+        return state.template(self.run, self.optimizer, self.precision)
+
     def init_state(self) -> dict:
-        """A fresh state from the config's seed."""
-        self.train_state = self.steps.init()
-        self.origin = f"fresh state from seed {self.settings.seed}"
+        """A fresh state from the config's seed (the training call compiles on another thread meanwhile)."""
+        self.start_compile(mesh.with_shardings(self.template(), self.sharding_tree()))
+        seed = self.settings.seed
+        self.train_state = state.init(self.run, self.optimizer, self.precision, seed, self.state_sharding)
+        self.origin = f"fresh state from seed {seed}"
         return self.train_state
 
     def restore(self, path: Path) -> None:
-        """Continues from a checkpoint (``Checkpoints.resume``: what it refuses): state, epoch, position, best value."""
-        self.train_state, header, self.resumed_totals = self.steps.restore(path)
+        """Continues from a checkpoint (``Checkpoints.resume``: what it refuses): state, epoch, position, best value;
+        the schedules keep counting the checkpoint's run length."""
+        abstract, mesh_ = self.template(), self.placement.mesh
+        self.train_state, header, self.resumed_totals = state.restore(path, abstract, self.compiled.empty_stats, mesh_)
+        length = header.get("schedule_length")
+        if length is not None:
+            self.run.epochs, self.run.steps_per_epoch = length["epochs"], length["steps_per_epoch"]
+            self.build_calls()
+        self.start_compile(spec_of(self.train_state))
         self.resume_notes = self.checkpoints.resume(header, path, int(self.train_state["step"]))
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
@@ -137,33 +185,57 @@ class Trainer:
 
     def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
         """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
-        self.train_state = self.steps.load_weights(self.train_state, path, exclude)
+        self.train_state = state.load_weights(self.train_state, path, self.placement.mesh, exclude)
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
-    def check_memory(self) -> None:
-        """Refuses a run whose state and one call's batches do not fit the devices (``CompiledSteps.check_memory``)."""
-        self.steps.check_memory()
+    def sharding_tree(self) -> dict:
+        """The state's sharding leaf by leaf (``state_sharding`` may be one for the whole state)."""
+        sharding = self.state_sharding
+        return sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
 
-    @property
-    def lr_fn(self):
-        """The learning rate by step, as the config's schedule gives it (the optimizer's; a plateau's scale aside)."""
-        return self.steps.lr_fn
+    def check_memory(self) -> None:
+        """Refuses, before anything is allocated, a run whose state and one call's stacked batches alone exceed the
+        memory of the devices (a ValueError naming the numbers): it would otherwise stall or be killed mid-compile."""
+        sharding = self.state_sharding
+        shardings = sharding if isinstance(sharding, dict) else dict.fromkeys(self.template(), sharding)
+        batches = self.steps_per_call.k * self.accumulate  # one call's stack, split over every device
+        stack_bytes = -(-batches * memory.nbytes(self.train_loader.spec) // self.placement.mesh.size)
+        local = self.placement.local_devices()
+        memory.check_fits(self.template(), shardings, f"{batches} stacked batch(es)", stack_bytes, local)
 
     def applied_lr(self, step: int) -> float:
+        """The learning rate at `step`: the schedule's (``lr_fn``), times reduce_on_plateau's scale."""
         return float(self.lr_fn(step)) * self.lr_scale
+
+    def start_compile(self, state_spec) -> None:
+        """Starts compiling the training call for the steps per call the run starts at (a remembered "auto" choice,
+        else one), and MFU's FLOP count where it is wanted, both on worker threads."""
+        key = key_of(self.run.config, self.train_loader.spec)
+        aot = self.execution == "aot"
+        self.start_note = self.steps_per_call.start(key, cache_folder() if aot else None, measure=aot)
+        self.compiled.start(self.steps_per_call.k, state_spec)
+        device = self.placement.mesh.devices.flat[0]
+        count = self.count_flops
+        if count is None:
+            count = peaks.peak_flops(device.device_kind, self.precision.compute) is not None
+        if count and self.execution == "aot":
+            stack = self.placement.stack_spec(self.accumulate)
+            self.counting = in_background(
+                peaks.step_flops, self.compiled.call_fn, state_spec, self.compiled.empty_stats(state_spec), stack
+            )
 
     def describe(self) -> list[str]:
         """What the log says of the run before it trains: the devices and mesh, a batch, where the state came from,
         the model."""
         from model.summary import describe_batch, summary
 
-        steps, params = self.steps, self.train_state["params"]
+        params = self.train_state["params"]
         devices = ", ".join(str(d) for d in jax.devices())
-        trainable = steps.optimizer.trainable  # None unless optimizer.frozen names some parameters
+        trainable = self.optimizer.trainable  # None unless optimizer.frozen names some parameters
         return [
-            f"devices: {devices}; {mesh.describe_processes()}, mesh {dict(steps.mesh.shape)}",
-            f"batch: {describe_batch(steps.batch_spec)}",
+            f"devices: {devices}; {mesh.describe_processes()}, mesh {dict(self.placement.mesh.shape)}",
+            f"batch: {describe_batch(self.train_loader.spec)}",
             f"state: {self.origin}",
             *[  # what is evaluated and saved is not what the optimizer updates: said once, here
                 f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "
@@ -175,17 +247,17 @@ class Trainer:
                 self.run.model,
                 params,
                 self.train_state["state"],
-                steps.model_input_spec,
+                state.model_input_spec(self.run),
                 trainable and trainable(params),
             ),
         ]
 
     # ------------------------------------------------------------------------------------------------------ the loop
-    def fit(self) -> dict | None:
+    def train(self) -> dict | None:
         """Trains to ``trainer.epochs`` (or an early stop); returns the best value of the monitored metric."""
         profile = self.settings.profile
         self.trace = StepTrace(self.run_dir / "profile", **profile) if profile else None
-        self.steps.compile(self.train_state)
+        self.log_compile()
         try:
             for callback in self.callbacks:
                 callback.on_train_start(self)
@@ -210,39 +282,79 @@ class Trainer:
     def train_epoch(self, epoch: int, start: int = 0, totals=None) -> dict:
         """One epoch's training steps from loader batch `start` of its order on (a resumed position, with the
         statistics `totals` it had gathered); saves the position when checkpoint_every says so or a stop was asked
-        for. Positions count loader batches; steps count optimizer updates (trainer.accumulate_steps batches)."""
-        steps, n, batches = self.steps, self.steps.accumulate, len(self.train_loader)
-        totals = steps.empty_stats() if totals is None else jax.device_put(totals, steps.replicated)
+        for. Positions count loader batches; steps count optimizer updates (trainer.accumulate_steps batches).
+
+        The calls run ``steps_per_call.k`` steps each, over stacks of as many steps' batches; where "auto" chooses
+        another K mid-epoch, the epoch goes on at it from the batch reached, once its call has compiled."""
+        n, batches = self.accumulate, len(self.train_loader)
+        totals = self.compiled.empty_stats() if totals is None else jax.device_put(totals, self.placement.replicated)
         progress = Progress(self, epoch, first_step=int(self.train_state["step"]), skipped=start // n)
         logs = OneCallLate(progress.check, progress.due)
-        chunks = steps.calls(self.train_loader, epoch, start)  # at the steps per call measured for "auto"
         done, calls = start, 0  # loader batches of the epoch done; calls made by this train_epoch
         try:
-            for real, stack in progress.waiting_for_data(chunks):
-                real_steps = -(-real // n)
-                progress.before_call(real_steps)
-                self.train_state, totals, call_logs = steps.compiled_chunk(self.train_state, totals, stack)
-                logs.add(call_logs, *progress.after_call(real_steps))
-                done, calls = done + real, calls + 1
-                if done < batches and self.position_save_due(progress.step, calls):
-                    logs.flush()  # a diverged state is never saved
-                    self.save_position(done, totals)
-                    if self.stop_signal is not None:
-                        where = f"{done} of {batches} into epoch {epoch}"
-                        raise Stopped(self.stop_signal, f"saved at step {progress.step} ({where})")
+            while done < batches:
+                k = self.switch_steps_per_call(wait=True)
+                step = self.compiled.train_call(k)  # the compiled call of k steps: fixed until "auto" switches
+                stacks = self.train_loader.stacks(epoch, k * n, self.placement.put_stack, done)
+                try:
+                    for real, stack in progress.waiting_for_data(stacks):
+                        real_steps = -(-real // n)
+                        progress.before_call(real_steps)
+                        self.train_state, totals, call_logs = step(self.train_state, totals, stack)
+                        logs.add(call_logs, *progress.after_call(real_steps, call_logs))
+                        done, calls = done + real, calls + 1
+                        if done < batches and self.position_save_due(progress.step, calls):
+                            logs.flush()  # a diverged state is never saved
+                            self.save_position(done, totals)
+                            if self.stop_signal is not None:
+                                where = f"{done} of {batches} into epoch {epoch}"
+                                raise Stopped(self.stop_signal, f"saved at step {progress.step} ({where})")
+                        if self.switch_steps_per_call(wait=False) != k:
+                            break
+                finally:
+                    # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps
+                    # finish, so the process never exits with work in flight (which aborts it instead of returning
+                    # its status)
+                    stacks.close()
             logs.flush()
         finally:
-            # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps finish,
-            # so the process never exits with work in flight (which aborts it instead of returning its status)
-            chunks.close()
             settle(self.train_state)
             progress.close()
         return totals
 
+    def switch_steps_per_call(self, wait: bool) -> int:
+        """The steps per call to run from here: "auto"'s choice once its call has compiled (`wait`: now, or as soon as
+        it has; several processes all wait, so that they switch at the same call), else the calls' until now."""
+        per_call = self.steps_per_call
+        if per_call.chosen != per_call.k:
+            self.compiled.start(per_call.chosen, spec_of(self.train_state))
+            if wait or jax.process_count() > 1 or self.compiled.ready(per_call.chosen):
+                self.compiled.train_call(per_call.chosen)
+                log.info(
+                    f"compiled the training step ({per_call.chosen} step(s) per call) in "
+                    f"{self.compiled.seconds.get(per_call.chosen, 0.0):.1f}s"
+                )
+                per_call.k = per_call.chosen
+        return per_call.k
+
+    def log_compile(self) -> None:
+        """Waits for the training call the run starts with, and logs its compilation and the step's FLOP count."""
+        log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
+        if self.execution != "aot":  # the jitted function itself: compiled at its first call, or run op by op
+            log.info(f"training step: {'jitted at the first call' if self.execution == 'jit' else 'op by op'}")
+            return
+        k = self.steps_per_call.k
+        self.compiled.train_call(k)
+        flops = self.counting.result() if self.counting is not None else None
+        # the scan over a call's steps (and over accumulated batches) counts once: one step's FLOPs
+        self.flops_per_example = None if flops is None else flops / self.train_loader.batch_size
+        flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
+        log.info(f"compiled the training step ({self.start_note}) in {self.compiled.seconds[k]:.1f}s{flops}")
+
     def end_epoch(self, totals: dict, started: float, ran: float) -> bool:
         """An epoch's end: its metrics (and validation's), its row logged and committed, the callbacks and trackers
         told; a stop asked for raises ``Stopped``. Returns whether the run stops early (trainer.early_stop)."""
-        epoch, epochs, best = self.epoch + 1, self.settings.epochs, self.checkpoints
+        epoch, epochs, checkpoints = self.epoch + 1, self.settings.epochs, self.checkpoints
         train = metric_results(self.run.metrics, totals)  # waits for the epoch's last step
         seconds = time.perf_counter() - started
         row = {"epoch": epoch, "step": int(self.train_state["step"]), **{f"train/{k}": v for k, v in train.items()}}
@@ -257,11 +369,15 @@ class Trainer:
                 "lr": self.applied_lr(int(self.train_state["step"]) - 1),
             }
         )
-        row["time/model_flops_per_s"], row["time/mfu"] = peaks.of_run(self.steps, row["time/examples_per_s"])
+        peak = peaks.peak_flops(self.placement.mesh.devices.flat[0].device_kind, self.precision.compute)
+        flops, mfu = peaks.utilization(
+            self.flops_per_example, row["time/examples_per_s"], peak, self.placement.mesh.size
+        )
+        row["time/model_flops_per_s"], row["time/mfu"] = flops, mfu
         for callback in self.callbacks:
             callback.on_epoch_end(self, epoch, row)
         self.epoch = epoch
-        improved = best.update_best(row, epoch)
+        improved = checkpoints.update_best(row, epoch)
         log.info(
             f"epoch {epoch}/{epochs}  {format_results('train', train)}  "
             + format_results("val", {k[4:]: v for k, v in row.items() if k.startswith("val/")})
@@ -269,18 +385,17 @@ class Trainer:
             + (f"  MFU {row['time/mfu']:.1%}" if isinstance(row["time/mfu"], float) else "")
             + ("  *" if improved else "")
         )
-        names, pause = best.commit_epoch(self.train_state, self.header(), improved, row)
+        names, pause = checkpoints.commit_epoch(self.train_state, self.header(), improved, row)
         log.debug(f"epoch {epoch} committed; the loop paused {1000 * pause:.0f} ms")
         for callback in self.callbacks:
             callback.on_checkpoint(self, names)
         for tracker in self.trackers:
-            tracker.log_epoch(epoch, row, best.best)
+            tracker.log_epoch(epoch, row, checkpoints.best)
         if self.agreed_stop() is not None and self.epoch < epochs:
             raise Stopped(self.stop_signal, f"saved at the end of epoch {epoch}")
-        if best.early_stop_due():
-            log.info(
-                f"early stop: {best.monitor.name} has not improved for {best.bad_epochs} epochs (best {best.best:.4f})"
-            )
+        if checkpoints.early_stop_due():
+            monitor, bad, best = checkpoints.monitor.name, checkpoints.bad_epochs, checkpoints.best
+            log.info(f"early stop: {monitor} has not improved for {bad} epochs (best {best:.4f})")
             return True
         return False
 
@@ -290,7 +405,7 @@ class Trainer:
         self.first_call_seconds = time.time() - platform.STARTED_AT
         log.info(
             f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
-            f"(compiling the step took {self.steps.compile_seconds:.1f}s)"
+            f"(compiling the step took {self.compiled.seconds.get(self.steps_per_call.k, 0.0):.1f}s)"
         )
 
     def check_losses(self, epoch: int, losses: np.ndarray, skipped: np.ndarray, first: int) -> None:
@@ -342,7 +457,7 @@ class Trainer:
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
         """The loss and metrics of `loader`'s batches under the evaluated parameters."""
-        return metric_results(self.run.metrics, self.steps.evaluate(self.train_state, loader, epoch))
+        return metric_results(self.run.metrics, self.compiled.evaluate(self.train_state, loader, epoch))
 
     # ------------------------------------------------------------------------------------ stopping and saving midway
     def header(self) -> dict:
@@ -359,9 +474,9 @@ class Trainer:
         only must not make them save, a collective, or stop alone), and agreeing is a blocking collective: they
         agree every ``AGREE_EVERY_STEPS`` steps' worth of calls (a count every process keeps alike), and at a save
         that checkpoint_every's steps make due for all. A stop asked of any process becomes every process's."""
-        if self.steps.processes == 1:
+        if jax.process_count() == 1:
             return self.stop_signal is not None or self.checkpoints.save_due(step)
-        every = max(1, AGREE_EVERY_STEPS // self.steps.steps_per_call)
+        every = max(1, AGREE_EVERY_STEPS // self.steps_per_call.k)
         if calls % every and not self.checkpoints.save_due(step, clock=False):
             return False
         signum, due = mesh.max_over_processes(self.stop_signal or 0, int(self.checkpoints.save_due(step)))
@@ -422,7 +537,7 @@ class Progress:
         self.started = self.read_at = time.perf_counter()
         trainer.data_wait = 0.0
         self.bar = tqdm(
-            total=trainer.steps.steps_per_epoch,
+            total=trainer.steps_per_epoch,
             initial=skipped,
             desc=f"epoch {epoch}",
             unit="step",
@@ -448,9 +563,14 @@ class Progress:
     def before_call(self, real_steps: int) -> None:
         if self.trainer.trace:
             self.trainer.trace.before(self.step + 1, self.step + real_steps)
+        if self.trainer.steps_per_call.measuring:
+            self.trainer.steps_per_call.before_call()
 
-    def after_call(self, real_steps: int) -> tuple[int, int]:
-        """The call's place, for ``check``: (steps of the epoch before it, its real steps)."""
+    def after_call(self, real_steps: int, call_logs) -> tuple[int, int]:
+        """The call's place, for ``check``: (steps of the epoch before it, its real steps). While "auto" measures,
+        the call is timed (waited for)."""
+        if self.trainer.steps_per_call.measuring:
+            self.trainer.steps_per_call.after_call(call_logs)
         before, self.steps_done = self.steps_done, self.steps_done + real_steps
         if self.trainer.trace:
             self.trainer.trace.after(self.step, self.trainer.train_state)
@@ -482,7 +602,7 @@ class Progress:
         trainer.check_losses(self.epoch, logs["loss"], skipped, first)
         rate = (before + real) / max(time.perf_counter() - self.started, 1e-9)  # steps/s this epoch, so far
         examples_per_s = rate * trainer.train_loader.batch_size * trainer.settings.accumulate_steps
-        eta = (trainer.steps.steps_per_epoch - self.skipped - before - real) / rate
+        eta = (trainer.steps_per_epoch - self.skipped - before - real) / rate
         trainer.log_steps(self.epoch, logs, first, examples_per_s, eta, console=self.bar.disable)
         self.show(logs, examples_per_s)
 
@@ -498,6 +618,11 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def spec_of(tree):
+    """The abstract value of a tree of arrays, their shardings included: what a call is compiled for."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
 
 def settle(tree) -> None:

@@ -173,14 +173,13 @@ def test_no_jit_runs_op_by_op_and_trains_as_compiled(tmp_path):
         seen.append(float(jax.lax.stop_gradient(outputs).sum()))
         return eager.run.loss_fn(outputs, targets, **kw)
 
-    eager.steps.execution = "eager"
-    eager.steps.chunk_fn = make_train_call(
-        eager.run.model, watched, eager.steps.optimizer, eager.run.metrics, lr_fn=eager.steps.lr_fn
+    eager.execution = eager.compiled.execution = "eager"
+    eager.compiled.train = jax.jit(
+        make_train_call(eager.run.model, watched, eager.optimizer, eager.run.metrics, lr_fn=eager.lr_fn)
     )
-    eager.steps.train_call = jax.jit(eager.steps.chunk_fn)
-    compiled.fit()
+    compiled.train()
     with jax.disable_jit():
-        eager.fit()
+        eager.train()
     # real numbers: the step, and the inactive entry that completes its call of 2 (the scan ran as a Python loop)
     assert len(seen) == 2 and all(np.isfinite(seen))
     for a, b in zip(jax.tree.leaves(compiled.train_state), jax.tree.leaves(eager.train_state)):

@@ -22,10 +22,10 @@ import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
 from training.assembly import assemble
-from training.compiled import AUTO_CPU_CALL_S, AUTO_MAX_STEPS, AUTO_STACK_BYTES, auto_steps_per_call
 from training.config.file import ConfigError
 from training.config.validation import validate
 from training.devices import peaks, platform
+from training.steps_per_call import AUTO_CPU_CALL_S, AUTO_MAX_STEPS, AUTO_STACK_BYTES, auto_steps_per_call
 from training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +50,13 @@ class StepLosses:
 
     def log_epoch(self, epoch, row, best):
         pass
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices(tmp_path, monkeypatch):
+    """ "auto"'s remembered choices in a folder of each test's own: another test's choice for the same step would
+    start the run at it, untimed."""
+    monkeypatch.setattr("training.trainer.cache_folder", lambda: tmp_path / "cache")
 
 
 def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
@@ -82,7 +89,7 @@ def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
     (tmp_path / run).mkdir()
     assembled = assemble(config)
     assembled.use_data({"train": train, "validation": valid})
-    trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()])
+    trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()], count_flops=True)
     trainer.init_state()
     return trainer
 
@@ -91,8 +98,8 @@ def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
 def test_k_steps_per_call_give_the_losses_of_one(tmp_path, model):
     one = make_trainer(tmp_path, TINY_MODELS[model], 1, "one")
     many = make_trainer(tmp_path, TINY_MODELS[model], 3, "many")
-    one.fit()
-    many.fit()
+    one.train()
+    many.train()
     a, b = one.trackers[0].losses, many.trackers[0].losses
     assert sorted(a) == sorted(b) == list(range(1, 17))  # 8 steps per epoch, padding steps not counted
     np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)
@@ -116,8 +123,8 @@ import sys, pathlib
 sys.path.insert(0, ".")
 from tests.end_to_end.test_performance import MLP, make_trainer
 trainer = make_trainer(pathlib.Path(sys.argv[1]), MLP, 3, "four")
-trainer.steps.compile(trainer.train_state)
-print(trainer.steps.mesh.size, trainer.steps.flops_per_example)
+trainer.log_compile()
+print(trainer.placement.mesh.size, trainer.flops_per_example)
 """
 
 
@@ -127,28 +134,38 @@ def test_the_flop_count_is_the_models_whatever_the_devices_and_steps_per_call(tm
     over a batch of 16 on top, and the same count at 3 steps per call on 4 devices as at 1 step on 1 device (XLA's
     count of the compiled program is one device's share, with the partitioner's own work)."""
     trainer = make_trainer(tmp_path, MLP, 1, "one")
-    trainer.steps.compile(trainer.train_state)
+    trainer.log_compile()
     matmuls = 2 * (784 * 32 + 32 * 10) + 2 * (784 * 32 + 2 * 32 * 10)
-    assert matmuls <= trainer.steps.flops_per_example < 2 * matmuls, trainer.steps.flops_per_example
+    assert matmuls <= trainer.flops_per_example < 2 * matmuls, trainer.flops_per_example
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(
         [sys.executable, "-c", FLOPS, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
     devices, flops = done.stdout.split()
-    assert devices == "4" and float(flops) == pytest.approx(trainer.steps.flops_per_example, rel=1e-4)
+    assert devices == "4" and float(flops) == pytest.approx(trainer.flops_per_example, rel=1e-4)
+
+
+def test_no_flop_count_where_no_peak_is_known_unless_asked(tmp_path):
+    """On a CPU (no peak: no MFU) the step is not lowered a second time to count it: no FLOP count, and the rows say
+    "unknown" for both figures."""
+    asked = make_trainer(tmp_path, MLP, 1, "asked")
+    plain = Trainer(asked.run, tmp_path / "asked", trackers=[StepLosses()])
+    plain.init_state()
+    plain.log_compile()
+    assert asked.counting is not None and plain.counting is None and plain.flops_per_example is None
 
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):
     trainer = make_trainer(tmp_path, TINY_MODELS["mnist_convnext"], "auto", "auto", epochs=1)
-    trainer.fit()  # its 8 steps: "auto" decides, and its choice compiles, within the first epoch
+    trainer.train()  # its 8 steps: "auto" decides, and its choice compiles, within the first epoch
     assert trainer.first_call_seconds > 0
     compiles = []
     listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         trainer.settings = dataclasses.replace(trainer.settings, epochs=3)
-        trainer.fit()  # compile() only collects what was compiled
+        trainer.train()  # the calls compiled in the first are kept
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == [] and trainer.epoch == 3
@@ -193,24 +210,23 @@ def finished_at_each_dispatch(tmp_path, log_every: int) -> list[bool]:
         return products(loss, n)
 
     finished_at_dispatch, previous = [], []
-    compile_step = trainer.steps.compile
+    train_call = trainer.compiled.train_call
 
-    def compile_and_slow_down(ts):
-        compile_step(ts)
-        chunk = trainer.steps.compiled_chunk
+    def slowed_call(k):
+        call = train_call(k)
 
         def slowed(ts, totals, stack):
             if previous:
                 finished_at_dispatch.append(previous[-1].is_ready())
-            ts, totals, logs = chunk(ts, totals, stack)
+            ts, totals, logs = call(ts, totals, stack)
             logs = logs + slow(logs[0, 0])
             previous.append(logs)
             return ts, totals, logs
 
-        trainer.steps.compiled_chunk = slowed
+        return slowed
 
-    trainer.steps.compile = compile_and_slow_down
-    trainer.fit()
+    trainer.compiled.train_call = slowed_call
+    trainer.train()
     assert int(trainer.train_state["step"]) == 8
     return finished_at_dispatch
 
@@ -340,10 +356,30 @@ def test_auto_gives_a_long_step_one_step_per_call(tmp_path, caplog):
     runtime's cost per call, ``AUTO_CPU_CALL_S``)."""
     trainer = auto_trainer(tmp_path, [4096, 4096], 256, 256 * 7)
     with caplog.at_level(logging.INFO, logger="train"):
-        trainer.fit()
-    assert trainer.steps.steps_per_call == 1 and int(trainer.train_state["step"]) == 7
+        trainer.train()
+    assert trainer.steps_per_call.k == 1 and int(trainer.train_state["step"]) == 7
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("steps per call (auto)")]
     assert line.startswith("steps per call (auto): 1; ") and "device time per step" in line
+
+
+def test_auto_remembers_its_choice_for_the_next_run_of_the_same_step(tmp_path, caplog):
+    """A second run of the same step on the same devices starts at the steps per call "auto" chose, untimed, and
+    compiles that call only; a remembered file that is not one is ignored (timed afresh)."""
+    first = auto_trainer(tmp_path, [8], 8, 8 * 40, run="first")
+    first.train()
+    k, remembered = first.steps_per_call.k, tmp_path / "cache" / "steps_per_call.json"
+    assert k > 1 and remembered.is_file()
+    second = auto_trainer(tmp_path, [8], 8, 8 * 40, run="second")
+    with caplog.at_level(logging.INFO, logger="train"):
+        second.train()
+    assert second.steps_per_call.k == k and list(second.compiled.compiling) == [k]
+    assert not second.steps_per_call.timings
+    assert not [r for r in caplog.records if r.getMessage().startswith("steps per call (auto)")]
+    assert any(f'{k} step(s) per call, as "auto" chose' in r.getMessage() for r in caplog.records)
+    remembered.write_text('{"torn": ')
+    third = auto_trainer(tmp_path, [8], 8, 8 * 40, run="third")
+    third.train()
+    assert len(third.steps_per_call.timings) >= 6 and third.steps_per_call.k > 1
 
 
 def test_auto_gives_a_trivial_step_many_steps_per_call_with_the_numbers_of_one(tmp_path, caplog):
@@ -352,12 +388,10 @@ def test_auto_gives_a_trivial_step_many_steps_per_call_with_the_numbers_of_one(t
     auto = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=2, run="auto")
     one = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=2, steps_per_call=1, run="one")
     with caplog.at_level(logging.INFO, logger="train"):
-        auto.fit()
-    one.fit()
-    assert auto.steps.steps_per_call > 1
-    assert any(
-        r.getMessage().startswith(f"steps per call (auto): {auto.steps.steps_per_call}; ") for r in caplog.records
-    )
+        auto.train()
+    one.train()
+    assert auto.steps_per_call.k > 1
+    assert any(r.getMessage().startswith(f"steps per call (auto): {auto.steps_per_call.k}; ") for r in caplog.records)
     a, b = one.trackers[0].losses, auto.trackers[0].losses
     assert sorted(a) == sorted(b) and len(a) == 80
     np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)

@@ -213,7 +213,7 @@ def test_a_step_checkpoint_kept_by_hand_survives_the_rotation(tmp_path):
     trainer = make_trainer(tmp_path, "run")
     (trainer.run_dir / "checkpoint-step_good.params").write_bytes(b"kept")
     trainer.init_state()
-    trainer.fit()
+    trainer.train()
     assert (trainer.run_dir / "checkpoint-step_good.params").read_bytes() == b"kept"
     assert sorted(p.name for p in trainer.run_dir.glob("checkpoint-step_*.params")) == [
         "checkpoint-step_6.params",

@@ -78,8 +78,8 @@ def test_accumulated_steps_equal_one_larger_batch(tmp_path, n, optimizer):
     micro-batch (24 of 32 real; the large batch: 120 of 128)."""
     small = make_trainer(tmp_path, "small", 32, accumulate=4, n=n, optimizer=optimizer)
     large = make_trainer(tmp_path, "large", 128, n=n, optimizer=optimizer)
-    small.fit()
-    large.fit()
+    small.train()
+    large.train()
     assert int(small.train_state["step"]) == int(large.train_state["step"]) == 2
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(small.train_state), jax.tree.leaves(large.train_state)):
         np.testing.assert_allclose(
@@ -96,7 +96,7 @@ def test_accumulated_gradient_equals_the_large_batch_gradient(tmp_path):
     sgd = {"name": "sgd", "args": {"lr": 1.0}}
     small = make_trainer(tmp_path, "small", 32, accumulate=5, n=160, optimizer=sgd)
     start = jax.tree.map(np.asarray, small.train_state["params"])
-    small.fit()
+    small.train()
     x, y = data(160)
 
     def mean_loss(params):
@@ -117,7 +117,7 @@ def test_batch_norm_statistics_pass_from_micro_batch_to_micro_batch(tmp_path):
     )
     trainer = make_trainer(tmp_path, "bn", 16, accumulate=2, n=32, model=model)
     params, state = jax.tree.map(np.asarray, (trainer.train_state["params"], trainer.train_state["state"]))
-    trainer.fit()
+    trainer.train()
     x, _ = data(32)
     key = lambda i: jax.random.fold_in(jax.random.fold_in(trainer.train_state["rng"], 0), i)
     _, state = model(params, state, x[:16], train=True, key=key(0))
@@ -132,8 +132,8 @@ def test_bfloat16_trains_like_float32_and_keeps_float32_state(tmp_path):
     adam = {"name": "adam", "args": {"lr": 0.01}}
     f32 = make_trainer(tmp_path, "f32", 32, n=256, optimizer=adam, epochs=3)
     bf16 = make_trainer(tmp_path, "bf16", 32, n=256, optimizer=adam, epochs=3, precision={"compute": "bfloat16"})
-    f32.fit()
-    bf16.fit()
+    f32.train()
+    bf16.train()
     floating = [
         a
         for a in jax.tree.leaves((bf16.train_state["params"], bf16.train_state["opt_state"]))
@@ -167,17 +167,17 @@ def test_float16_loss_scaling_recovers_from_overflow(tmp_path):
     stack["active"] = np.ones(1, np.float32)
     one = jax.jit(
         make_train_call(
-            first.run.model, first.run.loss_fn, first.steps.optimizer, first.run.metrics, None, 1, first.steps.policy
+            first.run.model, first.run.loss_fn, first.optimizer, first.run.metrics, None, 1, first.precision
         )
     )
-    ts, _, logs = one(first.train_state, first.steps.empty_stats(), stack)
+    ts, _, logs = one(first.train_state, first.compiled.empty_stats(), stack)
     assert bool(log_columns(logs)["skipped"][0]) and float(ts["loss_scale"]["scale"]) == 2.0**39
     for a, b in zip(
         jax.tree.leaves((ts["params"], ts["opt_state"])),
         jax.tree.leaves((first.train_state["params"], first.train_state["opt_state"])),
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    trainer.fit()  # 40 steps: ~25 skipped while the scale falls to float16's range, then learning
+    trainer.train()  # 40 steps: ~25 skipped while the scale falls to float16's range, then learning
     scale = float(trainer.train_state["loss_scale"]["scale"])
     assert 1.0 <= scale <= 2.0**16
     moved = max(
@@ -231,18 +231,18 @@ def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path, monkey
 
     dropout = lambda: build({"name": "mlp", "args": {"num_classes": 5, "hidden": [16], "dropout": 0.2}}, "model")
     whole = make_trainer(tmp_path, "whole", 16, accumulate=2, model=dropout(), epochs=3)
-    whole.fit()
+    whole.train()
     stopped = make_trainer(tmp_path, "stopped", 16, accumulate=2, model=dropout(), epochs=3)
     stopped.callbacks = [StopAt()]
     with pytest.raises(Stopped):
-        stopped.fit()
+        stopped.train()
     from training.run import checkpoint
 
     header = checkpoint.read(stopped.run_dir / "checkpoint-latest.params")[1]
     assert header["epoch"] == 1 and header["position"] in (4, 8) and header["step"] == 5 + header["position"] // 2
     resumed = make_trainer(tmp_path, "resumed", 16, accumulate=2, model=dropout(), epochs=3)
     resumed.restore(stopped.run_dir / "checkpoint-latest.params")
-    resumed.fit()
+    resumed.train()
     for (path, a), b in zip(
         jax.tree_util.tree_leaves_with_path(whole.train_state), jax.tree.leaves(resumed.train_state)
     ):

@@ -96,7 +96,7 @@ def fit(tmp_path, config, model, train, valid, run="r"):
     assembled.use_data({"train": train, "validation": valid} if valid is not None else {"train": train})
     trainer = Trainer(assembled, tmp_path / run)
     trainer.init_state()
-    trainer.fit()
+    trainer.train()
     return trainer
 
 

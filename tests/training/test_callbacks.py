@@ -77,16 +77,16 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
     spec = {"name": "ema", "args": {"decay": 0.8}}
     trainer = make_trainer(tmp_path, "ema", [spec])
     trainer.init_state()
-    trainer.fit()
+    trainer.train()
 
     plain = make_trainer(tmp_path, "plain", steps_per_call=1)
     plain.init_state()
-    plain.steps.compile(plain.train_state)
+    step = plain.compiled.train_call(1)
     ts, average = plain.train_state, jax.tree.map(np.asarray, plain.train_state["params"])
     for epoch in (1, 2):
-        totals = plain.steps.empty_stats()
-        for _, stack in plain.train_loader.stacks(epoch, 1, plain.steps.put_stack):
-            ts, totals, _ = plain.steps.compiled_chunk(ts, totals, stack)
+        totals = plain.compiled.empty_stats()
+        for _, stack in plain.train_loader.stacks(epoch, 1, plain.placement.put_stack):
+            ts, totals, _ = step(ts, totals, stack)
             t = float(ts["step"])
             d = min(0.8, (1 + t) / (10 + t))
             average = jax.tree.map(lambda a, p: d * a + (1 - d) * np.asarray(p), average, ts["params"])
@@ -107,10 +107,10 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
 
     first = make_trainer(tmp_path, "first", [spec], epochs=1)
     first.init_state()
-    first.fit()
+    first.train()
     resumed = make_trainer(tmp_path, "resumed", [spec])
     resumed.restore(first.run_dir / "checkpoint-latest.params")
-    resumed.fit()
+    resumed.train()
     for (path, a), b in zip(
         jax.tree_util.tree_leaves_with_path(trainer.train_state), jax.tree.leaves(resumed.train_state)
     ):
@@ -124,7 +124,7 @@ def test_lr_finder_sweeps_writes_and_leaves_the_state_untouched(tmp_path):
     stopped = make_trainer(tmp_path, "stop", [finder])
     stopped.init_state()
     start = jax.tree.map(np.asarray, stopped.train_state)
-    stopped.fit()
+    stopped.train()
     assert stopped.epoch == 0 and not (stopped.run_dir / "metrics.jsonl").exists()
     for a, b in zip(jax.tree.leaves(stopped.train_state), jax.tree.leaves(start)):
         np.testing.assert_array_equal(np.asarray(a), b)
@@ -138,10 +138,10 @@ def test_lr_finder_sweeps_writes_and_leaves_the_state_untouched(tmp_path):
 
     goes_on = make_trainer(tmp_path, "on", [{**finder, "args": {**finder["args"], "stop": False}}])
     goes_on.init_state()
-    goes_on.fit()
+    goes_on.train()
     plain = make_trainer(tmp_path, "plain")
     plain.init_state()
-    plain.fit()
+    plain.train()
     for a, b in zip(jax.tree.leaves(goes_on.train_state), jax.tree.leaves(plain.train_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -158,7 +158,7 @@ def test_generate_text_writes_a_sample_each_epoch(tmp_path):
     trainer = make_trainer(tmp_path, "lm", [spec], epochs=2, train=train, model=model)
     trainer.callbacks[0].check(train)
     trainer.init_state()
-    trainer.fit()
+    trainer.train()
     samples = (trainer.run_dir / "samples.txt").read_text().split("--- epoch ")[1:]
     assert [s.split(",")[0] for s in samples] == ["1", "2"]
     generated = samples[-1].split("\n", 1)[1].rstrip("\n")

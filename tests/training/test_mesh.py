@@ -213,11 +213,11 @@ FSDP_CHILD = textwrap.dedent("""
         trainer.init_state()
         held = mesh.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
         specs = {k: list(v.sharding.spec) for k, v in trainer.train_state["params"]["fc0"].items()}
-        trainer.fit()
+        trainer.train()
         after = mesh.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
         np.savez(folder / f"fsdp{fsdp}.npz", **checkpoint.flatten(mesh.to_host(trainer.train_state)))
         out[fsdp] = {"max_device_bytes": max(held.values()), "devices": len(held), "after": max(after.values()),
-                     "specs": specs, "mesh": dict(trainer.steps.mesh.shape)}
+                     "specs": specs, "mesh": dict(trainer.placement.mesh.shape)}
     print(json.dumps(out))
 """)
 

@@ -68,9 +68,9 @@ def test_training_on_packed_stacks_ends_where_host_arrays_end(tmp_path):
     results = {}
     for host_arrays in (True, False):
         trainer = make_trainer(tmp_path, steps_per_call=2, epochs=2, run=f"host{host_arrays}")
-        trainer.steps.place_stacks(host_arrays=host_arrays)
-        assert (trainer.steps.packing is None) == host_arrays
-        trainer.fit()
+        trainer.place_stacks(host_arrays=host_arrays)
+        assert (trainer.placement.packing is None) == host_arrays
+        trainer.train()
         results[host_arrays] = trainer.train_state, trainer.checkpoints.best
     (state, best), (packed_state, packed_best) = results[True], results[False]
     assert best == packed_best
@@ -86,11 +86,11 @@ from tests.training.test_trainer import make_trainer
 states = []
 for host_arrays in (True, False):
     trainer = make_trainer(pathlib.Path(sys.argv[1]), steps_per_call=2, epochs=1, batch=16, run=f"h{host_arrays}")
-    trainer.steps.place_stacks(host_arrays=host_arrays)
-    trainer.fit()
+    trainer.place_stacks(host_arrays=host_arrays)
+    trainer.train()
     states.append(jax.tree.leaves(trainer.train_state))
 if not host_arrays:
-    packed = trainer.steps.put_stack(next(trainer.train_loader.stacks(0, 2))[1])
+    packed = trainer.placement.put_stack(next(trainer.train_loader.stacks(0, 2))[1])
     assert len(packed.sharding.device_set) == 4 and packed.dtype == np.uint8, packed.sharding
 for a, b in zip(*states):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -53,7 +53,7 @@ def trained(tmp_path):
     saved 8 batches into epoch 1, checkpoint-latest.params at its end."""
     trainer = make_trainer(tmp_path, "first")
     trainer.init_state()
-    trainer.fit()
+    trainer.train()
     assert checkpoint.read(trainer.run_dir / "checkpoint-step_8.params")[1]["position"] == 8
     return trainer.run_dir
 
@@ -81,7 +81,7 @@ def test_at_an_epoch_end_the_same_changes_are_allowed_and_listed(tmp_path, train
     assert notes.startswith("config changed since the checkpoint: ")
     assert "data_loader.train.args.batch_size 16 -> 32" in notes and "trainer.epochs 1 -> 2" in notes
     assert "trainer.save_dir" not in notes  # the same folder: unchanged keys are not listed
-    resumed.fit()
+    resumed.train()
     assert resumed.epoch == 2
 
 
@@ -94,7 +94,7 @@ def test_a_changed_monitor_starts_its_best_value_afresh_saying_so(tmp_path, trai
     assert any(
         "trainer.monitor changed from 'min train/loss' to 'max train/accuracy'" in n for n in resumed.resume_notes
     )
-    resumed.fit()
+    resumed.train()
     after = checkpoint.read(resumed.run_dir / "model_best.params")[1]
     assert after["monitor"] == "max train/accuracy" and after["best"] == after["row"]["train/accuracy"]
 

@@ -46,14 +46,13 @@ def test_no_recompilation_after_the_first_epoch(tmp_path):
     nothing, with one or several steps per call."""
     for k in (1, 3):
         trainer = make_trainer(tmp_path, steps_per_call=k, epochs=1, run=f"k{k}")
-        trainer.fit()
+        trainer.train()
         compiles = []
         listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
         jax.monitoring.register_event_duration_secs_listener(listener)
         try:
-            trainer.steps.compile = lambda ts: None  # keep the executables compiled by the first fit
             trainer.settings = dataclasses.replace(trainer.settings, epochs=3)
-            trainer.fit()
+            trainer.train()
         finally:
             jax.monitoring.unregister_event_duration_listener(listener)
         assert compiles == [], f"{len(compiles)} compilations after the first epoch with {k} step(s) per call"
@@ -64,8 +63,8 @@ def test_no_recompilation_after_the_first_epoch(tmp_path):
 def test_k_steps_per_call_equal_one_step_per_call(tmp_path, k):
     one = make_trainer(tmp_path, steps_per_call=1, run="one")
     many = make_trainer(tmp_path, steps_per_call=k, run="many")
-    one.fit()
-    many.fit()
+    one.train()
+    many.train()
     assert (
         int(one.train_state["step"]) == int(many.train_state["step"]) == 2 * 5
     )  # inactive padding steps are not counted
@@ -81,7 +80,7 @@ def test_k_steps_per_call_equal_one_step_per_call(tmp_path, k):
 
 def test_epoch_metrics_are_exact_over_padded_batches(tmp_path):
     trainer = make_trainer(tmp_path, epochs=1)
-    trainer.fit()
+    trainer.train()
     params, state = trainer.train_state["params"], trainer.train_state["state"]
     results = trainer.evaluate(trainer.valid_loader)
     x = trainer.valid_loader.dataset.arrays["input"]
@@ -113,7 +112,7 @@ def test_the_logs_of_quick_calls_are_read_together_and_every_step_keeps_its_line
     steps = type("Steps", (), {"log_step": lambda self, step, values: seen.append(step), "log_epoch": lambda *a: None})
     trainer.trackers = [steps()]
     with caplog.at_level(logging.DEBUG, logger="train"):
-        trainer.fit()
+        trainer.train()
     # 9 calls: the first alone, then 3 at a time (each read after the next call is dispatched), the last at the end
     assert reads == [1, 3, 3, 2], reads
     lines = [line for r in caplog.records for line in r.getMessage().splitlines() if line.startswith("epoch 1 step ")]

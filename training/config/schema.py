@@ -40,6 +40,7 @@ TRAINER_DEFAULTS = {
     "async_checkpoints": True,
     "accumulate_steps": 1,
     "precision": None,
+    "compilation_cache": None,
 }
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
@@ -273,6 +274,11 @@ def check_trainer(config: dict, names: list[str], source: str) -> None:
         raise ConfigError(f"{where}precision: {error}") from None
     if not isinstance(trainer["async_checkpoints"], bool):
         raise ConfigError(f"{where}async_checkpoints: expected true or false, got {show(trainer['async_checkpoints'])}")
+    cache = trainer["compilation_cache"]
+    if not (cache is None or cache is False or (isinstance(cache, str) and cache.strip() and "\0" not in cache)):
+        raise ConfigError(
+            f"{where}compilation_cache: expected a folder, false (no cache) or null (the default), got {show(cache)}"
+        )
     check_save_dir(trainer, config["name"], where)
     if trainer["run_id"] is not None:
         check_folder_name(trainer["run_id"], f"{where}run_id")

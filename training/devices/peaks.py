@@ -2,7 +2,9 @@
 
 ``utilization = XLA's FLOP estimate per training example x examples per second / (peak per device x devices)``, the
 definition of PaLM (Chowdhery et al. 2022, appendix B) with XLA's count of the step as lowered (before XLA's passes,
-so the model's FLOPs on any backend and device count; ``CompiledSteps.compile``) instead of a formula.
+so the model's FLOPs on any backend and device count; ``step_flops``) instead of a formula. The count takes a second
+lowering of the step (seconds for a large model, on a worker thread while the step compiles), made only where the
+devices' peak is known or when asked (``Trainer(count_flops=True)``): on a CPU there is no MFU to report.
 The peaks are the vendors' dense (no structured sparsity) tensor rates per device (one GPU, one TPU chip), in FLOP/s:
 
 - NVIDIA H100 SXM / PCIe / NVL, H200 SXM / NVL: the H100 and H200 datasheets (nvidia.com/en-us/data-center/h100,
@@ -52,31 +54,25 @@ def peak_flops(device_kind: str, compute: str) -> float | None:
     return None
 
 
-def step_flops(traced) -> float | None:
-    """XLA's FLOP count of a traced step as lowered for an accelerator, before XLA's passes: the model's FLOPs for
-    the whole batch, the same on every backend and device count; None where it cannot be had (JAX_PLATFORMS without
-    "cpu", a step that does not lower for CUDA on a CPU host).
+def step_flops(fn, *args) -> float | None:
+    """XLA's FLOP count of `fn` (a training call) on abstract `args`, as lowered for CUDA before XLA's passes: the
+    model's FLOPs for the whole batch, the same on every backend and device count; None where it cannot be had
+    (JAX_PLATFORMS without "cpu", a step that does not lower for CUDA here).
 
-    A compiled program's count is not that: on an H100 the compiled GPT-2-small step counted about a sixth of the
-    FLOPs of its lowered form (which match 6N + 12LHQT, PaLM's formula), and with several devices it counts one
-    device's share plus the partitioner's work. On a CPU host the step is counted as lowered for CUDA, since
-    model/kernels' XLA:CPU formulations do work that is not the model's (ConvNeXt's depthwise convolutions as
-    shifted slices: +24%).
+    Lowered without shardings on the host's CPU device, since JAX counts a lowered module with the backend it was
+    lowered on and only the CPU client implements that count (``Lowered.cost_analysis``; the GPU and TPU plugins do
+    not). A compiled program's count is not the model's: on an H100 the compiled GPT-2-small step counted about a
+    sixth of the FLOPs of its lowered form (which match 6N + 12LHQT, PaLM's formula), and with several devices it
+    counts one device's share plus the partitioner's work. Lowered for CUDA, not the CPU, since model/kernels' XLA:CPU
+    formulations do work that is not the model's (ConvNeXt's depthwise convolutions as shifted slices: +24%).
     """
     try:
-        on_cpu = jax.default_backend() == "cpu"
-        return flops_of(traced.lower(lowering_platforms=("cuda",)) if on_cpu else traced.lower())
+        plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+        with jax.default_device(jax.devices("cpu")[0]):
+            lowered = jax.jit(fn).trace(*plain).lower(lowering_platforms=("cuda",))
+            return float(lowered.cost_analysis()["flops"])
     except (ImportError, AttributeError, NotImplementedError, RuntimeError, KeyError, TypeError, ValueError):
         return None
-
-
-def flops_of(lowered) -> float:
-    """XLA's FLOP count of a lowered module, made by the CPU client whatever the devices it is for: JAX counts a
-    lowered module only on the CPU (``Lowered.cost_analysis`` is not implemented for the GPU and TPU plugins)."""
-    from jax._src.lib import _jax  # Lowered.cost_analysis's own call, given the CPU client
-
-    module = lowered.compiler_ir("hlo").as_hlo_module()
-    return float(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)["flops"])
 
 
 def utilization(flops_per_example: float | None, examples_per_s: float, peak_per_device: float | None, devices: int):
@@ -85,9 +81,3 @@ def utilization(flops_per_example: float | None, examples_per_s: float, peak_per
         return "unknown", "unknown"
     flops = flops_per_example * examples_per_s
     return flops, ("unknown" if peak_per_device is None else flops / (peak_per_device * devices))
-
-
-def of_run(state, examples_per_s: float):
-    """(model FLOP/s, MFU) of a ``CompiledSteps``'s training at `examples_per_s` on its devices."""
-    peak = peak_flops(state.mesh.devices.flat[0].device_kind, state.policy.compute)
-    return utilization(state.flops_per_example, examples_per_s, peak, state.mesh.size)

@@ -1,0 +1,96 @@
+"""The training state: a dict ``{"params", "state", "opt_state", "step", "rng"}``, plus ``loss_scale`` for float16 and
+``callbacks`` for the callbacks that update inside the step (an average of the parameters, say). A run starts from a
+fresh one (``init``), continues from a checkpoint's (``restore``) or takes another run's weights (``load_weights``);
+each is a function of the assembled run, its optimizer and where the state lives (``training/devices/placement.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from training.devices import mesh, platform
+from training.precision import Policy
+from training.run import checkpoint
+
+
+def in_step_callbacks(run) -> list:
+    """The callbacks that keep a state inside the training state (updated by the step itself)."""
+    return [c for c in run.callbacks if c.update is not None]
+
+
+def evaluated_callback(run):
+    """The callback whose parameters evaluation uses instead of the trained ones (e.g. an average), or None."""
+    return next((c for c in run.callbacks if c.evaluated), None)
+
+
+def model_input_spec(run):
+    """The input as the model sees it: the training loader's, after the deterministic part of the augmentation (e.g.
+    uint8 images converted and normalised)."""
+    spec = run.loaders["train"].spec
+    if run.augment is None:
+        return spec["input"]
+    return jax.eval_shape(lambda b: run.augment(b, None, train=False, outputs=None), spec)["input"]
+
+
+def fresh(run, optimizer, policy: Policy, seed) -> dict:
+    """The state a run starts from: init and dropout keys both derive from `seed`."""
+    init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
+    params, state = run.model.init(init_key, model_input_spec(run))
+    train_state = {
+        "params": params,
+        "state": state,
+        "opt_state": optimizer.init(params),
+        "step": jnp.zeros((), jnp.int32),
+        "rng": rng,
+    }
+    if policy.scaled:
+        train_state["loss_scale"] = policy.init_scale()
+    in_step = in_step_callbacks(run)
+    if in_step:
+        train_state["callbacks"] = {c.name: c.init(params) for c in in_step}
+    return train_state
+
+
+def template(run, optimizer, policy: Policy) -> dict:
+    """The state's abstract value (shapes and dtypes, nothing computed)."""
+    return jax.eval_shape(lambda: fresh(run, optimizer, policy, 0))
+
+
+def init(run, optimizer, policy: Policy, seed: int, sharding) -> dict:
+    """A fresh state from `seed` on the mesh, built by one jitted call (no eager per-layer work)."""
+    jitted = jax.jit(lambda s: fresh(run, optimizer, policy, s), out_shardings=sharding)
+    return jitted.trace(seed).lower().compile(platform.xla_options("init", jax.default_backend()) or None)(seed)
+
+
+def restore(path: Path, abstract: dict, empty_stats: Callable, mesh_) -> tuple[dict, dict, dict | None]:
+    """A checkpoint's state on the mesh (every process reads the file; each keeps its shards), its header, and the
+    statistics of the epoch under way when it was saved mid-epoch (else None). ``abstract``: the state's template;
+    ``empty_stats(abstract)``: the epoch statistics' zeros, their template."""
+
+    def expected(header: dict) -> dict:
+        if header.get("position"):
+            return {**abstract, "epoch_totals": empty_stats(abstract)}
+        return abstract
+
+    tree, header = checkpoint.restore(path, expected)
+    totals = tree.pop("epoch_totals", None)
+    return mesh.to_mesh(tree, mesh.state_shardings(tree, mesh_)), header, totals
+
+
+def load_weights(train_state: dict, path: Path, mesh_, exclude: Sequence[str] = ()) -> dict:
+    """Fine-tuning: params and model state from another checkpoint into `train_state`. Key paths under an ``exclude``
+    prefix (e.g. ``params.head``, a new classifier) keep their fresh values."""
+    expected = {"params": train_state["params"], "state": train_state["state"]}
+    tree, _ = checkpoint.restore(path, expected, only=("params", "state"), exclude=exclude)
+    return {**train_state, **mesh.to_mesh(tree, mesh.state_shardings(tree, mesh_))}
+
+
+def eval_params(train_state: dict, evaluated=None):
+    """The parameters evaluation uses: the `evaluated` callback's (``evaluated_callback``), else the trained."""
+    if evaluated is None:
+        return train_state["params"]
+    return train_state["callbacks"][evaluated.name]["params"]
