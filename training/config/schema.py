@@ -411,5 +411,3 @@ def monitored_names(config: dict, names: list[str] | None = None) -> list[str]:
     if "validation" in config["data_loader"]:
         logged += ["val/loss"] + [f"val/{m}" for m in names]
     return logged
-
-
