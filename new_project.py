@@ -73,7 +73,8 @@ FEATURES = {
     # the TFLite route: without it the export writes ONNX (by jax2onnx) and the JAX artifact
     "tflite": ("inference/formats/tflite", "tests/inference/tflite", "requirements-litert.txt"),
 }
-MARK = re.compile(r"\[feature: (\w+)\]( begin| end)?")
+# `[feature: plots, sweeps]`: a line both need, dropped only when both are left out
+MARK = re.compile(r"\[feature: (\w+(?:, \w+)*)\]( begin| end)?")
 # The top-level config sections a feature adds (its folder's config.py: SECTIONS): a project without it has them in
 # no sample config, and its train.py refuses them as unknown sections.
 SECTIONS = {"tracking": ("wandb", "tensorboard")}
@@ -148,13 +149,13 @@ def text_files(root: Path):
 
 def without_features(text: str, without: list[str]) -> str:
     """`text` less its lines marked `[feature: <name>]` for a feature left out, and the blocks between
-    `[feature: <name>] begin` and `[feature: <name>] end`."""
+    `[feature: <name>] begin` and `[feature: <name>] end`; a mark naming several features goes when all of them do."""
     kept, dropping = [], None
     for line in text.splitlines(keepends=True):
         mark = MARK.search(line)
         if dropping:
             dropping = None if mark and mark.group(1) == dropping and mark.group(2) == " end" else dropping
-        elif mark and mark.group(1) in without:
+        elif mark and all(name in without for name in mark.group(1).split(", ")):
             dropping = mark.group(1) if mark.group(2) == " begin" else None
         else:
             kept.append(line)

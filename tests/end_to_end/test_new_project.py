@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -352,6 +353,81 @@ def test_a_marked_line_or_block_goes_with_its_feature():
     text = "a\nb  # [feature: sweeps]\n<!-- [feature: plots] begin -->\nc\n<!-- [feature: plots] end -->\nd\n"
     assert new_project.without_features(text, ["sweeps", "plots"]) == "a\nd\n"
     assert new_project.without_features(text, ["kernels"]) == text
+    shared = "a\nb  # [feature: plots, sweeps]\n"  # a line two features need goes with the last of them
+    assert new_project.without_features(shared, ["plots"]) == shared
+    assert new_project.without_features(shared, ["plots", "sweeps"]) == "a\n"
+
+
+class Traces(NamedTuple):
+    """What names a feature outside its own paths."""
+
+    docs: str  # a pattern no line of README.md or docs/ may match
+    packages: tuple[str, ...] = ()  # requirement lines
+    sections: tuple[str, ...] = ()  # the config's top-level sections (its folder's config.py: SECTIONS)
+    flags: tuple[str, ...] = ()  # train.py's and the export's
+
+
+TRACES = {
+    "tracking": Traces(
+        r"\bwandb\b|tensorboardX|\"tensorboard\"|tensorboard\.enabled|WandB|Weights & Biases|training/tracking",
+        ("wandb", "tensorboardx"),
+        ("wandb", "tensorboard"),
+    ),
+    "processes": Traces(
+        r"--coordinator|--num-processes|--process-id|--heartbeat-timeout|jax\.distributed|training/processes",
+        flags=("--coordinator", "--num-processes", "--process-id", "--heartbeat-timeout"),
+    ),
+    "sweeps": Traces(r"\b[Oo]ptuna\b|sweep\.py|training/sweeps|docs/sweeps\.md", ("optuna", "psycopg")),
+    "tflite": Traces(
+        r"--quantize|--onnx-via tflite|formats/tflite|litert-converter|requirements-litert|tensorflow-cpu|ai-edge-quant",
+        ("ai-edge-litert", "ai-edge-quantizer", "tensorflow-cpu", "tf2onnx", "litert-converter"),
+        flags=("--quantize",),
+    ),
+    "plots": Traces(r"training/plots|python -m training\.plots|confusion_matrix\.png"),  # matplotlib: SHARED
+    "kernels": Traces(r"model/kernels|model\.kernels"),
+}
+SHARED = {"matplotlib": ("plots", "sweeps")}  # a package that goes with the last feature that needs it
+
+
+def test_every_feature_names_its_traces():
+    assert set(TRACES) == set(new_project.FEATURES)
+    for feature, traces in TRACES.items():
+        assert set(new_project.SECTIONS.get(feature, ())) == set(traces.sections), feature
+    from training.tracking.config import SECTIONS
+
+    assert set(SECTIONS) == set(TRACES["tracking"].sections)
+
+
+def requirement_names(project: Path) -> dict[str, set[str]]:
+    """{requirements file: the names of the packages it installs}; a file it includes (-r) must be there."""
+    found = {}
+    for path in sorted(project.glob("requirements*.txt")):
+        for line in path.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line.startswith("-r "):
+                assert (project / line[3:].strip()).is_file(), (path.name, line)
+            elif line:
+                found.setdefault(path.name, set()).add(re.match(r"[A-Za-z0-9_.-]+", line)[0].lower())
+    return found
+
+
+@pytest.mark.parametrize("without", [[feature] for feature in SHIPPED] + [SHIPPED], ids=[*SHIPPED, "all"])
+def test_a_project_without_a_feature_has_none_of_its_doc_lines_packages_or_config_sections(tmp_path, without):
+    target = tmp_path / "p"
+    new_project.create(target, "p", ["mnist", "cifar10_resnet"], without)
+    requirements = requirement_names(target)
+    shared = {name for name, owners in SHARED.items() if set(owners) <= set(without)}
+    for feature in without:
+        traces = TRACES[feature]
+        for doc in [target / "README.md", *sorted((target / "docs").glob("*.md"))]:
+            for number, line in enumerate(doc.read_text().splitlines(), 1):
+                assert not re.search(traces.docs, line), f"{doc.name}:{number}: {line}"
+        for name, packages in requirements.items():
+            assert not packages & (set(traces.packages) | shared), (feature, name, packages & set(traces.packages))
+        for config in [target / "config.json", *sorted((target / "configs").glob("*.json"))]:
+            assert not set(json.loads(config.read_text())) & set(traces.sections), config.name
+    if without == SHIPPED:  # the core's packages are what remains
+        assert "jax" in requirements["requirements.txt"] and "matplotlib" not in requirements["requirements.txt"]
 
 
 # The tests of a project without every feature that meet a feature's absence: where the core asks whether a feature
@@ -389,12 +465,28 @@ def test_a_project_without_every_feature_collects_its_suite_and_passes_what_meet
 
 
 @pytest.mark.slow
+def test_the_template_shows_every_feature_s_flags():
+    shown = set()
+    for script in ("train.py", "inference/convert_tflite.py"):
+        shown |= set(re.findall(r"--[\w-]+", run_in(ROOT, script, "--help").stdout))
+    assert {flag for feature in SHIPPED for flag in TRACES[feature].flags} <= shown
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", SHIPPED)
 def test_a_project_without_one_feature_imports_and_trains(tmp_path, feature):
     target = tmp_path / f"without_{feature}"
     make(target, "--samples", "mnist", "--without", feature)
     imported = run_in(target, "-c", "import train, test, utils, sample")
     assert imported.returncode == 0, imported.stderr
+    for script in ("train.py", "inference/convert_tflite.py"):  # none of the feature's flags
+        shown = run_in(target, script, "--help")
+        assert shown.returncode == 0 and not set(TRACES[feature].flags) & set(re.findall(r"--[\w-]+", shown.stdout))
+    for section in TRACES[feature].sections:  # a config that names the feature's section: one line, status 2
+        refused = run_in(target, "train.py", "-c", "config.json", "--set", f"{section}.enabled=true")
+        lines = refused.stderr.splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+        assert lines[0].startswith(f"error: config.json: unknown section {section!r}."), lines
     make_idx_dataset(tmp_path / "mnist", n_train=96, n_test=32)
     config = make_config(
         tmp_path, tmp_path / "mnist", model={"name": "mnist_cnn", "args": {"channels": [4, 8], "hidden": 16}}
