@@ -86,7 +86,8 @@ def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
 def folder_suffix(config: dict) -> str:
     """What a new run folder's timestamped name ends with: ``_<wandb run id>`` while wandb is on, so each finds the
     other."""
-    return f"_{config['wandb']['id']}" if wandb_on(config) else ""
+    run_id = config["wandb"]["id"]
+    return f"_{run_id}" if wandb_on(config) and run_id else ""
 
 
 def switch_off(config: dict) -> None:
