@@ -1,14 +1,14 @@
 """Start a project of your own from this template:
 
     python new_project.py ../my_project [--name my_project] [--samples mnist,shakespeare_char,...]
-                                        [--without sweeps,tracking,plots,kernels,tflite]
+                                        [--without sweeps,tracking,plots,kernels,processes,tflite]
 
 A copy of the template, less what the tables below leave out: the samples not named (their configs, data and
 end-to-end tests), the optional features named in --without (each a folder, its tests, its entry script and its
-requirements file, plus the lines elsewhere marked `[feature: <name>]`), and what is the template's own (benchmarks,
-run folders, exports, caches, this script). The first sample's config becomes `config.json`, the one `make train`
-trains. With git installed the folder starts as a repository with one commit, and `.template-commit` names the
-template commit it came from (docs/new_project.md: taking the template's later fixes).
+requirements file, plus the lines elsewhere marked `[feature: <name>]` and its sections of the sample configs), and
+what is the template's own (benchmarks, run folders, exports, caches, this script). The first sample's config becomes
+`config.json`, the one `make train` trains. With git installed the folder starts as a repository with one commit, and
+`.template-commit` names the template commit it came from (docs/new_project.md: taking the template's later fixes).
 
 Standard library only: it runs before anything is installed.
 """
