@@ -1,15 +1,17 @@
 """2-D convolution and transposed convolution (NHWC inputs, HWIO kernels); 1-D convolution (NLC inputs, WIO kernels).
 
-Both layers are ``lax.conv_general_dilated`` differentiated by JAX. The optional ``model/kernels`` (imported by
-``model/__init__.py``) sets ``CPU_FORM``: then the CPU backend's training path goes through its formulations instead
-(same values and gradients, written for XLA:CPU), where ``cpu_kernels`` and ``model.kernels.CPU_KERNELS`` say.
-Without it, every convolution is the plain math.
+Both layers are ``lax.conv_general_dilated`` differentiated by JAX. Where the optional ``model/kernels`` is there,
+``conv_general`` chooses, when it is traced, between that plain math and the kernels' formulations (same values and
+gradients, written for XLA:CPU): the kernels where the code is lowered for the CPU, the plain math for every other
+platform. ``cpu_kernels(use)`` forces one form for what is traced inside it. Without ``model/kernels`` (a project
+made ``--without kernels``), every convolution is the plain math.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import contextvars
+import importlib
 
 import jax
 from jax import lax
@@ -18,21 +20,32 @@ from model.modules import initializers
 from model.modules.module import Module, check_size
 
 DIMS = ("NHWC", "HWIO", "NHWC")
-# `CPU_FORM(plain, x, w, args, override)`: the convolution another way where it pays (model/kernels sets it when
-# imported); None: the plain math everywhere. `args` are conv_general's, `override` the layer call's cpu_kernels.
-CPU_FORM: Callable | None = None
+# None: the form by the platform the code is lowered for; True or False: the kernels or the plain math everywhere.
+# A context variable, so that a form forced on one thread (an export) leaves another's trace (a background compile)
+# alone.
+FORCED = contextvars.ContextVar("cpu_kernels", default=None)
 
 
 @contextlib.contextmanager
-def plain_math():
-    """Every convolution traced inside is the plain math (a tracer that resolves no platform, as jax2onnx's, needs
-    one form)."""
-    global CPU_FORM
-    before, CPU_FORM = CPU_FORM, None
+def cpu_kernels(use: bool):
+    """Every convolution this thread traces inside takes model/kernels' formulations (True: on every platform, where
+    the folder is there) or the plain math (False: what a tracer that resolves no platform, as jax2onnx's, needs).
+    Read when traced: a function JAX traced before (jit, make_jaxpr) keeps the form it was traced with."""
+    token = FORCED.set(use)
     try:
         yield
     finally:
-        CPU_FORM = before
+        FORCED.reset(token)
+
+
+def kernels():
+    """The optional ``model.kernels`` where its folder is there, else None (the plain math)."""
+    try:
+        return importlib.import_module("model.kernels")
+    except ModuleNotFoundError as missing:
+        if missing.name != "model.kernels":  # the folder is there but broken: say so
+            raise
+        return None
 
 
 def as_pair(v, name: str) -> tuple[int, int]:
@@ -68,21 +81,9 @@ def explicit_padding(padding, in_hw, kernel_hw, stride_hw, dilation_hw=(1, 1)) -
     return pads
 
 
-def conv_general(
-    x,
-    w,
-    strides=(1, 1),
-    pads=((0, 0), (0, 0)),
-    lhs_dilation=(1, 1),
-    rhs_dilation=(1, 1),
-    groups=1,
-    cpu_kernels: bool | None = None,
-):
-    """``lax.conv_general_dilated`` on NHWC/HWIO with explicit non-negative integer padding.
-
-    ``cpu_kernels``: use ``CPU_FORM``'s formulations (default: ``model.kernels.CPU_KERNELS``: where lowered for
-    the CPU); without ``CPU_FORM``, nothing to choose.
-    """
+def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1), rhs_dilation=(1, 1), groups=1):
+    """``lax.conv_general_dilated`` on NHWC/HWIO with explicit non-negative integer padding; model/kernels'
+    formulation of it where the code is lowered for the CPU (or where ``cpu_kernels`` forces one form)."""
     args = (tuple(strides), tuple(map(tuple, pads)), tuple(lhs_dilation), tuple(rhs_dilation), int(groups))
 
     def plain(x, w):
@@ -91,19 +92,28 @@ def conv_general(
             x, w, strides, pads, lhs_dilation, rhs_dilation, DIMS, feature_group_count=groups
         )
 
-    if CPU_FORM is None:
+    use, found = FORCED.get(), kernels()
+    if found is None or use is False:
         return plain(x, w)
-    return CPU_FORM(plain, x, w, args, cpu_kernels)
+
+    def cpu(x, w):
+        return found.conv_for_cpu(x, w, *args)
+
+    if use:
+        return cpu(x, w)
+    # Both forms are traced; lowering for one platform keeps only its own, so a step or an export lowered for "cuda"
+    # or "tpu" on a CPU host carries no kernel.
+    return lax.platform_dependent(x, w, cpu=cpu, default=plain)
 
 
-def conv2d(x, w, stride=1, padding="SAME", dilation=1, groups=1, cpu_kernels: bool | None = None):
+def conv2d(x, w, stride=1, padding="SAME", dilation=1, groups=1):
     """A 2-D convolution of NHWC ``x`` with an HWIO kernel ``w`` of shape (kh, kw, in / groups, out)."""
     stride, dilation = as_pair(stride, "stride"), as_pair(dilation, "dilation")
     pads = explicit_padding(padding, x.shape[1:3], w.shape[:2], stride, dilation)
-    return conv_general(x, w, stride, pads, (1, 1), dilation, groups, cpu_kernels)
+    return conv_general(x, w, stride, pads, (1, 1), dilation, groups)
 
 
-def conv_transpose2d(x, w, stride=1, padding="SAME", cpu_kernels: bool | None = None):
+def conv_transpose2d(x, w, stride=1, padding="SAME"):
     """Transposed convolution as in ``lax.conv_transpose`` / ``flax.linen.ConvTranspose`` (kernel not flipped).
 
     Output size: in * stride for "SAME", in * stride + max(k - stride, 0) for "VALID". "SAME" is computed as "VALID"
@@ -113,7 +123,7 @@ def conv_transpose2d(x, w, stride=1, padding="SAME", cpu_kernels: bool | None = 
     stride = as_pair(stride, "stride")
     kernel = w.shape[:2]
     pads = [(k - 1, s - 1 + max(k - s, 0)) for k, s in zip(kernel, stride)]
-    y = conv_general(x, w, (1, 1), pads, stride, (1, 1), 1, cpu_kernels)
+    y = conv_general(x, w, (1, 1), pads, stride, (1, 1), 1)
     mode = padding.upper() if isinstance(padding, str) else padding
     if mode == "VALID":
         return y

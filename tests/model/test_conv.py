@@ -1,5 +1,7 @@
 """Conv2d / ConvTranspose2d / Conv1d against lax and flax.linen (the CPU formulations: tests/model/kernels/)."""
 
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,7 @@ import pytest
 from jax import lax
 from jax.test_util import check_grads
 
-from model.modules.conv import Conv2d, ConvTranspose2d, conv_transpose2d
+from model.modules.conv import Conv2d, ConvTranspose2d, conv2d, conv_transpose2d, cpu_kernels
 
 DIMS = ("NHWC", "HWIO", "NHWC")
 
@@ -30,6 +32,17 @@ CONFIGS = {
     "k3_s2_wide": (3, 2, "SAME", 1, 1, 3, 40, True, (6, 7)),
     "k3_s3_dil2_groups2_same": (3, 3, "SAME", 2, 2, 4, 4, False, (9, 8)),
 }
+
+
+def in_form(use: bool, conv):
+    """`conv` traced in model/kernels' formulations (True, where the folder is there) or in the plain math (False),
+    whatever the platform, wherever it is called: inside a jit, a grad or a scan."""
+
+    def forced(*args, **kwargs):
+        with cpu_kernels(use):
+            return conv(*args, **kwargs)
+
+    return forced
 
 
 def _lax_padding(padding):
@@ -171,9 +184,7 @@ def test_conv_transpose_gradients(cfg):
         ref = lambda x, w: lax.conv_transpose(x, w, _as_pair(stride), padding, dimension_numbers=DIMS)
         cotangent = rng.normal(size=ref(x, w).shape)
         ours = jax.jit(
-            jax.grad(
-                lambda x, w: jnp.vdot(conv_transpose2d(x, w, stride, padding, cpu_kernels=True), cotangent), (0, 1)
-            )
+            jax.grad(lambda x, w: jnp.vdot(in_form(True, conv_transpose2d)(x, w, stride, padding), cotangent), (0, 1))
         )(x, w)
         autodiff = jax.jit(jax.grad(lambda x, w: jnp.vdot(ref(x, w), cotangent), (0, 1)))(x, w)
         layer = ConvTranspose2d(2, kernel, stride, padding, use_bias)
@@ -182,6 +193,20 @@ def test_conv_transpose_gradients(cfg):
         check_grads(jax.jit(lambda p, x: layer(p, state, x)[0]), (params, x), order=1, modes=("rev",))
     np.testing.assert_allclose(ours[0], autodiff[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ours[1], autodiff[1], rtol=1e-12, atol=1e-12)
+
+
+def test_without_model_kernels_every_convolution_is_the_plain_math(monkeypatch):
+    """A project made --without kernels: the convolution finds no model.kernels and lowers the plain math for the
+    CPU too, forced or not."""
+    monkeypatch.setitem(sys.modules, "model.kernels", None)  # an import of it fails as if the folder were deleted
+    x, w = jnp.ones((2, 8, 8, 3), jnp.float32), jnp.ones((3, 3, 3, 32), jnp.float32)
+
+    def lowered(conv):
+        traced = jax.jit(jax.grad(lambda x, w: conv(x, w).sum(), (0, 1))).trace(x, w)
+        return traced.lower(lowering_platforms=("cpu",)).as_text()
+
+    plain = lowered(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=DIMS))
+    assert lowered(conv2d) == lowered(in_form(True, conv2d)) == plain
 
 
 def test_conv_transpose_rejects_explicit_padding():

@@ -1,5 +1,5 @@
 """model/kernels: each formulation for XLA:CPU against the plain convolution (lax) and autodiff, in float64 and
-inside a float32 scan, the paths it takes, and the switch that selects them."""
+inside a float32 scan, the paths it takes, and how the convolution layer chooses them."""
 
 import jax
 import jax.numpy as jnp
@@ -8,8 +8,12 @@ import pytest
 from jax import lax
 from jax.test_util import check_grads
 
-from model.modules.conv import Conv2d, conv2d
-from tests.model.test_conv import CONFIGS, _as_pair, _inputs, _random_params, _reference
+from model.modules.conv import Conv2d, conv2d, cpu_kernels
+from tests.model.test_conv import CONFIGS, _as_pair, _inputs, _random_params, _reference, in_form
+
+# The convolution in model/kernels' formulations on every platform (by default the jaxpr holds both forms, and
+# only lowering for the CPU keeps the kernels), and in the plain math.
+kernel_conv2d, plain_conv2d = in_form(True, conv2d), in_form(False, conv2d)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -23,9 +27,9 @@ def test_custom_vjp_equals_autodiff_float64(name):
         def loss(conv):
             return lambda x, w: jnp.vdot(conv(x, w), cotangent)
 
-        ours = jax.jit(
-            jax.grad(loss(lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True)), (0, 1))
-        )(x, w)
+        ours = jax.jit(jax.grad(loss(lambda x, w: kernel_conv2d(x, w, stride, padding, dilation, groups)), (0, 1)))(
+            x, w
+        )
         autodiff = jax.jit(
             jax.grad(loss(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups)), (0, 1))
         )(x, w)
@@ -58,9 +62,7 @@ def test_custom_vjp_float32_inside_scan():
         out = jax.eval_shape(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w)
         cotangent = np.random.default_rng(4).normal(size=out.shape).astype(np.float32)
         ours = jax.jit(
-            lambda x, w, c: grads(
-                lambda x, w: conv2d(x, w, stride, padding, dilation, groups, cpu_kernels=True), x, w, c
-            )
+            lambda x, w, c: grads(lambda x, w: kernel_conv2d(x, w, stride, padding, dilation, groups), x, w, c)
         )(x, w, cotangent)
         ref = jax.jit(
             lambda x, w, c: grads(lambda x, w: _reference(x, w, kernel, stride, padding, dilation, groups), x, w, c)
@@ -79,11 +81,11 @@ def test_conv2d_check_grads(name):
         params = _random_params(shapes, seed=9)
         # custom_vjp has no forward mode, so the layer is checked in reverse mode only.
         check_grads(jax.jit(lambda p, x: layer(p, state, x)[0]), (params, x), order=1, modes=("rev",))
-        custom = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, cpu_kernels=True))
+        custom = jax.jit(lambda x: kernel_conv2d(x, params["weight"], stride, padding, dilation, groups))
         with pytest.raises(TypeError):
             jax.jvp(custom, (x,), (x,))
         # The plain path (used off the CPU) supports both modes.
-        plain = jax.jit(lambda x: conv2d(x, params["weight"], stride, padding, dilation, groups, cpu_kernels=False))
+        plain = jax.jit(lambda x: plain_conv2d(x, params["weight"], stride, padding, dilation, groups))
         check_grads(plain, (x,), order=1, modes=("fwd", "rev"))
 
 
@@ -110,7 +112,7 @@ def test_depthwise_path_matches_lax_float64(name):
     kernel, padding = DEPTHWISE[name][:2]
     with jax.enable_x64(True):
         x, w = _depthwise_inputs(name, np.float64, seed=12)
-        ours = lambda x, w: conv2d(x, w, 1, padding, 1, 3, cpu_kernels=True)
+        ours = lambda x, w: kernel_conv2d(x, w, 1, padding, 1, 3)
         ref = lambda x, w: _reference(x, w, kernel, 1, padding, 1, 3)
         cotangent = np.random.default_rng(13).normal(size=jax.eval_shape(ref, x, w).shape)
         value_and_grads = lambda conv: jax.jit(
@@ -134,31 +136,31 @@ def test_depthwise_path_float32_inside_scan():
 
         return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
 
-    ours = grads(lambda x, w: conv2d(x, w, groups=3, cpu_kernels=True))
+    ours = grads(lambda x, w: kernel_conv2d(x, w, groups=3))
     ref = grads(lambda x, w: _reference(x, w, 3, 1, "SAME", 1, 3))
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
 
 
-def test_depthwise_layers_take_the_shifted_slice_path(monkeypatch):
-    from model import kernels
-
-    monkeypatch.setattr(kernels, "CPU_KERNELS", True)  # the jaxpr of the CPU path (the default holds both paths)
+def test_depthwise_layers_take_the_shifted_slice_path():
+    def jaxpr(fn, *args):
+        with cpu_kernels(True):  # the jaxpr of the CPU path (the default holds both paths)
+            return jax.make_jaxpr(fn)(*args)
 
     def primitives(fn, *args):
-        return {eqn.primitive.name for eqn in jax.make_jaxpr(fn)(*args).eqns}
+        return {eqn.primitive.name for eqn in jaxpr(fn, *args).eqns}
 
     x = jax.ShapeDtypeStruct((2, 9, 9, 4), jnp.float32)
     depthwise = Conv2d(4, 7, groups=4)
     params, _ = jax.eval_shape(depthwise.init, jax.random.key(0), x)
     assert "conv_general_dilated" not in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
     assert "custom_vjp_call" in primitives(lambda p, x: depthwise(p, {}, x)[0], params, x)
-    # Off the fast path: channel multipliers, strides, dilation, cpu_kernels=False.
+    # Off the fast path: channel multipliers, strides, dilation, the plain math.
     for layer in (Conv2d(8, 3, groups=4), Conv2d(4, 3, stride=2, groups=4), Conv2d(4, 3, dilation=2, groups=4)):
         params, _ = jax.eval_shape(layer.init, jax.random.key(0), x)
-        assert "conv_general_dilated" in str(jax.make_jaxpr(lambda p, x: layer(p, {}, x)[0])(params, x)), layer
+        assert "conv_general_dilated" in str(jaxpr(lambda p, x: layer(p, {}, x)[0], params, x)), layer
     w = jax.ShapeDtypeStruct((7, 7, 1, 4), jnp.float32)
-    assert "conv_general_dilated" in primitives(lambda x, w: conv2d(x, w, groups=4, cpu_kernels=False), x, w)
+    assert "conv_general_dilated" in primitives(lambda x, w: plain_conv2d(x, w, groups=4), x, w)
 
 
 def test_weight_gradient_path_by_width():
@@ -167,37 +169,36 @@ def test_weight_gradient_path_by_width():
     def convolutions_in_grad(cout, **kw):
         x = jnp.ones((2, 8, 8, 3), jnp.float32)
         w = jnp.ones((3, 3, 3 // kw.get("groups", 1), cout), jnp.float32)
-        jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: conv2d(x, w, cpu_kernels=True, **kw).sum(), (0, 1)))(x, w)
+        jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: kernel_conv2d(x, w, **kw).sum(), (0, 1)))(x, w)
         return str(jaxpr).count("conv_general_dilated")
 
     assert convolutions_in_grad(32) == convolutions_in_grad(32, stride=2) == 2  # forward + input gradient
     assert convolutions_in_grad(33) == convolutions_in_grad(8, dilation=2) == convolutions_in_grad(6, groups=3) == 3
 
 
-def test_cpu_kernels_switch(monkeypatch):
-    """One switch picks the XLA:CPU formulations: by default where the code is lowered for the CPU (whatever JAX's
-    default backend), off when set so, and a layer call's own ``cpu_kernels`` wins over it."""
-    from model import kernels
-
+def test_the_platform_lowered_for_chooses_the_form_and_cpu_kernels_forces_one():
+    """The XLA:CPU formulations where the code is lowered for the CPU (whatever JAX's default backend), the plain math
+    for every other platform; ``cpu_kernels`` forces one form for what is traced inside it, the innermost winning."""
     x, w = jnp.ones((2, 8, 8, 3), jnp.float32), jnp.ones((3, 3, 3, 32), jnp.float32)
 
-    def uses_kernels(**kw):
-        return "custom_vjp_call" in str(jax.make_jaxpr(lambda x, w: conv2d(x, w, **kw))(x, w))
+    def uses_kernels():  # a new function each time: JAX reuses a function's trace, whatever the form then
+        return "custom_vjp_call" in str(jax.make_jaxpr(lambda x, w: conv2d(x, w))(x, w))
 
-    def lowered(platform, **kw):
+    def lowered(platform, conv=conv2d):
         """The gradient as lowered for `platform`: its convolutions and optimization barriers (the kernels' marks)."""
-        text = jax.jit(jax.grad(lambda x, w: conv2d(x, w, **kw).sum(), (0, 1))).trace(x, w)
+        text = jax.jit(jax.grad(lambda x, w: conv(x, w).sum(), (0, 1))).trace(x, w)
         text = text.lower(lowering_platforms=(platform,)).as_text()
         return text.count("stablehlo.convolution"), text.count("optimization_barrier")
 
-    monkeypatch.setattr(kernels, "CPU_KERNELS", None)
-    assert lowered("cpu") == lowered("cpu", cpu_kernels=True) != lowered("cpu", cpu_kernels=False)
+    assert lowered("cpu") == lowered("cpu", kernel_conv2d) != lowered("cpu", plain_conv2d)
     for platform in ("cuda", "tpu"):
-        assert lowered(platform) == lowered(platform, cpu_kernels=False) != lowered(platform, cpu_kernels=True)
-    monkeypatch.setattr(kernels, "CPU_KERNELS", False)
-    assert not uses_kernels() and uses_kernels(cpu_kernels=True)
-    monkeypatch.setattr(kernels, "CPU_KERNELS", True)
-    assert uses_kernels() and not uses_kernels(cpu_kernels=False)
+        assert lowered(platform) == lowered(platform, plain_conv2d) != lowered(platform, kernel_conv2d)
+    with cpu_kernels(False):
+        assert not uses_kernels()
+        with cpu_kernels(True):
+            assert uses_kernels()
+        assert not uses_kernels()
+    assert lowered("cpu") == lowered("cpu", kernel_conv2d)  # the default again after the block
 
 
 @pytest.mark.parametrize("padding, hw", [("SAME", (6, 7)), ("VALID", (5, 6)), (((2, 0), (1, 3)), (4, 5))])
@@ -216,7 +217,7 @@ def test_single_channel_conv_training_path_equals_autodiff_float64(padding, hw):
         assert cpu_conv.is_single_channel(x, (1, 1), pads, (1, 1), (1, 1), 1)
         reference = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), pads, dimension_numbers=conv.DIMS)
         cotangent = rng.normal(size=reference(x, w).shape)
-        ours_y, ours_vjp = jax.vjp(lambda x, w: conv.conv2d(x, w, padding=padding, cpu_kernels=True), x, w)
+        ours_y, ours_vjp = jax.vjp(lambda x, w: kernel_conv2d(x, w, padding=padding), x, w)
         ref_y, ref_vjp = jax.vjp(reference, x, w)
         np.testing.assert_allclose(ours_y, ref_y, rtol=1e-12, atol=1e-12)
         for ours, ref in zip(ours_vjp(cotangent), ref_vjp(cotangent)):
@@ -238,16 +239,16 @@ def test_single_channel_conv_inside_scan_float32_and_check_grads():
         body = lambda carry, _: (carry, jax.grad(lambda x, w: jnp.vdot(fn(x, w), cotangent), (0, 1))(x, w))
         return jax.jit(lambda: lax.scan(body, 0.0, None, length=2)[1])()
 
-    ours = grads_in_scan(lambda x, w: conv.conv2d(x, w, cpu_kernels=True))
+    ours = grads_in_scan(kernel_conv2d)
     ref = grads_in_scan(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=conv.DIMS))
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
     with jax.enable_x64(True):
         check_grads(
-            lambda x, w: conv.conv2d(x, w, padding=1, cpu_kernels=True),
+            lambda x, w: kernel_conv2d(x, w, padding=1),
             (x[:2, :5, :5].astype(np.float64), w.astype(np.float64)),
             order=1,
             modes=("rev",),
         )
     # Inference (and so every export) keeps the plain convolution.
-    assert "conv_general_dilated" in str(jax.make_jaxpr(lambda x: conv.conv2d(x, w, cpu_kernels=True))(x))
+    assert "conv_general_dilated" in str(jax.make_jaxpr(lambda x: kernel_conv2d(x, w))(x))
