@@ -37,7 +37,7 @@ LATEST = "checkpoint-latest.params"  # written first at every commit: resuming s
 BEST = "model_best.params"
 METRICS = "metrics.jsonl"  # one row per epoch
 LOCK_NAME = ".lock"  # held by the process training in the folder (a sweep's folder has one too)
-CURVES = "curves.png"  # drawn from metrics.jsonl when a run ends (and by `python -m training.plots`)
+CURVES = "curves.png"  # drawn from metrics.jsonl when a run ends, where the project has its figures (an optional part)
 LR_FINDER_TABLE, LR_FINDER_PLOT = "lr_finder.csv", "lr_finder.png"  # callbacks.lr_finder's
 SAMPLES_TEXT = "samples.txt"  # callbacks.generate_text's
 # What a run writes into its folder besides numbered checkpoints: train.py checks them all before resuming, so a
