@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from files.writes import LATEST
+from training import compiled
 from training.assembly import assemble
 from training.config.file import ConfigError, config_hash
 from training.config.validation import validate
@@ -48,6 +49,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
             f"fit: {run_dir} already holds a run; fit(..., resume=True) continues it, another run_dir (or none: a "
             "new folder under trainer.save_dir) starts a new one"
         )
+    compiled.use_cache(config["trainer"]["compilation_cache"])  # where nothing has compiled yet in this kernel
     run = assemble(config, source)
     run.load_data()
     run.check_data()
@@ -68,7 +70,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
                 trainer.init_state()
             run_folder.write_run_files(run_dir, config, run, new=not resume)
             logging.getLogger("train").info(f"run folder: {run_dir}")
-            trainer.fit()
+            trainer.train()
     finally:
         os.close(lock)  # the kernel lives on: the next fit in this folder (resume=True) takes the lock again
     return history.rows

@@ -129,7 +129,7 @@ def template_run(steps: int, compute: str = "float32") -> dict:
         "data_wait_s": trainer.data_wait,
         "peak_rss_mb": peak_rss_mb(),
         "params": sum(x.size for x in jax.tree.leaves(trainer.train_state["params"])),
-        "flop_per_token": (trainer.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
+        "flop_per_token": (trainer.compiled.flops_per_example or 0) * loader.batch_size / tokens_per_step(loader),
     }
 
 

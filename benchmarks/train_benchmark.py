@@ -315,7 +315,7 @@ def template_run(model_name: str, variant: str, steps: int) -> dict:
         "compile_s": trainer.compiled.seconds[trainer.steps_per_call.k],
         "steps_per_call": trainer.steps_per_call.k,
         "peak_rss_mb": peak_rss_mb(),
-        "mflop_per_example": (trainer.flops_per_example or 0) / 1e6,
+        "mflop_per_example": (trainer.compiled.flops_per_example or 0) / 1e6,
     }
 
 

@@ -10,6 +10,7 @@ on the same devices loads it instead of compiling.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import jax
 
-from training.devices import mesh, platform
+from training.devices import mesh, peaks, platform
 from training.devices.packing import Packing
 from training.devices.placement import Placement
 from training.precision import policy_of
 from training.state import eval_params, evaluated_callback, in_step_callbacks
 from training.step import empty_stats, make_eval_step, make_train_call
+
+log = logging.getLogger("train")
 
 # trainer.compilation_cache: null is JAX's own variable where it is set, else this folder.
 DEFAULT_CACHE = "~/.cache/jax-training-template/compiled"
@@ -41,7 +44,7 @@ def use_cache(folder: str | bool | None) -> Path | None:
     path = Path(folder or os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE).expanduser()
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: any size (0 asks for a minimum)
     return path
 
 
@@ -65,11 +68,14 @@ def unpacked(call: Callable, packing: Packing, train_state: dict, totals: dict, 
 
 
 class Compiled:
-    def __init__(self, run, settings, placement: Placement, optimizer, lr_fn, state_sharding, execution: str = "aot"):
+    def __init__(
+        self, run, settings, placement: Placement, optimizer, lr_fn, state_sharding, execution="aot", count_flops=None
+    ):
         """``run``: the assembled run with its data loaded; ``optimizer`` and ``lr_fn``: the run's (``Run.optimizer``;
         the one learning rate, the step's and the logged). ``execution``: "aot", compiled ahead of time for the
         loader's shapes; "jit", compiled at the first call (what jax_debug_nans needs to re-run a step op by op);
-        "eager", under jax.disable_jit, op by op (--no-jit)."""
+        "eager", under jax.disable_jit, op by op (--no-jit). ``count_flops``: count the step's FLOPs for the model
+        FLOP/s and MFU (``peaks.step_flops``; None: where the devices' peak is known, so MFU can be had)."""
         self.run, self.placement, self.execution = run, placement, execution
         self.accumulate = settings.accumulate_steps
         self.policy = policy_of(settings.precision)
@@ -88,6 +94,10 @@ class Compiled:
             out_shardings=replicated,
         )
         self.compiled_eval, self.eval_batch_size, self.eval_rows = None, None, None
+        if count_flops is None:
+            count_flops = peaks.peak_flops(placement.mesh.devices.flat[0].device_kind, self.policy.compute) is not None
+        self.count_flops = count_flops and execution == "aot"
+        self.counting, self.flops_per_example = None, None  # the count under way (a Future), then its result
 
     def call_with(self, optimizer, lr_fn: Callable | None = None) -> Callable:
         """The K-step training call with `optimizer` (the config's, or the lr_finder's range) and its `lr_fn`."""
@@ -99,9 +109,12 @@ class Compiled:
     # ------------------------------------------------------------------------------------------------ training
     def start(self, k: int, state_spec) -> None:
         """Starts compiling the call of `k` steps for a state of `state_spec`'s shapes and shardings on a worker
-        thread (once per `k`); ``train_call(k)`` waits for it."""
+        thread (once per `k`); ``train_call(k)`` waits for it. The first also starts MFU's FLOP count, if wanted."""
         if self.execution == "aot" and k not in self.compiling:
             self.compiling[k] = in_background(self.compile_train, state_spec, k)
+            if self.count_flops and self.counting is None:
+                totals, stack = self.empty_stats(state_spec), self.placement.stack_spec(self.accumulate)
+                self.counting = in_background(peaks.step_flops, self.call_fn, state_spec, totals, stack)
 
     def compile_train(self, state_spec, k: int):
         start = time.perf_counter()
@@ -110,6 +123,20 @@ class Compiled:
         compiled = traced.lower().compile(platform.xla_options("train", jax.default_backend()) or None)
         self.seconds[k] = time.perf_counter() - start
         return compiled
+
+    def report(self, k: int, examples_per_step: int, how: str) -> None:
+        """Waits for the call of `k` steps the run starts with and logs it (`how`: what the steps per call are), with
+        the step's FLOP count per training example where it was counted."""
+        log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
+        if self.execution != "aot":  # the jitted function itself: compiled at its first call, or run op by op
+            log.info(f"training step: {'jitted at the first call' if self.execution == 'jit' else 'op by op'}")
+            return
+        self.train_call(k)
+        flops = self.counting.result() if self.counting is not None else None
+        # the scan over a call's steps (and over accumulated batches) counts once: one step's FLOPs
+        self.flops_per_example = None if flops is None else flops / examples_per_step
+        flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
+        log.info(f"compiled the training step ({how}) in {self.seconds[k]:.1f}s{flops}")
 
     def ready(self, k: int) -> bool:
         """Whether the call of `k` steps has compiled (always, where nothing is compiled ahead of time)."""

@@ -7,7 +7,7 @@ and the metrics, so both are computed in float32. Gradients arrive in float32 th
 float16 has too few exponent bits for small gradients: its policy scales the loss before the backward pass and
 divides the gradients after (dynamic loss scaling). A step whose gradients overflow is skipped (parameters and
 optimizer state unchanged) and halves the scale; `period` finite steps in a row double it. The scale lives in the
-training state (``ts["loss_scale"]``), so it is checkpointed and a resumed run continues with it.
+training state (``train_state["loss_scale"]``), so it is checkpointed and a resumed run continues with it.
 """
 
 from __future__ import annotations

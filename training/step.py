@@ -94,8 +94,8 @@ class Update:
     has a leading axis of N micro-batches: their gradients are summed (weighted by their unmasked examples) and
     applied as one update, the model state (batch norm statistics) passing from one micro-batch to the next.
     ``policy``: the mixed-precision policy. ``callbacks`` with an ``update`` advance their state in
-    ``ts["callbacks"]`` after the update (an average of the parameters, say). ``lr_fn`` given, the logs carry each
-    step's learning rate (read with its loss)."""
+    ``train_state["callbacks"]`` after the update (an average of the parameters, say). ``lr_fn`` given, the logs
+    carry each step's learning rate (read with its loss)."""
 
     model: Any
     loss_fn: Callable
@@ -108,7 +108,7 @@ class Update:
     lr_fn: Callable | None = None
 
 
-def train_call(update: Update, ts: dict, totals: dict, stack: dict):
+def train_call(update: Update, train_state: dict, totals: dict, stack: dict):
     """(train_state, epoch_stats, stack of K x N batches) -> (train_state, epoch_stats, the K steps' logs as one
     array (K, len(LOGS)): ``log_columns`` names them): K steps in one ``lax.scan``.
 
@@ -118,20 +118,20 @@ def train_call(update: Update, ts: dict, totals: dict, stack: dict):
     n = update.accumulate
 
     def body(carry, batch):
-        ts, totals = carry
+        train_state, totals = carry
         if n > 1:
             batch["mask"] = batch["mask"] * batch["active"].reshape((n,) + (1,) * (batch["mask"].ndim - 1))
         active = jnp.max(batch.pop("active")) > 0
-        new_ts, stats, logs = train_step(update, ts, batch)
+        updated, stats, logs = train_step(update, train_state, batch)
         keep = lambda new, old: jnp.where(active, new, old)
-        new_ts = jax.tree.map(keep, new_ts, ts)
+        updated = jax.tree.map(keep, updated, train_state)
         totals = jax.tree.map(lambda a, s: a + jnp.where(active, s, jnp.zeros_like(s)), totals, stats)
-        return (new_ts, totals), logs
+        return (updated, totals), logs
 
     if n > 1:  # (K x N, ...) -> (K, N, ...): the loader's batches grouped into steps
         stack = jax.tree.map(lambda a: a.reshape(-1, n, *a.shape[1:]), stack)
-    (ts, totals), logs = jax.lax.scan(body, (ts, totals), stack)
-    return ts, totals, jnp.stack([logs[name].astype(jnp.float32) for name in LOGS], axis=-1)
+    (train_state, totals), logs = jax.lax.scan(body, (train_state, totals), stack)
+    return train_state, totals, jnp.stack([logs[name].astype(jnp.float32) for name in LOGS], axis=-1)
 
 
 def log_columns(logs) -> dict:
@@ -139,15 +139,15 @@ def log_columns(logs) -> dict:
     return {name: logs[..., i] for i, name in enumerate(LOGS)}
 
 
-def train_step(update: Update, ts: dict, batch: dict):
+def train_step(update: Update, train_state: dict, batch: dict):
     """(train_state, batch) -> (train_state, stats, per-step log values): one optimizer update."""
     policy, optimizer, accumulate = update.policy, update.optimizer, update.accumulate
-    key = jax.random.fold_in(ts["rng"], ts["step"])
-    augment_key = jax.random.fold_in(jax.random.fold_in(ts["rng"], AUGMENT_STREAM), ts["step"])
-    scale = ts["loss_scale"]["scale"] if policy.scaled else jnp.float32(1.0)
-    params = ts["params"]
+    key = jax.random.fold_in(train_state["rng"], train_state["step"])
+    augment_key = jax.random.fold_in(jax.random.fold_in(train_state["rng"], AUGMENT_STREAM), train_state["step"])
+    scale = train_state["loss_scale"]["scale"] if policy.scaled else jnp.float32(1.0)
+    params = train_state["params"]
     if accumulate == 1:
-        new_state, grads, stats = micro_step(update, params, ts["state"], batch, key, augment_key, scale)
+        new_state, grads, stats = micro_step(update, params, train_state["state"], batch, key, augment_key, scale)
     else:
 
         def body(carry, xs):
@@ -159,34 +159,37 @@ def train_step(update: Update, ts: dict, batch: dict):
             return (state, jax.tree.map(jnp.add, total, grads)), stats
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        (new_state, grads), stats = jax.lax.scan(body, (ts["state"], zeros), (batch, jnp.arange(accumulate)))
+        (new_state, grads), stats = jax.lax.scan(body, (train_state["state"], zeros), (batch, jnp.arange(accumulate)))
         stats = jax.tree.map(lambda s: s.sum(axis=0), stats)
     # the mean over every unmasked example of the update, whatever the micro-batches held
     count = jnp.maximum(stats["count"], jnp.finfo(jnp.float32).tiny)
     grads = jax.tree.map(lambda g: g / (count * scale), grads)
     # frozen leaves (optimizer.frozen) are no part of what trains: not of the norm either
     grad_norm = global_norm(grads if optimizer.trainable is None else only_trainable(grads, optimizer.trainable(grads)))
-    updates, opt_state = optimizer.update(grads, ts["opt_state"], params)
-    new_ts = {
-        **ts,
+    updates, opt_state = optimizer.update(grads, train_state["opt_state"], params)
+    updated = {
+        **train_state,
         "params": apply_updates(params, updates),
         "state": new_state,
         "opt_state": opt_state,
-        "step": ts["step"] + 1,
+        "step": train_state["step"] + 1,
     }
-    lr = jnp.nan if update.lr_fn is None else update.lr_fn(ts["step"])
+    lr = jnp.nan if update.lr_fn is None else update.lr_fn(train_state["step"])
     logs = {"loss": stats["loss_sum"] / count, "grad_norm": grad_norm, "lr": jnp.asarray(lr, jnp.float32)}
     logs["skipped"] = jnp.zeros((), bool)
     if policy.scaled:  # an overflowed step changes nothing but the scale
         finite = jnp.isfinite(grad_norm)
-        new_ts = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_ts, {**ts, "step": ts["step"] + 1})
-        new_ts["loss_scale"] = policy.next_scale(ts["loss_scale"], finite)
+        updated = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), updated, {**train_state, "step": train_state["step"] + 1}
+        )
+        updated["loss_scale"] = policy.next_scale(train_state["loss_scale"], finite)
         logs["skipped"] = ~finite
     if update.callbacks:
-        new_ts["callbacks"] = {
-            c.name: c.update(ts["callbacks"][c.name], new_ts["params"], new_ts["step"]) for c in update.callbacks
+        updated["callbacks"] = {
+            c.name: c.update(train_state["callbacks"][c.name], updated["params"], updated["step"])
+            for c in update.callbacks
         }
-    return new_ts, stats, logs
+    return updated, stats, logs
 
 
 def micro_step(update: Update, params, state, batch: dict, key, augment_key, scale):

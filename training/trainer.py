@@ -1,11 +1,11 @@
 """The training loop: epochs of jitted K-step calls, exact epoch metrics, early stopping, a stop at a step boundary.
 
-It reads top to bottom: ``fit`` runs the epochs; each runs ``train_epoch`` (the compiled K-step calls over the
+It reads top to bottom: ``train`` runs the epochs; each runs ``train_epoch`` (the compiled K-step calls over the
 loader's stacks, their logs read in groups and never the call just dispatched: ``OneCallLate``, ``Progress``), then
-``end_epoch`` (evaluation, the row, the commit). One update, from train.py to its gradient: ``Trainer.fit`` ->
+``end_epoch`` (evaluation, the row, the commit). One update, from train.py to its gradient: ``Trainer.train`` ->
 ``Trainer.train_epoch`` -> the compiled call of ``step.train_call`` -> ``step.train_step`` -> ``step.micro_step``
 -> ``step.objective``.
-What it builds on, each in its own module: the assembled run (``utils.assemble``: model, loss, metrics, optimizer,
+What it builds on, each in its own module: the assembled run (``training/assembly.py``: model, loss, metrics, optimizer,
 loaders, callbacks), its typed settings (``training/config/settings.py``), the training state (``training/state.py``),
 where arrays live (``training/devices/placement.py``), the compiled calls (``training/compiled.py``), how many steps
 each call runs (``training/steps_per_call.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the
@@ -28,7 +28,7 @@ import numpy as np
 
 from training import state
 from training.callbacks import of_schedule
-from training.compiled import Compiled, cache_folder, in_background
+from training.compiled import Compiled, cache_folder
 from training.config.components import schedule_length_note
 from training.config.settings import Settings
 from training.devices import memory, mesh, peaks, platform
@@ -90,10 +90,9 @@ class Trainer:
         settings: Settings | None = None,
         count_flops: bool | None = None,
     ):
-        """``run``: the assembled run (``utils.assemble``) with its data loaded: its config, components, loaders and
-        optimizer are the only source of what is trained and how; ``settings``: its config's, unless given.
-        ``execution``: see ``Compiled``. ``count_flops``: count the step's FLOPs for the model FLOP/s and MFU (None:
-        where the devices' peak is known, so MFU can be had)."""
+        """``run``: the assembled run (``training.assembly.assemble``) with its data loaded: its config, components,
+        loaders and optimizer are the only source of what is trained and how; ``settings``: its config's, unless
+        given. ``execution`` and ``count_flops``: see ``Compiled``."""
         self.run = run
         self.settings = settings = settings or Settings.of(run.config)
         self.execution, self.count_flops = execution, count_flops
@@ -107,6 +106,9 @@ class Trainer:
         self.steps_per_call = StepsPerCall(
             settings.steps_per_call, self.steps_per_epoch, self.accumulate * memory.nbytes(self.train_loader.spec)
         )
+        aot = execution == "aot"  # "auto" starts at a choice remembered beside the compilation cache, else measures
+        key = key_of(run.config, self.train_loader.spec)
+        self.start_note = self.steps_per_call.start(key, cache_folder() if aot else None, measure=aot)
         self.build_calls()
         self.evaluated = state.evaluated_callback(run)
         self.checkpoints = Checkpoints(
@@ -125,23 +127,21 @@ class Trainer:
         self.first_call_logged, self.first_call_seconds = False, None
         self.data_wait, self.trace = 0.0, None
         self.lr_scale = 1.0  # reduce_on_plateau's factor of the lr, kept on the host (callbacks.ReduceOnPlateau)
-        self.flops_per_example, self.counting = None, None  # MFU's count (``start_compile``)
 
     def build_calls(self) -> None:
         """The optimizer (``Run.optimizer``: its schedule counts the run's steps) and the compiled calls made with it;
         again after a resume, whose checkpoint's schedule length the run keeps (``restore``)."""
         self.optimizer, self.lr_fn = self.run.optimizer()  # the one learning rate: the step's and the logged
         self.state_sharding = self.placement.state_sharding(self.template())
-        self.compiled = Compiled(
-            self.run, self.settings, self.placement, self.optimizer, self.lr_fn, self.state_sharding, self.execution
-        )
+        parts = (self.placement, self.optimizer, self.lr_fn, self.state_sharding, self.execution, self.count_flops)
+        self.compiled = Compiled(self.run, self.settings, *parts)
 
     def place_stacks(self, host_arrays: bool) -> None:
         """Stacks as the host's arrays, or packed onto the devices (``Placement``); rebuilds the compiled calls."""
         self.placement = Placement(self.run.config.get("mesh"), self.train_loader.spec, host_arrays)
         self.build_calls()
         if self.train_state is not None:
-            self.start_compile(spec_of(self.train_state))
+            self.compiled.start(self.steps_per_call.k, spec_of(self.train_state))
 
     @property
     def run_dir(self) -> Path | None:
@@ -158,7 +158,9 @@ class Trainer:
 
     def init_state(self) -> dict:
         """A fresh state from the config's seed (the training call compiles on another thread meanwhile)."""
-        self.start_compile(mesh.with_shardings(self.template(), self.sharding_tree()))
+        sharding = self.state_sharding  # one for the whole state, or a tree of them
+        shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
+        self.compiled.start(self.steps_per_call.k, mesh.with_shardings(self.template(), shardings))
         seed = self.settings.seed
         self.train_state = state.init(self.run, self.optimizer, self.precision, seed, self.state_sharding)
         self.origin = f"fresh state from seed {seed}"
@@ -173,7 +175,7 @@ class Trainer:
         if length is not None:
             self.run.epochs, self.run.steps_per_epoch = length["epochs"], length["steps_per_epoch"]
             self.build_calls()
-        self.start_compile(spec_of(self.train_state))
+        self.compiled.start(self.steps_per_call.k, spec_of(self.train_state))
         self.resume_notes = self.checkpoints.resume(header, path, int(self.train_state["step"]))
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
@@ -189,11 +191,6 @@ class Trainer:
         kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
         self.origin = f"params and model state from {path}{kept}, optimizer fresh"
 
-    def sharding_tree(self) -> dict:
-        """The state's sharding leaf by leaf (``state_sharding`` may be one for the whole state)."""
-        sharding = self.state_sharding
-        return sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
-
     def check_memory(self) -> None:
         """Refuses, before anything is allocated, a run whose state and one call's stacked batches alone exceed the
         memory of the devices (a ValueError naming the numbers): it would otherwise stall or be killed mid-compile."""
@@ -207,23 +204,6 @@ class Trainer:
     def applied_lr(self, step: int) -> float:
         """The learning rate at `step`: the schedule's (``lr_fn``), times reduce_on_plateau's scale."""
         return float(self.lr_fn(step)) * self.lr_scale
-
-    def start_compile(self, state_spec) -> None:
-        """Starts compiling the training call for the steps per call the run starts at (a remembered "auto" choice,
-        else one), and MFU's FLOP count where it is wanted, both on worker threads."""
-        key = key_of(self.run.config, self.train_loader.spec)
-        aot = self.execution == "aot"
-        self.start_note = self.steps_per_call.start(key, cache_folder() if aot else None, measure=aot)
-        self.compiled.start(self.steps_per_call.k, state_spec)
-        device = self.placement.mesh.devices.flat[0]
-        count = self.count_flops
-        if count is None:
-            count = peaks.peak_flops(device.device_kind, self.precision.compute) is not None
-        if count and self.execution == "aot":
-            stack = self.placement.stack_spec(self.accumulate)
-            self.counting = in_background(
-                peaks.step_flops, self.compiled.call_fn, state_spec, self.compiled.empty_stats(state_spec), stack
-            )
 
     def describe(self) -> list[str]:
         """What the log says of the run before it trains: the devices and mesh, a batch, where the state came from,
@@ -317,6 +297,7 @@ class Trainer:
                     # its status)
                     stacks.close()
             logs.flush()
+            self.switch_steps_per_call(wait=True)  # chosen in this epoch's last calls: the next epoch starts at it
         finally:
             settle(self.train_state)
             progress.close()
@@ -338,18 +319,8 @@ class Trainer:
         return per_call.k
 
     def log_compile(self) -> None:
-        """Waits for the training call the run starts with, and logs its compilation and the step's FLOP count."""
-        log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
-        if self.execution != "aot":  # the jitted function itself: compiled at its first call, or run op by op
-            log.info(f"training step: {'jitted at the first call' if self.execution == 'jit' else 'op by op'}")
-            return
-        k = self.steps_per_call.k
-        self.compiled.train_call(k)
-        flops = self.counting.result() if self.counting is not None else None
-        # the scan over a call's steps (and over accumulated batches) counts once: one step's FLOPs
-        self.flops_per_example = None if flops is None else flops / self.train_loader.batch_size
-        flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
-        log.info(f"compiled the training step ({self.start_note}) in {self.compiled.seconds[k]:.1f}s{flops}")
+        """Waits for the training call the run starts with, and logs its compilation (``Compiled.report``)."""
+        self.compiled.report(self.steps_per_call.k, self.train_loader.batch_size, self.start_note)
 
     def end_epoch(self, totals: dict, started: float, ran: float) -> bool:
         """An epoch's end: its metrics (and validation's), its row logged and committed, the callbacks and trackers
@@ -371,7 +342,7 @@ class Trainer:
         )
         peak = peaks.peak_flops(self.placement.mesh.devices.flat[0].device_kind, self.precision.compute)
         flops, mfu = peaks.utilization(
-            self.flops_per_example, row["time/examples_per_s"], peak, self.placement.mesh.size
+            self.compiled.flops_per_example, row["time/examples_per_s"], peak, self.placement.mesh.size
         )
         row["time/model_flops_per_s"], row["time/mfu"] = flops, mfu
         for callback in self.callbacks:

@@ -124,7 +124,7 @@ sys.path.insert(0, ".")
 from tests.end_to_end.test_performance import MLP, make_trainer
 trainer = make_trainer(pathlib.Path(sys.argv[1]), MLP, 3, "four")
 trainer.log_compile()
-print(trainer.placement.mesh.size, trainer.flops_per_example)
+print(trainer.placement.mesh.size, trainer.compiled.flops_per_example)
 """
 
 
@@ -136,14 +136,14 @@ def test_the_flop_count_is_the_models_whatever_the_devices_and_steps_per_call(tm
     trainer = make_trainer(tmp_path, MLP, 1, "one")
     trainer.log_compile()
     matmuls = 2 * (784 * 32 + 32 * 10) + 2 * (784 * 32 + 2 * 32 * 10)
-    assert matmuls <= trainer.flops_per_example < 2 * matmuls, trainer.flops_per_example
+    assert matmuls <= trainer.compiled.flops_per_example < 2 * matmuls, trainer.compiled.flops_per_example
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(
         [sys.executable, "-c", FLOPS, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
     devices, flops = done.stdout.split()
-    assert devices == "4" and float(flops) == pytest.approx(trainer.flops_per_example, rel=1e-4)
+    assert devices == "4" and float(flops) == pytest.approx(trainer.compiled.flops_per_example, rel=1e-4)
 
 
 def test_no_flop_count_where_no_peak_is_known_unless_asked(tmp_path):
@@ -153,7 +153,8 @@ def test_no_flop_count_where_no_peak_is_known_unless_asked(tmp_path):
     plain = Trainer(asked.run, tmp_path / "asked", trackers=[StepLosses()])
     plain.init_state()
     plain.log_compile()
-    assert asked.counting is not None and plain.counting is None and plain.flops_per_example is None
+    assert asked.compiled.counting is not None and plain.compiled.counting is None
+    assert plain.compiled.flops_per_example is None
 
 
 def test_no_compilation_after_the_first_epoch_with_auto_steps(tmp_path):

@@ -172,22 +172,22 @@ class Checkpoints:
         patience = self.settings.early_stop
         return bool(patience) and self.bad_epochs >= patience
 
-    def commit_epoch(self, ts: dict, header: dict, improved: bool, row: dict) -> tuple[list[str], float]:
+    def commit_epoch(self, train_state: dict, header: dict, improved: bool, row: dict) -> tuple[list[str], float]:
         """The end of an epoch: latest, best when improved, numbered every ``save_period`` epochs, then the row.
         Returns the files written and the pause the loop paid."""
         epoch = header["epoch"]
         names = [LATEST] + ([BEST] if improved else [])
         if epoch % self.settings.save_period == 0:
             names.append(epoch_checkpoint(epoch))
-        return names, self.save(ts, {**header, "row": row}, names, row=row)
+        return names, self.save(train_state, {**header, "row": row}, names, row=row)
 
-    def save_position(self, ts: dict, totals, header: dict) -> tuple[list[str], float]:
+    def save_position(self, train_state: dict, totals, header: dict) -> tuple[list[str], float]:
         """checkpoint-latest.params in the middle of an epoch: the state, the position in the epoch's order (in the
         header) and the statistics gathered so far, so the resumed run goes on with the next batch and ends
         bit-identical. With checkpoint_every.keep = N also checkpoint-step_S.params, the last N of them kept."""
         keep = self.settings.checkpoint_every.keep
         names = [LATEST] + ([step_checkpoint(header["step"])] if keep else [])
-        return names, self.save({**ts, "epoch_totals": totals}, header, names, rotate=keep)
+        return names, self.save({**train_state, "epoch_totals": totals}, header, names, rotate=keep)
 
     def save(self, tree, header: dict, names: list[str], row: dict | None = None, rotate: int = 0) -> float:
         """Writes `tree` and `header` to the run folder's files `names`, in order, then the metrics `row`, once the
