@@ -409,17 +409,17 @@ class Trainer:
         if not index.size:
             return
         # whole columns to Python floats at once (a read at log_every 1 holds up to READ_EVERY_STEPS lines)
-        steps = (first + 1 + index).tolist()
+        numbers = (first + 1 + index).tolist()  # the steps' numbers
         loss, grad_norm = logs["loss"][index].tolist(), logs["grad_norm"][index].tolist()
         lr = (logs["lr"][index].astype(np.float64) * self.lr_scale).tolist()
         tail = f"  {examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}"
         lines = [
             f"epoch {epoch} step {s}: loss {a:.6f}  lr {b:.3g}  grad_norm {c:.3f}{tail}"
-            for s, a, b, c in zip(steps, loss, lr, grad_norm)
+            for s, a, b, c in zip(numbers, loss, lr, grad_norm)
         ]
         log.log(logging.INFO if console else logging.DEBUG, "\n".join(lines))
         if self.trackers or self.callbacks:
-            for step, *values in zip(steps, loss, lr, grad_norm):
+            for step, *values in zip(numbers, loss, lr, grad_norm):
                 values = dict(zip(("train/step_loss", "train/lr", "train/grad_norm"), values))
                 for tracker in self.trackers:
                     tracker.log_step(step, values)
