@@ -1,5 +1,6 @@
-"""The config's schema: every section's defaults and bounds, and a check per section that fills its defaults in
-place and reports the first problem as one ConfigError naming its place (`config.json: trainer.epochs: ...`).
+"""The config's schema: every section's defaults and bounds (an optional feature's sections: its folder's config.py,
+FEATURE_CONFIGS below), and a check per section that fills its defaults in place and reports the first problem as
+one ConfigError naming its place (`config.json: trainer.epochs: ...`).
 
 ``training.config.validation.validate`` runs the checks in a fixed order, so a config with several problems reports
 the same one first every time; the train split's augmentation is checked there too, between the loaders and the
