@@ -23,7 +23,7 @@ from training.devices import mesh, peaks, platform
 from training.devices.packing import Packing
 from training.devices.placement import Placement
 from training.precision import policy_of
-from training.state import eval_params, evaluated_callback, in_step_callbacks
+from training.state import eval_params, evaluated_callback, in_step_callbacks, template
 from training.step import empty_stats, make_eval_step, make_train_call
 
 log = logging.getLogger("train")
@@ -76,11 +76,11 @@ class Compiled:
         loader's shapes; "jit", compiled at the first call (what jax_debug_nans needs to re-run a step op by op);
         "eager", under jax.disable_jit, op by op (--no-jit). ``count_flops``: count the step's FLOPs for the model
         FLOP/s and MFU (``peaks.step_flops``; None: where the devices' peak is known, so MFU can be had)."""
-        self.run, self.placement, self.execution = run, placement, execution
+        self.run, self.placement, self.execution, self.state_sharding = run, placement, execution, state_sharding
         self.accumulate = settings.accumulate_steps
         self.policy = policy_of(settings.precision)
         self.evaluated = evaluated_callback(run)
-        self.call_fn = self.call_with(optimizer, lr_fn)
+        self.optimizer, self.call_fn = optimizer, self.call_with(optimizer, lr_fn)
         replicated = placement.replicated
         self.train = jax.jit(
             self.call_fn, donate_argnums=(0, 1), out_shardings=(state_sharding, replicated, replicated)
@@ -171,6 +171,7 @@ class Compiled:
         call only: the model is traced once, not every epoch)."""
         if self.stats_template is None:
             run, spec = self.run, self.placement.batch_spec
+            state = template(run, self.optimizer, self.policy) if state is None else state
             self.stats_template = jax.device_get(
                 empty_stats(run.model, run.loss_fn, run.metrics, state["params"], state["state"], spec, run.augment)
             )

@@ -82,6 +82,7 @@ class StepsPerCall:
         self.clock: dict = {}
         self.remembered_in: Path | None = None
         self.key: str | None = None
+        self.note = f"{self.k} step(s) per call"  # what the log says of where the calls start (``start``)
 
     # ------------------------------------------------------------------------------------- remembered choices
     def start(self, key: str | None, folder: Path | None, measure: bool = True) -> str:
@@ -89,18 +90,20 @@ class StepsPerCall:
         measured unless `measure` is False (a step not compiled ahead of time: one step per call); returns what the
         log says of it."""
         if not self.auto or not measure:
-            return f"{self.k} step(s) per call"
+            return self.note
         self.key = key
         if key is not None and folder is not None:
             self.remembered_in = folder / REMEMBERED
             known = remembered(self.remembered_in).get(key)
-            if isinstance(known, int) and 1 <= known <= min(AUTO_MAX_STEPS, self.steps_per_epoch):
+            if type(known) is int and 1 <= known <= min(AUTO_MAX_STEPS, self.steps_per_epoch):
                 self.k = self.chosen = known
-                return (
+                self.note = (
                     f'{known} step(s) per call, as "auto" chose for this step on these devices ({self.remembered_in})'
                 )
+                return self.note
         self.measuring = True
-        return f'1 step per call while "auto" times the first {AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS} calls'
+        self.note = f'1 step per call while "auto" times the first {AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS} calls'
+        return self.note
 
     # ------------------------------------------------------------------------------------------------ timing
     def before_call(self) -> None:

@@ -108,7 +108,7 @@ class Trainer:
         )
         aot = execution == "aot"  # "auto" starts at a choice remembered beside the compilation cache, else measures
         key = key_of(run.config, self.train_loader.spec)
-        self.start_note = self.steps_per_call.start(key, cache_folder() if aot else None, measure=aot)
+        self.steps_per_call.start(key, cache_folder() if aot else None, measure=aot)
         self.build_calls()
         self.evaluated = state.evaluated_callback(run)
         self.checkpoints = Checkpoints(
@@ -124,7 +124,7 @@ class Trainer:
         self.min_loss = math.inf  # the lowest step loss so far, for trainer.divergence_factor
         self.stop_training = None  # a reason set by a callback: the run ends before its next epoch
         self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
-        self.first_call_logged, self.first_call_seconds = False, None
+        self.first_call_seconds = None  # from the command's start to the first call's steps done, once logged
         self.data_wait, self.trace = 0.0, None
         self.lr_scale = 1.0  # reduce_on_plateau's factor of the lr, kept on the host (callbacks.ReduceOnPlateau)
 
@@ -132,8 +132,8 @@ class Trainer:
         """The optimizer (``Run.optimizer``: its schedule counts the run's steps) and the compiled calls made with it;
         again after a resume, whose checkpoint's schedule length the run keeps (``restore``)."""
         self.optimizer, self.lr_fn = self.run.optimizer()  # the one learning rate: the step's and the logged
-        self.state_sharding = self.placement.state_sharding(self.template())
-        parts = (self.placement, self.optimizer, self.lr_fn, self.state_sharding, self.execution, self.count_flops)
+        sharding = self.placement.state_sharding(self.template())
+        parts = (self.placement, self.optimizer, self.lr_fn, sharding, self.execution, self.count_flops)
         self.compiled = Compiled(self.run, self.settings, *parts)
 
     def place_stacks(self, host_arrays: bool) -> None:
@@ -158,11 +158,11 @@ class Trainer:
 
     def init_state(self) -> dict:
         """A fresh state from the config's seed (the training call compiles on another thread meanwhile)."""
-        sharding = self.state_sharding  # one for the whole state, or a tree of them
+        sharding = self.compiled.state_sharding  # one for the whole state, or a tree of them
         shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
         self.compiled.start(self.steps_per_call.k, mesh.with_shardings(self.template(), shardings))
         seed = self.settings.seed
-        self.train_state = state.init(self.run, self.optimizer, self.precision, seed, self.state_sharding)
+        self.train_state = state.init(self.run, self.optimizer, self.precision, seed, sharding)
         self.origin = f"fresh state from seed {seed}"
         return self.train_state
 
@@ -194,7 +194,7 @@ class Trainer:
     def check_memory(self) -> None:
         """Refuses, before anything is allocated, a run whose state and one call's stacked batches alone exceed the
         memory of the devices (a ValueError naming the numbers): it would otherwise stall or be killed mid-compile."""
-        sharding = self.state_sharding
+        sharding = self.compiled.state_sharding
         shardings = sharding if isinstance(sharding, dict) else dict.fromkeys(self.template(), sharding)
         batches = self.steps_per_call.k * self.accumulate  # one call's stack, split over every device
         stack_bytes = -(-batches * memory.nbytes(self.train_loader.spec) // self.placement.mesh.size)
@@ -320,7 +320,7 @@ class Trainer:
 
     def log_compile(self) -> None:
         """Waits for the training call the run starts with, and logs its compilation (``Compiled.report``)."""
-        self.compiled.report(self.steps_per_call.k, self.train_loader.batch_size, self.start_note)
+        self.compiled.report(self.steps_per_call.k, self.train_loader.batch_size, self.steps_per_call.note)
 
     def end_epoch(self, totals: dict, started: float, ran: float) -> bool:
         """An epoch's end: its metrics (and validation's), its row logged and committed, the callbacks and trackers
@@ -372,7 +372,6 @@ class Trainer:
 
     def log_first_call(self, steps: int) -> None:
         """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
-        self.first_call_logged = True
         self.first_call_seconds = time.time() - platform.STARTED_AT
         log.info(
             f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
@@ -551,7 +550,7 @@ class Progress:
         """Whether to read the logs of the epoch's first `done` steps now: the first call's (the start-up line), then
         after READ_EVERY_S or READ_EVERY_STEPS steps."""
         return (
-            not self.trainer.first_call_logged
+            self.trainer.first_call_seconds is None
             or done - self.read_to >= READ_EVERY_STEPS
             or time.perf_counter() - self.read_at >= READ_EVERY_S
         )
@@ -563,7 +562,7 @@ class Progress:
         logs = log_columns(np.concatenate([np.asarray(logs)[:real] for logs, _, real in calls]))
         before, real = calls[0][1], len(logs["loss"])
         self.read_to, self.read_at = before + real, time.perf_counter()
-        if not trainer.first_call_logged:
+        if trainer.first_call_seconds is None:
             trainer.log_first_call(real)
         # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
         skipped = logs["skipped"] > 0

@@ -181,5 +181,6 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
         # (counted apart, unsharded, on the CPU device: the count an accelerator host makes)
         counted = peaks.step_flops(compiled.call_fn, template, compiled.empty_stats(template), stack)
         cuda = traced.lower(lowering_platforms=("cuda",)).cost_analysis()["flops"]
-        assert counted and counted == cuda, (path, counted, cuda)
+        # (within a few FLOPs of the sharded trace's: 30 of 7.7 million for tabular_regression)
+        assert counted and counted == pytest.approx(cuda, rel=1e-4), (path, counted, cuda)
         assert abs(traced.lower(lowering_platforms=("tpu",)).cost_analysis()["flops"] / counted - 1) < 1e-3, path
