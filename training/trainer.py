@@ -520,11 +520,11 @@ class Progress:
         """The training state's step once the calls dispatched so far are done."""
         return self.first_step + self.steps_done
 
-    def waiting_for_data(self, chunks):
+    def waiting_for_data(self, stacks):
         """The loader's stacks, the time spent waiting for each counted in ``trainer.data_wait``."""
         while True:
             waited = time.perf_counter()
-            item = next(chunks, None)
+            item = next(stacks, None)
             self.trainer.data_wait += time.perf_counter() - waited
             if item is None:
                 return
