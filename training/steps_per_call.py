@@ -91,16 +91,20 @@ class StepsPerCall:
         log says of it."""
         if not self.auto or not measure:
             return self.note
-        self.key = key
+        self.key, known = key, 0
         if key is not None and folder is not None:
             self.remembered_in = folder / REMEMBERED
             known = remembered(self.remembered_in).get(key)
-            if type(known) is int and 1 <= known <= min(AUTO_MAX_STEPS, self.steps_per_epoch):
-                self.k = self.chosen = known
-                self.note = (
-                    f'{known} step(s) per call, as "auto" chose for this step on these devices ({self.remembered_in})'
-                )
-                return self.note
+            known = known if type(known) is int and 1 <= known <= min(AUTO_MAX_STEPS, self.steps_per_epoch) else 0
+        # several processes (each with its own disk, maybe) all start alike: at the largest choice any of them
+        # remembered, else all measure (one small collective, once)
+        (known,) = mesh.max_over_processes(known)
+        if known:
+            self.k = self.chosen = known
+            self.note = (
+                f'{known} step(s) per call, as "auto" chose for this step on these devices ({self.remembered_in})'
+            )
+            return self.note
         self.measuring = True
         self.note = f'1 step per call while "auto" times the first {AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS} calls'
         return self.note

@@ -250,13 +250,23 @@ def test_processes_agree_at_each_epoch_end_not_at_every_call(tmp_path, data_dir)
 def test_two_processes_agree_on_auto_steps_per_call(tmp_path, data_dir):
     """ "auto" is timed by each process on its own: both take the same K at the same call (the larger of their
     choices) and switch to it together mid-epoch, and the run's losses are those of one step per call alone."""
-    config = tiny_config(tmp_path, data_dir, trainer__steps_per_call="auto", trainer__epochs=3)
+    cache = str(tmp_path / "cache")  # no choice remembered by another test's run of this step
+    config = tiny_config(
+        tmp_path, data_dir, trainer__steps_per_call="auto", trainer__epochs=3, trainer__compilation_cache=cache
+    )
     saved = tmp_path / "saved/tiny"
     results = finish(start_processes(2, 1, "-c", config, "--run-id", "auto"))
     for status, _out, err in results:
         assert status == 0, err
     chosen = [line for line in results[0][1].splitlines() if "steps per call (auto): " in line]
     assert len(chosen) == 1 and "steps per call (auto): 1;" not in chosen[0], results[0][1]
+    # run again, both processes start at the choice the first run kept, untimed, and agree on it
+    again = finish(start_processes(2, 1, "-c", config, "--run-id", "again"))
+    k = chosen[0].split("steps per call (auto): ")[1].split(";")[0]
+    for status, out, err in again:
+        assert status == 0, err
+        assert "steps per call (auto): " not in out + err
+    assert f'{k} step(s) per call, as "auto" chose' in again[0][1] + again[0][2]
     config = tiny_config(tmp_path, data_dir, trainer__steps_per_call=1, trainer__epochs=3)
     one = run("train.py", "-c", config, "--run-id", "one", env=devices_env(2))
     assert one.returncode == 0, one.stderr
