@@ -42,6 +42,14 @@ def use_cache(folder: str | bool | None) -> Path | None:
         jax.config.update("jax_compilation_cache_dir", None)
         return None
     path = Path(folder or os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE).expanduser()
+    try:  # a folder JAX could not write would cost a warning at every compilation, and every program compiled anyway
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as error:
+        log.warning(f"compilation cache off: {path}: {error.strerror or error}")
+        jax.config.update("jax_compilation_cache_dir", None)
+        return None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: any size (0 asks for a minimum)

@@ -31,12 +31,18 @@ def test_a_second_run_of_the_same_config_compiles_nothing_and_starts_at_auto_s_c
     assert "steps per call (auto): " not in said  # not timed again
 
 
-def test_no_cache_when_switched_off_and_a_bad_folder_is_one_line(tmp_path, data_dir):
+def test_no_cache_when_switched_off_or_unusable_and_a_bad_value_is_one_line(tmp_path, data_dir):
     cache = tmp_path / "cache"
     config = make_config(tmp_path, data_dir, trainer__compilation_cache=False, trainer__epochs=1)
     done = run("train.py", "-c", str(config), env={"JAX_COMPILATION_CACHE_DIR": str(cache)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert not cache.exists()
+    unusable = make_config(tmp_path, data_dir, trainer__compilation_cache="/proc/no-such-cache", trainer__epochs=1)
+    done = run("train.py", "-c", str(unusable))
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert "compilation cache off: /proc/no-such-cache: No such file or directory" in said
+    assert "Error reading persistent compilation cache" not in said
     bad = make_config(tmp_path, data_dir, trainer__compilation_cache=3)
     refused = run("train.py", "-c", str(bad))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
