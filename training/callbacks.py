@@ -212,7 +212,7 @@ class GenerateText(Callback):
     def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
         if epoch % self.every:
             return
-        params, state = eval_params(trainer.train_state, trainer.evaluated), trainer.train_state["state"]
+        params, state = eval_params(trainer.train_state, trainer.compiled.evaluated), trainer.train_state["state"]
         text = self.generator(params, state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
         log.info(f"generate_text after epoch {epoch}:\n{text}")
         with open_append(trainer.run_dir / SAMPLES_TEXT) as file:

@@ -110,9 +110,8 @@ class Trainer:
         key = key_of(run.config, self.train_loader.spec)
         self.steps_per_call.start(key, cache_folder() if aot else None, measure=aot)
         self.build_calls()
-        self.evaluated = state.evaluated_callback(run)
         self.checkpoints = Checkpoints(
-            run_dir, settings, run.monitor, config_hash, self.evaluated, run.config, len(self.train_loader)
+            run_dir, settings, run.monitor, config_hash, self.compiled.evaluated, run.config, len(self.train_loader)
         )
         self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.lr_fn), list(trackers)
         self.train_state = None  # the training state: made by init_state(), restore() or load_weights()
@@ -132,7 +131,9 @@ class Trainer:
         """The optimizer (``Run.optimizer``: its schedule counts the run's steps) and the compiled calls made with it;
         again after a resume, whose checkpoint's schedule length the run keeps (``restore``)."""
         self.optimizer, self.lr_fn = self.run.optimizer()  # the one learning rate: the step's and the logged
-        sharding = self.placement.state_sharding(self.template())
+        # the state's abstract value, traced once per optimizer: start-up asks for it several times
+        self.abstract_state = state.template(self.run, self.optimizer, self.precision)
+        sharding = self.placement.state_sharding(self.abstract_state)
         parts = (self.placement, self.optimizer, self.lr_fn, sharding, self.execution, self.count_flops)
         self.compiled = Compiled(self.run, self.settings, *parts)
 
@@ -153,8 +154,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ where the state comes from
     def template(self) -> dict:
-        """The training state's abstract value (shapes and dtypes, nothing computed)."""
-        return state.template(self.run, self.optimizer, self.precision)
+        """The training state's abstract value (shapes and dtypes, nothing computed; read-only)."""
+        return self.abstract_state
 
     def init_state(self) -> dict:
         """A fresh state from the config's seed (the training call compiles on another thread meanwhile)."""

@@ -8,18 +8,10 @@ import re
 
 import pytest
 
+from tests.training.test_history import BASE
 from training.config.file import ConfigError
 from training.config.validation import validate
 from training.tracking.config import SECTIONS, folder_suffix, new_run_id
-
-BASE = {
-    "name": "t",
-    "model": {"name": "mlp"},
-    "loss": {"name": "cross_entropy"},
-    "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
-    "data_loader": {"train": {"name": "mnist"}},
-    "trainer": {"monitor": "min train/loss"},
-}
 
 
 def test_new_run_ids_have_the_wandb_form_and_differ():
