@@ -10,11 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-# (limit, usage) files of the process's memory cgroup: v2, then v1 (a container's limit is below the machine's)
-CGROUP_FILES = (
-    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-)
+# Where the kernel shows this process's cgroups (a line per hierarchy: "ID:controllers:/path") and where the
+# hierarchies are mounted: cgroup v2's unified one at the root, v1's memory controller in its own folder.
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+# (folder under the root, limit file, usage file) of each version; v1 writes "no limit" as a huge page-aligned
+# number (2**63 rounded down to a page), which any comparison with real memory leaves aside.
+CGROUP_FILES = {
+    "v2": ("", "memory.max", "memory.current"),
+    "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
+}
 
 
 def show_bytes(n: float) -> str:
@@ -24,11 +29,14 @@ def show_bytes(n: float) -> str:
         n /= 1024
 
 
-def host_available() -> tuple[int, str] | None:
-    """Bytes this process can still take of the machine's memory, and where the figure comes from."""
+def host_available(
+    meminfo: str | Path = "/proc/meminfo", proc_cgroup: str | Path = PROC_CGROUP, cgroup_root: str | Path = CGROUP_ROOT
+) -> tuple[int, str] | None:
+    """Bytes this process can still take of the machine's memory, and where the figure comes from: the machine's
+    available memory, or less where a memory cgroup of this process (``cgroup_available``) holds it to less."""
     found = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in Path(meminfo).read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append((int(line.split()[1]) * 1024, "the machine's available memory"))
     except (OSError, ValueError, IndexError):
@@ -36,14 +44,47 @@ def host_available() -> tuple[int, str] | None:
             found.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "the machine's free memory"))
         except (OSError, ValueError):
             pass
-    for limit_file, usage_file in CGROUP_FILES:
-        try:
-            limit, usage = Path(limit_file).read_text().strip(), int(Path(usage_file).read_text())
-        except (OSError, ValueError):
+    cgroup = cgroup_available(proc_cgroup, cgroup_root)
+    if cgroup is not None:
+        found.append(cgroup)
+    return min(found) if found else None
+
+
+def cgroup_available(
+    proc_cgroup: str | Path = PROC_CGROUP, cgroup_root: str | Path = CGROUP_ROOT
+) -> tuple[int, str] | None:
+    """Bytes this process's memory cgroups leave it (limit less usage), the least of its own group and every group
+    above it, or None where none sets a limit. A SLURM job or a ``systemd-run -p MemoryMax=`` puts the process in a
+    group of its own, nested below the root, whose limit the root's files do not show: the group comes from
+    /proc/self/cgroup, cgroup v2's line ("0::/path") and v1's memory line ("N:...memory...:/path") alike. A group
+    whose folder is not there (a container that mounts its own group as the root) is looked for up the tree, so the
+    root's files are read at least."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        lines = ["0::/"]  # no /proc: the root's own files, as before the process's group was known
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
             continue
-        if limit.isdigit():
-            found.append((int(limit) - usage, "the memory limit of this process's cgroup"))
-        break
+        _, controllers, group = parts
+        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+        if version is None:
+            continue
+        folder, limit_name, usage_name = CGROUP_FILES[version]
+        mount = Path(cgroup_root) / folder
+        names = [n for n in group.split("/") if n and n not in (".", "..")]
+        for depth in range(len(names), -1, -1):  # the process's own group first, then each one above it
+            level = mount.joinpath(*names[:depth])
+            try:
+                limit = (level / limit_name).read_text().strip()
+                usage = int((level / usage_name).read_text())
+            except (OSError, ValueError):
+                continue
+            if limit.isdigit():  # "max" (v2): no limit at this level
+                where = "/".join(names[:depth]) or "the root"
+                found.append((int(limit) - usage, f"the memory limit of this process's cgroup ({where})"))
     return min(found) if found else None
 
 
