@@ -37,6 +37,7 @@ from training.config.validation import load_config
 from training.run.cli import ArgumentParser, command, fail
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
+from training.sweeps.storage import masked, masked_url
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
@@ -117,7 +118,8 @@ def define(args) -> Sweep:
         ),
         (
             args.storage and "://" not in args.storage,
-            f"--storage {args.storage}: expected a database URL (postgresql://user@host/db, sqlite:///sweeps.db)",
+            f"--storage {masked_url(args.storage or '')}: expected a database URL (postgresql://user@host/db, "
+            "sqlite:///sweeps.db)",
         ),
         (
             not find_spec(NEEDS.get(sampler, "optuna")),
@@ -169,8 +171,8 @@ def connect(make, storage: str | None, tries: int = 5):
             return make()
         except Exception as error:  # a bad URL, a missing driver, a server that does not answer, a race
             if attempt == tries - 1 or "IntegrityError" not in type(error).__name__:
-                why = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
-                raise SweepError(f"--storage {storage}: {why}") from None
+                why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+                raise SweepError(f"--storage {masked_url(storage)}: {masked(why, storage)}") from None
             time.sleep(0.5 + attempt)
 
 

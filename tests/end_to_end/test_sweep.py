@@ -258,3 +258,52 @@ def test_a_bad_flag_from_another_working_folder_is_one_line_and_writes_nothing(t
     )
     assert swept.returncode == 2 and len(swept.stderr.strip().splitlines()) == 1, swept.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def free_port() -> int:
+    """A port of localhost that nothing listens on (bound, then let go): a connection there is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def files_under(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize(
+    "url, secret",
+    [
+        ("postgresql://sweeper:S3cr3t-pw@127.0.0.1:{port}/sweeps", "S3cr3t-pw"),
+        ("postgresql://sweeper:p%40ss%2Fw0rd@127.0.0.1:{port}/sweeps", "p@ss/w0rd"),  # quoted, shown either way
+        ("postgresql://127.0.0.1:{port}/sweeps?user=sweeper&password=Qu3ry-pw", "Qu3ry-pw"),
+        ("sweeper:S3cr3t-pw@127.0.0.1/sweeps", "S3cr3t-pw"),  # not a URL: refused, and still masked
+    ],
+)
+def test_a_refused_storage_url_never_shows_its_password(tmp_path, data_dir, capsys, url, secret):
+    config = make_config(tmp_path, data_dir)
+    url = url.format(port=free_port())
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["-c", str(config), "--grid", "optimizer.args.lr=[0.1]", "--storage", url])
+    assert exit.value.code == 2
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --storage ") and "***" in err, err
+    raw = secret.replace("@", "%40").replace("/", "%2F")
+    for shown in (out, err, *(p.read_text(errors="replace") for p in files_under(tmp_path))):
+        assert secret not in shown and raw not in shown, shown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_masked_url_hides_the_password_and_keeps_the_rest():
+    from training.sweeps.storage import masked, masked_url
+
+    assert masked_url("postgresql://u:pw@db-host:5432/sweeps") == "postgresql://u:***@db-host:5432/sweeps"
+    assert masked_url("postgresql://u@db-host/sweeps") == "postgresql://u@db-host/sweeps"
+    assert masked_url("sqlite:///sweeps.db") == "sqlite:///sweeps.db"
+    assert masked_url("mysql+pymysql://u:a@b/c@h/db") == "mysql+pymysql://u:***@h/db"  # an unquoted '@': more hidden
+    assert (
+        masked_url("postgresql://h/db?sslmode=require&password=x") == "postgresql://h/db?sslmode=require&password=***"
+    )
+    assert masked("could not parse 'postgresql://u:pw@h/db' (pw)", "postgresql://u:pw@h/db") == (
+        "could not parse 'postgresql://u:***@h/db' (***)"
+    )
