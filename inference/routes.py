@@ -46,11 +46,14 @@ def export_bytes(
     several (a dict), each a named output of the file; else its one output is OUTPUT_NAME."""
     if route not in ROUTES:
         raise ValueError(f"unknown route {route!r}; available: {', '.join(ROUTES)}")
+    from model.modules.attention import plain_attention
+
     names = OUTPUT_NAME if outputs is None or outputs.single else outputs.names
     fn = fn if outputs is None else outputs.flat_fn(fn)
-    return ROUTES[route].export(
-        inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=names, quantize=quantize
-    )
+    with plain_attention():  # cuDNN's fused attention is no export target, and runs in no other runtime
+        return ROUTES[route].export(
+            inputs.flat_fn(fn), inputs.specs, inputs.names, dynamic_batch=dynamic, output_name=names, quantize=quantize
+        )
 
 
 def load_runner(path, names: list[str], threads: int | None = None, outputs: Outputs | None = None):

@@ -220,11 +220,15 @@ def char_transformer(
     dropout: float = 0.0,
     tie_weights: bool = True,
     use_bias: bool = False,
+    attention: str = "auto",
 ) -> Module:
     """A decoder-only transformer language model (nanoGPT's architecture): token ids (B, T) -> next-token logits
     (B, T, vocab_size), T <= context; learned positions, causal pre-norm blocks, the head tied to the token
-    embedding unless ``tie_weights`` is false."""
-    return TransformerLM(vocab_size, context, dim, depth, num_heads, mlp_ratio, dropout, tie_weights, use_bias)
+    embedding unless ``tie_weights`` is false. ``attention``: "auto" (cuDNN's fused kernel on a GPU where it can
+    run, else the plain math), "fused" or "plain"."""
+    return TransformerLM(
+        vocab_size, context, dim, depth, num_heads, mlp_ratio, dropout, tie_weights, use_bias, attention
+    )
 
 
 @register(

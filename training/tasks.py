@@ -26,10 +26,12 @@ import jax
 import numpy as np
 
 from data_loader.loader import check_values
+from model.modules.attention import FusedAttentionUnavailable
 from model.registry import TASKS, entries
 from model.summary import describe_batch
 from training.config.components import CLASS_COUNT_ARGUMENTS, available, output_losses
 from training.config.file import ConfigError
+from training.precision import policy_of
 
 
 def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None) -> str:
@@ -95,15 +97,18 @@ def class_count(preprocessing: dict, targets: Callable[[], np.ndarray]) -> tuple
     return largest + 1, f"classes (a label {largest} in its first batch)"
 
 
-def model_outputs(model, loader, augment, source: str):
+def model_outputs(config: dict, model, loader, augment, source: str):
     """The model's outputs traced on the data's input (``jax.ShapeDtypeStruct`` leaves, nothing compiled); a model
     that cannot take the input is a ConfigError naming what to change."""
     try:
         spec = loader.spec if augment is None else augment.spec(loader.spec)
     except ValueError as error:  # an op that cannot take this data (names its place in the list)
         raise ConfigError(str(error)) from None
+    policy = policy_of(config["trainer"]["precision"])  # traced in the compute dtype, as the step runs it
     try:
-        return jax.eval_shape(lambda x: model(*model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
+        return jax.eval_shape(lambda x: policy.apply(model, *model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
+    except FusedAttentionUnavailable as error:
+        raise ConfigError(f"{source}: model: {error}") from None
     except (TypeError, ValueError) as error:  # shape and dtype errors from inside a layer: the first line says what
         reason = (str(error).strip() or type(error).__name__).splitlines()[0]
         pixels = any(np.dtype(leaf.dtype).kind == "u" for leaf in jax.tree.leaves(spec["input"]))
@@ -160,7 +165,7 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
     language model (or such an output of a model of several) with fewer outputs than the data has classes (its loss
     would be NaN from the first step on), is refused naming what to change. Returns a classifier's number of
     outputs (None for other tasks and for models of several outputs)."""
-    outputs = model_outputs(model, loader, augment, source)
+    outputs = model_outputs(config, model, loader, augment, source)
     check_outputs_named(config, outputs, loader.spec.get("target"), source)
     tasks = output_tasks(config["loss"], loader.spec, loader.preprocessing)
     if tasks is None:

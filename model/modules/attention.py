@@ -1,7 +1,18 @@
-"""Multi-head scaled dot-product attention (self- or cross-attention)."""
+"""Multi-head scaled dot-product attention (self- or cross-attention).
+
+The attention itself is the plain math below (two matrix products and a softmax, differentiated by JAX), or, on a
+GPU, cuDNN's fused kernel (``jax.nn.dot_product_attention(..., implementation="cudnn")``), which never writes the
+(q_len, kv_len) score matrix to memory. ``MultiHeadAttention(attention=...)`` chooses when it is traced: "auto" takes
+the fused kernel where cuDNN can run it (``fused_obstacle`` says why not, once in the log) and the plain math
+everywhere else; "fused" insists (a ValueError where it cannot run), "plain" never fuses. Exports trace the plain math
+(``plain_attention()``): cuDNN's custom call is not among ``jax.export``'s stable targets, and no other runtime has it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
 import math
 
 import jax
@@ -30,6 +41,89 @@ def dot_product_attention(q, k, v, mask=None, *, dropout_rate=0.0, key=None):
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
+IMPLEMENTATIONS = ("auto", "fused", "plain")
+FUSED_DTYPES = ("bfloat16", "float16")
+# Set by plain_attention(): a context variable, so that an export on one thread leaves a background compile alone.
+FORCED_PLAIN = contextvars.ContextVar("plain_attention", default=False)
+log = logging.getLogger(__name__)
+_said: set[str] = set()
+
+
+class FusedAttentionUnavailable(ValueError):
+    """attention="fused" where cuDNN's kernel cannot run: the message says why."""
+
+
+@contextlib.contextmanager
+def plain_attention():
+    """Every attention this thread traces inside takes the plain math, whatever its layer asked for (exports)."""
+    token = FORCED_PLAIN.set(True)
+    try:
+        yield
+    finally:
+        FORCED_PLAIN.reset(token)
+
+
+def default_device():
+    """The device the code being traced is placed on: ``jax.default_device`` where set (as ``peaks.step_flops``
+    does for the host's CPU), else JAX's first device."""
+    device = jax.config.jax_default_device
+    if isinstance(device, str):
+        return jax.devices(device)[0]
+    return device if device is not None else jax.devices()[0]
+
+
+def fused_obstacle(
+    dtype, head_dim: int, *, platform: str, compute_capability, masked: bool, dropout: bool, causal_offset: bool
+) -> str | None:
+    """Why cuDNN's fused attention cannot run these heads (None where it can): a GPU of compute capability 8.0 or
+    later, bfloat16 or float16, a head size a multiple of 8 and at most 128 (256 on Hopper), no mask but the causal
+    one over equal lengths, no dropout on the weights."""
+    if platform != "gpu":
+        return f"the platform is {platform}, not a GPU"
+    capability = float(compute_capability or 0)
+    if capability < 8.0:
+        return f"the GPU's compute capability is {compute_capability}, under 8.0"
+    if jnp.dtype(dtype).name not in FUSED_DTYPES:
+        return f"it computes in {jnp.dtype(dtype).name}, not {' or '.join(FUSED_DTYPES)}"
+    largest = 256 if 9.0 <= capability < 10.0 else 128
+    if head_dim % 8 or head_dim > largest:
+        return f"the head size is {head_dim}, not a multiple of 8 up to {largest}"
+    if masked:
+        return "a mask other than the causal one (padding, or one given)"
+    if causal_offset:
+        return "a causal mask between sequences of different lengths"
+    if dropout:
+        return "dropout on the attention weights"
+    return None
+
+
+def implementation(requested: str, obstacle: str | None) -> str:
+    """ "fused" or "plain" for a layer that asked for `requested`, given what stops the fused kernel (said once
+    in the log: the choice and its reason)."""
+    if FORCED_PLAIN.get():
+        return "plain"
+    if requested == "fused" and obstacle:
+        raise FusedAttentionUnavailable(f'attention "fused": cuDNN\'s fused attention cannot run here: {obstacle}')
+    chosen = "plain" if requested == "plain" or obstacle else "fused"
+    line = (
+        "attention: cuDNN's fused kernel"
+        if chosen == "fused"
+        else f"attention: the plain math ({'asked for' if requested == 'plain' else obstacle})"
+    )
+    if line not in _said:
+        _said.add(line)
+        log.info(line)
+    return chosen
+
+
+def fused_attention(q, k, v, *, causal: bool):
+    """cuDNN's fused attention of q (batch, q_len, heads, d), k and v (batch, kv_len, heads, d): the plain math's
+    values, without the score matrix in memory."""
+    return jax.nn.dot_product_attention(
+        q, k, v, scale=1.0 / math.sqrt(q.shape[-1]), is_causal=causal, implementation="cudnn"
+    )
+
+
 def causal_mask(q_len: int, kv_len: int) -> jax.Array:
     """(1, 1, q_len, kv_len) booleans: query i may attend to keys 0..i (a constant, so every exporter folds it)."""
     return jnp.tril(jnp.ones((q_len, kv_len), bool))[None, None]
@@ -41,7 +135,8 @@ class MultiHeadAttention(Module):
     Params `query`, `key`, `value`, `out` are Linear layers; the projections have qkv_features outputs split as
     (heads, head_dim), head-major. qkv_features and out_features default to x's feature size. ``causal``: each
     position attends only to itself and earlier ones (a decoder); ``weight_init`` / ``out_init`` initialise the
-    projections and the output layer.
+    projections and the output layer; ``attention``: "auto" | "fused" | "plain", how to compute it (the module's
+    docstring).
     """
 
     @classmethod
@@ -62,8 +157,13 @@ class MultiHeadAttention(Module):
         causal: bool = False,
         weight_init="lecun_normal",
         out_init=None,
+        attention: str = "auto",
     ):
         check_size(num_heads, "num_heads")
+        if attention not in IMPLEMENTATIONS:
+            raise ValueError(f"attention: expected one of {', '.join(IMPLEMENTATIONS)}, got {attention!r}")
+        if attention == "fused" and dropout_rate:
+            raise ValueError(f'attention "fused": cuDNN\'s fused attention takes no dropout (dropout {dropout_rate})')
         for name, size in (("qkv_features", qkv_features), ("out_features", out_features)):
             if size is not None:
                 check_size(size, name)
@@ -75,6 +175,7 @@ class MultiHeadAttention(Module):
         self.causal = causal
         self.weight_init = weight_init
         self.out_init = out_init or weight_init
+        self.attention = attention
 
     def _projections(self, x_features):
         qkv = self.qkv_features or x_features
@@ -113,9 +214,26 @@ class MultiHeadAttention(Module):
             return proj.forward(params[name], inputs).reshape(*inputs.shape[:-1], self.num_heads, head_dim)
 
         q, k, v = split_heads("query", x), split_heads("key", context), split_heads("value", context)
-        if self.causal:
-            causal = causal_mask(x.shape[-2], context.shape[-2])
-            mask = causal if mask is None else jnp.logical_and(mask, causal)
         rate = self.dropout_rate if train else 0.0
-        y = dot_product_attention(q, k, v, mask, dropout_rate=rate, key=key)
+        if self.attention == "plain":
+            how = "plain"
+        else:
+            device = default_device()
+            obstacle = fused_obstacle(
+                q.dtype,
+                head_dim,
+                platform=device.platform,
+                compute_capability=getattr(device, "compute_capability", None),
+                masked=mask is not None,
+                dropout=rate > 0.0,
+                causal_offset=self.causal and x.shape[-2] != context.shape[-2],
+            )
+            how = implementation(self.attention, obstacle)
+        if how == "fused":
+            y = fused_attention(q, k, v, causal=self.causal)
+        else:
+            if self.causal:
+                causal = causal_mask(x.shape[-2], context.shape[-2])
+                mask = causal if mask is None else jnp.logical_and(mask, causal)
+            y = dot_product_attention(q, k, v, mask, dropout_rate=rate, key=key)
         return out.forward(params["out"], y.reshape(*x.shape[:-1], self.num_heads * head_dim)), state

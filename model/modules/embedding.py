@@ -8,6 +8,11 @@ import jax.numpy as jnp
 from model.modules import initializers
 from model.modules.module import Module, check_size
 
+# Tables of at most this many rows take their gradient as a matrix product with the ids' one-hot rows, not as the
+# scatter-add that autodiff writes: every id of a batch adds into one of few rows, and on a GPU those adds wait on
+# each other (a character vocabulary's scatter took a quarter of GPT-2 small's step, benchmarks/README.md).
+ONE_HOT_ROWS = 256
+
 
 class Embedding(Module):
     """ids of any shape -> vectors of shape ids.shape + (features,). Out-of-range ids are clamped to the table."""
@@ -32,9 +37,31 @@ class Embedding(Module):
     def forward(self, params, ids):
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             ids = ids.astype(jnp.int32)
-        # mode="clip" is one clamping gather. The default mode fills out-of-range rows with NaN through a SELECT
-        # that tf2onnx turns into NaN * 0, and plain indexing adds a SELECT to wrap negative ids.
-        return jnp.take(params["embedding"], ids, axis=0, mode="clip")
+        table = params["embedding"]
+        return (rows_by_one_hot if table.shape[0] <= ONE_HOT_ROWS else rows)(table, ids)
+
+
+def rows(table, ids):
+    """table[ids] with ids clamped to the table. mode="clip" is one clamping gather: the default mode fills
+    out-of-range rows with NaN through a SELECT that tf2onnx turns into NaN * 0, and plain indexing adds a SELECT to
+    wrap negative ids."""
+    return jnp.take(table, ids, axis=0, mode="clip")
+
+
+@jax.custom_jvp
+def rows_by_one_hot(table, ids):
+    """``rows(table, ids)`` whose derivative in the table is a matrix product with the ids' one-hot rows, so that
+    its transpose, the table's gradient, is one too (one_hot(ids)^T @ cotangent) rather than a scatter-add."""
+    return rows(table, ids)
+
+
+@rows_by_one_hot.defjvp
+def _rows_jvp(primals, tangents):
+    table, ids = primals
+    hot = jax.nn.one_hot(jnp.clip(ids, 0, table.shape[0] - 1), table.shape[0], dtype=table.dtype)
+    # HIGHEST: a float32 table's rows pass exactly (a GPU's default would round them to TF32)
+    tangent = jnp.einsum("...v,vd->...d", hot, tangents[0], precision=jax.lax.Precision.HIGHEST)
+    return rows(table, ids), tangent
 
 
 class PositionalEmbedding(Module):

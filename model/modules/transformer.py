@@ -33,7 +33,8 @@ STDDEV = 0.02
 class TransformerBlock(Module):
     """The pre-norm transformer block, ``x + attn(norm1(x))`` then ``+ fc2(gelu(fc1(norm2(.))))`` with dropout on
     both residual branches: a decoder block (``causal``) or, with ``causal=False``, an encoder block; ``key_mask``
-    in the call marks padding no position attends to."""
+    in the call marks padding no position attends to. ``attention``: "auto" | "fused" | "plain"
+    (``model.modules.attention``)."""
 
     @classmethod
     def export_examples(cls):
@@ -47,6 +48,7 @@ class TransformerBlock(Module):
         causal: bool = True,
         use_bias: bool = False,
         residual_init=STDDEV,
+        attention: str = "auto",
     ):
         check_size(num_heads, "num_heads")
         check_size(mlp_ratio, "mlp_ratio")
@@ -54,7 +56,13 @@ class TransformerBlock(Module):
         weight, residual = initializers.normal(STDDEV), initializers.normal(residual_init)
         self.norm1, self.norm2 = LayerNorm(use_bias=use_bias), LayerNorm(use_bias=use_bias)
         self.attn = MultiHeadAttention(
-            num_heads, use_bias=use_bias, dropout_rate=dropout, causal=causal, weight_init=weight, out_init=residual
+            num_heads,
+            use_bias=use_bias,
+            dropout_rate=dropout,
+            causal=causal,
+            weight_init=weight,
+            out_init=residual,
+            attention=attention,
         )
         self.weight_init, self.residual_init = weight, residual
 
@@ -93,7 +101,8 @@ class TransformerBlock(Module):
 class TransformerLM(Module):
     """Token ids (B, T), T <= context -> next-token logits (B, T, vocab_size): token + learned position embeddings,
     ``depth`` causal pre-norm blocks, a final LayerNorm and a head (the token embedding itself with
-    ``tie_weights``, so no separate ``head`` weight)."""
+    ``tie_weights``, so no separate ``head`` weight). ``attention``: "auto" | "fused" | "plain", how each block
+    computes its attention (``model.modules.attention``: cuDNN's fused kernel on a GPU where it can run)."""
 
     def __init__(
         self,
@@ -106,6 +115,7 @@ class TransformerLM(Module):
         dropout: float = 0.0,
         tie_weights: bool = True,
         use_bias: bool = False,
+        attention: str = "auto",
     ):
         for name, size in (
             ("vocab_size", vocab_size),
@@ -124,7 +134,9 @@ class TransformerLM(Module):
         self.tokens = Embedding(vocab_size, dim, weight_init=initializers.normal(STDDEV))
         self.positions = PositionalEmbedding(context, weight_init=initializers.normal(STDDEV))
         residual = STDDEV / math.sqrt(2 * depth)
-        self.blocks = [TransformerBlock(num_heads, mlp_ratio, dropout, True, use_bias, residual) for _ in range(depth)]
+        self.blocks = [
+            TransformerBlock(num_heads, mlp_ratio, dropout, True, use_bias, residual, attention) for _ in range(depth)
+        ]
         self.norm = LayerNorm(use_bias=use_bias)
         self.head = Linear(vocab_size, use_bias=False, weight_init=initializers.normal(STDDEV))
 

@@ -36,3 +36,20 @@ def test_only_names_its_groups_and_refuses_others():
         done.returncode == 2
         and "--only: expected some of samples, gpt2, lm, resnet, overhead, got bogus" in done.stderr
     )
+
+
+@pytest.mark.slow
+def test_gpu_step_benchmark_smoke_runs_its_parts_on_the_cpu(tmp_path):
+    """benchmarks/gpu_step_benchmark.py on tiny shapes: the plain math's parity row, the fused row failing with
+    cuDNN's reason (no GPU here), both GPT-2 rows, and a profile with its kernels."""
+    out = tmp_path / "gpu.md"
+    script = ROOT / "benchmarks" / "gpu_step_benchmark.py"
+    command = [sys.executable, str(script), "--smoke", "--steps", "4", "--only", "parity,gpt2,profile"]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert re.search(r"\| plain bf16 \| dq \| \d\.\d\de-0[234] \|", text), text
+    assert "| fused bf16 | failed: " in text
+    assert re.search(r"\| template, attention auto \| [\d,]+ \|", text) and "attention plain" in text
+    assert re.search(r"profile of configs/shakespeare_char.json's step \(K = \d+\)", text)
+    assert len(re.findall(r"^\| .+ \| [\d.]+ \| [\d.]+% \|", text, flags=re.M)) == 10, text

@@ -158,3 +158,35 @@ def test_positional_embedding_adds_the_first_rows_of_its_table():
     np.testing.assert_allclose(grad[6:], 0.0)
     with pytest.raises(ValueError, match="exceed the position embedding's context of 10"):
         layer(params, {}, jnp.zeros((1, 11, 4)))
+
+
+@pytest.mark.parametrize("rows", [7, 300])  # a small table's gradient is a matrix product, a large one's a scatter
+def test_embedding_gradient_of_either_form_matches_numpy_with_clamped_ids(rows):
+    from model.modules import embedding
+
+    layer = Embedding(rows, 4)
+    params, _ = layer.init(KEY, jax.ShapeDtypeStruct((6, 9), jnp.int32))
+    ids = RNG.integers(-3, rows + 3, (6, 9))  # out-of-range ids clamp to the first and last rows
+    w = RNG.standard_normal((6, 9, 4)).astype(np.float32)
+    loss = lambda p: jnp.sum(layer(p, {}, jnp.asarray(ids))[0] * w)  # noqa: E731
+    expected = np.zeros((rows, 4), np.float64)
+    np.add.at(expected, np.clip(ids, 0, rows - 1), w)
+    np.testing.assert_allclose(jax.grad(loss)(params)["embedding"], expected, rtol=1e-5, atol=1e-5)
+    lowered = jax.jit(jax.grad(loss)).lower(params).as_text()
+    assert ("scatter" in lowered) == (rows > embedding.ONE_HOT_ROWS)
+    with jax.enable_x64(True):
+        table = jnp.asarray(RNG.standard_normal((rows, 4)))
+        check_grads(lambda t: layer({"embedding": t}, {}, jnp.asarray(ids))[0], (table,), order=2, modes=("fwd", "rev"))
+
+
+def test_embedding_gradient_in_bfloat16_sums_in_float32():
+    """A bfloat16 table (the precision policy's cast) gets its gradient summed in float32, then rounded once: many
+    ids of one row add up without bfloat16's rounding at every addition."""
+    layer = Embedding(3, 2)
+    ids = jnp.zeros((4096,), jnp.int32)  # every id the same row
+    table = jnp.ones((3, 2), jnp.bfloat16)
+    w = jnp.full((4096, 2), 1.0 + 2.0**-7, jnp.bfloat16)  # exact in bfloat16; a bfloat16 running sum would drift
+    grad = jax.grad(lambda t: jnp.sum(layer({"embedding": t}, {}, ids)[0].astype(jnp.float32) * w))(table)
+    expected = np.float32(4096 * (1.0 + 2.0**-7))
+    np.testing.assert_allclose(np.asarray(grad[0], np.float32), expected, rtol=2**-8)
+    np.testing.assert_array_equal(np.asarray(grad[1:], np.float32), 0.0)

@@ -1,0 +1,318 @@
+"""What a GPU step waits on, in one command for a short spell on a lent machine: fused attention's agreement with the
+plain math, GPT-2 small with either attention against nanoGPT under torch.compile, the ten largest kernels of its
+step, and small samples with and without their loop captured into one CUDA graph.
+
+    python benchmarks/gpu_step_benchmark.py --nanogpt ~/src/nanoGPT --out gpu_step.md
+    python benchmarks/gpu_step_benchmark.py --only parity,profile --steps 20
+    python benchmarks/gpu_step_benchmark.py --smoke            # on the CPU: tiny shapes, no peers, no graphs
+
+Parts (--only picks some; each in a fresh process, so JAX and PyTorch never share the card):
+  parity   cuDNN's fused attention against the plain math on GPT-2 small's shapes (batch 4, 12 heads of 64, 1024
+           positions, causal), in bfloat16: the forward pass and the gradients of q, k and v, each against the plain
+           math in float32 (relative norm of the difference, and the largest difference)
+  gpt2     lm_benchmark.py at GPT-2 small's shapes (accelerator_run.py's), computing in bfloat16: the template with
+           model.args.attention "auto" and "plain", and nanoGPT with torch.compile and bf16 autocast (--nanogpt)
+  profile  the template's GPT-2-small step ("auto" attention) under jax.profiler: the ten kernels that take the most
+           device time, their share of it, and the device's busy time against the wall time of a step
+  graphs   config.json and shakespeare_char through train.py (two epochs of --limit-batches batches; the second
+           is the row), as XLA compiles by default and with the step's while loop captured as one CUDA graph
+           (XLA's command buffers, WHILE and CONDITIONAL added to the default types)
+Writes the tables to --out and prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PARTS = ("parity", "gpt2", "profile", "profile-config", "graphs")
+# the profiled steps: (config, overrides, steps) from the arguments
+PROFILED = {
+    "profile": lambda args: (
+        "configs/shakespeare_char.json",
+        ['optimizer.schedule.args.warmup_steps={"epochs": 0.05}', *gpt2_sets(args.smoke, "auto")],
+        args.steps,
+    ),
+    "profile-config": lambda args: ("config.json", [], 64),
+}
+# XLA's command buffers: the default types plus the step's loop (the K steps of a call) and its conditionals
+GRAPH_FLAGS = {"XLA default": "", "loop captured": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"}
+GRAPH_SAMPLES = ("config.json", "configs/shakespeare_char.json")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(PARTS), help=f"some of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--nanogpt", help="a checkout of nanoGPT (its model.py), for the gpt2 part's peer")
+    parser.add_argument("--attentions", default="auto,plain", help="the gpt2 part's model.args.attention values")
+    parser.add_argument("--steps", type=int, default=100, help="timed training steps of GPT-2 small")
+    parser.add_argument("--limit-batches", type=int, default=200, help="the graphs part's batches per epoch")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device, no peers (a CPU check)")
+    parser.add_argument("--out", default="gpu_step.md", help="where the tables go (default: %(default)s)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.only = [p.strip() for p in args.only.split(",") if p.strip()]
+    if not args.only or any(p not in PARTS for p in args.only):
+        parser.error(f"--only: expected some of {', '.join(PARTS)}, got {args.only}")
+    return args
+
+
+def gpt2_sets(smoke: bool, attention: str) -> list[str]:
+    from benchmarks.accelerator_run import gpt2_overrides
+
+    return [*gpt2_overrides(smoke), f'model.args.attention="{attention}"']
+
+
+# ------------------------------------------------------------------------------------------------ children
+def parity(smoke: bool) -> dict:
+    """Fused and plain attention in bfloat16 against the plain math in float32, forward and gradients."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from model.modules import attention
+
+    b, t, h, d = (2, 32, 2, 16) if smoke else (4, 1024, 12, 64)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q, k, v, cotangent = (jax.random.normal(key, (b, t, h, d), jnp.float32) for key in keys)
+    mask = attention.causal_mask(t, t)
+
+    def plain(q, k, v):
+        return attention.dot_product_attention(q, k, v, mask)
+
+    def fused(q, k, v):
+        return attention.fused_attention(q, k, v, causal=True)
+
+    def value_and_grads(fn, dtype):
+        @jax.jit
+        def run(q, k, v, cotangent):
+            out, pullback = jax.vjp(fn, *(a.astype(dtype) for a in (q, k, v)))
+            return (out, *pullback(cotangent.astype(dtype)))
+
+        return [np.asarray(x.astype(jnp.float32)) for x in run(q, k, v, cotangent)]
+
+    reference = value_and_grads(plain, jnp.float32)
+    results = {}
+    for name, fn in (("plain bf16", plain), ("fused bf16", fused)):
+        try:
+            got = value_and_grads(fn, jnp.bfloat16)
+        except Exception as error:  # cuDNN missing or refusing: the row says so
+            results[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+            continue
+        results[name] = {
+            part: {
+                "relative": float(np.linalg.norm(g - r) / np.linalg.norm(r)),
+                "max_abs": float(np.abs(g - r).max()),
+                "finite": bool(np.isfinite(g).all()),
+            }
+            for part, g, r in zip(("output", "dq", "dk", "dv"), got, reference)
+        }
+    return {"shape": [b, t, h, d], "device": jax.devices()[0].device_kind, "results": results}
+
+
+def profile(config_path: str, overrides: list[str], steps: int, folder: str) -> dict:
+    """A sample's step (its config with `overrides`), its kernels by device time, from a jax.profiler trace of one
+    epoch of `steps` steps after one that compiled and warmed it."""
+    import jax
+
+    from benchmarks.train_benchmark import FirstExamples, compiled_trainer
+    from training.config.components import build
+    from training.config.validation import load_config
+    from training.metrics import metric_results
+
+    # the warm-up in epochs where the schedule has one: a timed run of any length still fits it
+    config = load_config(REPO / config_path, overrides)
+    config["trainer"]["monitor"] = "off"
+    loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
+    loader.dataset = FirstExamples(loader.dataset, steps * loader.batch_size)
+    trainer = compiled_trainer(config, loader)
+    metric_results(trainer.run.metrics, trainer.train_epoch(0))  # compiled, "auto" decided, warm
+    jax.block_until_ready(trainer.train_state)
+    jax.profiler.start_trace(folder)
+    start = time.perf_counter()
+    metric_results(trainer.run.metrics, trainer.train_epoch(1))
+    jax.block_until_ready(trainer.train_state)
+    wall = time.perf_counter() - start
+    jax.profiler.stop_trace()
+    (path,) = Path(folder).rglob("*.xplane.pb")
+    data = jax.profiler.ProfileData.from_file(str(path))
+    kernels: dict[str, list] = {}
+    lines_seen = {}
+    planes = [p for p in data.planes if p.name.startswith("/device:GPU")] or list(data.planes)  # a CPU: all
+    lines = [line for plane in planes for line in plane.lines]
+    # the streams' kernels; the derived lines (XLA modules, ops, steps) repeat them
+    streams = [line for line in lines if line.name.startswith("Stream")] or [
+        line for line in lines if line.name not in ("XLA Modules", "XLA Ops", "Steps", "Launch Stats", "Source")
+    ]
+    for line in lines:
+        lines_seen[line.name] = sum(1 for _ in line.events)
+    for line in streams:
+        for event in line.events:
+            entry = kernels.setdefault(event.name, [0.0, 0, ""])
+            entry[0] += event.duration_ns
+            entry[1] += 1
+            if not entry[2]:
+                stats = dict(event.stats)
+                entry[2] = str(stats.get("hlo_op", stats.get("tf_op", "")))[:60]
+    busy = sum(e[0] for e in kernels.values())
+    top = sorted(kernels.items(), key=lambda item: -item[1][0])[:10]
+    return {
+        "config": config_path,
+        "steps": steps,
+        "steps_per_call": trainer.steps_per_call.k,
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "busy_ms_per_step": busy / 1e6 / steps,
+        "kernels_per_step": sum(e[1] for e in kernels.values()) / steps,
+        "lines": lines_seen,
+        "top": [
+            {"name": n, "ms_per_step": e[0] / 1e6 / steps, "share": e[0] / busy, "calls": e[1] / steps, "op": e[2]}
+            for n, e in top
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- orchestration
+def child(part: str, args, folder: str) -> dict:
+    command = [sys.executable, __file__, "--child", part, "--steps", str(args.steps)] + ["--smoke"] * args.smoke
+    command += ["--out", str(Path(folder) / f"{part}.json")]
+    print(f"[{time.strftime('%H:%M:%S')}] {part}", flush=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode:
+        return {"error": last_error(done)}
+    return json.loads((Path(folder) / f"{part}.json").read_text())
+
+
+def last_error(done) -> str:
+    """The exception's own line of a failed child's stderr (JAX appends a note after it)."""
+    lines = [
+        line for line in done.stderr.strip().splitlines() if line.strip() and not line.startswith("For simplicity")
+    ]
+    errors = [line for line in lines if not line.startswith(" ") and ("Error" in line or "error" in line)]
+    return ((errors or lines or [f"exit status {done.returncode}"])[-1])[:300]
+
+
+def lm(args, attention: str, variants: str, folder: str) -> dict:
+    out = Path(folder) / f"gpt2-{attention}.json"
+    command = [sys.executable, str(REPO / "benchmarks" / "lm_benchmark.py"), "--rounds", "1", "--out", str(out)]
+    command += ["--steps", str(args.steps), "--variants", variants]
+    command += [a for s in gpt2_sets(args.smoke, attention) for a in ("--set", s)]
+    if args.nanogpt and "nanogpt" in variants:
+        command += ["--nanogpt", args.nanogpt, "--compile"]
+    print(f"[{time.strftime('%H:%M:%S')}] gpt2 attention={attention} ({variants})", flush=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode:
+        return {"error": last_error(done)}
+    return json.loads(out.read_text())["results"]
+
+
+def graphs(args, folder: str) -> dict:
+    from benchmarks.accelerator_run import train
+
+    rows = {}
+    for config in GRAPH_SAMPLES:
+        for label, flags in GRAPH_FLAGS.items():
+            os.environ["XLA_FLAGS"] = flags
+            name = f"{Path(config).stem}-{len(rows)}"
+            print(f"[{time.strftime('%H:%M:%S')}] graphs {config}: {label}", flush=True)
+            rows[f"{config}, {label}"] = train(name, REPO / config, [], args.limit_batches, Path(folder))
+    os.environ.pop("XLA_FLAGS", None)
+    return rows
+
+
+def tables(found: dict) -> str:
+    out = []
+    if "parity" in found:
+        p = found["parity"]
+        out.append(f"parity, shape (batch, length, heads, head size) {p.get('shape')}, against float32 plain math:\n")
+        out.append(
+            "| attention | part | relative error | largest difference | finite |\n| --- | --- | --- | --- | --- |"
+        )
+        for name, r in p.get("results", {"error": p}).items():
+            if "error" in r:
+                out.append(f"| {name} | failed: {r['error']} | | | |")
+                continue
+            for part, v in r.items():
+                out.append(f"| {name} | {part} | {v['relative']:.2e} | {v['max_abs']:.2e} | {v['finite']} |")
+    if "gpt2" in found:
+        out.append("\nGPT-2 small, bfloat16 (lm_benchmark.py, one round):\n")
+        out.append("| variant | tokens/s | ms/step | steps per call | compile s |\n| --- | --- | --- | --- | --- |")
+        for attention, results in found["gpt2"].items():
+            if "error" in results:
+                out.append(f"| {attention} | failed: {results['error']} | | | |")
+                continue
+            for variant, runs in results.items():
+                r = runs[0]
+                ms = 1e3 * r["seconds"] / max(1, round(r["tokens_per_s"] * r["seconds"] / (12 * 1024)))
+                out.append(
+                    f"| {variant}, attention {attention} | {r['tokens_per_s']:,.0f} | {ms:.1f} | "
+                    f"{r.get('steps_per_call', '-')} | {r.get('compile_s', '-')} |"
+                )
+    for part in (p for p in PROFILED if p in found):
+        p = found[part]
+        if "error" in p:
+            out.append(f"\n{part} failed: {p['error']}")
+        else:
+            out.append(
+                f"\nprofile of {p['config']}'s step (K = {p['steps_per_call']}): {p['wall_ms_per_step']:.2f} ms wall, "
+                f"{p['busy_ms_per_step']:.2f} ms of kernels, {p['kernels_per_step']:.0f} kernels a step\n"
+            )
+            out.append("| kernel | HLO op | ms/step | share | calls/step |\n| --- | --- | --- | --- | --- |")
+            for k in p["top"]:
+                out.append(
+                    f"| {k['name'][:70]} | {k['op']} | {k['ms_per_step']:.3f} | {k['share']:.1%} | {k['calls']:.0f} |"
+                )
+    if "graphs" in found:
+        out.append("\nsamples, loop capture (train.py, the second epoch):\n")
+        out.append("| sample, XLA | rate | steps per call |\n| --- | --- | --- |")
+        for name, r in found["graphs"].items():
+            if "error" in r:
+                out.append(f"| {name} | failed: {r['error']} | |")
+            else:
+                out.append(f"| {name} | {r['rate']:,.0f} {r['unit']} | {r['steps_per_call']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        result = parity(args.smoke) if args.child == "parity" else None
+        if args.child in PROFILED:
+            config, overrides, steps = PROFILED[args.child](args)
+            with tempfile.TemporaryDirectory(prefix="gpu-profile-") as folder:
+                result = profile(config, overrides, steps, folder)
+        Path(args.out).write_text(json.dumps(result))
+        return 0
+    from benchmarks.accelerator_run import devices
+
+    found_devices = devices()  # asked of a child: JAX here would hold the card's memory for the whole run
+    header = f"{found_devices['kind']}, jax {found_devices['jax']}, {time.strftime('%Y-%m-%d %H:%M')}\n"
+    found: dict = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-step-") as folder:
+        for part in args.only:
+            if part == "parity" or part in PROFILED:
+                found[part] = child(part, args, folder)
+            elif part == "gpt2":
+                peer = ",nanogpt-bf16" if args.nanogpt and not args.smoke else ""
+                found["gpt2"] = {}
+                for i, attention in enumerate(args.attentions.split(",")):
+                    found["gpt2"][attention] = lm(args, attention, "template" + (peer if i == 0 else ""), folder)
+            elif part == "graphs" and not args.smoke:
+                found["graphs"] = graphs(args, folder)
+            text = header + "\n" + tables(found)
+            Path(args.out).write_text(text + "\n<!--\n" + json.dumps(found, indent=1) + "\n-->\n")
+            print(tables({part: found[part]}) if part in found else "", flush=True)
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
