@@ -49,6 +49,10 @@ MAX_INPUT_BYTES = 1 << 30
 MAX_PIXELS = 1 << 27
 MAX_THREADS = 256
 MAX_TOKENS = 1_000_000
+# Every JSON file's bounds (files/reads.py's MAX_JSON_BYTES and MAX_JSON_DEPTH, a test holds them equal): a sparse
+# 4 GB preprocessing.json is refused before it is read, absurd nesting before anything walks it.
+MAX_JSON_BYTES = 16 << 20
+MAX_JSON_DEPTH = 32
 
 ONNX_DTYPES = {
     "tensor(float)": np.float32,
@@ -208,7 +212,7 @@ def run_batched(model, x, batch_size: int = 256):
     return np.concatenate(outputs)
 
 
-def open_input(path: str | Path, limit: int | None = MAX_INPUT_BYTES):
+def open_input(path: str | Path, limit: int | None = MAX_INPUT_BYTES, what: str = "an input file"):
     """`path` opened for binary reading if it is a regular file of at most `limit` bytes: opened without blocking (a
     FIFO would wait for a writer forever), checked with fstat on the open file, then read normally. The same check
     as files/reads.py, repeated here because this file ships alone."""
@@ -218,7 +222,7 @@ def open_input(path: str | Path, limit: int | None = MAX_INPUT_BYTES):
         if not stat.S_ISREG(info.st_mode):
             raise ValueError(f"{path}: not a regular file (a folder, a FIFO or a device)")
         if limit is not None and info.st_size > limit:
-            raise ValueError(f"{path}: {info.st_size:,} bytes, more than the {limit:,} an input file may have")
+            raise ValueError(f"{path}: {info.st_size:,} bytes, more than the {limit:,} {what} may have")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -338,15 +342,39 @@ PREPROCESSING_FIELDS = {
 }
 
 
+def load_json(path: Path):
+    """A JSON file's value, held to files/reads.py's bounds (repeated here, as this file ships alone): a regular file
+    of at most MAX_JSON_BYTES, nested at most MAX_JSON_DEPTH levels. FileNotFoundError when absent; a ValueError
+    naming the file for anything else wrong with it."""
+    try:
+        with open_input(path, MAX_JSON_BYTES, "a JSON file") as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+        if len(data) > MAX_JSON_BYTES:
+            raise ValueError(f"more than the {MAX_JSON_BYTES:,} bytes a JSON file may have")
+        value = json.loads(data.decode("utf-8-sig"))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, RecursionError) as error:  # unreadable, not UTF-8, not JSON, nested absurdly deep
+        reason = "nested too deep" if isinstance(error, RecursionError) else first_line(error)
+        raise ValueError(f"{path}: not a readable JSON file ({reason.removeprefix(f'{path}: ')})") from None
+    deepest, stack = 0, [(value, 0)]
+    while stack:  # iterative: no nesting can overflow the stack
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    if deepest > MAX_JSON_DEPTH:
+        raise ValueError(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
 def read_preprocessing(path: Path) -> dict:
     """A run folder's or an export's preprocessing.json, every field it has checked ({} when there is none); what is
     wrong is a ValueError naming the file and the field."""
-    if not path.exists():
-        return {}
     try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as error:  # unreadable, not UTF-8, not JSON, nested absurdly deep
-        raise ValueError(f"{path}: not a readable JSON file ({first_line(error)})") from None
+        value = load_json(path)
+    except FileNotFoundError:
+        return {}
     if type(value) is not dict:
         raise ValueError(f"{path}: expected a JSON object of the data's preprocessing, got {type(value).__name__}")
     for name, (accepts, expected) in PREPROCESSING_FIELDS.items():
@@ -358,8 +386,8 @@ def read_preprocessing(path: Path) -> dict:
 def read_json(path: Path) -> dict:
     """An optional JSON object (config.json, for the model's name): {} when absent or not an object."""
     try:
-        value = json.loads(path.read_bytes().decode("utf-8")) if path.is_file() else {}
-    except (OSError, ValueError, RecursionError):
+        value = load_json(path)
+    except (OSError, ValueError):
         return {}
     return value if type(value) is dict else {}
 

@@ -10,11 +10,11 @@ sample.py and the export load their runs here, and so does a notebook:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from files.reads import read_json
 from files.writes import CONFIG, PREPROCESSING
 from training.assembly import Run, assemble
 from training.config.file import ConfigError
@@ -98,13 +98,18 @@ def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> L
         raise ModelInputError((str(error).strip() or type(error).__name__).splitlines()[0]) from None
     tree, header = checkpoint.restore(checkpoint_path, template, only=("params", "state"))
     saved = checkpoint_path.parent / PREPROCESSING
-    if saved.is_file():  # what train.py recorded of the training data
-        try:
-            preprocessing = json.loads(saved.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as error:
-            raise ConfigError(f"{saved}: cannot read it as JSON ({error})") from None
-    else:
+    try:  # what train.py recorded of the training data, held to the bound of every JSON file a tool reads
+        preprocessing = read_json(saved, "preprocessing.json")
+    except FileNotFoundError:
         preprocessing = data_preprocessing or {}
+    except ValueError as error:  # a folder, a FIFO, too large, not JSON, nested too deep: the message names it
+        raise ConfigError(str(error)) from None
+    except OSError as error:
+        raise ConfigError(f"{saved}: cannot read it ({error.strerror or error})") from None
+    if type(preprocessing) is not dict:
+        raise ConfigError(
+            f"{saved}: expected a JSON object of the data's preprocessing, got {type(preprocessing).__name__}"
+        )
     return LoadedRun(
         run.model, tree["params"], tree["state"], config, preprocessing, run, checkpoint_path, header, input_spec
     )

@@ -13,13 +13,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from files.reads import FileRefused, read_regular
+from files.reads import MAX_JSON_BYTES, MAX_JSON_DEPTH, FileRefused, read_regular
 
 # Past these a config is a typo or an attack, not a setting: nesting deeper than any real config, integers
 # wider than int64, a file larger than any config written by hand or by a tool (the largest shipped is a few kB).
-MAX_DEPTH = 32
+# The size and depth are every JSON file's (files/reads.py), so a config and a preprocessing.json are held alike.
+MAX_DEPTH = MAX_JSON_DEPTH
 MAX_INTEGER = 2**63 - 1
-MAX_CONFIG_BYTES = 16 << 20
+MAX_CONFIG_BYTES = MAX_JSON_BYTES
 
 
 class ConfigError(Exception):
