@@ -37,7 +37,7 @@ from training.config.validation import load_config
 from training.run.cli import ArgumentParser, command, fail
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
-from training.sweeps.storage import masked, masked_url
+from training.sweeps.storage import REFUSED, JournalRefused, check_journal, masked, masked_url
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
@@ -203,8 +203,19 @@ def open_study(args, sweep: Sweep):
         path = sweep.folder / "journal.log"
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise SweepError(f"{path}: not a regular file; the study's journal is only written as one")
-        sweep.folder.mkdir(parents=True, exist_ok=True)
-        storage = Journal(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+        lock = JournalFileOpenLock(str(path))
+        try:
+            repaired = check_journal(path, lock)
+            sweep.folder.mkdir(parents=True, exist_ok=True)
+            storage = Journal(JournalFileBackend(str(path), lock_obj=lock))
+        except JournalRefused as error:
+            raise SweepError(str(error)) from None
+        except OSError:
+            raise
+        except Exception as error:  # lines of Optuna's operations that it cannot replay (a field missing, ...)
+            raise SweepError(f"{path}: Optuna cannot replay it ({type(error).__name__}: {error}); {REFUSED}") from None
+        if repaired:
+            print(f"warning: {repaired}", file=sys.stderr, flush=True)
     kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + 1000 * args.worker
     if kind == "grid":  # its after_trial's study.stop() is for study.optimize; a worker stops at --trials itself
         Grid = type("Grid", (optuna.samplers.GridSampler,), {"after_trial": lambda *_: None})

@@ -307,3 +307,84 @@ def test_masked_url_hides_the_password_and_keeps_the_rest():
     assert masked("could not parse 'postgresql://u:pw@h/db' (pw)", "postgresql://u:pw@h/db") == (
         "could not parse 'postgresql://u:***@h/db' (***)"
     )
+
+
+def journal_of(tmp_path: Path, study: str = "j") -> Path:
+    """A real study's journal where `--study j` keeps it: Optuna's own lines (a study and a finished trial)."""
+    folder = tmp_path / "saved" / "tiny" / f"sweep-{study}"
+    folder.mkdir(parents=True)
+    backend = optuna.storages.journal.JournalFileBackend(str(folder / "journal.log"))
+    made = optuna.create_study(storage=optuna.storages.JournalStorage(backend), study_name=study)
+    made.tell(made.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 1.0)
+    return folder / "journal.log"
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda text: text.replace(b"\n", b"\nnot json at all\n", 1), "line 2 is not JSON"),
+        (lambda text: text + b'{"op_code": 99, "worker_id": "w"}\n', "not one of Optuna's operations"),
+        (lambda text: b'{"some": "other json"}\n' + text, "line 1 is JSON, but not one of Optuna's operations"),
+        (lambda text: os.urandom(3000) + b"\n", "line 1 is not JSON"),
+        (lambda text: os.urandom(3000).replace(b"\n", b""), "kB that are not a line of Optuna's journal (from byte 0"),
+        (lambda text: text + b"\x00" * 100, "that are not a line of Optuna's journal"),
+        (lambda text: text + b'{"op_code": 0, "worker_id": "w"}\n', "Optuna cannot replay it (KeyError"),
+    ],
+)
+def test_a_corrupt_journal_is_refused_in_one_line_and_left_as_it_was(tmp_path, data_dir, capsys, damage, message):
+    config = make_config(tmp_path, data_dir)
+    journal = journal_of(tmp_path)
+    journal.write_bytes(damaged := damage(journal.read_bytes()))
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["-c", str(config), "--grid", "optimizer.args.lr=[0.1]", "--study", "j"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {journal}: ") and message in err[0], err
+    assert journal.read_bytes() == damaged and sorted(p.name for p in journal.parent.iterdir()) == ["journal.log"]
+
+
+def test_an_oversized_journal_is_refused_by_its_bound_before_it_is_read(tmp_path, data_dir, capsys):
+    config = make_config(tmp_path, data_dir)
+    journal = journal_of(tmp_path)
+    os.truncate(journal, 8 << 30)  # sparse: 8 GB that take no disk
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["-c", str(config), "--grid", "optimizer.args.lr=[0.1]", "--study", "j"])
+    err = capsys.readouterr().err.splitlines()
+    assert exit.value.code == 2 and len(err) == 1, err
+    assert err[0] == f"error: {journal}: 8 GB, more than the 1 GB a sweep's journal may have"
+
+
+def test_a_torn_last_line_is_cut_off_before_anything_is_appended(tmp_path):
+    from training.sweeps.storage import check_journal
+
+    journal = journal_of(tmp_path)
+    whole = journal.read_bytes()
+    lock = optuna.storages.journal.JournalFileOpenLock(str(journal))
+    assert check_journal(journal, lock) is None and journal.read_bytes() == whole
+    for torn in (b'{"op_', b'{"op_code":4,"worker_id":"a-1","study_id":0,"datetime_st'):
+        journal.write_bytes(whole + torn)
+        said = check_journal(journal, lock)
+        assert said.startswith(f"{journal}: its last line was cut off ({len(torn)} bytes") and "\n" not in said
+        assert journal.read_bytes() == whole and not Path(f"{journal}.lock").exists()
+    journal.write_bytes(whole[: whole.index(b"\n") + 1 + 20])  # the second line cut: the study is still there
+    check_journal(journal, lock)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    assert [s.study_name for s in storage.get_all_studies()] == ["j"]
+
+
+@pytest.mark.slow
+def test_a_sweep_goes_on_after_its_journal_lost_the_end_of_its_last_line(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    args = ["-c", config, "--grid", "optimizer.args.lr=[0.003,0.01]", "--study", "torn", "--heartbeat", 1]
+    first = run("sweep.py", *args, "--trials", 1)
+    assert first.returncode == 0, first.stdout + first.stderr
+    journal = tmp_path / "saved" / "tiny" / "sweep-torn" / "journal.log"
+    text = journal.read_bytes()
+    journal.write_bytes(text[: len(text) - 30])  # the last operation (the trial's end) torn
+    second = run("sweep.py", *args, "--trials", 2)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stderr.count("its last line was cut off") == 1, second.stderr
+    with open(journal.parent / "results.csv") as f:
+        assert [row["status"] for row in csv.DictReader(f)] == ["done", "done"]
+    again = run("sweep.py", *args, "--trials", 2)  # the study reads whole from then on
+    assert again.returncode == 0 and again.stderr == "", again.stderr
