@@ -35,6 +35,7 @@ from files.writes import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, wr
 from training.config.file import ConfigError, is_index, read_json
 from training.config.validation import load_config
 from training.run.cli import ArgumentParser, command, fail
+from training.sweeps.folder import JOURNAL, LinkedFolder, check_folder
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
 from training.sweeps.storage import REFUSED, JournalRefused, check_journal, masked, masked_url
@@ -183,6 +184,10 @@ def open_study(args, sweep: Sweep):
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", "Heartbeat of storage")  # Optuna's heartbeat, without its optimize()
     beat = args.heartbeat
+    try:
+        check_folder(sweep.folder)  # before anything is written there, a database's study included
+    except LinkedFolder as error:
+        raise SweepError(str(error)) from None
 
     class Journal(JournalStorage, BaseHeartbeat):
         """The journal file with heartbeats (Optuna has them for RDB storages only), kept as trial attributes."""
@@ -200,9 +205,7 @@ def open_study(args, sweep: Sweep):
         rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
         storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
     else:
-        path = sweep.folder / "journal.log"
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise SweepError(f"{path}: not a regular file; the study's journal is only written as one")
+        path = sweep.folder / JOURNAL
         lock = JournalFileOpenLock(str(path))
         try:
             repaired = check_journal(path, lock)
@@ -226,7 +229,7 @@ def open_study(args, sweep: Sweep):
     name, pruner = sweep.folder.name, parse_prune(args.prune, sweep.epochs)
     make = partial(optuna.create_study, storage=storage, study_name=name, sampler=sampler, pruner=pruner)
     make = partial(make, direction="maximize" if sweep.mode == "max" else "minimize", load_if_exists=True)
-    study = connect(make, args.storage or str(sweep.folder / "journal.log"))
+    study = connect(make, args.storage or str(sweep.folder / JOURNAL))
     before = study.user_attrs.get("definition")
     if before is None:
         study.set_user_attr("definition", sweep.definition)
@@ -449,10 +452,13 @@ def main(argv=None) -> int:
             signal.signal(s, handler)
     if args.worker:
         return 128 + worker.stop_signal if worker.stop_signal else 0
-    best = report(sweep, study)
-    if best is not None:  # what the trial ran, under the config's own name and save_dir (the sweep gave its folder)
-        text = json.dumps(config_of(sweep, best["params"]), indent=2) + "\n"
-        write_atomic(path := sweep.folder / "best" / "config.json", text.encode())
+    try:  # a link planted in the folder while the sweep ran: refused, in one line
+        best = report(sweep, study)
+        if best is not None:  # what the trial ran, under the config's own name and save_dir (the sweep gave its folder)
+            text = json.dumps(config_of(sweep, best["params"]), indent=2) + "\n"
+            write_atomic(path := sweep.folder / "best" / "config.json", text.encode())
+    except OSError as error:
+        fail(f"cannot write the sweep's results: {error.filename or ''}: {error.strerror or error}")
         print(
             f"best: trial {best['trial']}, {sweep.metric} {best[sweep.metric]:.4f}; reproduce it with "
             f"python train.py -c {path}"

@@ -388,3 +388,44 @@ def test_a_sweep_goes_on_after_its_journal_lost_the_end_of_its_last_line(tmp_pat
         assert [row["status"] for row in csv.DictReader(f)] == ["done", "done"]
     again = run("sweep.py", *args, "--trials", 2)  # the study reads whole from then on
     assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "link, kind",
+    [
+        ("saved/tiny", "folder"),
+        ("saved/tiny/sweep-s", "folder"),
+        ("saved/tiny/sweep-s/logs", "folder"),
+        ("saved/tiny/sweep-s/best", "folder"),
+        ("saved/tiny/sweep-s/trial-000", "folder"),
+        ("saved/tiny/sweep-s/journal.log", "file"),
+        ("saved/tiny/sweep-s/journal.log.lock", "file"),
+        ("saved/tiny/sweep-s/results.csv", "file"),
+        ("saved/tiny/sweep-s/curves.png", "file"),
+        ("saved/tiny/sweep-s/best/config.json", "file"),
+        ("saved/tiny/sweep-s/logs/trial-000.log", "file"),
+    ],
+)
+def test_a_link_in_a_sweep_folder_is_refused_up_front_and_nothing_is_written_through_it(
+    tmp_path, data_dir, capsys, link, kind
+):
+    config = make_config(tmp_path, data_dir)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere if kind == "folder" else elsewhere / "file"
+    if kind == "file":
+        target.write_text("kept\n")
+    (tmp_path / link).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / link).symlink_to(target)
+    before = listing(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["-c", str(config), "--grid", "optimizer.args.lr=[0.1]", "--study", "s"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / link}: a symbolic link (to {target})"), err
+    assert listing(tmp_path) == before and listing(elsewhere) == ([] if kind == "folder" else ["file"])
+    assert kind == "folder" or target.read_text() == "kept\n"
