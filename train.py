@@ -196,6 +196,7 @@ def load_state(args, config: dict, run, resume_dir: Path | None):
     if args.resume:
         trainer.restore(Path(args.resume))
         check_position(trainer, Path(args.resume), config["trainer"]["epochs"])
+        check_extension(trainer, Path(args.resume), config)
     else:
         trainer.init_state()
         if args.weights:
@@ -340,6 +341,25 @@ def check_position(trainer, path: Path, epochs: int) -> None:
         raise CheckpointError(
             f"{path}: saved at {where}, past trainer.epochs {epochs}: nothing to train; continue "
             f"it with --epochs N, N > {trainer.epoch}"
+        )
+
+
+def check_extension(trainer, path: Path, config: dict) -> None:
+    """A finished run extended past the length its schedules count (``--epochs``) trains its extra epochs where
+    the schedule ended: refused where that is a learning rate of 0, which would train nothing."""
+    from training.config.components import run_length_arguments
+    from training.run.checkpoint import CheckpointError
+
+    epochs, length = config["trainer"]["epochs"], trainer.run.epochs
+    places = run_length_arguments(config)
+    if not places or epochs <= length:
+        return
+    if trainer.applied_lr(length * trainer.run.steps_per_epoch) == 0.0:  # the first step past the schedule's end
+        raise CheckpointError(
+            f"{path}: its {epochs - length} extra epoch(s) would train at learning rate 0, where the schedule "
+            f"ended ({', '.join(places)} count the {length} epochs the run started with); stretch it over the "
+            f"{epochs} epochs in steps (--set {places[0]}=N), give it an end value above 0, or start a new run from "
+            f"these weights (--weights)"
         )
 
 

@@ -287,3 +287,27 @@ def test_an_extended_run_keeps_its_schedules_length(tmp_path):
     log = (folder / "train.log").read_text()
     assert "the schedule keeps the length the run started with (optimizer.schedule.args.decay_steps" in log
     assert "--set optimizer.schedule.args.decay_steps=N" in log
+
+
+@pytest.mark.slow
+def test_an_extension_that_would_train_at_learning_rate_0_is_refused_in_one_line(tmp_path):
+    """A finished run whose schedule decays to 0 over "all", extended with --epochs: its extra epochs would train
+    nothing. Refused before anything is written, naming the key that stretches the schedule."""
+    from tests.conftest import make_idx_dataset
+    from tests.end_to_end.test_train import make_config, run
+
+    data = tmp_path / "mnist"
+    make_idx_dataset(data, n_train=200, n_test=40)
+    cosine = {"name": "cosine_decay", "args": {"init_value": 0.004, "decay_steps": "all"}}  # to 0 at its end
+    config = make_config(tmp_path, data, optimizer={"name": "adam", "schedule": cosine}, trainer__epochs=2)
+    assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
+    folder = tmp_path / "saved/tiny/r"
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    extended = run("train.py", "-r", folder / "checkpoint-latest.params", "--epochs", "4")
+    assert extended.returncode == 2 and len(extended.stderr.strip().splitlines()) == 1, extended.stderr
+    assert "its 2 extra epoch(s) would train at learning rate 0" in extended.stderr
+    assert "--set optimizer.schedule.args.decay_steps=N" in extended.stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+    stretched = ["--set", "optimizer.schedule.args.decay_steps=40"]  # 4 epochs of 10 steps: trains on
+    resumed = run("train.py", "-r", folder / "checkpoint-latest.params", "--epochs", "4", *stretched)
+    assert resumed.returncode == 0, resumed.stderr

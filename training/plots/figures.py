@@ -66,9 +66,21 @@ def lr_per_step(rows: Sequence[dict], lr_fn) -> tuple[list[float], list[float]]:
     return where.tolist(), values.tolist()
 
 
+def agrees_with_log(rows: Sequence[dict], lr_fn) -> bool:
+    """Whether `lr_fn` gives the learning rate every row logged (at the row's last step): a schedule recomputed
+    from a config that changed during the run (an extension, a re-stretch, a plateau's scale) does not, and the
+    figure then draws what was logged."""
+    logged = [(r["step"], r["lr"]) for r in rows if isinstance(r.get("step"), int) and isinstance(r.get("lr"), float)]
+    try:
+        return all(abs(float(lr_fn(step - 1)) - lr) <= 1e-7 + 1e-4 * abs(lr) for step, lr in logged if step > 0)
+    except Exception:  # a schedule that cannot be evaluated here: the logged values
+        return False
+
+
 def curves_figure(rows: Sequence[dict], lr_fn=None):
     """One panel per quantity, train (solid) and validation (dashed) against the epoch; the learning rate at every
-    step (``lr_fn``, sampled) or, without it, as the rows logged it at each epoch's end."""
+    step (``lr_fn``, sampled, where it gives every value the rows logged) or else as the rows logged it at each
+    epoch's end."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -79,7 +91,7 @@ def curves_figure(rows: Sequence[dict], lr_fn=None):
     fig = Figure(figsize=(PANEL_INCHES[0] * ncols, PANEL_INCHES[1] * nrows), dpi=DPI, layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, name in zip(axes, names):
-        if name == "lr" and lr_fn is not None:
+        if name == "lr" and lr_fn is not None and agrees_with_log(rows, lr_fn):
             epochs, values = lr_per_step(rows, lr_fn)
             ax.plot(epochs, values, "-", label="learning rate (per step)")
             series = []

@@ -198,3 +198,19 @@ def test_the_plot_command_refuses_a_link_at_curves_png(tmp_path):
     assert target.read_bytes() == VICTIM_BYTES
     (tmp_path / "curves.png").unlink()
     assert run("-m", "training.plots", tmp_path).returncode == 0 and (tmp_path / "curves.png").is_file()
+
+
+def test_curves_draw_the_logged_learning_rate_where_the_schedule_disagrees_with_it():
+    """An extended or re-stretched run: the schedule of its final config is not what it trained at; the figure draws
+    the values metrics.jsonl logged, never the recomputation."""
+    rows = [{"epoch": e, "step": 10 * e, "train/loss": 1.0 / e} for e in (1, 2, 3, 4)]
+    logged = [0.001, 0.0005, 0.0, 0.0]  # a 2-epoch decay, then extended at its end value
+    rows = [{**r, "lr": lr} for r, lr in zip(rows, logged)]
+    stretched = lambda step: 0.001 * (1 - step / 40)  # noqa: E731 (the final config's schedule over 4 epochs)
+    fig = curves_figure(rows, stretched)
+    panel = next(ax for ax in fig.axes if ax.get_title() == "learning rate")
+    (line,) = panel.get_lines()
+    assert list(line.get_ydata()) == logged
+    agreeing = lambda step: [0.001, 0.0005, 0.0, 0.0][min((step + 1) // 10 - 1, 3)]  # noqa: E731
+    (line,) = next(ax for ax in curves_figure(rows, agreeing).axes if ax.get_title() == "learning rate").get_lines()
+    assert len(line.get_xdata()) == 40  # per step, where it gives every logged value
