@@ -34,6 +34,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from files.writes import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, write_atomic
 from training.config.file import ConfigError, is_index, read_json
 from training.config.validation import load_config
+from training.devices.memory import host_available, show_bytes
 from training.run.cli import ArgumentParser, command, fail
 from training.sweeps.folder import JOURNAL, LinkedFolder, check_folder
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
@@ -42,6 +43,9 @@ from training.sweeps.storage import REFUSED, JournalRefused, check_journal, mask
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
+# what a worker and its trial's train.py take of the host's memory at least (a tiny MLP's train.py peaks at 400 MB,
+# JAX and its compiler alone; a sweep worker with Optuna 150 MB): --parallel is bounded by it
+WORKER_BYTES = 1 << 30
 SAMPLERS = {"grid": "GridSampler", "random": "RandomSampler", "tpe": "TPESampler", "cmaes": "CmaEsSampler"}
 SAMPLERS |= {"gp": "GPSampler", "qmc": "QMCSampler"}
 NEEDS = {"cmaes": "cmaes", "gp": "torch"}  # the samplers whose package Optuna does not install
@@ -78,6 +82,10 @@ def define(args) -> Sweep:
     for flag in ("parallel", "heartbeat", "trials"):
         if (value := getattr(args, flag)) is not None and value < 1:
             raise SweepError(f"--{flag} {value}: expected at least 1")
+    if args.parallel > 1 and args.parallel > (most := parallel_limit())[0]:
+        raise SweepError(
+            f"--parallel {args.parallel}: {most[1]}; run the same command on another machine to add workers"
+        )
     params = [parse("--grid", text) for text in args.grid] + [parse("--sample", text) for text in args.sample]
     if not params:
         raise SweepError("nothing to sweep: give --grid KEY.PATH=[...] and/or --sample KEY.PATH=DISTRIBUTION")
@@ -132,6 +140,18 @@ def define(args) -> Sweep:
     parse_prune(args.prune, epochs)
     folder = Path(config["trainer"]["save_dir"]) / config["name"] / f"sweep-{name}"
     return Sweep(args.config, args.fixed, params, trials, folder, *monitor.split(" ", 1), epochs, definition)
+
+
+def parallel_limit() -> tuple[int, str]:
+    """The most workers this machine runs at once, and why: a worker per core this process may use (a trial's
+    train.py keeps one busy at least), and WORKER_BYTES of the memory it can still take (its cgroup's, in a SLURM
+    job) per worker."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    free = host_available()
+    by_memory = cores if free is None else free[0] // WORKER_BYTES
+    most = max(1, min(cores, by_memory))
+    memory = "" if free is None else f"; {show_bytes(free[0])} of memory free, {show_bytes(WORKER_BYTES)} a worker"
+    return most, f"this machine runs at most {most} (a worker a core: {cores}{memory})"
 
 
 def config_of(sweep: Sweep, values: dict) -> dict:

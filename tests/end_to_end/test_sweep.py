@@ -82,6 +82,7 @@ def wait_for(condition, what: str, timeout: float = 120):
         (["--grid", "optimizer.args.lr=[0.1]", "--sampler", "anneal"], "--sampler anneal: expected one of grid"),
         (["--sample", "optimizer.args.lr=uniform:0:1", "--sampler", "grid"], "--sampler grid: every swept value"),
         (["--grid", "optimizer.args.lr=[0.1]", "--parallel", "0"], "--parallel 0: expected at least 1"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--parallel", "100000"], "--parallel 100000: this machine runs at most"),
         (["--grid", "optimizer.args.lr=[0.1]", "--set", "trainer.monitor=off"], "trainer.monitor is off"),
         (
             ["--grid", "optimizer.args.lr=[0.1]", "--storage", "sweeps.db"],
