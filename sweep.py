@@ -65,7 +65,9 @@ def parse_args(argv=None):
     add("--seed", type=int, help="the sampler's seed (default: fresh draws in every worker)")
     add("--parallel", type=int, default=1, help="worker processes on this machine (default 1)")
     add("--storage", help="a database URL (default: journal.log in the sweep folder)")
-    add("--study", help="the study's name, and the folder's sweep-<study> (default: a hash of the sweep's definition)")
+    add(
+        "--study", help="the study's name in the storage, and the folder's sweep-<study> (default: a hash of the sweep)"
+    )
     add("--heartbeat", type=int, default=10, help="seconds between a worker's heartbeats; 3 missed fail its trial")
     add("--retry-failed", action="store_true", help="run the trials that failed for their values again")
     add("--worker", type=int, default=0, help=SUPPRESS)  # which of --parallel's processes: its seed
@@ -186,15 +188,29 @@ def requeue(study, trial) -> None:
 
 
 def connect(make, storage: str | None, tries: int = 5):
-    """Workers started at once create the database's tables and the study at once: the losers try again."""
+    """Workers started at once create the database's tables and the study at once: the losers try again. A race
+    lost is a duplicate row (IntegrityError), or a table another worker created between this one's look and its
+    CREATE TABLE (SQLite's OperationalError, PostgreSQL's ProgrammingError: "... already exists")."""
     for attempt in range(tries):
         try:
             return make()
         except Exception as error:  # a bad URL, a missing driver, a server that does not answer, a race
-            if attempt == tries - 1 or "IntegrityError" not in type(error).__name__:
+            kind = type(error).__name__
+            race = kind == "IntegrityError" or (
+                kind in ("OperationalError", "ProgrammingError") and "already exists" in str(error)
+            )
+            if attempt == tries - 1 or not race:
                 why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
                 raise SweepError(f"--storage {masked_url(storage)}: {masked(why, storage)}") from None
             time.sleep(0.5 + attempt)
+
+
+def stored_name(storage, name: str) -> str:
+    """The study's name in the storage: the one --study gave (or the definition's hash), so that optuna.load_study
+    and optuna-dashboard find it by it; a study stored under the folder's name, sweep-NAME, by an earlier sweep.py
+    is continued under that name."""
+    names = {study.study_name for study in storage.get_all_studies()}
+    return f"sweep-{name}" if f"sweep-{name}" in names and name not in names else name
 
 
 def open_study(args, sweep: Sweep):
@@ -246,10 +262,12 @@ def open_study(args, sweep: Sweep):
         sampler = Grid({p.key: p.distribution.choices for p in sweep.params}, seed=args.seed or 0)
     else:
         sampler = getattr(optuna.samplers, SAMPLERS[kind])(seed=seed)
-    name, pruner = sweep.folder.name, parse_prune(args.prune, sweep.epochs)
+    where = args.storage or str(sweep.folder / JOURNAL)
+    name = connect(partial(stored_name, storage, sweep.folder.name.removeprefix("sweep-")), where)
+    pruner = parse_prune(args.prune, sweep.epochs)
     make = partial(optuna.create_study, storage=storage, study_name=name, sampler=sampler, pruner=pruner)
     make = partial(make, direction="maximize" if sweep.mode == "max" else "minimize", load_if_exists=True)
-    study = connect(make, args.storage or str(sweep.folder / JOURNAL))
+    study = connect(make, where)
     before = study.user_attrs.get("definition")
     if before is None:
         study.set_user_attr("definition", sweep.definition)

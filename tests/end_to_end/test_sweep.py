@@ -130,7 +130,7 @@ def test_two_workers_on_one_journal_file_run_each_trial_once(tmp_path, data_dir)
     two_workers(config, "--study", "shared")
     folder = tmp_path / "saved" / "tiny" / "sweep-shared"
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / "journal.log")))
-    assert_once_each(folder, 4, 1, optuna.load_study(study_name="sweep-shared", storage=storage))
+    assert_once_each(folder, 4, 1, optuna.load_study(study_name="shared", storage=storage))
     assert (folder / "best" / "config.json").is_file() and (folder / "curves.png").is_file()
 
 
@@ -173,7 +173,7 @@ def postgres():
 def test_two_workers_on_one_postgresql_server_run_each_trial_once(tmp_path, data_dir, postgres):
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
     two_workers(config, "--storage", postgres, "--study", "pg")
-    study = optuna.load_study(study_name="sweep-pg", storage=postgres.replace("://", "+psycopg://", 1))
+    study = optuna.load_study(study_name="pg", storage=postgres.replace("://", "+psycopg://", 1))  # as named
     assert_once_each(tmp_path / "saved" / "tiny" / "sweep-pg", 4, 1, study)
     bad = run("sweep.py", "-c", config, "--grid", "optimizer.args.lr=[0.1]", "--storage", postgres + "x")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --storage ") and len(bad.stderr.splitlines()) == 1
@@ -430,3 +430,51 @@ def test_a_link_in_a_sweep_folder_is_refused_up_front_and_nothing_is_written_thr
     assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / link}: a symbolic link (to {target})"), err
     assert listing(tmp_path) == before and listing(elsewhere) == ([] if kind == "folder" else ["file"])
     assert kind == "folder" or target.read_text() == "kept\n"
+
+
+OPEN_AT = """
+import sys, time
+import sweep
+args = sweep.parse_args(sys.argv[1:-1])
+definition = sweep.define(args)
+time.sleep(max(0.0, float(sys.argv[-1]) - time.time()))  # every process at the same moment
+print(sweep.open_study(args, definition)[0].study_name)
+"""
+
+
+def test_workers_started_at_once_on_a_new_sqlite_file_all_open_the_study(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir)
+    url = f"sqlite:///{tmp_path / 'sweeps.db'}"
+    args = ["-c", config, "--grid", "optimizer.args.lr=[0.1]", "--storage", url, "--study", "barsweep"]
+    at = time.time() + 8  # past every process's imports
+    command = [sys.executable, "-c", OPEN_AT, *map(str, args)]
+    workers = [subprocess.Popen([*command, str(at)], cwd=ROOT, **PIPES) for _ in range(6)]
+    outputs = [w.communicate(timeout=120) for w in workers]
+    assert [w.returncode for w in workers] == [0] * 6, outputs  # each creates the tables, or finds them made
+    assert [out.strip() for out, _ in outputs] == ["barsweep"] * 6, outputs
+    assert optuna.get_all_study_names(url) == ["barsweep"]  # the name given, as optuna.load_study finds it
+
+
+PIPES = {
+    "stdout": subprocess.PIPE,
+    "stderr": subprocess.PIPE,
+    "text": True,
+    "env": {**os.environ, "JAX_PLATFORMS": "cpu"},
+}
+
+
+def test_a_study_stored_under_its_folder_name_by_an_earlier_sweep_is_continued(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir)
+    url = f"sqlite:///{tmp_path / 'sweeps.db'}"
+    optuna.create_study(storage=url, study_name="sweep-old", direction="maximize")  # how sweep.py named it before
+    for name, stored in (("old", "sweep-old"), ("new", "new")):
+        args = sweep.parse_args(
+            ["-c", str(config), "--grid", "optimizer.args.lr=[0.1]", "--storage", url, "--study", name]
+        )
+        study, _ = sweep.open_study(args, sweep.define(args))
+        assert study.study_name == stored and study.user_attrs["definition"]["grid"] == ["optimizer.args.lr=[0.1]"]
+    assert sorted(optuna.get_all_study_names(url)) == ["new", "sweep-old"]
+    journal = journal_of(tmp_path, "sweep-kept")  # a journal file's study alike, in the folder --study kept uses
+    journal.parent.rename(journal.parent.parent / "sweep-kept")
+    args = sweep.parse_args(["-c", str(config), "--grid", "optimizer.args.lr=[0.1]", "--study", "kept"])
+    assert sweep.open_study(args, sweep.define(args))[0].study_name == "sweep-kept"
