@@ -80,6 +80,14 @@ def main(argv=None) -> int:
     except (ConfigError, checkpoint.CheckpointError) as error:
         fail(str(error))
 
+    # a sampled id names a character of the vocabulary: one of another run (2 characters for a model of 65
+    # outputs) would fail mid-text, so it is refused before
+    width = loaded.output_spec().shape[-1]
+    if width != len(vocabulary):
+        fail(
+            f"{preprocessing}: a vocabulary of {len(vocabulary)} characters, but the model gives {width} outputs per "
+            "position (one per character): is this preprocessing.json the run's own?"
+        )
     generator = Generator(model, spec, vocabulary)
     print(generator(loaded.params, loaded.state, args.prompt, args.tokens, args.temperature, args.top_k, args.seed))
     return 0

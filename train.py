@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 if __name__ == "__main__":  # before anything imports JAX; may re-execute once (TRAIN_PLATFORM_DEFAULTS=0: off)
+    import sys
+
     from training.devices import platform
 
-    platform.apply()
+    if sys.stdout is not None and sys.stderr is not None:  # a closed one is refused in one line by `command`
+        platform.apply()
 
 import json
 import logging

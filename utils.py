@@ -42,20 +42,17 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     in the notebook itself is recorded (notebook.json): the command-line tools refuse the run in one line, since only
     this kernel knows that component."""
     config = validate(config, source)
-    if resume and (run_dir is None or not (Path(run_dir) / LATEST).is_file()):
-        raise ConfigError(f"fit(resume=True): {run_dir}/{LATEST}: no such checkpoint; give the run folder to continue")
-    if not resume and run_dir is not None and Path(run_dir).is_dir() and any(Path(run_dir).iterdir()):
-        raise ConfigError(
-            f"fit: {run_dir} already holds a run; fit(..., resume=True) continues it, another run_dir (or none: a "
-            "new folder under trainer.save_dir) starts a new one"
-        )
+    check_run_dir(run_dir, resume)
     compiled.use_cache(config["trainer"]["compilation_cache"])  # where nothing has compiled yet in this kernel
     run = assemble(config, source)
     run.load_data()
     run.check_data()
     if run_dir is not None:
         run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a folder that cannot be made there (/proc, a read-only disk): nothing written
+            raise ConfigError(f"fit: run_dir {run_dir}: cannot make the folder ({error.strerror or error})") from None
     else:
         parent = Path(config["trainer"]["save_dir"]) / config["name"]
         run_dir = run_folder.create(parent, location.run_id_of(config))
@@ -74,6 +71,39 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     finally:
         os.close(lock)  # the kernel lives on: the next fit in this folder (resume=True) takes the lock again
     return history.rows
+
+
+def check_run_dir(run_dir: str | Path | None, resume: bool) -> None:
+    """``fit``'s ``run_dir`` must be a real folder, new or empty (or, to resume, holding a checkpoint): a file, a
+    link (to a file, to a folder, or to nothing), or a path under a file is a ConfigError in one line, before any
+    data is read, as a folder that already holds a run is; nothing is ever written through a link."""
+    if run_dir is None:
+        if resume:
+            raise ConfigError(f"fit(resume=True): give the run folder to continue as run_dir (its {LATEST})")
+        return
+    path = Path(run_dir)
+    if path.is_symlink():
+        target = os.readlink(path)
+        dangling = "" if path.exists() else ", which does not exist"
+        raise ConfigError(
+            f"fit: run_dir {path}: a symbolic link (to {target}{dangling}), not a folder; runs are written only into "
+            "real folders: give the folder's own path"
+        )
+    existing = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    if existing is not None and not existing.is_dir():
+        what = "a file" if existing.is_file() else "not a folder"
+        where = "" if existing == path else f" ({existing} is {what})"
+        raise ConfigError(
+            f"fit: run_dir {path}: {what if existing == path else 'not a folder it can be made in'}{where}; give a "
+            "new or empty folder"
+        )
+    if resume and not (path / LATEST).is_file():
+        raise ConfigError(f"fit(resume=True): {path}/{LATEST}: no such checkpoint; give the run folder to continue")
+    if not resume and path.is_dir() and any(path.iterdir()):
+        raise ConfigError(
+            f"fit: {path} already holds a run; fit(..., resume=True) continues it, another run_dir (or none: a "
+            "new folder under trainer.save_dir) starts a new one"
+        )
 
 
 @contextmanager

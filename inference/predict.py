@@ -392,6 +392,30 @@ def read_json(path: Path) -> dict:
     return value if type(value) is dict else {}
 
 
+def check_names_fit(model, preprocessing: dict, path: Path) -> None:
+    """The names preprocessing.json gives the model's outputs (class names, a vocabulary's characters), one per
+    output of each example or position: a list of another length (one class name for a model of two outputs) would
+    name the wrong ones or fail mid-output, so it is a ValueError naming the file first."""
+    tasks = preprocessing.get("tasks") or {}
+    for output in model.outputs:
+        several = len(model.outputs) > 1
+        info = {**preprocessing, **((preprocessing.get("outputs") or {}).get(output["name"]) or {})}
+        task = tasks.get(output["name"], "other") if several else info.get("task", "classification")
+        width = output["shape"][-1] if output["shape"] else None
+        named = f"output {output['name']!r}" if several else "the model"
+        if info.get("vocabulary") and isinstance(width, int) and width != len(info["vocabulary"]):
+            raise ValueError(
+                f"{path}: a vocabulary of {len(info['vocabulary'])} characters, but {named} gives {width} outputs "
+                "per position: is this the model's own preprocessing.json?"
+            )
+        per_example = task == "classification" or (task == "multilabel" and len(output["shape"]) == 2)
+        if per_example and info.get("classes") and isinstance(width, int) and width != len(info["classes"]):
+            raise ValueError(
+                f"{path}: {len(info['classes'])} class name(s), but {named} gives {width} outputs per example: is "
+                "this the model's own preprocessing.json?"
+            )
+
+
 def generate(model, vocabulary: str, prompt: str, tokens: int, temperature: float, seed: int = 0) -> str:
     """Text from an exported causal language model of fixed context: the last `context` characters sit at the start
     of the input, padded on the right, and the next one comes from the logits at the last real position."""
@@ -470,6 +494,7 @@ def main(argv=None) -> int:
         preprocessing = read_preprocessing(folder / PREPROCESSING)
         task = preprocessing.get("task", "classification")
         model = load_model(model_path, args.threads)
+        check_names_fit(model, preprocessing, folder / PREPROCESSING)
         if preprocessing.get("vocabulary"):
             if args.text is None:
                 raise ValueError("a language model: give --text to continue")
@@ -689,6 +714,10 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
         names += [str(path)] if single else [f"{path}[{i}]" for i in range(n)]
         parts.append(named)
     x = {k: np.concatenate([p[k] for p in parts]) for k in expected}
+    for k, v in x.items():  # complex numbers would lose their imaginary part, text would fail in the runtime
+        if v.dtype.kind not in "biuf":
+            what = "complex numbers" if v.dtype.kind == "c" else f"values of dtype {v.dtype}"
+            raise ValueError(f"input {k!r}: {what}; the model takes real numbers ({expected[k]['dtype']})")
     for k, v in x.items():  # int64 ids 2**32 + 3 would wrap to 3 as the model's int32: refused, not guessed
         dtype = expected[k]["dtype"]
         if v.dtype.kind in "iu" and dtype.kind in "iu" and v.size:
@@ -727,10 +756,67 @@ def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None
 
 def command(main, argv=None) -> int:
     """training/run/cli.py's ``command``, repeated because this file ships alone: Ctrl-C is one line and status 130, a
-    closed pipe (``| head -1``) ends quietly with 141, text the terminal's encoding cannot show is escaped."""
+    closed pipe (``| head -1``) ends quietly with 141, text the terminal's encoding cannot show is escaped; stdout or
+    stderr closed at the start (``>&-``) is one line and 2, stdout that cannot be written (``> /dev/full``) one line
+    and 1."""
+    closed = [name for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)) if stream is None]
+    if closed:  # a file opened later would take the closed descriptor's number, and the output meant for it
+        message = f"error: {' and '.join(closed)} closed (>&-): give it a file or /dev/null (>/dev/null) instead"
+        print(message, file=sys.stderr if sys.stderr is not None else sys.stdout)
+        return 2
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    out = sys.stdout = Output(sys.stdout)
+    try:
+        status = ended(main, argv)
+    finally:
+        sys.stdout = out.stream
+    if out.error is not None:
+        reason = out.error.strerror or out.error
+        print(f"error: cannot write to standard output ({reason}); what was printed is lost", file=sys.stderr)
+        return status or 1
+    return status
+
+
+class Output:
+    """sys.stdout while ``command`` runs: a write that fails (a full disk) is kept, not raised from the print, and
+    the rest discarded; a closed pipe still raises BrokenPipeError (training/run/cli.py's ``Output``, repeated)."""
+
+    def __init__(self, stream):
+        self.stream, self.error = stream, None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                raise
+            except OSError as error:
+                self.lost(error)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                raise
+            except OSError as error:
+                self.lost(error)
+
+    def lost(self, error: OSError) -> None:
+        self.error = error
+        try:  # what is still buffered would fail again at exit: the descriptor now writes to /dev/null
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        except (OSError, ValueError):  # no descriptor (a capture in a test)
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def ended(main, argv) -> int:
     try:
         try:
             return main(argv)

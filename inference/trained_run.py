@@ -65,6 +65,18 @@ class LoadedRun:
             self._forward = jax.jit(forward)
         return np.asarray(self._forward(self.params, self.state, inputs, mask))
 
+    def output_spec(self):
+        """The model's outputs on ``input_spec`` (shapes and dtypes, traced: nothing compiled or run), to check what
+        a user of them assumes (a vocabulary of as many characters as the model has outputs)."""
+        import jax
+
+        def forward(params, state, x):
+            if self.run.augment is not None:
+                x = self.run.augment({"input": x}, None, train=False)["input"]
+            return self.model(params, state, x, train=False)[0]
+
+        return jax.eval_shape(forward, self.params, self.state, self.input_spec)
+
 
 def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> LoadedRun:
     """A run folder (its best checkpoint, else the latest) or a checkpoint file -> a ``LoadedRun`` ready to call.

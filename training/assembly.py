@@ -68,7 +68,7 @@ class Run:
         from training.tasks import check_model_fits_data  # JAX: config errors are reported before it loads
 
         loader = self.loaders["train"]
-        check_model_fits_data(self.config, self.model, loader, self.augment, self.source)
+        check_model_fits_data(self.config, self.model, loader, self.augment, self.source, self.loss_fn, self.metrics)
         accumulate = self.config["trainer"]["accumulate_steps"]
         if accumulate > len(loader):  # each step stacks that many batches, padding what the epoch lacks
             raise ConfigError(

@@ -46,6 +46,8 @@ def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None)
     task = (entry.task if entry else None) or "other"
     if task == "classification":
         target = batch_spec.get("target", batch_spec["input"])
+        if not hasattr(target, "dtype"):  # named targets (a dict): no one class per example or position to count
+            return "other"
         ids = np.issubdtype(np.dtype(target.dtype), np.integer)
         per_example = len(target.shape) == (1 if ids else 2)
         return "classification" if per_example else "sequence"
@@ -160,17 +162,27 @@ def check_split(run, split: str, loader) -> None:
         raise ConfigError(f"{run.source}: data_loader.{split}: {error}") from None
 
 
-def check_model_fits_data(config: dict, model, loader, augment, source: str) -> int | None:
+def check_model_fits_data(config: dict, model, loader, augment, source: str, loss_fn=None, metrics=()) -> int | None:
     """The model traced on the data's input (nothing compiled): one that cannot take the input, or a classifier or
     language model (or such an output of a model of several) with fewer outputs than the data has classes (its loss
-    would be NaN from the first step on), is refused naming what to change. Returns a classifier's number of
-    outputs (None for other tasks and for models of several outputs)."""
+    would be NaN from the first step on), is refused naming what to change; so is a loss or metric (``loss_fn``,
+    ``metrics``: the run's) that cannot take the outputs with the data's targets (``check_loss_takes_data``).
+    Returns a classifier's number of outputs (None for other tasks and for models of several outputs)."""
     outputs = model_outputs(config, model, loader, augment, source)
     check_outputs_named(config, outputs, loader.spec.get("target"), source)
     tasks = output_tasks(config["loss"], loader.spec, loader.preprocessing)
     if tasks is None:
+        target = loader.spec.get("target")
+        if isinstance(target, dict):  # named targets, one loss for all of them
+            raise ConfigError(
+                f"{source}: loss: {config['loss']['name']} takes one target, but the data has named targets "
+                f"{', '.join(sorted(target))}: give each its own loss (weighted_sum with args.losses per name)"
+            )
         task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
-        return check_class_width(config, task, outputs, loader.spec.get("target"), loader.preprocessing, loader, source)
+        width = check_class_width(config, task, outputs, target, loader.preprocessing, loader, source)
+        if loss_fn is not None:
+            check_loss_takes_data(config, outputs, loader, augment, loss_fn, metrics, source)
+        return width
     for output, task in tasks.items():  # each classifier head against its own target's classes
         target = loader.spec.get("target", {})
         check_class_width(
@@ -183,7 +195,37 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str) -> 
             source,
             output,
         )
+    if loss_fn is not None:
+        check_loss_takes_data(config, outputs, loader, augment, loss_fn, metrics, source)
     return None
+
+
+def check_loss_takes_data(config: dict, outputs, loader, augment, loss_fn, metrics, source: str) -> None:
+    """The loss and each metric traced (nothing compiled) on the model's outputs and the data's targets as the step
+    gives them: one that cannot take them (labels of shape (B, 1) against two logits, a regression CSV's float
+    targets given to cross_entropy) is refused naming it, before the run folder exists; not a traceback from the
+    first step, after it."""
+    from training.step import example_losses, loss_mask, target_of  # the step's own calls, traced as it makes them
+
+    try:
+        spec = loader.spec if augment is None else augment.spec(loader.spec)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    checks = [("loss", config["loss"]["name"], lambda o, b: example_losses(loss_fn, o, b))]
+    checks += [
+        (f"metrics.{i}", metric.name, lambda o, b, m=metric: m.stats(o, target_of(b), loss_mask(b)))
+        for i, metric in enumerate(metrics)
+    ]
+    for where, name, traced in checks:
+        try:
+            jax.eval_shape(traced, outputs, spec)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as error:
+            reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+            target = {"target": target_of(spec)}
+            raise ConfigError(
+                f"{source}: {where}: {name} cannot take the model's "
+                f"{describe_batch({'outputs': outputs})} with the data's {describe_batch(target)} ({reason})"
+            ) from None
 
 
 def check_class_width(

@@ -128,10 +128,83 @@ def command(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     141, the status a shell shows for a writer SIGPIPE ended; a ConfigError the command did not catch is one line
     and 2; so is an error raised because JAX cannot start the platform ``JAX_PLATFORMS`` names (``fail`` says
     that instead of what the command made of the error). Text the terminal's
-    encoding cannot show (class names under an ASCII locale) is printed escaped, never an error."""
+    encoding cannot show (class names under an ASCII locale) is printed escaped, never an error. Standard output or
+    error closed at the start (``>&-``) is one line and 2; standard output that cannot be written (``> /dev/full``)
+    one line at the end and a nonzero status (``Output``)."""
+    closed = closed_streams()
+    if closed:
+        print(f"error: {closed}", file=sys.stderr if sys.stderr is not None else sys.stdout)
+        return 2
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    out = sys.stdout = Output(sys.stdout)
+    try:
+        status = ended(main, argv)
+    except SystemExit as exit_info:  # fail() and argparse's --help: their status, unless the output was lost
+        if out.error is None:
+            raise
+        status = exit_info.code if isinstance(exit_info.code, int) else 2
+    finally:
+        sys.stdout = out.stream
+    if out.error is not None:
+        reason = out.error.strerror or out.error
+        print(f"error: cannot write to standard output ({reason}); what the command printed is lost", file=sys.stderr)
+        return status or 1
+    return status
+
+
+def closed_streams() -> str | None:
+    """What is wrong when the command was started with stdout or stderr closed (``>&-``, ``2>&-``), or None. Refused:
+    the first file the command opened would take the closed descriptor's number, and what the command, JAX or XLA
+    print there would land in that file (a checkpoint, a log)."""
+    closed = [name for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)) if stream is None]
+    if not closed:
+        return None
+    return f"{' and '.join(closed)} closed (>&-): give it a file or /dev/null (>/dev/null) instead"
+
+
+class Output:
+    """sys.stdout while ``command`` runs an entry point: a write that fails (a full disk, ``> /dev/full``) does not
+    raise from whatever printed (a log handler would print a traceback for each line, a command would blame its own
+    files): it is kept, the rest of the output is discarded, and the command ends with one line naming it and a
+    nonzero status. A closed pipe still raises BrokenPipeError, which ends the command quietly."""
+
+    def __init__(self, stream):
+        self.stream, self.error = stream, None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                raise
+            except OSError as error:
+                self.lost(error)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                raise
+            except OSError as error:
+                self.lost(error)
+
+    def lost(self, error: OSError) -> None:
+        self.error = error
+        try:  # what is still buffered would fail again at exit: the descriptor now writes to /dev/null
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        except (OSError, ValueError):  # no descriptor (a capture in a test): nothing is flushed at exit
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def ended(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """``main(argv)``'s status, or the status of how it ended (see ``command``)."""
     try:
         try:
             return main(argv)
