@@ -27,8 +27,10 @@ the export (--val-examples 0 exports it on random inputs alone), and one the mod
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +50,7 @@ from inference.routes import OUTPUT_NAME, routes_of  # noqa: E402
 from inference.trained_run import ModelInputError, load_run  # noqa: E402
 from training.assembly import assemble  # noqa: E402
 from training.config.file import ConfigError  # noqa: E402
+from training.config.schema import MAX_BATCH  # noqa: E402
 from training.config.validation import load_config  # noqa: E402
 from training.run.checkpoint import check_checkpoint_file, of_run  # noqa: E402
 from training.run.cli import ArgumentParser, add_run, command, fail  # noqa: E402
@@ -157,10 +160,7 @@ def check_arguments(args, formats: list[str]) -> None:
             f"--name {args.name[:40]!r}...: {len(os.fsencode(args.name))} bytes, expected at most {MAX_NAME} (the "
             "export's file names add suffixes to it, and a file name holds 255 bytes)"
         )
-    output = Path(args.output_dir)
-    existing = next(p for p in (output.absolute(), *output.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"--output-dir {output}: {existing} is not a folder")
+    check_writable(Path(args.output_dir))
     if args.input is not None:
         dims = " ".join(map(str, args.input))
         if len(args.input) < 2:
@@ -179,12 +179,64 @@ def check_arguments(args, formats: list[str]) -> None:
             raise ConfigError(f"--input-dtype {args.input_dtype}: expected a numeric dtype (float32, int32, ...)")
     if args.batch is not None and args.batch < 1:
         raise ConfigError(f"--batch {args.batch}: expected a batch size of at least 1")
+    for flag, size in (("--batch", args.batch), ("--input", args.input[0] if args.input else None)):
+        if size is not None and size > MAX_BATCH:
+            raise ConfigError(f"{flag}: a batch of {size:,}, more than the {MAX_BATCH:,} a config's batch may be")
     if args.val_examples is not None and args.val_examples < 0:
         raise ConfigError(f"--val-examples {args.val_examples}: expected 0 (random inputs only) or more")
     for option in ("atol", "rtol", "max_accuracy_drop"):
         value = getattr(args, option)
         if not np.isfinite(value) or value < 0:
             raise ConfigError(f"--{option.replace('_', '-')} {value}: expected a finite number >= 0")
+
+
+def check_writable(output: Path) -> None:
+    """--output-dir where this process can make files: a hidden file is made and removed at once in its nearest
+    existing folder. A read-only checkout (the default exports/ inside it), /proc or another user's folder is then one
+    line before anything is loaded; the export itself would find out only when it writes, after the converters ran."""
+    existing = next(p for p in (output.absolute(), *output.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--output-dir {output}: {existing} is not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".export-probe-", dir=existing)
+    except OSError as error:
+        raise ConfigError(
+            f"--output-dir {output}: cannot write in {existing} ({error.strerror or error}); give a folder this "
+            "user can write, e.g. --output-dir /tmp/exports"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_batch_fits(args, export_spec, batch: int) -> None:
+    """The check runs every format on random inputs of the export's batch (inference/inputs.py: drawn in 64 bits,
+    then cast): a batch whose inputs alone exceed the memory this process may take is refused before the model is
+    loaded, instead of failing after the converters ran."""
+    import jax
+
+    from training.devices import memory
+
+    leaves = jax.tree.leaves(export_spec)
+    need = batch * sum(math.prod(leaf.shape[1:]) * (8 + np.dtype(leaf.dtype).itemsize) for leaf in leaves)
+    available = memory.host_available()
+    if available is not None and need > available[0]:
+        flag = f"--batch {batch}" if args.batch is not None else f"--input {' '.join(map(str, args.input))}"
+        raise ConfigError(
+            f"{flag}: the export is checked on random inputs of batch {batch:,}, {memory.show_bytes(need)} before "
+            f"any output, more than the {memory.show_bytes(available[0])} of {available[1]}; choose a smaller batch"
+        )
+
+
+def export_tasks(config: dict, batch_spec: dict, preprocessing: dict, where: str) -> tuple[str, str | dict]:
+    """(the task, each named output's task or the one task): what judges each format, known from the data and
+    preprocessing.json before anything is loaded, so a task preprocessing.json names wrongly is one line up front."""
+    from training.tasks import output_tasks, task_of
+
+    try:
+        task = task_of(config["loss"]["name"], batch_spec, preprocessing)
+        return task, output_tasks(config["loss"], batch_spec, preprocessing) or task
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 def input_spec(args, spec_loader, problem: str | None):
@@ -274,7 +326,7 @@ def main(argv=None) -> int:
         loader, split, problem = split_loader(run)
         spec_loader = loader or split_loader(run, ("train",))[0]  # a spec needs one batch of any split
         spec, batch = input_spec(args, spec_loader, problem)
-        preprocessing = run_preprocessing(checkpoint_path, spec_loader)
+        preprocessing, where = run_preprocessing(checkpoint_path, spec_loader)
         data_spec = spec_loader.spec["input"] if spec_loader is not None else None
         check_input_against_data(args, spec, data_spec, args.val_examples != 0 and loader is not None, split)
         masked = declares_mask(model)
@@ -286,13 +338,16 @@ def main(argv=None) -> int:
         data_mask = spec_loader.spec["mask"] if spec_loader is not None else None
         # the export's named inputs: the model's input, and the padding mask where its call declares one
         export_spec = with_mask(spec, mask_spec(spec, data_spec, data_mask)) if masked else spec
+        check_batch_fits(args, export_spec, batch)
+        batch_spec = spec_loader.spec if spec_loader is not None else {"input": spec}
+        # a model of several named outputs: each a named output of every format, judged by its own task
+        task, each_task = export_tasks(config, batch_spec, preprocessing, where)
     except ConfigError as error:
         fail(str(error))
 
     import jax
 
     from training.run import checkpoint
-    from training.tasks import output_tasks, task_of
 
     # The checkpoint's shapes follow from the data's input where there is data, from --input where there is not.
     asked = f"--input {' '.join(map(str, args.input))}" if args.input else None
@@ -332,10 +387,6 @@ def main(argv=None) -> int:
 
     forward = jax.jit(fn)
     inputs = Inputs(export_spec, batch)
-    batch_spec = spec_loader.spec if spec_loader is not None else {"input": spec}
-    task = task_of(config["loss"]["name"], batch_spec, preprocessing)
-    # a model of several named outputs: each a named output of every format, judged by its own task
-    each_task = output_tasks(config["loss"], batch_spec, preprocessing) or task
     outputs = Outputs(jax.eval_shape(forward, export_spec), each_task, OUTPUT_NAME)
     options = Options(
         batch=batch,
@@ -415,15 +466,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_preprocessing(checkpoint_path: Path, loader) -> dict:
-    """The run's preprocessing.json (written by train.py from the training data), else the data's own."""
+def run_preprocessing(checkpoint_path: Path, loader) -> tuple[dict, str]:
+    """The run's preprocessing.json (written by train.py from the training data), else the data's own; with where
+    it came from, for messages."""
     saved = checkpoint_path.parent / PREPROCESSING
     if saved.exists():
         try:
-            return read_preprocessing(saved)
+            return read_preprocessing(saved), str(saved)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-    return loader.preprocessing if loader is not None else {}
+    return (loader.preprocessing if loader is not None else {}), "the data's preprocessing"
 
 
 if __name__ == "__main__":

@@ -363,7 +363,10 @@ def export_folder(
     alone are no pass on real data)."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
     name = target.name
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the command checked that it can write there; this guards every other caller, and a folder made read-only
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{target.parent}: cannot make the folder ({error.strerror or error})") from None
     lock = hold(target, replace)
     folder = writes.temporary_folder(target)
     try:
@@ -420,6 +423,8 @@ def hold(target: Path, replace: bool) -> int:
         fd, holder = writes.try_lock(lock_path(target))
     except writes.UnsafeFile as error:
         raise ConfigError(str(error)) from None
+    except OSError as error:  # a folder this process cannot write in
+        raise ConfigError(f"{target.parent}: cannot write the export there ({error.strerror or error})") from None
     if fd is None:
         raise ConfigError(
             f"{target}: process {holder} is exporting it now; wait for it to end, or choose another --name"
