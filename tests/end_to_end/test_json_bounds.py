@@ -113,3 +113,16 @@ def test_a_run_without_preprocessing_json_still_loads(tmp_path, run_dir):
     (copy / "preprocessing.json").unlink()
     loaded = load_run(copy)
     assert loaded.preprocessing.get("classes") and np.asarray(loaded(np.zeros((2, 6), np.float32))).shape == (2, 5)
+
+
+def test_a_deep_or_large_notebook_json_is_only_a_hint(tmp_path):
+    """notebook.json (a run fit made in a notebook) is read by every tool that takes a run: before, a deep one was a
+    RecursionError traceback from test.py and the export."""
+    from training.config.notebook_components import check_kernel_components
+
+    for make in (deep, oversized):
+        make(tmp_path / "notebook.json")
+        assert check_kernel_components(tmp_path, "config.json") is None
+    (tmp_path / "notebook.json").write_text(json.dumps({"registered_in_notebook": {"model": ["nowhere_net"]}}))
+    with pytest.raises(ConfigError, match="model 'nowhere_net' was registered in a notebook"):
+        check_kernel_components(tmp_path, "config.json")

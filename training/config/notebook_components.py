@@ -6,9 +6,9 @@ says why (``check_kernel_components``) instead of reporting an unknown component
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from files.reads import read_json
 from model.registry import KINDS, entries
 from training.config.components import COMPONENT_MODULES, available
 from training.config.file import ConfigError
@@ -50,7 +50,7 @@ def check_kernel_components(run_dir: Path, source: str) -> None:
     if not path.is_file():
         return
     try:
-        local = json.loads(path.read_text()).get("registered_in_notebook") or {}
+        local = read_json(path, NOTEBOOK).get("registered_in_notebook") or {}  # bounded as every JSON file
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return  # what it says is a hint; validation names an unknown component anyway
     for kind, names in local.items():

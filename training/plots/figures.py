@@ -6,12 +6,11 @@ depends on a display or changes matplotlib's global backend. matplotlib is impor
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from files.reads import read_metrics
+from files.reads import read_json, read_metrics
 from files.writes import CURVES, METRICS, atomic_output
 from training.run.cli import ArgumentParser, fail
 
@@ -164,7 +163,7 @@ def schedule_of(run_dir: Path, rows: Sequence[dict]):
     try:
         from training.config.components import build_optimizer
 
-        config = json.loads((run_dir / CONFIG).read_text())
+        config = read_json(run_dir / CONFIG, CONFIG)  # bounded as every JSON file a tool reads
         return build_optimizer(config, first["step"], CONFIG)[1]
     except Exception:  # a figure is a convenience: the logged values are drawn instead
         return None
