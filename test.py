@@ -10,8 +10,9 @@ grid of input / target / prediction of the first examples instead. A model of se
 by its own task under its name (digit/accuracy, confusion_matrix_digit.png, predictions_ink.png). Files go next to the
 checkpoint (or to DIR), with the split in their names when it is not the test split.
 
-Exit status: 0 done; 1 the results were printed but a file could not be written (one `error:` line names it); 2 bad
-input (arguments, config, data, checkpoint), reported in one `error:` line before anything is evaluated."""
+Exit status: 0 done; 1 the results were printed but a file could not be written (one `error:` line names it), or
+standard output could not take them (a full disk); 2 bad input (arguments, config, data, checkpoint, stdout closed),
+reported in one `error:` line before anything is evaluated."""
 
 from __future__ import annotations
 
