@@ -177,6 +177,10 @@ def test_two_workers_on_one_postgresql_server_run_each_trial_once(tmp_path, data
     assert_once_each(tmp_path / "saved" / "tiny" / "sweep-pg", 4, 1, study)
     bad = run("sweep.py", "-c", config, "--grid", "optimizer.args.lr=[0.1]", "--storage", postgres + "x")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --storage ") and len(bad.stderr.splitlines()) == 1
+    with_password = postgres.replace("postgres@", "postgres:S3cr3t-pw@") + "x"  # a server that answers: no such db
+    bad = run("sweep.py", "-c", config, "--grid", "optimizer.args.lr=[0.1]", "--storage", with_password)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and "sweepsx" in bad.stderr, bad.stderr
+    assert "S3cr3t" not in bad.stdout + bad.stderr and "postgres:***@" in bad.stderr
 
 
 def epoch_ended(run_dir: Path) -> bool:
@@ -442,6 +446,7 @@ print(sweep.open_study(args, definition)[0].study_name)
 """
 
 
+@pytest.mark.slow
 def test_workers_started_at_once_on_a_new_sqlite_file_all_open_the_study(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir)
     url = f"sqlite:///{tmp_path / 'sweeps.db'}"
