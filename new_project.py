@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from files.writes import remove_stale_folders, temporary_folder
+from signals import stops
 
 TEMPLATE = Path(__file__).resolve().parent
 
@@ -303,7 +304,11 @@ def git_commit(target: Path, notes: list[str]) -> None:
 
 def create(target: Path, name: str, samples: list[str], without=(), template: Path = TEMPLATE) -> list[str]:
     """Writes the project; returns notes for the user. Built in a temporary folder beside the target and renamed at
-    the end, so a failure leaves nothing behind."""
+    the end, so a failure, Ctrl-C or SIGTERM leaves nothing behind; what a kill -9 left (a hidden
+    ``.<target>-XXXXXXXX`` folder) the next run for the same target removes (``remove_stale_folders``, under the
+    folder's lock). A target that is a symbolic link is refused, never followed."""
+    if target.is_symlink():  # resolved, a link (dangling or not) would have the project made wherever it points
+        raise ProjectError(f"{target}: a symbolic link (to {os.readlink(target)}); give the new folder's own path")
     target, without = target.resolve(), list(without)
     if target == template or template in target.parents:
         raise ProjectError(f"{target}: inside the template; choose a folder outside it (e.g. ../{name})")
@@ -319,8 +324,10 @@ def create(target: Path, name: str, samples: list[str], without=(), template: Pa
     notes = []
     hold(target.parent)
     remove_stale_folders(target, "-")  # what a killed new_project.py left
-    building = temporary_folder(target, "-")
+    building = None
     try:
+        with stops.finishing():  # made with a stop signal held off, so that the cleanup below knows of it
+            building = temporary_folder(target, "-")
         copy_tree(template, building, left_out(samples, without))
         add_samples(template, building, samples, name, without)
         for path, text in text_files(building):
@@ -335,14 +342,17 @@ def create(target: Path, name: str, samples: list[str], without=(), template: Pa
                                  "project does not have")  # fmt: skip
         if shutil.which("git"):
             record_template(template, building, notes)
-        os.rename(building, target)  # over an empty target folder too, in one step
+            git_commit(building, notes)  # before the rename: a stop during it leaves no half-made repository
+        else:
+            notes.append("git is not installed: the folder is not a repository yet")
+        with stops.finishing():  # a stop signal now is too late: the project is in place, and the command says so
+            os.rename(building, target)  # over an empty target folder too, in one step
+            stops.finished()
     except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
+        with stops.finishing():  # Ctrl-C or SIGTERM (stops.at_once): the half-made folder goes first
+            if building is not None:
+                shutil.rmtree(building, ignore_errors=True)
         raise
-    if shutil.which("git"):
-        git_commit(target, notes)
-    else:
-        notes.append("git is not installed: the folder is not a repository yet")
     return notes
 
 
@@ -413,4 +423,4 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from training.run.cli import command  # standard library only, like this file
 
-    sys.exit(command(main))
+    sys.exit(command(stops.at_once(main)))  # Ctrl-C or SIGTERM: the half-made folder removed, within a second

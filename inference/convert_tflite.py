@@ -13,8 +13,9 @@ input, "mask" (per example as the batches hold it, e.g. (context,) for tokens). 
 (LiteRT, onnxruntime, jax.export.deserialize) on random inputs and on real validation examples, at its batch size
 and, where the batch is symbolic, at 1 and a larger size, with the agreement its task calls for (see
 inference/exporter.py).
-Any failure exits non-zero and leaves nothing: the folder is assembled in a temporary folder and renamed into place
-at the end (with --force swapped with the old one in one step), under a lock on the name (docs/export.md).
+Any failure exits non-zero and leaves nothing (Ctrl-C or SIGTERM too, within about a second): the folder is
+assembled in a temporary folder and renamed into place at the end (with --force swapped with the old one in one
+step), under a lock on the name (docs/export.md).
 
 Batch: each format's own default (TFLite fixed at the first --input dimension, default 1: LiteRT runs a fixed batch
 much faster; ONNX and JAX symbolic). --batch N fixes every format at N, --dynamic-batch makes every one symbolic.
@@ -33,11 +34,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packages must be importable
     sys.path.insert(0, str(REPO))
+
+from signals import stops  # noqa: E402
+
+if __name__ == "__main__":  # before the heavy imports: a stop during them is noted, and raised once main starts
+    stops.defer_stops()
+
+import numpy as np  # noqa: E402
 
 from data_loader.augment.pipeline import Prepared  # noqa: E402
 from files.writes import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
@@ -480,4 +486,4 @@ def run_preprocessing(checkpoint_path: Path, loader) -> tuple[dict, str]:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.exit(command(main))
+    sys.exit(command(stops.at_once(main)))  # Ctrl-C or SIGTERM within about a second, the half-made folder removed

@@ -31,6 +31,7 @@ from inference.predict import CONFIG, PREPROCESSING, run_batched
 from inference.report import MEASURES, fmt_size, markdown
 from inference.routes import FORMATS as DECLARED
 from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner, routes_of
+from signals import stops
 from training.config.file import ConfigError
 from training.step import loss_mask
 
@@ -367,9 +368,11 @@ def export_folder(
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"{target.parent}: cannot make the folder ({error.strerror or error})") from None
-    lock = hold(target, replace)
-    folder = writes.temporary_folder(target)
+    lock = folder = None
     try:
+        with stops.finishing():  # taken with a stop signal held off, so that the cleanup below knows of both
+            lock = hold(target, replace)
+            folder = writes.temporary_folder(target)
         entries, failed = [], []
         for fmt in formats:
             try:
@@ -406,11 +409,15 @@ def export_folder(
             name, entries, inputs, task, options, validation, skipped, validation_split, source, outputs
         )
         write_extras(folder, report, inputs, task, source, outputs)
-        writes.replace_folder(folder, target)
+        with stops.finishing():  # a stop signal now is too late: the export is in place, and the command says so
+            writes.replace_folder(folder, target)
+            stops.finished()
     finally:
-        if folder.exists():
-            shutil.rmtree(folder)
-        writes.unlock(lock_path(target), lock)
+        with stops.finishing():  # a stop signal while a half-made folder is removed: raised once it is gone
+            if folder is not None and folder.exists():
+                shutil.rmtree(folder)
+            if lock is not None:
+                writes.unlock(lock_path(target), lock)
     return report
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from files.writes import open_append
+from signals import stops
 from training.config.file import ConfigError, closest
 
 INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a command Ctrl-C ended
@@ -124,7 +125,8 @@ class _TrainOnly(argparse.Action):
 
 def command(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs an entry point's ``main`` and returns its exit status, ending the ways every command ends alike:
-    Ctrl-C (KeyboardInterrupt) is one line and status 130; a closed pipe (``test.py ... | head -1``) ends quietly with
+    Ctrl-C (KeyboardInterrupt) is one line and status 130, another stop signal raised as ``stops.Interrupted`` one
+    line and 128 + its number; a closed pipe (``test.py ... | head -1``) ends quietly with
     141, the status a shell shows for a writer SIGPIPE ended; a ConfigError the command did not catch is one line
     and 2; so is an error raised because JAX cannot start the platform ``JAX_PLATFORMS`` names (``fail`` says
     that instead of what the command made of the error). Text the terminal's
@@ -213,6 +215,9 @@ def ended(main: Callable[[list[str] | None], int], argv: list[str] | None) -> in
     except KeyboardInterrupt:
         print("error: stopped by SIGINT (Ctrl-C)", file=sys.stderr)
         return INTERRUPTED
+    except stops.Interrupted as stop:  # SIGTERM in a command that stops at once (signals.stops.stop_at_once)
+        print(f"error: {stops.stopped_by(stop)}", file=sys.stderr)
+        return 128 + stop.signum
     except BrokenPipeError:
         # what is still buffered cannot be written either: stdout goes to /dev/null so that the flush at exit does
         # not raise (and print) the same error again

@@ -90,15 +90,33 @@ def check_config_writes(config: dict, run_dir: Path, source: str = CONFIG) -> No
             )
 
 
+# The folders a run writes files into by name (the profiler's traces, the trackers' event files): a link planted at
+# one would have them written wherever it points, and the libraries that write them follow it.
+RUN_FOLDERS = (
+    "profile",
+    "tensorboard",  # [feature: tracking]
+    "wandb",  # [feature: tracking] wandb's files, where WANDB_DIR does not send them elsewhere
+)
+
+
 def check_run_files(run_dir: Path) -> None:
-    """A ConfigError (one line, exit 2) when a link, a folder or a pipe stands where a run writes one of its files:
-    checked before a resume writes anything (numbered checkpoints too: a resume may rewrite or rotate them)."""
+    """A ConfigError (one line, exit 2) when a link, a folder or a pipe stands where a run writes one of its files,
+    or a link or a file where it writes into a folder (``RUN_FOLDERS``): checked before a resume writes anything
+    (numbered checkpoints too: a resume may rewrite or rotate them)."""
     numbered = [p.name for pattern in (epoch_checkpoint("*"), step_checkpoint("*")) for p in run_dir.glob(pattern)]
     for name in (*RUN_FILES, *log_files(), *numbered):
         try:
             refuse_unsafe(run_dir / name)
         except UnsafeFile as error:
             raise ConfigError(f"{error}; a run folder from elsewhere may hold planted links") from None
+    for name in RUN_FOLDERS:
+        path = run_dir / name
+        if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+            kind = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else "not a folder"
+            raise ConfigError(
+                f"{path}: {kind}, where the run writes into a folder of its own; a run folder from elsewhere may "
+                "hold planted links: remove it to resume"
+            )
 
 
 RUN_MARKS = (LOCK_NAME, METRICS)  # files only a run makes: a project's folder with a config.json has neither

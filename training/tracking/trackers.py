@@ -133,10 +133,16 @@ class TensorBoardTracker:
 
 
 def start_tensorboard(config: dict, run_dir: Path) -> TensorBoardTracker | None:
+    folder = Path(run_dir) / "tensorboard"
+    # tensorboardX writes through a link planted at the folder's name (train.py refuses one before a resume,
+    # training/run/location.py; this guards every other caller)
+    if folder.is_symlink() or (os.path.lexists(folder) and not folder.is_dir()):
+        log.warning(f"tensorboard: {folder} is a link or a file, not a folder; training goes on without tensorboard")
+        return None
     try:
         from tensorboardX import SummaryWriter
 
-        writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), flush_secs=30)
+        writer = SummaryWriter(str(folder), flush_secs=30)
     except Exception as error:
         log.warning(f"tensorboard: could not start ({type(error).__name__}: {error}); training goes on without it")
         return None
