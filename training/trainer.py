@@ -178,6 +178,8 @@ class Trainer:
             self.build_calls()
         self.compiled.start(self.steps_per_call.k, spec_of(self.train_state))
         self.resume_notes = self.checkpoints.resume(header, path, int(self.train_state["step"]))
+        if header.get("monitor") not in (None, self.settings.monitor):
+            self.resume_notes += restart_plateau(self)
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
         self.resumed_header = header
@@ -603,3 +605,22 @@ def settle(tree) -> None:
             leaf.block_until_ready()
         except (RuntimeError, AttributeError):
             pass
+
+
+def restart_plateau(trainer) -> list[str]:
+    """After a resume that changed trainer.monitor: reduce_on_plateau's best value (in the optimizer state) was of
+    the old metric, and compared with the new one every epoch would count as bad, so it starts afresh, like the
+    checkpoints' best; the rate reached so far is kept. Its one log line, or none without such a schedule."""
+    from training import optimizers
+
+    opt_state = trainer.train_state["opt_state"]
+    plateau = optimizers.plateau_state(opt_state)
+    if plateau is None:
+        return []
+    put = lambda value, like: jax.device_put(np.asarray(value, like.dtype), like.sharding)  # noqa: E731
+    fresh = plateau._replace(best=put(np.inf, plateau.best), bad_epochs=put(0, plateau.bad_epochs))
+    trainer.train_state = {**trainer.train_state, "opt_state": optimizers.with_plateau_state(opt_state, fresh)}
+    return [
+        f"reduce_on_plateau: its best value and patience count start afresh with the new monitor (its learning-rate "
+        f"scale so far, {float(plateau.scale):g}, is kept)"
+    ]
