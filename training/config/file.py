@@ -10,10 +10,14 @@ import difflib
 import hashlib
 import json
 import math
+import os
+import select
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
-from files.reads import MAX_JSON_BYTES, MAX_JSON_DEPTH, FileRefused, read_regular
+from files.reads import MAX_JSON_BYTES, MAX_JSON_DEPTH, FileRefused, read_regular, size_text
 
 # Past these a config is a typo or an attack, not a setting: nesting deeper than any real config, integers
 # wider than int64, a file larger than any config written by hand or by a tool (the largest shipped is a few kB).
@@ -21,6 +25,9 @@ from files.reads import MAX_JSON_BYTES, MAX_JSON_DEPTH, FileRefused, read_regula
 MAX_DEPTH = MAX_JSON_DEPTH
 MAX_INTEGER = 2**63 - 1
 MAX_CONFIG_BYTES = MAX_JSON_BYTES
+# A config given as a pipe (`-c /dev/stdin` after `jq ... |`, `-c <(jq ...)`) is read like a file, to the same bound,
+# but must be written whole and closed within this many seconds of the start: a pipe nobody writes never ends.
+PIPE_SECONDS = 10
 
 
 class ConfigError(Exception):
@@ -126,11 +133,12 @@ def encodable(text: str) -> bool:
 def read_json(path: str | Path, source: str | None = None) -> dict:
     """A JSON object from a UTF-8 file (a UTF-8 byte-order mark is allowed, as json.load allows it); errors name
     `source` (default: the path). Only a regular file of at most MAX_CONFIG_BYTES is read: a FIFO, a device or a
-    huge file is refused before it can block or fill memory."""
+    huge file is refused before it can block or fill memory. An anonymous pipe (`-c /dev/stdin` after `|`) is read
+    to the same bound within PIPE_SECONDS."""
     path = Path(path)
     source = source or str(path)
     try:
-        raw = read_regular(path, MAX_CONFIG_BYTES, "config file")
+        raw = read_config_bytes(path, MAX_CONFIG_BYTES)
     except FileRefused as error:
         raise ConfigError(str(error)) from None
     except FileNotFoundError:
@@ -156,6 +164,53 @@ def read_json(path: str | Path, source: str | None = None) -> dict:
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: the top level must be an object {{...}}")
     return config
+
+
+def read_config_bytes(path: Path, limit: int) -> bytes:
+    """A config file's bytes: a regular file's (``read_regular``: a named FIFO, a device or a larger file refused
+    before it is read), or an anonymous pipe's, what a shell hands over for `-c /dev/stdin` after `|` or for
+    `-c <(...)` (``read_pipe``: the same bound, within PIPE_SECONDS)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a named FIFO's open waits for no writer
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode) and anonymous_pipe(fd):
+            return read_pipe(fd, path, limit)
+    finally:
+        os.close(fd)
+    return read_regular(path, limit, "config file")
+
+
+def anonymous_pipe(fd: int) -> bool:
+    """Whether the pipe open at `fd` is one a shell made (Linux names it ``pipe:[inode]``), not a FIFO someone left
+    at a path, which stays refused as any file that is not regular."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:  # no /proc (not Linux): every pipe is refused, as before
+        return False
+
+
+def read_pipe(fd: int, path: Path, limit: int) -> bytes:
+    """What the pipe open at `fd` gives until its writer closes it: at most `limit` bytes, within PIPE_SECONDS of the
+    start; a ConfigError past either, so a pipe nobody writes (or that never ends, as `yes |`) is one line."""
+    seconds = PIPE_SECONDS
+    deadline = time.monotonic() + seconds
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise ConfigError(
+                f"{path}: a pipe not closed within {seconds:g} s of the start; a config from a pipe must be "
+                "written whole by then (or give a file)"
+            )
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:  # woken with nothing to read yet
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise ConfigError(f"{path}: a pipe of more than the {size_text(limit)} a config file may have")
+        chunks.append(chunk)
 
 
 def is_index(part: str) -> bool:
