@@ -16,6 +16,7 @@ Splits are a partition of the rows (the same as the CSV loader's: ``split_by`` "
 from __future__ import annotations
 
 import difflib
+import faulthandler
 import io
 import struct
 import zipfile
@@ -41,7 +42,30 @@ def _memmap(f, path: Path, name: str) -> np.ndarray:
         raise ValueError(f"{path}: array {name!r} holds Python objects, not numbers")
     if not shape or 0 in shape:
         return np.zeros(shape, dtype)
+    # A read past the end of a mapped file that another process cut short kills the process with SIGBUS, which
+    # Python cannot catch: ArraysDataset checks the files' sizes before every batch, and for a cut in the microseconds
+    # between that check and the read, faulthandler at least prints where (this module's get_batch) before it dies.
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     return np.memmap(f, dtype, "r", f.tell(), shape, order="F" if fortran else "C")
+
+
+def check_mapped(arrays: dict[str, np.ndarray], path: Path) -> None:
+    """A ValueError naming the file when a memory-mapped array's file is now shorter than the array: truncated or
+    rewritten by another process since it was opened. Reading the missing part would end the process with SIGBUS and
+    no message. The size comes from the mapping's own descriptor (the file opened, not whatever now has its name).
+    `path`: the .npz file or the folder of .npy files the arrays come from."""
+    for name, array in arrays.items():
+        mapping = getattr(array, "_mmap", None)  # np.memmap's mapping; None for arrays read into memory
+        if mapping is None:
+            continue
+        size, needed = mapping.size(), array.offset + array.nbytes
+        if size < needed:
+            where = path / f"{name}.npy" if path.is_dir() else f"{path} (member {name}.npy)"
+            raise ValueError(
+                f"{where}: {size_text(size)} now, shorter than the {size_text(needed)} its array {name!r} needs: the "
+                "file was cut short or rewritten while it was memory-mapped (another process writing it?)"
+            )
 
 
 def _npz_member(path: Path, f, archive: zipfile.ZipFile, info: zipfile.ZipInfo, mmap: bool) -> np.ndarray:
@@ -176,6 +200,7 @@ class ArraysDataset:
             inputs = {name: name for name in input}
         names = [inputs] if isinstance(inputs, str) else list(inputs.values())
         names += [name for name in (target, mask, group) if name is not None]
+        self.path = Path(path)
         self.arrays = open_arrays(path, list(dict.fromkeys(names)), mmap)
         lengths = {name: len(a) for name, a in self.arrays.items()}
         if len(set(lengths.values())) != 1:
@@ -201,6 +226,7 @@ class ArraysDataset:
         return len(self.rows)
 
     def get_batch(self, indices):
+        check_mapped(self.arrays, self.path)  # a mapped file cut short: a message, not SIGBUS
         rows = self.rows[indices]
         read = lambda name: _narrow(np.asarray(self.arrays[name][rows]), name, rows)  # noqa: E731
         batch = {
