@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 IGNORING_SIGINT = [
     sys.executable,
     "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
 ]
 
 
