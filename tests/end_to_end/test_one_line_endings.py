@@ -17,7 +17,6 @@ import pytest
 
 import sample
 from inference import predict
-from tests.conftest import make_idx_dataset
 from tests.end_to_end.test_train import ROOT, run
 from tests.end_to_end.test_untrusted_inputs import one_line, tiny_onnx
 from training.config.components import build
@@ -71,20 +70,6 @@ def test_cross_entropy_on_a_regression_csv_is_refused_before_the_run_folder(tmp_
     with pytest.raises(ConfigError, match=r"^config: metrics.1: perplexity cannot take the model's outputs float32"):
         fit(config, run_dir=tmp_path / "never")
     assert not (tmp_path / "never").exists()
-
-
-def test_named_targets_for_a_loss_of_one_are_refused_in_one_line(tmp_path):
-    """Before: AttributeError: 'dict' object has no attribute 'dtype' (the multi-task data with cross_entropy)."""
-    make_idx_dataset(tmp_path / "mnist", n_train=80, n_test=20)
-    config = json.loads((ROOT / "configs" / "mnist_multitask.json").read_text())
-    for spec in config["data_loader"].values():
-        spec["args"].update(data_dir=str(tmp_path / "mnist"), verify=False, validation_size=20, batch_size=20)
-    config["model"]["args"] = {"channels": [4, 8], "hidden": 16}
-    config["loss"], config["metrics"] = {"name": "cross_entropy"}, []
-    config["trainer"].update(save_dir=str(tmp_path / "saved"), monitor="min val/loss")
-    with pytest.raises(ConfigError, match=r"loss: cross_entropy takes one target, but the data has named targets "):
-        fit(config, run_dir=tmp_path / "never")
-    assert not (tmp_path / "never").exists() and not (tmp_path / "saved").exists()
 
 
 # ---------------------------------------------------------------------------------------- fit(run_dir=...) not a folder

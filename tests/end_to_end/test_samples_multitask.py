@@ -9,11 +9,13 @@ import json
 import numpy as np
 import pytest
 
+import utils
 from inference import exporter
 from tests.conftest import make_idx_dataset
 from tests.end_to_end.samples import epochs_of, finite, sample_config
 from tests.end_to_end.test_train import ROOT, run
 from tests.inference.test_export_cli import PREDICTABLE
+from training.config import file
 from training.run.figures import plots
 
 
@@ -76,3 +78,19 @@ def test_mnist_multitask_sample(tmp_path):
         assert "outputs digit (classification), ink (regression)" in lines[0]
         assert sum(line.startswith("  digit: ") for line in lines) == 2
         assert sum(line.startswith("  ink: mean ink = ") for line in lines) == 2
+
+
+def test_named_targets_for_a_loss_of_one_are_refused_in_one_line(tmp_path):
+    """(issue 48: here, beside the sample it reads, so that a project made without it loses both.) Before: AttributeError: 'dict' object has no attribute 'dtype' (the multi-task data with cross_entropy)."""
+    make_idx_dataset(tmp_path / "mnist", n_train=80, n_test=20)
+    config = json.loads((ROOT / "configs" / "mnist_multitask.json").read_text())
+    for spec in config["data_loader"].values():
+        spec["args"].update(data_dir=str(tmp_path / "mnist"), verify=False, validation_size=20, batch_size=20)
+    config["model"]["args"] = {"channels": [4, 8], "hidden": 16}
+    config["loss"], config["metrics"] = {"name": "cross_entropy"}, []
+    config["trainer"].update(save_dir=str(tmp_path / "saved"), monitor="min val/loss")
+    with pytest.raises(
+        file.ConfigError, match=r"loss: cross_entropy takes one target, but the data has named targets "
+    ):
+        utils.fit(config, run_dir=tmp_path / "never")
+    assert not (tmp_path / "never").exists() and not (tmp_path / "saved").exists()
