@@ -32,7 +32,7 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
 from files.writes import LOCK_NAME, METRICS, open_nofollow, try_lock, unlock, write_atomic
-from training.config.file import ConfigError, is_index, read_json
+from training.config.file import ConfigError, is_index, read_config_file
 from training.config.validation import load_config
 from training.devices.memory import host_available, show_bytes
 from training.run.cli import ArgumentParser, command, fail
@@ -106,7 +106,7 @@ def define(args) -> Sweep:
     grid_size = math.prod(len(p.candidates) for p in params if p.flag == "--grid")
     sampler = args.sampler or ("grid" if gridded else "tpe")
     trials = args.trials or (grid_size if gridded else 10)
-    definition = {"config": read_json(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample}
+    definition = {"config": read_config_file(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample}
     definition |= {"sampler": sampler, "prune": args.prune}
     name = args.study or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
     for wrong, message in (

@@ -183,12 +183,16 @@ def profile(config_path: str, overrides: list[str], steps: int, folder: str) -> 
 # ---------------------------------------------------------------------------------------------- orchestration
 def child(part: str, args, folder: str) -> dict:
     command = [sys.executable, __file__, "--child", part, "--steps", str(args.steps)] + ["--smoke"] * args.smoke
-    command += ["--out", str(Path(folder) / f"{part}.json")]
-    print(f"[{time.strftime('%H:%M:%S')}] {part}", flush=True)
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    return run_json(command, Path(folder) / f"{part}.json", part)
+
+
+def run_json(command: list, out: Path, label: str):
+    """`command` with ``--out out`` in a fresh process: the JSON it wrote, or {"error": its exception's line}."""
+    print(f"[{time.strftime('%H:%M:%S')}] {label}", flush=True)
+    done = subprocess.run([*command, "--out", str(out)], cwd=REPO, capture_output=True, text=True)
     if done.returncode:
         return {"error": last_error(done)}
-    return json.loads((Path(folder) / f"{part}.json").read_text())
+    return json.loads(out.read_text())
 
 
 def last_error(done) -> str:
@@ -201,17 +205,13 @@ def last_error(done) -> str:
 
 
 def lm(args, attention: str, variants: str, folder: str) -> dict:
-    out = Path(folder) / f"gpt2-{attention}.json"
-    command = [sys.executable, str(REPO / "benchmarks" / "lm_benchmark.py"), "--rounds", "1", "--out", str(out)]
+    command = [sys.executable, str(REPO / "benchmarks" / "lm_benchmark.py"), "--rounds", "1"]
     command += ["--steps", str(args.steps), "--variants", variants]
     command += [a for s in gpt2_sets(args.smoke, attention) for a in ("--set", s)]
     if args.nanogpt and "nanogpt" in variants:
         command += ["--nanogpt", args.nanogpt, "--compile"]
-    print(f"[{time.strftime('%H:%M:%S')}] gpt2 attention={attention} ({variants})", flush=True)
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if done.returncode:
-        return {"error": last_error(done)}
-    return json.loads(out.read_text())["results"]
+    found = run_json(command, Path(folder) / f"gpt2-{attention}.json", f"gpt2 attention={attention} ({variants})")
+    return found if "error" in found else found["results"]
 
 
 def graphs(args, folder: str) -> dict:
@@ -228,7 +228,7 @@ def graphs(args, folder: str) -> dict:
     return rows
 
 
-def tables(found: dict) -> str:
+def tables(found: dict, steps: int) -> str:
     out = []
     if "parity" in found:
         p = found["parity"]
@@ -251,7 +251,7 @@ def tables(found: dict) -> str:
                 continue
             for variant, runs in results.items():
                 r = runs[0]
-                ms = 1e3 * r["seconds"] / max(1, round(r["tokens_per_s"] * r["seconds"] / (12 * 1024)))
+                ms = 1e3 * r["seconds"] / steps  # each variant times `steps` steps (lm_benchmark.py)
                 out.append(
                     f"| {variant}, attention {attention} | {r['tokens_per_s']:,.0f} | {ms:.1f} | "
                     f"{r.get('steps_per_call', '-')} | {r.get('compile_s', '-')} |"
@@ -307,9 +307,9 @@ def main(argv=None) -> int:
                     found["gpt2"][attention] = lm(args, attention, "template" + (peer if i == 0 else ""), folder)
             elif part == "graphs" and not args.smoke:
                 found["graphs"] = graphs(args, folder)
-            text = header + "\n" + tables(found)
+            text = header + "\n" + tables(found, args.steps)
             Path(args.out).write_text(text + "\n<!--\n" + json.dumps(found, indent=1) + "\n-->\n")
-            print(tables({part: found[part]}) if part in found else "", flush=True)
+            print(tables({part: found[part]}, args.steps) if part in found else "", flush=True)
     print("\n" + text)
     return 0
 

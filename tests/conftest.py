@@ -36,6 +36,14 @@ except ImportError:
     pass
 from data_loader.sources.idx import write_idx
 
+# SIGINT ignored, as a script's background job (`... &`) inherits it: set, then the command exec'd with it
+IGNORING_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+]
+
 
 def make_idx_dataset(folder: Path, n_train: int = 300, n_test: int = 100, seed: int = 0) -> dict[str, str]:
     """Writes the four gz IDX files of a learnable toy task (the label is drawn as a bright row band) and returns

@@ -99,13 +99,18 @@ def class_count(preprocessing: dict, targets: Callable[[], np.ndarray]) -> tuple
     return largest + 1, f"classes (a label {largest} in its first batch)"
 
 
-def model_outputs(config: dict, model, loader, augment, source: str):
-    """The model's outputs traced on the data's input (``jax.ShapeDtypeStruct`` leaves, nothing compiled); a model
-    that cannot take the input is a ConfigError naming what to change."""
+def step_spec(loader, augment) -> dict:
+    """The batch as the step sees it (after the augmentation's ops); an op that cannot take this data is a
+    ConfigError naming its place in the list."""
     try:
-        spec = loader.spec if augment is None else augment.spec(loader.spec)
-    except ValueError as error:  # an op that cannot take this data (names its place in the list)
+        return loader.spec if augment is None else augment.spec(loader.spec)
+    except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def model_outputs(config: dict, model, spec: dict, source: str):
+    """The model's outputs traced on the batch's input (``jax.ShapeDtypeStruct`` leaves, nothing compiled); a model
+    that cannot take the input is a ConfigError naming what to change."""
     policy = policy_of(config["trainer"]["precision"])  # traced in the compute dtype, as the step runs it
     try:
         return jax.eval_shape(lambda x: policy.apply(model, *model.init(jax.random.PRNGKey(0), x), x)[0], spec["input"])
@@ -168,9 +173,11 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str, los
     would be NaN from the first step on), is refused naming what to change; so is a loss or metric (``loss_fn``,
     ``metrics``: the run's) that cannot take the outputs with the data's targets (``check_loss_takes_data``).
     Returns a classifier's number of outputs (None for other tasks and for models of several outputs)."""
-    outputs = model_outputs(config, model, loader, augment, source)
+    spec = step_spec(loader, augment)
+    outputs = model_outputs(config, model, spec, source)
     check_outputs_named(config, outputs, loader.spec.get("target"), source)
     tasks = output_tasks(config["loss"], loader.spec, loader.preprocessing)
+    width = None
     if tasks is None:
         target = loader.spec.get("target")
         if isinstance(target, dict):  # named targets, one loss for all of them
@@ -180,10 +187,7 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str, los
             )
         task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
         width = check_class_width(config, task, outputs, target, loader.preprocessing, loader, source)
-        if loss_fn is not None:
-            check_loss_takes_data(config, outputs, loader, augment, loss_fn, metrics, source)
-        return width
-    for output, task in tasks.items():  # each classifier head against its own target's classes
+    for output, task in (tasks or {}).items():  # each classifier head against its own target's classes
         target = loader.spec.get("target", {})
         check_class_width(
             config,
@@ -196,21 +200,17 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str, los
             output,
         )
     if loss_fn is not None:
-        check_loss_takes_data(config, outputs, loader, augment, loss_fn, metrics, source)
-    return None
+        check_loss_takes_data(config, outputs, spec, loss_fn, metrics, source)
+    return width
 
 
-def check_loss_takes_data(config: dict, outputs, loader, augment, loss_fn, metrics, source: str) -> None:
+def check_loss_takes_data(config: dict, outputs, spec: dict, loss_fn, metrics, source: str) -> None:
     """The loss and each metric traced (nothing compiled) on the model's outputs and the data's targets as the step
     gives them: one that cannot take them (labels of shape (B, 1) against two logits, a regression CSV's float
     targets given to cross_entropy) is refused naming it, before the run folder exists; not a traceback from the
     first step, after it."""
     from training.step import example_losses, loss_mask, target_of  # the step's own calls, traced as it makes them
 
-    try:
-        spec = loader.spec if augment is None else augment.spec(loader.spec)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
     checks = [("loss", config["loss"]["name"], lambda o, b: example_losses(loss_fn, o, b))]
     checks += [
         (f"metrics.{i}", metric.name, lambda o, b, m=metric: m.stats(o, target_of(b), loss_mask(b)))

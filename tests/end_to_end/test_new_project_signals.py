@@ -12,16 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import IGNORING_SIGINT
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-# SIGINT ignored, as a script's background job (`... &`) inherits it: set, then the command exec'd with it
-IGNORING_SIGINT = [
-    sys.executable,
-    "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
-]
 
 
 def started(target: Path) -> subprocess.Popen:

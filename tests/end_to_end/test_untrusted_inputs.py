@@ -288,7 +288,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     "script, at, args",
     [
         ("test.py", "training.run.checkpoint.restore", ["--run", "{run}"]),
-        ("sample.py", "training.config.file.read_json", ["--run", "{run}"]),
+        ("sample.py", "training.config.file.read_config_file", ["--run", "{run}"]),
         ("inference/predict.py", "numpy.load", ["{export}/tiny.onnx", "{export}/x.npy"]),
         pytest.param(
             "inference/convert_tflite.py",

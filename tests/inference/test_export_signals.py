@@ -7,24 +7,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import IGNORING_SIGINT
 from tests.inference.test_export_cli import run_dir, write_config  # noqa: F401 (the tiny run folder fixture)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-# SIGINT ignored, as a script's background job (`... &`) inherits it: set, then the command exec'd with it
-IGNORING_SIGINT = [
-    sys.executable,
-    "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
-]
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -15,7 +15,7 @@ import pytest
 
 from tests.end_to_end.test_train import ROOT
 from training.config import file
-from training.config.file import MAX_CONFIG_BYTES, ConfigError, read_json
+from training.config.file import MAX_CONFIG_BYTES, ConfigError, read_config_file
 
 
 def write_then_close(fd: int, data: bytes) -> threading.Thread:
@@ -37,7 +37,7 @@ def test_a_config_from_a_pipe_is_read():
     read, write = os.pipe()
     writer = write_then_close(write, json.dumps({"name": "piped", "trainer": {"epochs": 2}}).encode())
     try:
-        assert read_json(f"/proc/self/fd/{read}") == {"name": "piped", "trainer": {"epochs": 2}}
+        assert read_config_file(f"/proc/self/fd/{read}") == {"name": "piped", "trainer": {"epochs": 2}}
     finally:
         writer.join()
         os.close(read)
@@ -64,7 +64,7 @@ def test_a_pipe_nobody_writes_is_one_line_after_its_time(monkeypatch):
     started = time.monotonic()
     try:
         with pytest.raises(ConfigError, match=r"a pipe not closed within 0.3 s of the start"):
-            read_json(f"/proc/self/fd/{read}")
+            read_config_file(f"/proc/self/fd/{read}")
     finally:
         os.close(read), os.close(write)
     assert time.monotonic() - started < 3
@@ -75,7 +75,7 @@ def test_a_pipe_past_the_bound_is_one_line():
     writer = write_then_close(write, b" " * (MAX_CONFIG_BYTES + 1))
     try:
         with pytest.raises(ConfigError, match="a pipe of more than the 16 MB a config file may have"):
-            read_json(f"/proc/self/fd/{read}")
+            read_config_file(f"/proc/self/fd/{read}")
     finally:
         os.close(read)
         writer.join()

@@ -5,6 +5,7 @@ header's position, epoch and step are checked against each other and against the
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -12,14 +13,17 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from tests.end_to_end.test_train import make_config, run
 from tests.training.test_checkpoint_integrity import rewrite
+from training import optimizers
 from training.assembly import assemble
 from training.config.validation import validate
 from training.run import checkpoint
 from training.run.checkpoint import CheckpointError
 from training.trainer import Trainer
 
+SGD = {"name": "sgd", "args": {"lr": 0.1}}
 
-def make_trainer(tmp_path, name, batch=16, n=160, epochs=1, monitor="min train/loss", accumulate=1):
+
+def make_trainer(tmp_path, name, batch=16, n=160, epochs=1, monitor="min train/loss", accumulate=1, optimizer=SGD):
     config = validate(
         {
             "name": "t",
@@ -27,7 +31,7 @@ def make_trainer(tmp_path, name, batch=16, n=160, epochs=1, monitor="min train/l
             "model": {"name": "mlp", "args": {"num_classes": 5, "hidden": [8]}},
             "loss": {"name": "cross_entropy"},
             "metrics": [{"name": "accuracy"}],
-            "optimizer": {"name": "sgd", "args": {"lr": 0.1}},
+            "optimizer": optimizer,
             "data_loader": {"train": {"name": "mnist", "args": {"batch_size": batch}}},
             "trainer": {
                 "epochs": epochs,
@@ -166,3 +170,43 @@ def data_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data") / "mnist"
     make_idx_dataset(folder, n_train=330, n_test=90)
     return folder
+
+
+# A resume that changes trainer.monitor (max accuracy -> min loss) under a reduce_on_plateau schedule (issue 48, item 9):
+# the schedule's best value, kept in the optimizer state, was of the old metric too; compared with the new one every
+# epoch would count as bad and the rate would fall without a word. It starts afresh, as the checkpoints' best does,
+# saying so in one line, and its learning-rate scale so far is kept.
+PLATEAU_SGD = {
+    "name": "sgd",
+    "schedule": {"name": "reduce_on_plateau", "args": {"init_value": 0.1, "factor": 0.5, "patience": 0}},
+}
+
+
+def test_a_changed_monitor_starts_reduce_on_plateaus_best_afresh_saying_so(tmp_path):
+    first = make_trainer(tmp_path, "first", n=64, monitor="max train/accuracy", optimizer=PLATEAU_SGD)
+    first.init_state()
+    first.train()
+    saved = optimizers.plateau_state(first.train_state["opt_state"])
+    assert float(saved.best) < 0  # an accuracy, stored negated ("max": lower is better inside)
+
+    resumed = make_trainer(tmp_path, "resumed", n=64, epochs=2, optimizer=PLATEAU_SGD)
+    resumed.restore(first.run_dir / "checkpoint-latest.params")
+    fresh = optimizers.plateau_state(resumed.train_state["opt_state"])
+    assert math.isinf(float(fresh.best)) and int(fresh.bad_epochs) == 0
+    assert float(fresh.scale) == float(saved.scale)  # the rate reached so far is kept
+    said = [n for n in resumed.resume_notes if "reduce_on_plateau" in n]
+    assert len(said) == 1 and "start afresh" in said[0], resumed.resume_notes
+    resumed.train()  # the new metric's first value is its best: no reduction for it
+    after = optimizers.plateau_state(resumed.train_state["opt_state"])
+    assert float(after.scale) == float(saved.scale) and float(after.best) > 0
+
+
+def test_the_same_monitor_keeps_reduce_on_plateaus_state(tmp_path):
+    first = make_trainer(tmp_path, "first", n=64, optimizer=PLATEAU_SGD)
+    first.init_state()
+    first.train()
+    saved = optimizers.plateau_state(first.train_state["opt_state"])
+    resumed = make_trainer(tmp_path, "resumed", n=64, epochs=2, optimizer=PLATEAU_SGD)
+    resumed.restore(first.run_dir / "checkpoint-latest.params")
+    kept = optimizers.plateau_state(resumed.train_state["opt_state"])
+    assert float(kept.best) == float(saved.best) and not any("reduce_on_plateau" in n for n in resumed.resume_notes)

@@ -130,7 +130,7 @@ def encodable(text: str) -> bool:
     return True
 
 
-def read_json(path: str | Path, source: str | None = None) -> dict:
+def read_config_file(path: str | Path, source: str | None = None) -> dict:
     """A JSON object from a UTF-8 file (a UTF-8 byte-order mark is allowed, as json.load allows it); errors name
     `source` (default: the path). Only a regular file of at most MAX_CONFIG_BYTES is read: a FIFO, a device or a
     huge file is refused before it can block or fill memory. An anonymous pipe (`-c /dev/stdin` after `|`) is read

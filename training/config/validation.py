@@ -14,7 +14,7 @@ import copy
 from pathlib import Path
 
 from training.config.components import build
-from training.config.file import ConfigError, check_values, parse_override, read_json, set_path, show
+from training.config.file import ConfigError, check_values, parse_override, read_config_file, set_path, show
 from training.config.notebook_components import check_kernel_components
 from training.config.schema import (
     check_components,
@@ -30,7 +30,7 @@ from training.config.schema import (
 def validate(config: dict, source: str = "config.json") -> dict:
     """Checks the whole config and fills defaults; returns the resolved config (what gets saved). The sections in a
     fixed order, so that a config with several problems reports the same one first every time."""
-    check_values(config, source)  # read_json did for the file; this covers configs built in Python
+    check_values(config, source)  # read_config_file did for the file; this covers configs built in Python
     config = copy.deepcopy(config)
     check_top_level(config, source)
     names = check_components(config, source)
@@ -69,7 +69,7 @@ def load_config(path: str | Path, overrides: list[str] = (), source: str | None 
     folder's config whose components lived in a notebook's kernel is refused first, in one line."""
     source = source or str(path)
     check_kernel_components(Path(path).parent, source)
-    config = read_json(path, source)
+    config = read_config_file(path, source)
     for text in overrides:
         key, value = parse_override(text)
         set_path(config, key, value, f"--set {key}")

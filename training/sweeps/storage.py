@@ -25,28 +25,32 @@ def masked_url(url: str) -> str:
     query parameter. Messages, logs and files name a --storage only through this: they end up in SLURM logs and CI
     output. Where the URL is malformed more is hidden, never less: the user part runs to the last '@' before the
     query (SQLAlchemy takes the first; a password with an unquoted '@' is hidden whole either way)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:  # not a URL (refused as such), but it may still hold user:password@host
-        scheme, rest = "", url
-    path_start = rest.find("?") if "?" in rest else len(rest)
-    at = rest.rfind("@", 0, path_start)
-    if at >= 0 and ":" in rest[:at]:
-        user = rest[: rest.index(":")]
-        rest = f"{user}:{HIDDEN}{rest[at:]}"
-    rest = QUERY_PASSWORD.sub(lambda m: m.group(1) + HIDDEN, rest)
-    return f"{scheme}{sep}{rest}"
+    scheme, rest, span = parts(url)
+    if span:
+        rest = f"{rest[: span[0]]}{HIDDEN}{rest[span[1] :]}"
+    return f"{scheme}{QUERY_PASSWORD.sub(lambda m: m.group(1) + HIDDEN, rest)}"
 
 
 def secrets_of(url: str) -> list[str]:
     """The password texts a URL holds, as given and percent-decoded (a driver's message may quote either)."""
-    scheme, sep, rest = url.partition("://")
-    rest = rest if sep else url
-    found = []
-    at = rest.rfind("@", 0, rest.find("?") if "?" in rest else len(rest))
-    if at >= 0 and ":" in rest[:at]:
-        found.append(rest[rest.index(":") + 1 : at])
+    _, rest, span = parts(url)
+    found = [rest[span[0] : span[1]]] if span else []
     found += [m.group(0).split("=", 1)[1] for m in QUERY_PASSWORD.finditer(rest)]
     return sorted({s for raw in found for s in (raw, unquote(raw)) if s}, key=len, reverse=True)
+
+
+def parts(url: str) -> tuple[str, str, tuple[int, int] | None]:
+    """(the scheme with its "://", or "" where there is none; the rest; where the user part's password is in the
+    rest, or None): the user part runs to the last '@' before the query, its password from its first ':'."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # not a URL (refused as such), but it may still hold user:password@host
+        return "", url, password_span(url)
+    return scheme + sep, rest, password_span(rest)
+
+
+def password_span(rest: str) -> tuple[int, int] | None:
+    at = rest.rfind("@", 0, rest.find("?") if "?" in rest else len(rest))
+    return (rest.index(":") + 1, at) if at >= 0 and ":" in rest[:at] else None
 
 
 def masked(text: str, url: str | None) -> str:

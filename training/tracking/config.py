@@ -11,7 +11,7 @@ import string
 from pathlib import Path
 
 from files.writes import CONFIG
-from training.config.file import ConfigError, closest, read_json, show
+from training.config.file import ConfigError, closest, read_config_file, show
 
 WANDB_DEFAULTS = {
     "enabled": False,
@@ -79,7 +79,7 @@ def assign_wandb_id(config: dict, resume_dir: Path | None) -> None:
     run folder can be named after it."""
     if not wandb_on(config) or config["wandb"]["id"]:
         return
-    saved = read_json(resume_dir / CONFIG).get("wandb", {}) if resume_dir else {}
+    saved = read_config_file(resume_dir / CONFIG).get("wandb", {}) if resume_dir else {}
     config["wandb"]["id"] = saved.get("id") or new_run_id()
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.end_to_end.test_train import ROOT, data_dir, make_config, run  # noqa: F401  (data_dir is a fixture)
-from training.config.file import read_json
+from training.config.file import read_config_file
 from training.run.figures import plots
 from training.tracking.trackers import flatten, scalars
 
@@ -210,7 +210,7 @@ def test_wandb_offline_tensorboard_curves_and_resume(tmp_path, data_dir, no_netw
 
     # The run folder is named after the wandb run, whose id the folder's config keeps for resuming.
     (run_dir,) = (tmp_path / "saved" / "tiny").iterdir()
-    run_id = read_json(run_dir / "config.json")["wandb"]["id"]
+    run_id = read_config_file(run_dir / "config.json")["wandb"]["id"]
     assert re.fullmatch(r"\d{8}_\d{6}_[a-z0-9]{8}", run_dir.name) and run_dir.name.endswith(run_id)
     assert "total parameters: 25,450" in result.stdout and "devices: " in result.stdout  # the model summary
 
