@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from files.writes import remove_stale_folders, temporary_folder
+from files.writes import remove_folder, remove_stale_folders, temporary_folder
 from signals import stops
 
 TEMPLATE = Path(__file__).resolve().parent
@@ -131,7 +131,8 @@ def copy_tree(template: Path, target: Path, leave_out: set[str]) -> None:
             )
 
         dirs[:] = sorted(filter(keep, dirs))
-        (target / here).mkdir(exist_ok=True)
+        if here.parts:  # not the top, made already: a stop's undo may have removed it (files.writes.remove_folder)
+            (target / here).mkdir()
         for name in filter(keep, files):
             shutil.copy2(Path(folder) / name, target / here / name, follow_symlinks=False)
 
@@ -324,35 +325,41 @@ def create(target: Path, name: str, samples: list[str], without=(), template: Pa
     notes = []
     hold(target.parent)
     remove_stale_folders(target, "-")  # what a killed new_project.py left
-    building = None
-    try:
-        with stops.finishing():  # made with a stop signal held off, so that the cleanup below knows of it
-            building = temporary_folder(target, "-")
-        copy_tree(template, building, left_out(samples, without))
-        add_samples(template, building, samples, name, without)
-        for path, text in text_files(building):
-            new = moved(without_features(text, without), config_places(samples))
-            if new != text:
-                path.write_text(new)
-        fit_docs(building, name, samples)
-        for path, text in text_files(building):
-            for match in re.finditer(r'configs/([\w.-]+\.json)|"configs" / "([\w.-]+\.json)"', text):
-                if not (building / "configs" / (match[1] or match[2])).is_file():
-                    notes.append(f"{path.relative_to(building)} names configs/{match[1] or match[2]}, which the "
-                                 "project does not have")  # fmt: skip
-        if shutil.which("git"):
-            record_template(template, building, notes)
-            git_commit(building, notes)  # before the rename: a stop during it leaves no half-made repository
-        else:
-            notes.append("git is not installed: the folder is not a repository yet")
-        with stops.finishing():  # a stop signal now is too late: the project is in place, and the command says so
-            os.rename(building, target)  # over an empty target folder too, in one step
-            stops.finished()
-    except BaseException:
-        with stops.finishing():  # Ctrl-C or SIGTERM (stops.at_once): the half-made folder goes first
-            if building is not None:
-                shutil.rmtree(building, ignore_errors=True)
-        raise
+    made = {}  # the hidden folder, once made; ``undo`` removes it once, from either thread
+
+    def undo():
+        if (building := made.pop("building", None)) is not None:
+            remove_folder(building)
+
+    with stops.undone_on_stop(undo):  # a stop signal ends the command at once (stops.stop_at_once), undoing this
+        try:
+            with stops.finishing():  # made with a stop signal held off, so that the undo knows of it
+                made["building"] = building = temporary_folder(target, "-")
+            copy_tree(template, building, left_out(samples, without))
+            add_samples(template, building, samples, name, without)
+            for path, text in text_files(building):
+                new = moved(without_features(text, without), config_places(samples))
+                if new != text:
+                    path.write_text(new)
+            fit_docs(building, name, samples)
+            for path, text in text_files(building):
+                for match in re.finditer(r'configs/([\w.-]+\.json)|"configs" / "([\w.-]+\.json)"', text):
+                    if not (building / "configs" / (match[1] or match[2])).is_file():
+                        notes.append(f"{path.relative_to(building)} names configs/{match[1] or match[2]}, which the "
+                                     "project does not have")  # fmt: skip
+            if shutil.which("git"):
+                record_template(template, building, notes)
+                git_commit(building, notes)  # before the rename: a stop during it leaves no half-made repository
+            else:
+                notes.append("git is not installed: the folder is not a repository yet")
+            with stops.finishing():  # a stop signal now is too late: the project is in place, and the command says so
+                os.rename(building, target)  # over an empty target folder too, in one step
+                made.clear()
+                stops.finished()
+        except BaseException:
+            with stops.finishing():  # the half-made folder goes first
+                undo()
+            raise
     return notes
 
 
@@ -423,4 +430,4 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from training.run.cli import command  # standard library only, like this file
 
-    sys.exit(command(stops.at_once(main)))  # Ctrl-C or SIGTERM: the half-made folder removed, within a second
+    sys.exit(command(stops.at_once(main)))  # Ctrl-C or SIGTERM: the half-made folder removed, at once

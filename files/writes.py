@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -219,6 +220,30 @@ def unlock(path: str | Path, fd: int) -> None:
 def temporary_folder(target: Path, separator: str = ".") -> Path:
     """A new hidden folder beside ``target`` to build it in: ".<name><separator><8 random characters>"."""
     return Path(tempfile.mkdtemp(prefix=f".{target.name}{separator}", dir=target.parent))
+
+
+def remove_folder(folder: Path, tries: int = 10) -> None:
+    """Removes a folder ``temporary_folder`` made, though another thread of this process may still be writing in it
+    (a stop signal's undo, ``signals.stops.undone_on_stop``): renamed away first, so that a write by its old name
+    fails, and a file held at that name while the rest goes, so that no ``makedirs`` of a path inside makes it
+    again. The renamed folder keeps the temporary name's form: if a kill leaves it, the next builder of the same
+    target removes it (``remove_stale_folders``)."""
+    for _ in range(tries):
+        away = folder.with_name(folder.name[:-8] + secrets.token_hex(4))
+        try:
+            os.rename(folder, away)
+        except FileNotFoundError:
+            away = None
+        try:
+            held = os.open(folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
+        except FileExistsError:  # made again between the two
+            continue
+        finally:
+            if away is not None:
+                shutil.rmtree(away, ignore_errors=True)
+        os.close(held)
+        os.unlink(folder)
+        return
 
 
 def remove_stale_folders(target: Path, separator: str = ".") -> list[Path]:

@@ -40,8 +40,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: the repo's packa
 
 from signals import stops  # noqa: E402
 
-if __name__ == "__main__":  # before the heavy imports: a stop during them is noted, and raised once main starts
-    stops.defer_stops()
+if __name__ == "__main__":  # before the heavy imports: a stop during them ends the command at once too
+    stops.watch()
 
 import numpy as np  # noqa: E402
 
@@ -486,4 +486,4 @@ def run_preprocessing(checkpoint_path: Path, loader) -> tuple[dict, str]:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.exit(command(stops.at_once(main)))  # Ctrl-C or SIGTERM within about a second, the half-made folder removed
+    sys.exit(command(stops.at_once(main)))  # Ctrl-C or SIGTERM at once, the half-made folder removed

@@ -363,61 +363,65 @@ def export_folder(
     format and what still works. `skipped` says why there is no `validation` (the report carries it; random inputs
     alone are no pass on real data)."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
-    name = target.name
     try:  # the command checked that it can write there; this guards every other caller, and a folder made read-only
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"{target.parent}: cannot make the folder ({error.strerror or error})") from None
-    lock = folder = None
-    try:
-        with stops.finishing():  # taken with a stop signal held off, so that the cleanup below knows of both
-            lock = hold(target, replace)
-            folder = writes.temporary_folder(target)
-        entries, failed = [], []
-        for fmt in formats:
-            try:
-                entry = export_format(
-                    fmt,
-                    fn,
-                    forward,
-                    inputs,
-                    folder,
-                    name,
-                    validation,
-                    task,
-                    options,
-                    id_bound,
-                    log=log,
-                    outputs=outputs,
-                )
-            except ExportError as error:
-                failed.append(fmt)
-                warn(f"{fmt}: FAILED: {error}")
-                continue
-            entries.append(entry)
-            log(
-                f"{fmt}: {entry['file']} ({fmt_size(entry['bytes'])}, {entry['route']}): matches the JAX model"
-                + ("" if validation else " on random inputs only (no real data checked)")
+    made = {}  # the lock and the hidden folder, once taken; ``undo`` removes them once, from either thread
+
+    def undo():
+        if (folder := made.pop("folder", None)) is not None:
+            writes.remove_folder(folder)
+        if (lock := made.pop("lock", None)) is not None:
+            writes.unlock(lock_path(target), lock)
+
+    with stops.undone_on_stop(undo):  # a stop signal ends the command at once (stops.stop_at_once), undoing this
+        try:
+            with stops.finishing():  # taken with a stop signal held off, so that the undo knows of both
+                made["lock"] = hold(target, replace)
+                made["folder"] = folder = writes.temporary_folder(target)
+            report = export_into(
+                folder, target, formats, fn, forward, inputs, task, options, validation, skipped, id_bound, source,
+                validation_split, log, warn, outputs,
+            )  # fmt: skip
+            with stops.finishing():  # a stop signal now is too late: the export is in place, and the command says so
+                writes.replace_folder(folder, target)
+                stops.finished()
+        finally:
+            with stops.finishing():  # a stop signal while a half-made folder is removed: acted on once it is gone
+                undo()
+    return report
+
+
+def export_into(
+    folder, target, formats, fn, forward, inputs, task, options, validation, skipped, id_bound, source,
+    validation_split, log, warn, outputs,
+) -> dict:  # fmt: skip
+    """``write_export``'s work inside the hidden ``folder``: each format exported and checked, then the extras."""
+    name = target.name
+    entries, failed = [], []
+    for fmt in formats:
+        try:
+            entry = export_format(
+                fmt, fn, forward, inputs, folder, name, validation, task, options, id_bound, log=log, outputs=outputs
             )
-        if failed:
-            others = [f for f in formats if f not in failed]
-            hints = [f"--formats {','.join(others)} exports the others"] if others else []
-            if any(options.dynamic[f] for f in failed):
-                hints.append("a fixed batch (--batch N) avoids the symbolic-shape limits of some converters")
-            raise ExportError("export failed, nothing written" + "".join(f"; {h}" for h in hints))
-        report = build_report(
-            name, entries, inputs, task, options, validation, skipped, validation_split, source, outputs
+        except ExportError as error:
+            failed.append(fmt)
+            warn(f"{fmt}: FAILED: {error}")
+            continue
+        entries.append(entry)
+        log(
+            f"{fmt}: {entry['file']} ({fmt_size(entry['bytes'])}, {entry['route']}): matches the JAX model"
+            + ("" if validation else " on random inputs only (no real data checked)")
         )
-        write_extras(folder, report, inputs, task, source, outputs)
-        with stops.finishing():  # a stop signal now is too late: the export is in place, and the command says so
-            writes.replace_folder(folder, target)
-            stops.finished()
-    finally:
-        with stops.finishing():  # a stop signal while a half-made folder is removed: raised once it is gone
-            if folder is not None and folder.exists():
-                shutil.rmtree(folder)
-            if lock is not None:
-                writes.unlock(lock_path(target), lock)
+    if failed:
+        others = [f for f in formats if f not in failed]
+        hints = [f"--formats {','.join(others)} exports the others"] if others else []
+        if any(options.dynamic[f] for f in failed):
+            hints.append("a fixed batch (--batch N) avoids the symbolic-shape limits of some converters")
+        raise ExportError("export failed, nothing written" + "".join(f"; {h}" for h in hints))
+    report = build_report(name, entries, inputs, task, options, validation, skipped, validation_split, source, outputs)
+    write_extras(folder, report, inputs, task, source, outputs)
     return report
 
 

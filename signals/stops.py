@@ -11,7 +11,10 @@ below data and training: the image-folder loader's decoding stops at the same sa
 from __future__ import annotations
 
 import functools
+import os
 import signal
+import sys
+import threading
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -94,24 +97,29 @@ def stop_at_next_step(trainer) -> None:
 AT_ONCE = (signal.SIGINT, signal.SIGTERM)
 
 
+def stop_line(signum: int) -> str:
+    """The one line of a command a stop signal ended (without the ``error: `` every command's errors start with)."""
+    return f"stopped by {signal.Signals(signum).name}" + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+
+
 class _AtOnce:
-    noted: list[int] = []  # signals received while stop_at_once's handlers are in place
-    raised = False  # whether the first was raised already
-    finishing = 0  # depth of ``finishing`` blocks the main thread is in (1 from ``defer_stops`` to the command's start)
-    previous: dict = {}  # the handlers before them
+    lock = threading.RLock()  # held while deciding to end: a ``finishing`` block's edges and the end never interleave
+    undo: list = []  # what removes a half-made result, run before the process ends
+    finishing = 0  # depth of ``finishing`` blocks the main thread is in
+    pending: int | None = None  # a signal received in a ``finishing`` block, acted on at its end
+    done = False  # ``finished()``: the result is in place
+    watching: tuple | None = None  # (read end, write end, the previous wakeup descriptor, the previous handlers)
+    stderr = -1  # standard error as it was when watching began: a converter may point descriptor 2 at /dev/null
 
 
-def defer_stops() -> None:
-    """At the top of a command's script, before its heavy imports (an exception raised inside the import of a native
-    extension may crash the process instead of ending it): SIGINT and SIGTERM are noted from here on, and raised as
-    the command starts (``at_once``)."""
-    _AtOnce.noted, _AtOnce.raised, _AtOnce.finishing = [], False, 1
-    _AtOnce.previous = {signum: signal.signal(signum, _stop_now) for signum in AT_ONCE}
+def watch() -> None:
+    """At the top of a command's script, before its heavy imports: from here on SIGINT and SIGTERM end the command
+    at once (``stop_at_once``); with nothing half-made yet, nothing is removed."""
+    _watch()
 
 
 def at_once(main):
-    """An entry point's ``main`` run under ``stop_at_once``: ``command(at_once(main))``, so the stop's exception ends
-    the command as any Ctrl-C does (one line, 128 + the signal's number)."""
+    """An entry point's ``main`` run under ``stop_at_once``: ``command(at_once(main))``."""
 
     @functools.wraps(main)
     def run(argv=None):
@@ -123,59 +131,127 @@ def at_once(main):
 
 @contextmanager
 def stop_at_once():
-    """A command that builds its result in a temporary folder and renames it into place: SIGINT raises
-    KeyboardInterrupt and SIGTERM ``Interrupted`` at the next Python line of the main thread (within about a second
-    where a converter or a compiler holds it in native code), so its ``except``/``finally`` blocks remove what was
-    half-made before it exits. Installed even where SIGINT was inherited ignored (a job started with ``&`` by a
-    script): a stop the user sent must not wait for minutes of converting. Only the first signal raises; later ones
-    (a second Ctrl-C) are noted while the cleanup runs, so it completes; a signal during a ``finishing`` block is
-    raised at its end, one since ``defer_stops`` at once. The previous handlers come back at the end."""
-    if not (_AtOnce.finishing == 1 and _AtOnce.previous):  # not deferred since the script's top
-        _AtOnce.noted, _AtOnce.raised = [], False
-        _AtOnce.previous = {signum: signal.signal(signum, _stop_now) for signum in AT_ONCE}
-    _AtOnce.finishing = 0
+    """A command that builds its result in a temporary folder and renames it into place: SIGINT or SIGTERM ends it
+    at once, even while a converter or a compiler holds the main thread in native code. A watcher thread learns of
+    the signal (``signal.set_wakeup_fd``), runs what ``undone_on_stop`` registered (the half-made folder removed, the
+    lock released), prints one line and exits with 128 + the signal's number (``os._exit``). Nothing is raised in the
+    main thread: an exception raised at an arbitrary Python line lands in callbacks native code makes (a garbage
+    collector's hook swallows it; one inside a C++ extension aborts the process). A signal during a ``finishing``
+    block ends the command at the block's end; one after ``finished()`` is ignored, the result being whole. Installed
+    even where SIGINT was inherited ignored (a job started with ``&`` by a script): a stop the user sent must not
+    wait for minutes of converting. The previous handlers come back at the end."""
+    _watch()  # unless watched since the script's top (``watch``)
     try:
-        if _AtOnce.noted:
-            _raise_first()
         yield
     finally:
-        for signum, handler in _AtOnce.previous.items():
-            signal.signal(signum, handler)
-        _AtOnce.previous = {}
+        _unwatch()
 
 
-def _stop_now(signum, frame):
-    _AtOnce.noted.append(signum)
-    if not _AtOnce.raised and not _AtOnce.finishing:
-        _raise_first()
+@contextmanager
+def undone_on_stop(undo):
+    """``undo()`` runs if a stop signal ends the command while in this block, from the watcher thread while the main
+    thread may still run: it must be safe to run twice, and alongside what it undoes."""
+    _AtOnce.undo.append(undo)
+    try:
+        yield
+    finally:
+        _AtOnce.undo.remove(undo)
 
 
-def _raise_first():
-    _AtOnce.raised = True
-    signum = _AtOnce.noted[0]
-    raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+def _watch() -> None:
+    if _AtOnce.watching is not None:
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)  # the C-level handler must never block
+    previous = {signum: signal.signal(signum, _noted) for signum in AT_ONCE}
+    wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    _AtOnce.undo, _AtOnce.finishing, _AtOnce.pending, _AtOnce.done = [], 0, None, False
+    _AtOnce.watching = (read, write, wakeup, previous)
+    _AtOnce.stderr = os.dup(2)
+    threading.Thread(target=_wait, args=(read,), name="stop-at-once", daemon=True).start()
+
+
+def _unwatch() -> None:
+    if _AtOnce.watching is None:
+        return
+    read, write, wakeup, previous = _AtOnce.watching
+    _AtOnce.watching = None
+    signal.set_wakeup_fd(wakeup)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    os.close(write)  # the watcher reads the end of the pipe and returns; it closes its end
+    os.close(_AtOnce.stderr)
+
+
+def _noted(signum, frame) -> None:
+    """The Python-level handler: the signal is acted on by the watcher, which the wakeup descriptor told."""
+
+
+def _wait(read: int) -> None:
+    try:
+        while received := os.read(read, 64):
+            for signum in received:
+                if signum in AT_ONCE:
+                    _stop(signum)
+    finally:
+        os.close(read)
+
+
+def _stop(signum: int) -> None:
+    with _AtOnce.lock:
+        if _AtOnce.done:
+            return
+        if _AtOnce.finishing:
+            _AtOnce.pending = _AtOnce.pending or signum
+            return
+        _end(signum)
+
+
+def _end(signum: int) -> None:
+    """Undoes what is half-made, says so in one line and ends the process (no Python cleanup: the main thread may be
+    anywhere, in native code included)."""
+    # first what the command printed, by a helper thread given a second: the main thread may hold a stream's lock,
+    # blocked on a pipe no one reads
+    flushing = threading.Thread(target=_flush, daemon=True)
+    flushing.start()
+    flushing.join(timeout=1)
+    for undo in reversed(_AtOnce.undo):
+        try:
+            undo()
+        except BaseException:  # noqa: BLE001, S110 (what one undo could not remove, the next run of the command does)
+            pass
+    try:
+        os.write(_AtOnce.stderr, f"error: {stop_line(signum)}\n".encode())
+    finally:
+        os._exit(128 + signum)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 @contextmanager
 def finishing():
     """A step that must end once begun (renaming a finished folder into place, removing a half-made one): a stop
-    signal received in it is raised at its end, not in its middle. Without ``stop_at_once``'s handlers (train.py's
-    own, or none) it changes nothing."""
-    _AtOnce.finishing += 1
+    signal received in it ends the command at its end, not in its middle. Without ``stop_at_once`` (train.py, or
+    none) it changes nothing."""
+    with _AtOnce.lock:
+        _AtOnce.finishing += 1
     try:
         yield
     finally:
-        _AtOnce.finishing -= 1
-    if not _AtOnce.finishing and _AtOnce.noted and not _AtOnce.raised:
-        _raise_first()
+        with _AtOnce.lock:
+            _AtOnce.finishing -= 1
+            if not _AtOnce.finishing and _AtOnce.pending is not None and not _AtOnce.done:
+                _end(_AtOnce.pending)
 
 
 def finished() -> None:
-    """The command's result is in place (renamed there in a ``finishing`` block): a stop signal from now on is not
-    raised, since all that is left is to say so; it would report a stop while the result is whole."""
-    _AtOnce.raised = True
-
-
-def stopped_by(error: Interrupted) -> str:
-    """The one line of a command stop_at_once stopped by a signal other than SIGINT."""
-    return f"stopped by {signal.Signals(error.signum).name}"
+    """The command's result is in place (renamed there in a ``finishing`` block): a stop signal from now on is
+    ignored, since all that is left is to say so; it would report a stop while the result is whole."""
+    with _AtOnce.lock:
+        _AtOnce.done = True

@@ -213,10 +213,10 @@ def ended(main: Callable[[list[str] | None], int], argv: list[str] | None) -> in
         finally:
             sys.stdout.flush()  # here, where a closed pipe is caught, not at exit (argparse's --help exits too)
     except KeyboardInterrupt:
-        print("error: stopped by SIGINT (Ctrl-C)", file=sys.stderr)
+        print(f"error: {stops.stop_line(signal.SIGINT)}", file=sys.stderr)
         return INTERRUPTED
-    except stops.Interrupted as stop:  # SIGTERM in a command that stops at once (signals.stops.stop_at_once)
-        print(f"error: {stops.stopped_by(stop)}", file=sys.stderr)
+    except stops.Interrupted as stop:  # a stop signal a safe point raised (signals.stops.safe_point)
+        print(f"error: {stops.stop_line(stop.signum)}", file=sys.stderr)
         return 128 + stop.signum
     except BrokenPipeError:
         # what is still buffered cannot be written either: stdout goes to /dev/null so that the flush at exit does
