@@ -39,7 +39,7 @@ from training.run.cli import ArgumentParser, command, fail
 from training.sweeps.folder import JOURNAL, LinkedFolder, check_folder
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
-from training.sweeps.storage import REFUSED, JournalRefused, check_journal, masked, masked_url
+from training.sweeps.storage import REFUSED, JournalRefused, check_journal, masked, masked_url, secrets_of
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
@@ -462,6 +462,12 @@ def main(argv=None) -> int:
     arguments, 130/143 stopped by SIGINT/SIGTERM (the same command continues)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.storage and secrets_of(args.storage) and args.worker == 0:
+        print(
+            "warning: --storage holds a password, which other users of this machine can read in the process list "
+            "(ps); leave it out of the URL and give it through PGPASSWORD or ~/.pgpass",
+            file=sys.stderr,
+        )
     try:
         sweep = define(args)
         study, storage = open_study(args, sweep)
