@@ -149,13 +149,36 @@ def focal_loss(
     return _mean_over_examples(loss, mask)
 
 
-@register("loss", task="multilabel")
-def binary_cross_entropy(logits: jax.Array, labels: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-    """Sigmoid cross-entropy of ``logits`` against labels in [0, 1] of the same shape (multi-label allowed)."""
+def _check_binary_cross_entropy(pos_weight: float | list = 1.0) -> None:
+    # a list is one weight per label (the last axis); its length is checked against the logits once they exist
+    if isinstance(pos_weight, (list, tuple)):
+        if not pos_weight:
+            raise ValueError("pos_weight: expected a number or a list of one weight per label, got []")
+        for i, weight in enumerate(pos_weight):
+            check_range(weight, f"pos_weight.{i}")
+    else:
+        check_range(pos_weight, "pos_weight")
+
+
+@register("loss", task="multilabel", check=_check_binary_cross_entropy)
+def binary_cross_entropy(
+    logits: jax.Array, labels: jax.Array, *, pos_weight: float | list = 1.0, mask: jax.Array | None = None
+) -> jax.Array:
+    """Sigmoid cross-entropy of ``logits`` against labels in [0, 1] of the same shape (multi-label allowed).
+
+    ``pos_weight`` p (a number, or one per label: the last axis) weighs the positive term, as PyTorch's
+    ``BCEWithLogitsLoss(pos_weight=...)``: ``-(p * y * log sigmoid(x) + (1 - y) * log(1 - sigmoid(x)))``. For a
+    rare positive class, p = negatives / positives (9 for a 1:9 imbalance) makes both classes weigh alike.
+    """
     _check_same_shape(logits, labels)
     labels = labels.astype(logits.dtype)
-    # softplus(x) - x * y equals -y log sigmoid(x) - (1 - y) log sigmoid(-x) without overflow at large |x|.
-    return _mean_over_examples(jax.nn.softplus(logits) - logits * labels, mask)
+    if isinstance(pos_weight, (list, tuple)):
+        if len(pos_weight) != logits.shape[-1]:
+            raise ValueError(f"pos_weight: {len(pos_weight)} weights for logits of {logits.shape[-1]} labels")
+        pos_weight = jnp.asarray(pos_weight, logits.dtype)
+    # -log sigmoid(x) = softplus(-x) and -log sigmoid(-x) = x + softplus(-x): no overflow at large |x|
+    weight = 1.0 + (pos_weight - 1.0) * labels
+    return _mean_over_examples((1.0 - labels) * logits + weight * jax.nn.softplus(-logits), mask)
 
 
 @register("loss", task="regression")

@@ -135,6 +135,43 @@ def test_binary_cross_entropy():
     )
 
 
+def _torch_bce_with_logits(logits, labels, pos_weight):
+    """PyTorch's BCEWithLogitsLoss(pos_weight=p, reduction="none") as its documentation writes it:
+    -(p * y * log sigmoid(x) + (1 - y) * log(1 - sigmoid(x))), in float64, then the mean over the labels."""
+    x, y = np.asarray(logits, np.float64), np.asarray(labels, np.float64)
+    sigmoid = 1.0 / (1.0 + np.exp(-x))
+    return (-(pos_weight * y * np.log(sigmoid) + (1 - y) * np.log(1 - sigmoid))).mean(-1)
+
+
+@pytest.mark.parametrize("pos_weight", [1.0, 9.0, 0.25, [0.5, 2.0, 9.0, 1.0]])
+def test_binary_cross_entropy_pos_weight_matches_pytorchs_formula(pos_weight):
+    own = np.random.default_rng(49)  # its own draws: the module's stream feeds the gradient checks below
+    logits = jnp.asarray(3.0 * own.standard_normal((B, 4)), jnp.float32)
+    labels = jnp.asarray(own.random((B, 4)), jnp.float32)
+    hard = (labels > 0.5).astype(jnp.float32)
+    for target in (labels, hard):
+        got = losses.binary_cross_entropy(logits, target, pos_weight=pos_weight)
+        _close(got, _torch_bce_with_logits(logits, target, np.asarray(pos_weight)))
+    check_grads(lambda x: losses.binary_cross_entropy(x, labels, pos_weight=pos_weight), (logits / 3,), order=1)
+    # stable where sigmoid rounds to 0 or 1: the loss and its gradient stay finite and exact
+    big = jnp.asarray(200.0 * own.choice([-1.0, 1.0], (B, 4)), jnp.float32)
+    value = losses.binary_cross_entropy(big, hard, pos_weight=pos_weight)
+    grad = jax.grad(lambda x: losses.binary_cross_entropy(x, hard, pos_weight=pos_weight).sum())(big)
+    weights = np.broadcast_to(np.asarray(pos_weight), (B, 4))
+    wrong = np.where(np.asarray(hard) > 0, weights * np.maximum(-np.asarray(big), 0), np.maximum(np.asarray(big), 0))
+    _close(value, wrong.mean(-1))
+    assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_binary_cross_entropy_pos_weight_is_checked():
+    with pytest.raises(ValueError, match="pos_weight: 2 weights for logits of 4 labels"):
+        losses.binary_cross_entropy(jnp.zeros((B, 4)), jnp.zeros((B, 4)), pos_weight=[1.0, 2.0])
+    with pytest.raises(ValueError, match="pos_weight.1: must be >= 0"):
+        losses._check_binary_cross_entropy(pos_weight=[1.0, -2.0])
+    with pytest.raises(ValueError, match="pos_weight: must be >= 0"):
+        losses._check_binary_cross_entropy(pos_weight=-1)
+
+
 def test_regression_losses():
     outputs, targets = _logits(B, 3, 2), _logits(B, 3, 2)
     o, t = np.asarray(outputs, np.float64), np.asarray(targets, np.float64)
