@@ -18,7 +18,8 @@ the logit is positive, targets 0/1 of shape (B, ...) or (B, ..., 1). Counts are 
 Multi-label metrics (``binary_accuracy``, ``multilabel_*``) take logits and 0/1 targets of the same shape, e.g.
 attributes (B, L) or segmentation masks (B, H, W, 1); an element is predicted positive when its probability
 exceeds ``threshold`` (0.5: a positive logit), and the labels are the last axis. A per-element mask covers the
-leading axes of the outputs, e.g. (B, H, W) for masks (B, H, W, 1).
+leading axes of the outputs, e.g. (B, H, W) for masks (B, H, W, 1). ``roc_auc`` and ``pr_auc`` take the same logits
+and targets and judge the ranking, no threshold: their stats are histograms of the logits (``AUC_BINS``).
 
 Zero division gives 0, as sklearn's ``zero_division=0``: a class never predicted has precision 0, a class with no
 true examples has recall 0. Macro averages, like sklearn's default, run over the classes that occur in the targets
@@ -341,6 +342,86 @@ def mean_iou(average: str = "macro", threshold: float = 0.5) -> Metric:
         stats,
         _thresholded_name("iou_per_class", threshold),
     )
+
+
+# ROC-AUC and PR-AUC need every score of the split, ranked; stats that add up across batches hold a histogram of the
+# logits per label instead: AUC_BINS equal bins of the logit over [-AUC_LOGIT_RANGE, AUC_LOGIT_RANGE] (probabilities
+# 1e-7 to 1 - 1e-7; logits beyond go to the end bins), positives and negatives counted apart. The result is the exact
+# AUC of the logits rounded to their bins: it differs from the unbinned AUC only through pairs of a positive and a
+# negative in one bin (width 1/64 of a logit), counted as ties (half). Logit bins, not probability bins, keep that
+# resolution where a confident model puts most of its scores (probabilities near 0 or 1).
+AUC_BINS = 2048
+AUC_LOGIT_RANGE = 16.0
+
+
+def _score_histograms(outputs, targets, mask=None) -> Stats:
+    """Per label (the last axis; every other axis pooled): the weights of the negatives and of the positives
+    (target > 0.5) in each logit bin, each (L, AUC_BINS) in rising order of the logit."""
+    _check_same_shape(outputs, targets)
+    num_labels = outputs.shape[-1]
+    w = _weights(mask, outputs)
+    w = jnp.where(w > 0, w, 0.0).reshape(-1, num_labels)
+    x = outputs.astype(jnp.float32).reshape(-1, num_labels)
+    x = jnp.where(jnp.isnan(x), 0.0, x)  # padding may hold NaN: its weight is 0, its bin any valid one
+    scaled = (x + AUC_LOGIT_RANGE) * (AUC_BINS / (2 * AUC_LOGIT_RANGE))
+    bins = jnp.clip(jnp.floor(scaled), 0, AUC_BINS - 1).astype(jnp.int32)
+    positive = (targets.reshape(-1, num_labels) > 0.5).astype(jnp.int32)
+    labels = jnp.broadcast_to(jnp.arange(num_labels), bins.shape)
+    counts = jnp.zeros((2, num_labels, AUC_BINS), jnp.float32).at[positive, labels, bins].add(w)
+    return {"negatives": counts[0], "positives": counts[1]}
+
+
+def _roc_auc(stats: Stats) -> tuple[jax.Array, jax.Array]:
+    """(per-label ROC-AUC, whether it is defined): the Mann-Whitney U over positives x negatives, a pair in one bin
+    counting half."""
+    positives, negatives = stats["positives"], stats["negatives"]
+    below = jnp.cumsum(negatives, axis=-1) - negatives  # negatives in lower bins than each bin
+    wins = (positives * (below + 0.5 * negatives)).sum(-1)
+    total_p, total_n = positives.sum(-1), negatives.sum(-1)
+    return _divide(wins, total_p * total_n), (total_p > 0) & (total_n > 0)
+
+
+def _average_precision(stats: Stats) -> tuple[jax.Array, jax.Array]:
+    """(per-label average precision, whether it is defined), as sklearn's ``average_precision_score``: the sum over
+    thresholds (the bins, highest first) of the recall gained times the precision there."""
+    positives, negatives = stats["positives"][..., ::-1], stats["negatives"][..., ::-1]
+    true_positives = jnp.cumsum(positives, axis=-1)
+    precision = _divide(true_positives, true_positives + jnp.cumsum(negatives, axis=-1))
+    total_p = positives.sum(-1)
+    return _divide((positives * precision).sum(-1), total_p), total_p > 0
+
+
+def _ranking(name: str, per_label: Callable[[Stats], tuple], average: str) -> Metric:
+    if average not in ("macro", "none"):
+        raise ValueError(f"average: must be 'macro' or 'none', got {average!r}")
+
+    def result(stats):
+        scores, defined = per_label(stats)
+        if average == "none":
+            return scores
+        return _divide(jnp.where(defined, scores, 0.0).sum(), defined.sum())
+
+    return Metric(name if average == "macro" else f"{name}_per_label", _score_histograms, result)
+
+
+@register("metrics")
+def roc_auc(average: str = "macro") -> Metric:
+    """Area under the ROC curve per label of sigmoid logits (B, ..., L) against 0/1 targets of the same shape (a
+    binary classifier: L = 1): the chance that a random positive scores above a random negative, ties half. No
+    threshold: it judges the ranking. Binned (``AUC_BINS``, above), so exact across batches up to pairs within a
+    bin. ``average`` "macro": the mean over labels that have both positives and negatives; "none": the vector (L,)
+    (0 for a label without both), logged as ``roc_auc_per_label``."""
+    return _ranking("roc_auc", _roc_auc, average)
+
+
+@register("metrics")
+def pr_auc(average: str = "macro") -> Metric:
+    """Area under the precision-recall curve as average precision (sklearn's ``average_precision_score``: the
+    precision at each threshold weighed by the recall it adds, no interpolation), per label of sigmoid logits
+    against 0/1 targets of the same shape; binned as ``roc_auc``. A random ranking scores the share of positives,
+    so it says more than ROC-AUC about a rare class. ``average`` "macro": the mean over labels with positives;
+    "none": the vector (L,), logged as ``pr_auc_per_label``."""
+    return _ranking("pr_auc", _average_precision, average)
 
 
 def _regression_stats(error_fn: Callable[[jax.Array], jax.Array], key: str):
