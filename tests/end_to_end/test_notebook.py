@@ -32,6 +32,9 @@ def test_the_walkthrough_notebook_runs_in_a_jupyter_kernel(monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the kernel inherits the environment
     notebook = nbformat.read(ROOT / "docs" / "walkthrough.ipynb", as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")  # stored clean
+    # the export cell run again, as a user reruns a notebook: the same-named export is replaced, not refused
+    export_cell = next(c for c in notebook.cells if c.cell_type == "code" and "convert_tflite.py" in c.source)
+    notebook.cells.append(nbformat.v4.new_code_cell(export_cell.source))
     # and, in the same kernel, a model registered in a cell: its run folder is refused by test.py, in one line
     notebook.cells.append(nbformat.v4.new_code_cell(KERNEL_MODEL))
     # from docs/, where Jupyter opens it
@@ -42,8 +45,8 @@ def test_the_walkthrough_notebook_runs_in_a_jupyter_kernel(monkeypatch):
     assert "epoch 1/5" in trained and "epoch 5/5" in trained and "config.json" in trained and "'model'" in trained
     evaluated = text(next(c for c in code if "load_run(run_dir)" in c.source))
     assert "accuracy on 16 images:" in evaluated and "task: classification" in evaluated
-    exported = text(next(c for c in code if "convert_tflite.py" in c.source))
-    assert "largest difference from the JAX model:" in exported
+    exported, again = (text(c) for c in code if "convert_tflite.py" in c.source)
+    assert "largest difference from the JAX model:" in exported and "largest difference from the JAX model:" in again
     refused = text(code[-1]).splitlines()[-2:]  # after the fit's own lines
     assert refused == [
         "exit status 2",
