@@ -59,11 +59,10 @@ def parse_args(argv=None):
     add("--run-id", help="run folder name (default: a timestamp)")
     add(
         "--list",
-        nargs="?",
-        const="all",
+        nargs="*",
         metavar="KIND",
-        help="print the components a config may name, with their arguments, and exit: every kind, or one (model, "
-        "loss, metrics, optimizer, transforms, schedule, data_loader, augment, callbacks), or the layers",
+        help="print the components a config may name, with their arguments, and exit: every kind, or those named "
+        "(model, loss, metrics, optimizer, transforms, schedule, data_loader, augment, callbacks, layers)",
     )
     debug = parser.add_argument_group("debug modes").add_argument
     debug(
@@ -106,8 +105,8 @@ def main(argv=None) -> int:
 def train(args) -> int:
     """The run in order: config, data, state, run folder, training, exit status. Between phases a stop signal
     ends the start-up (``stops.safe_point``); nothing is loaded or compiled before the config passed."""
-    if args.list:
-        return list_components(args.list)
+    if args.list is not None:
+        return list_components(args.list or ["all"])
     setup_logging(None)  # the console until the run folder exists
     launch.start(args)  # jax.distributed, before anything touches a device [feature: processes]
     config, resume_dir, run = read_config(args)
@@ -138,9 +137,9 @@ def train(args) -> int:
     return status
 
 
-def list_components(kind: str) -> int:
+def list_components(kinds: list[str]) -> int:
     try:
-        print(components_text(kind))
+        print("\n".join([components_text(kind) for kind in kinds]))  # every kind checked before any is printed
     except ConfigError as error:
         fail(str(error))
     return 0

@@ -74,9 +74,14 @@ def test_train_py_lists_every_registered_component():
     assert one.stdout.splitlines()[0] == "schedule:" and len(one.stdout.splitlines()) == 1 + len(
         components.available("schedule")
     )
-    bad = subprocess.run(
-        [sys.executable, "train.py", "--list", "lossses"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    two = subprocess.run(
+        [sys.executable, "train.py", "--list", "loss", "metrics"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
+    assert [line for line in two.stdout.splitlines() if not line.startswith("  ")] == ["loss:", "metrics:"], two.stderr
+    bad = subprocess.run(
+        [sys.executable, "train.py", "--list", "loss", "lossses"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert bad.stdout == ""
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: model, loss, metrics, optimizer, transforms, "
         "schedule, data_loader, augment, callbacks, layers"
