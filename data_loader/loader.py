@@ -172,6 +172,13 @@ class DataLoader:
         # (index, count): this process reads rows [index * B / count, (index + 1) * B / count) of every global
         # batch of B (set by the trainer when a run has several processes); spec still describes the global batch
         self.share = (0, 1)
+        self.passes = 0  # how many times the loader was iterated (``__iter__``)
+
+    def __iter__(self) -> Iterator[dict]:
+        """``for batch in loader``: each loop over the loader is the next epoch (0, then 1, ...), in the order
+        training sees that epoch; ``batches(epoch)`` gives any one epoch without counting."""
+        self.passes += 1
+        return self.batches(self.passes - 1)
 
     def __len__(self) -> int:
         n = len(self.dataset)

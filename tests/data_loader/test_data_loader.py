@@ -61,6 +61,14 @@ def test_loader_order_is_a_function_of_seed_and_epoch():
     assert np.array_equal(DataLoader(data, 8).order(5), np.arange(50))
 
 
+def test_a_loader_is_iterable_one_epoch_per_loop():
+    loader = DataLoader(ArrayDataset(input=np.arange(10.0)[:, None], target=np.arange(10)), 4, shuffle=True, seed=1)
+    for epoch in range(3):  # a new epoch's order each loop, as training sees it
+        looped = [b["target"] for b in loader]
+        assert all(np.array_equal(a, b["target"]) for a, b in zip(looped, loader.batches(epoch), strict=True))
+    assert not np.array_equal(looped[0], next(loader.batches(0))["target"])
+
+
 def test_chunks_stack_and_mark_inactive_padding():
     loader = DataLoader(ArrayDataset(input=np.arange(10, dtype=np.float32)), batch_size=2)
     chunks = list(loader.stacks(epoch=0, steps_per_call=3))
