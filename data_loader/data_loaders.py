@@ -12,7 +12,7 @@ from data_loader.sources import arrays as arrays_module
 from data_loader.sources import cifar
 from data_loader.sources import image_folder as image_folder_module
 from data_loader.sources.mnist import SOURCES, MnistDataset
-from data_loader.sources.tabular import CsvDataset, check_split_by
+from data_loader.sources.tabular import CsvDataset, check_columns, check_split_by
 from data_loader.sources.text import CharDataset
 from model.checks import check_integer, check_range
 from model.registry import register
@@ -251,7 +251,12 @@ def mnist_multitask(
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 
 
-@register("data_loader", check=check_args)
+def _check_csv(columns=None, **args) -> None:
+    check_args(**args)
+    check_columns(columns)
+
+
+@register("data_loader", check=_check_csv)
 def csv(
     path,
     targets,
@@ -269,10 +274,12 @@ def csv(
     seed=0,
     split_by="random",
     group=None,
+    columns=None,
 ):
     """Rows of a CSV file with a header: `targets` (and `features`, default all other columns) name its columns;
-    float32 inputs (B, features), targets (B, targets); `split_by` "random", "order" or "group" (with `group` a
-    column). See data_loader/sources/tabular.py."""
+    float32 inputs (B, encoded features), targets (B, targets); `split_by` "random", "order" or "group" (with `group`
+    a column); `columns` declares categorical columns and how missing cells are filled, per column name. See
+    data_loader/sources/tabular.py."""
     data = CsvDataset(
         path,
         targets,
@@ -285,6 +292,7 @@ def csv(
         sha256,
         split_by,
         group,
+        columns,
     )
     return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, prefetch=prefetch)
 

@@ -5,6 +5,14 @@ file's order, or by whole groups of a ``group`` column), the same for every spli
 over one file never share a row. Features are standardised with the mean and standard
 deviation of the train split only, whichever split is loaded: validation and test rows are scaled exactly as the model
 saw during training, and no statistic leaks from them. Targets keep their units, so losses and metrics read in them.
+
+``columns`` declares what a column is beyond numbers (docs/data.md): a categorical column becomes one 0/1 column per
+category (the categories of the train split, in sorted order; a category the train split never had is a row of
+zeros, at predict time too), and a column's empty cells are filled by a rule ("mean", "median", "most_frequent",
+"constant" with ``fill``) whose value is learned on the train split, with an optional 0/1 column saying which cells
+were filled. A single categorical target becomes class ids (int32) named by its categories. What was learned goes
+into ``preprocessing`` (``columns``, ``encoded``, ``mean``, ``std`` per encoded column) for predict.py to apply to
+raw rows. The task is not the loader's to say: it follows from the loss and the targets (training/tasks.py).
 """
 
 from __future__ import annotations
@@ -102,6 +110,153 @@ def _split_groups(groups: np.ndarray, num_validation: int, num_test: int, split_
     return {name: np.flatnonzero(split_of_row == i) for i, name in enumerate(("train", "validation", "test"))}
 
 
+# How a column's empty cells are filled, from its values in the train split: their mean, median or most frequent value
+# (a number or a category), or the declaration's own ``fill``.
+MISSING_RULES = ("mean", "median", "most_frequent", "constant")
+COLUMN_KEYS = ("categorical", "missing", "fill", "indicator")
+
+
+def check_columns(columns) -> None:
+    """The loader's ``columns`` declarations, checked without reading the file (their names are checked against
+    the header when it is read): ValueError naming the key."""
+    if columns is None:
+        return
+    if not isinstance(columns, dict):
+        raise ValueError(
+            'columns: expected an object of column name -> declaration, such as {"plan": {"categorical": true}, '
+            f'"age": {{"missing": "median"}}}}, got {columns!r}'
+        )
+    for name, spec in columns.items():
+        where = f"columns.{name}"
+        if not isinstance(spec, dict):
+            raise ValueError(f"{where}: expected an object with some of {', '.join(COLUMN_KEYS)}, got {spec!r}")
+        for key in spec:
+            if key not in COLUMN_KEYS:
+                close = difflib.get_close_matches(str(key), COLUMN_KEYS, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{where}.{key}: unknown key; a column declares {', '.join(COLUMN_KEYS)}.{hint}")
+        categorical, missing = spec.get("categorical", False), spec.get("missing")
+        for key in ("categorical", "indicator"):
+            if not isinstance(spec.get(key, False), bool):
+                raise ValueError(f"{where}.{key}: expected true or false, got {spec[key]!r}")
+        if missing is not None and missing not in MISSING_RULES:
+            raise ValueError(f"{where}.missing: expected one of {', '.join(map(repr, MISSING_RULES))}, got {missing!r}")
+        if categorical and missing in ("mean", "median"):
+            raise ValueError(
+                f'{where}.missing: {missing!r} needs numbers; a categorical column fills with "most_frequent" or '
+                '"constant"'
+            )
+        if missing == "constant":
+            fill = spec.get("fill")
+            fits = isinstance(fill, str) if categorical else _is_number(fill)
+            if not fits:
+                expected = "a category (a string)" if categorical else "a finite number"
+                raise ValueError(f'{where}.fill: missing "constant" fills with {expected}, got {fill!r}')
+        elif "fill" in spec:
+            raise ValueError(f'{where}.fill: used only with missing "constant" (missing is {missing!r})')
+        if spec.get("indicator") and missing is None:
+            raise ValueError(f"{where}.indicator: marks the cells that were filled; declare {where}.missing too")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _most_frequent(values: list):
+    """The most frequent value; of several as frequent, the smallest (a rule that never depends on row order)."""
+    counts: dict = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    top = max(counts.values())
+    return min(value for value, count in counts.items() if count == top)
+
+
+def _cell_error(path: Path, header, column: int, r: int, lines, cell: str, hint: str = "") -> ValueError:
+    what = "an empty cell (a missing value)" if not cell.strip() else f"{cell!r}, not a finite number"
+    return ValueError(f"{path}: data row {r + 1} (line {lines[r]}), column {header[column]!r}: {what}{hint}")
+
+
+def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: np.ndarray):
+    """One feature column as encoded columns: (values float64 (N, k), their names, whether each is standardised,
+    what was learned for predict.py)."""
+    name = header[column]
+    cells = [row[column].strip() for row in rows]
+    empty = np.array([not cell for cell in cells])
+    missing = spec.get("missing")
+    fill_hint = f'; declare columns.{name}.missing ("mean", "median", "most_frequent" or "constant") to fill it'
+    categorical_hint = f"; declare columns.{name}.categorical (true) if it holds categories"
+    if missing is None and spec.get("categorical") and empty.any():
+        r = int(np.argmax(empty))
+        raise _cell_error(path, header, column, r, lines, cells[r], fill_hint)
+    learned: dict = {}
+    seen = [i for i in train if not empty[i]]
+    if missing not in (None, "constant") and not seen:
+        raise ValueError(
+            f"{path}: column {name!r}: every cell of the train split is empty, nothing to take the {missing} of"
+        )
+    if spec.get("categorical"):
+        fill = (
+            spec.get("fill") if missing == "constant" else _most_frequent([cells[i] for i in seen]) if missing else None
+        )
+        filled = [fill if e else cell for cell, e in zip(cells, empty)]
+        categories = sorted({filled[i] for i in train})
+        index = {category: k for k, category in enumerate(categories)}
+        values = np.zeros((len(rows), len(categories)))
+        for r, cell in enumerate(filled):
+            if cell in index:  # a category the train split never had: all zeros
+                values[r, index[cell]] = 1.0
+        names = [f"{name}={category}" for category in categories]
+        scaled = [False] * len(categories)
+        learned["categories"] = categories
+    else:
+        values = np.full(len(rows), np.nan)
+        for r, cell in enumerate(cells):
+            if empty[r] and missing:
+                continue
+            try:
+                value, words = float(cell), False
+            except ValueError:
+                value, words = math.nan, bool(cell)
+            if not math.isfinite(value):
+                hint = "" if cell and not words else fill_hint if not cell else categorical_hint
+                raise _cell_error(path, header, column, r, lines, cell, hint) from None
+            values[r] = value
+        if missing:
+            known = values[seen]
+            fill = {
+                "mean": lambda: float(known.mean()),
+                "median": lambda: float(np.median(known)),
+                "most_frequent": lambda: float(_most_frequent(list(known))),
+                "constant": lambda: float(spec["fill"]),
+            }[missing]()
+            values[empty] = fill
+        values, names, scaled = values[:, None], [name], [True]
+    if missing:
+        learned.update(missing=missing, fill=fill)
+    if spec.get("indicator"):
+        values = np.column_stack([values, empty.astype(np.float64)])
+        names.append(f"{name} missing")
+        scaled.append(False)
+        learned["indicator"] = True
+    return values, names, scaled, learned
+
+
+def _categorical_target(path, header, rows, lines, column: int, parts: dict, split: str):
+    """A categorical target as class ids (int32 (N,)) and its classes, the train split's categories in sorted order;
+    a row of the loaded split whose category the train split never had cannot be scored: an error naming it."""
+    cells = [row[column].strip() for row in rows]
+    classes = sorted({cells[i] for i in parts["train"]})
+    index = {category: k for k, category in enumerate(classes)}
+    for r in parts[split]:
+        if cells[r] not in index:
+            what = "an empty cell" if not cells[r] else f"the category {cells[r]!r}"
+            raise ValueError(
+                f"{path}: data row {r + 1} (line {lines[r]}), target {header[column]!r}: {what}, which the train "
+                f"split does not have (its classes: {', '.join(classes)})"
+            )
+    return np.array([index.get(cell, -1) for cell in cells], np.int32), classes
+
+
 def _read(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
     """(header, rows, the file line each row ends on); a row of a different length than the header, or one the csv
     module cannot read (a cell over its 131,072 characters), is an error naming its line."""
@@ -169,10 +324,12 @@ def _numbers(path: Path, header: list[str], rows: list[list[str]], lines: list[i
 
 
 class CsvDataset:
-    """One split of a CSV file: `input` float32 (N, len(features)), `target` float32 (N, len(targets)).
+    """One split of a CSV file: `input` float32 (N, encoded features), `target` float32 (N, len(targets)), or int32
+    class ids (N,) for a single categorical target.
 
-    `features` default to every column that is not a target; only the columns used must hold numbers. With
-    `sha256` set the file's checksum is verified before it is read.
+    `features` default to every column that is not a target; only the columns used are read, numbers unless
+    `columns` declares them otherwise (see the module's docstring). With `sha256` set the file's checksum is
+    verified before it is read.
     """
 
     def __init__(
@@ -188,11 +345,14 @@ class CsvDataset:
         sha256=None,
         split_by="random",
         group=None,
+        columns=None,
     ):
         path = Path(path)
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         check_split_by(split_by, group, "a column")
+        check_columns(columns)
+        columns = columns or {}
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file")
         actual = checksum(path, "sha256") if sha256 is not None else None
@@ -215,9 +375,8 @@ class CsvDataset:
         if not features:
             raise ValueError(f"{path}: no feature columns (every column is a target)")
         feature_columns = _column_indices(path, header, features, "feature")
+        self._check_declared(path, header, columns, features, targets)
 
-        x = _numbers(path, header, rows, lines, feature_columns)
-        y = _numbers(path, header, rows, lines, target_columns)
         groups = None
         if split_by == "group":
             (column,) = _column_indices(path, header, [group], "group")
@@ -228,22 +387,52 @@ class CsvDataset:
                 f"{path}: the {split} split of {len(rows)} rows is empty (validation_fraction "
                 f"{validation_fraction}, test_fraction {test_fraction})"
             )
-        if standardize:
-            train = x[parts["train"]]
-            mean, std = train.mean(axis=0), train.std(axis=0)
-            std = np.where(std > 0, std, 1.0)  # a constant column stays constant (0) instead of dividing by zero
-        else:
-            mean, std = np.zeros(x.shape[1]), np.ones(x.shape[1])
+        encoded, names, scaled, learned = [], [], [], {}
+        for name, column in zip(features, feature_columns):
+            values, its_names, its_scaled, its_learned = _encode_feature(
+                path, header, rows, lines, column, columns.get(name, {}), parts["train"]
+            )
+            encoded.append(values)
+            names += its_names
+            scaled += its_scaled
+            if name in columns:
+                learned[name] = its_learned
+        x = np.concatenate(encoded, axis=1)
+        # one-hot and missing-indicator columns stay 0/1: what they say needs no scale
+        scaled = np.array(scaled) & bool(standardize)
+        train = x[parts["train"]]
+        mean = np.where(scaled, train.mean(axis=0), 0.0)
+        std = np.where(scaled, train.std(axis=0), 1.0)
+        std = np.where(std > 0, std, 1.0)  # a constant column stays constant (0) instead of dividing by zero
         keep = parts[split]
         self.inputs = ((x[keep] - mean) / std).astype(np.float32)
-        self.targets = y[keep].astype(np.float32)
-        self.preprocessing = {
-            "task": "regression",
-            "features": features,
-            "targets": targets,
-            "mean": [float(v) for v in mean],
-            "std": [float(v) for v in std],
-        }
+        self.preprocessing = {"features": features, "targets": targets}
+        if len(targets) == 1 and columns.get(targets[0], {}).get("categorical"):
+            ids, classes = _categorical_target(path, header, rows, lines, target_columns[0], parts, split)
+            self.targets = ids[keep]
+            self.preprocessing["classes"] = classes
+        else:
+            self.targets = _numbers(path, header, [rows[i] for i in keep], [lines[i] for i in keep], target_columns)
+            self.targets = self.targets.astype(np.float32)
+        if learned:
+            self.preprocessing.update(columns=learned, encoded=names)
+        self.preprocessing.update(mean=[float(v) for v in mean], std=[float(v) for v in std])
+
+    @staticmethod
+    def _check_declared(path: Path, header: list[str], columns: dict, features: list[str], targets: list[str]) -> None:
+        """Each declared column is a feature, or a single target declared categorical and nothing more."""
+        for name, spec in columns.items():
+            if name in targets:
+                if len(targets) > 1 or set(spec) != {"categorical"} or not spec["categorical"]:
+                    raise ValueError(
+                        f"{path}: columns.{name}: a target may only be declared categorical, and only as the one "
+                        'target ({"categorical": true}: its categories become class ids); its cells cannot be filled'
+                    )
+            elif name not in features:
+                where = "is not one of the features" if name in header else "is not a column of the file"
+                close = difflib.get_close_matches(name, features, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{path}: columns.{name}: {where} ({', '.join(features)}).{hint}")
 
     def __len__(self) -> int:
         return len(self.inputs)
