@@ -27,9 +27,9 @@ import numpy as np
 
 from data_loader.loader import check_values
 from model.modules.attention import FusedAttentionUnavailable
-from model.registry import TASKS, entries
+from model.registry import TASKS
 from model.summary import describe_batch
-from training.config.components import CLASS_COUNT_ARGUMENTS, available, output_losses
+from training.config.components import CLASS_COUNT_ARGUMENTS, available, entries, output_losses
 from training.config.file import ConfigError
 from training.precision import policy_of
 

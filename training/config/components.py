@@ -12,7 +12,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from model.registry import KINDS, entries
+from model.registry import KINDS, ComponentError
+from model.registry import entries as registered
 from training.config.file import ConfigError, closest, show
 
 # A model argument that sets the number of classes its outputs score.
@@ -36,6 +37,15 @@ DATA_ARGUMENTS = {"loss": 2}
 
 # Keyword arguments the training step fills in itself (a per-element mask), never the config.
 SET_BY_TRAINER = {"loss": ("mask",)}
+
+
+def entries(kind: str) -> dict:
+    """``model.registry.entries``: every registered component of ``kind``, the template's and those in files of your
+    own; one of those that cannot be imported, or a name registered twice, is a ConfigError naming the file(s)."""
+    try:
+        return registered(kind)
+    except ComponentError as error:
+        raise ConfigError(str(error)) from None
 
 
 def available(kind: str) -> dict[str, Callable]:
