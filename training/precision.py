@@ -34,6 +34,13 @@ class Policy(NamedTuple):
     def scaled(self) -> bool:
         return self.compute == "float16"
 
+    def describe(self) -> str:
+        """The policy in the start-up log's words."""
+        if not self.casts:
+            return "float32 throughout"
+        scaling = f"; dynamic loss scaling from {self.loss_scale:g}" if self.scaled else ""
+        return f"the model in {self.compute}; parameters, optimizer state, loss and metrics in float32{scaling}"
+
     def to_compute(self, tree):
         """Floating leaves in the compute dtype; integer leaves (token ids, labels) untouched."""
         if not self.casts:

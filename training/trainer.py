@@ -219,6 +219,13 @@ class Trainer:
         return [
             f"devices: {devices}; {mesh.describe_processes()}, mesh {dict(self.placement.mesh.shape)}",
             f"batch: {describe_batch(self.train_loader.spec)}",
+            f"step: {self.train_loader.batch_size * self.accumulate} examples per optimizer update"
+            + (
+                f" ({self.accumulate} batches of {self.train_loader.batch_size} accumulated)"
+                if self.accumulate > 1
+                else ""
+            )
+            + f"; precision: {self.precision.describe()}",
             f"state: {self.origin}",
             *[  # what is evaluated and saved is not what the optimizer updates: said once, here
                 f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "

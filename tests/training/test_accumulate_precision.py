@@ -248,3 +248,20 @@ def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path, monkey
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
     assert [r["train/loss"] for r in rows(resumed)] == [r["train/loss"] for r in rows(whole)][1:]
+
+
+@pytest.mark.parametrize(
+    "accumulate, precision, line",
+    [
+        (1, None, "step: 32 examples per optimizer update; precision: float32 throughout"),
+        (
+            4,
+            {"compute": "float16"},
+            "step: 128 examples per optimizer update (4 batches of 32 accumulated); precision: the model in float16; "
+            "parameters, optimizer state, loss and metrics in float32; dynamic loss scaling from 32768",
+        ),
+    ],
+)
+def test_the_start_up_lines_say_the_effective_batch_and_the_precision(tmp_path, accumulate, precision, line):
+    trainer = make_trainer(tmp_path, "said", 32, accumulate=accumulate, precision=precision)
+    assert line in trainer.describe()
