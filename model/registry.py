@@ -165,4 +165,6 @@ def _load(kind: str) -> None:
 def entries(kind: str) -> dict[str, Entry]:
     """Every registered component of ``kind``, by name, in the order they were defined (the template's first)."""
     _load(kind)
-    return dict(_REGISTERED[kind])
+    # the template's first, whichever file registered first (a file of your own may register several kinds)
+    home = [(n, e) for n, e in _REGISTERED[kind].items() if getattr(e.fn, "__module__", None) == KINDS[kind]]
+    return dict(home) | _REGISTERED[kind]

@@ -1,0 +1,8 @@
+"""Tasks of your own, each in a folder of its own: its model, losses, metrics and data loader in files the template
+does not ship, found by the registry by themselves (``model/registry.py``: every module here that decorates a
+function with ``@register("<kind>")``), and its config beside them. A later template fix never touches these files.
+
+The samples: ``tasks/vae/`` (a variational autoencoder: sampling in the forward pass, its KL logged as a metric of
+its own, the decoder a model of its own) and ``tasks/distillation/`` (a student trained on a teacher run's softened
+outputs). Delete a folder and its task is gone, with nothing else to edit.
+"""
