@@ -4,9 +4,12 @@ checkpoint-latest.params when the run monitors nothing) or --run a checkpoint fi
 
 Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
 training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
-per_class.csv); for a language model (a class per position) perplexity and token accuracy; for regression a
-predicted-vs-true plot of every output column (predictions.png); for outputs that are images (regression, masks) a
-grid of input / target / prediction of the first examples instead. A model of several named outputs has each reported
+per_class.csv); for binary and multi-label outputs (B, L) a per-label table and confusion counts at the
+decision threshold (per_label.csv; the first threshold the config's metrics name, else 0.5, as predict.py decides;
+`--set metrics.N.args.threshold=0.3` re-scores at another, whatever trainer.monitor names); for a language model
+(a class per position) perplexity and token accuracy; for regression a predicted-vs-true plot of every output
+column (predictions.png); for outputs that are images (regression, masks) a grid of input / target / prediction of
+the first examples instead. A model of several named outputs has each reported
 by its own task under its name (digit/accuracy, confusion_matrix_digit.png, predictions_ink.png). Files go next to the
 checkpoint (or to DIR), with the split in their names when it is not the test split.
 
@@ -33,6 +36,11 @@ from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import ArgumentParser, add_run, command, fail
 from training.run.figures import plots
 from training.run.location import check_config_writes
+
+# An evaluation monitors nothing, so the run's trainer.monitor is set aside: it may name a metric that --set renamed
+# (a threshold re-scored: multilabel_f1@0.3). train/loss is logged by every run and, unlike "off", is accepted beside
+# a reduce_on_plateau schedule.
+EVALUATION_MONITOR = "trainer.monitor=min train/loss"
 
 
 def parse_args(argv=None):
@@ -75,7 +83,7 @@ def main(argv=None) -> int:
         check_checkpoint_file(checkpoint_path)
         if not args.config and not config_path.exists():
             raise ConfigError(f"{config_path}: no such file; give the run's config with -c CONFIG")
-        config = load_config(config_path, args.overrides, source=config_path.name)
+        config = load_config(config_path, [*args.overrides, EVALUATION_MONITOR], source=config_path.name)
         if not args.config:  # the run folder's own config: where it may write is checked
             check_config_writes(config, checkpoint_path.parent)
     except ConfigError as error:
@@ -111,8 +119,9 @@ def main(argv=None) -> int:
 
     import jax
 
+    from inference.predict import decision_threshold
     from training.config.components import of_output
-    from training.metrics import accuracy, confusion_matrix, metric_results
+    from training.metrics import accuracy, confusion_matrix, metric_results, multilabel_confusion_matrix
     from training.run import checkpoint
     from training.step import empty_stats, make_eval_step
     from training.tasks import output_preprocessing, output_tasks, task_of
@@ -136,6 +145,8 @@ def main(argv=None) -> int:
                 refuse_unsafe(out / name.format(suffix=suffixes[output]))
     except UnsafeFile as error:
         fail(str(error))
+    threshold, origin = decision_threshold(config)
+    labels = multilabel_confusion_matrix(threshold)  # per label, for the table of a run of labels (B, L)
     names = {m.name for m in metrics}
     for output, each, _ in heads:
         prefix = "" if output is None else f"{output}/"
@@ -144,6 +155,8 @@ def main(argv=None) -> int:
             metrics = [*metrics, named(confusion_matrix())]
         if each == "sequence" and f"{prefix}accuracy" not in names:
             metrics = [*metrics, named(accuracy())]
+        if each == "multilabel" and f"{prefix}{labels.name}" not in names:
+            metrics = [*metrics, named(labels)]
     try:
         loaded = load_run(checkpoint_path, config, spec["input"])
     except (ConfigError, checkpoint.CheckpointError) as error:
@@ -181,6 +194,9 @@ def main(argv=None) -> int:
             if each == "classification":
                 matrix = np.asarray(results[f"{prefix}confusion_matrix"], dtype=np.int64)
                 report_classes(matrix, info.get("classes"), out, suffix)
+            elif each == "multilabel" and len(target_shape(spec, output)) == 2:
+                counts = np.asarray(results[f"{prefix}{labels.name}"], dtype=np.int64)
+                report_labels(counts, info, threshold, origin, out, suffix)
             elif each == "sequence" and tasks is None and config["loss"]["name"] == "cross_entropy":
                 if "perplexity" not in results:
                     perplexity = math.exp(min(results["loss"], 700.0))
@@ -210,8 +226,42 @@ def main(argv=None) -> int:
 # The files each task writes (every one atomically: a temporary renamed over the name, never through a link).
 OUTPUTS = {
     "classification": ("per_class{suffix}.csv", "confusion_matrix{suffix}.png"),
+    "multilabel": ("per_label{suffix}.csv",),
     "regression": ("predictions{suffix}.png",),
 }
+
+
+def target_shape(spec: dict, output: str | None) -> tuple:
+    """The shape of the batch's target (of a named output's), (B, L) for labels, more axes for masks."""
+    target = spec.get("target", spec["input"])
+    return tuple((target[output] if output is not None else target).shape)
+
+
+def report_labels(counts: np.ndarray, preprocessing: dict, threshold: float, origin: str, out: Path, suffix: str):
+    """Per label (counts (L, 2, 2): [[tn, fp], [fn, tp]]) precision, recall, F1 and support at the decision
+    threshold, printed and written to per_label.csv; a single label (a binary classifier) also as its 2 x 2 table."""
+    from inference.predict import label_names
+
+    names = label_names(preprocessing, len(counts))
+    print(f"labels predicted above probability {threshold:g} ({origin}):")
+    if len(counts) == 1:
+        (tn, fp1), (fn1, tp1) = counts[0]
+        width = max(len(str(counts.max())), 8)
+        print(f"  {'':<10} {'predicted 0':>{width + 3}} {'predicted 1':>{width + 3}}")
+        print(f"  {'true 0':<10} {tn:>{width + 3}} {fp1:>{width + 3}}")
+        print(f"  {'true 1':<10} {fn1:>{width + 3}} {tp1:>{width + 3}}")
+    name_width = max(*map(len, names), len("label"))
+    print(f"  {'label':<{name_width}}  precision  recall      f1  support")
+    lines = ["label,precision,recall,f1,support,threshold"]
+    for k, name in enumerate(names):
+        table = per_class(counts[k])  # a label's 2 x 2 matrix: its scores are those of class 1, the positives
+        p, r, f, n = (table[key][1] for key in ("precision", "recall", "f1", "support"))
+        print(f"  {name:<{name_width}}  {p:>9.4f}  {r:>6.4f}  {f:>6.4f}  {n:>7}")
+        lines.append(f"{json.dumps(name) if ',' in name else name},{p:.6f},{r:.6f},{f:.6f},{n},{threshold:g}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / OUTPUTS["multilabel"][0].format(suffix=suffix)
+    write_atomic(path, ("\n".join(lines) + "\n").encode())
+    print(f"wrote {path}")
 
 
 def class_names(classes, count: int) -> list[str]:

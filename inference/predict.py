@@ -42,6 +42,7 @@ import numpy as np
 CONFIG = "config.json"
 PREPROCESSING = "preprocessing.json"
 MASK = "mask"  # the named input of a model that declares a padding mask (inference/inputs.py writes it so)
+THRESHOLD = 0.5  # a multi-label output counts as predicted above this probability unless the config says otherwise
 
 # Bounds on what a file or a flag may ask of this machine: an input file (a .npy, .npz member or .csv read whole),
 # an image's pixels (a few kB of PNG can declare gigapixels), runtime threads, generated characters.
@@ -283,9 +284,11 @@ def normalised(x: np.ndarray, preprocessing: dict) -> np.ndarray:
     return ((x - mean) / std).astype(np.float32)
 
 
-def load_rows(path: Path, preprocessing: dict) -> np.ndarray:
-    """A CSV file of raw feature rows (with the training data's column names as its header), standardised as in
-    training."""
+def load_rows(path: Path, preprocessing: dict, warnings: list | None = None) -> np.ndarray:
+    """A CSV file of raw rows (with the training data's column names as its header; other columns are ignored)
+    prepared as the CSV loader prepared the training data (data_loader/sources/tabular.py): each declared column's
+    empty cells filled with the value learned in training (and its indicator column), a categorical column one-hot
+    over the training categories (one it never had: a row of zeros, named in ``warnings``), then standardised."""
     import csv
     import io
 
@@ -296,17 +299,56 @@ def load_rows(path: Path, preprocessing: dict) -> np.ndarray:
         raise ValueError(f"{path}: not a readable CSV file ({first_line(error)})") from None
     if not rows:
         raise ValueError(f"{path}: empty; expected a header of column names, then a row per example")
-    header, body = rows[0], [r for r in rows[1:] if r]
+    header, body = [name.strip() for name in rows[0]], [r for r in rows[1:] if r]
     features = preprocessing.get("features") or header
     missing = [c for c in features if c not in header]
     if missing:
         raise ValueError(f"{path}: no column {missing[0]!r}; expected the columns {features}")
-    columns = [header.index(c) for c in features]
-    try:
-        values = np.array([[float(r[c]) for c in columns] for r in body], np.float32)
-    except ValueError as error:
-        raise ValueError(f"{path}: {error}") from None
-    return normalised(values, preprocessing)
+    for line, row in enumerate(body, 2):
+        if len(row) != len(header):
+            raise ValueError(f"{path}: row {line - 1} has {len(row)} cells, the header has {len(header)} columns")
+    declared = preprocessing.get("columns") or {}
+    encoded = []
+    for name in features:
+        cells = [row[header.index(name)].strip() for row in body]
+        encoded.append(encode_column(name, cells, declared.get(name) or {}, path, warnings))
+    values = np.concatenate(encoded, axis=1) if encoded else np.zeros((len(body), 0))
+    return normalised(values.astype(np.float32), preprocessing)
+
+
+def encode_column(name: str, cells: list[str], learned: dict, path: Path, warnings: list | None) -> np.ndarray:
+    """One raw column as the training data's encoded columns (N, k): the CSV loader's encoding (repeated here, as this
+    file ships alone; a test holds the two equal)."""
+    empty = np.array([not cell for cell in cells], bool)
+    fill = learned.get("fill")
+    if "fill" not in learned and empty.any():
+        r = int(np.argmax(empty))
+        raise ValueError(f"{path}: row {r + 1}, column {name!r}: an empty cell, which training never filled")
+    if "categories" in learned:
+        index = {category: k for k, category in enumerate(learned["categories"])}
+        values = np.zeros((len(cells), len(index)))
+        unseen = set()
+        for r, cell in enumerate(cells):
+            cell = fill if empty[r] else cell
+            if cell in index:
+                values[r, index[cell]] = 1.0
+            else:  # as in training: a category the train split never had is a row of zeros
+                unseen.add(cell)
+        if unseen and warnings is not None:
+            warnings.append(
+                f"{path}: column {name!r}: {', '.join(map(repr, sorted(unseen)))} not among the training categories "
+                f"({', '.join(learned['categories'])}): encoded as none of them"
+            )
+    else:
+        values = np.empty((len(cells), 1))
+        for r, cell in enumerate(cells):
+            try:
+                values[r, 0] = fill if empty[r] else float(cell)
+            except ValueError:
+                raise ValueError(f"{path}: row {r + 1}, column {name!r}: {cell!r} is not a number") from None
+    if learned.get("indicator"):
+        values = np.column_stack([values, empty.astype(np.float64)])
+    return values
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -339,7 +381,25 @@ PREPROCESSING_FIELDS = {
     "pixel_scale": (is_number, "a number"),
     "resize": (lambda v: v in RESAMPLING, f"one of {', '.join(RESAMPLING)}"),
     "context": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+    "encoded": (is_names, "a list of column names"),
+    "columns": (lambda v: is_columns(v), "an object of column name -> what training learned of it"),
 }
+
+
+def is_columns(value) -> bool:
+    """The CSV loader's record of its declared columns: categories (names), a fill (a number or a category), an
+    indicator flag."""
+
+    def fits(learned) -> bool:
+        return (
+            type(learned) is dict
+            and set(learned) <= {"categories", "missing", "fill", "indicator"}
+            and is_names(learned.get("categories", []))
+            and (is_number(learned["fill"]) or type(learned["fill"]) is str if "fill" in learned else True)
+            and type(learned.get("indicator", False)) is bool
+        )
+
+    return type(value) is dict and all(fits(learned) for learned in value.values())
 
 
 def load_json(path: Path):
@@ -466,7 +526,14 @@ def main(argv=None) -> int:
         "--out",
         help="also write the outputs to FILE: .npy (the outputs, a row per input), .npz (outputs and the inputs' "
         "names), .csv (a row per input of vector outputs), .png (image outputs: FILE for one input, FILE_<i>.png each "
-        "for several)",
+        "for several); a classifier's .csv and .npz hold probabilities and predicted labels",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="multi-label and binary: the probability above which a label is predicted (default: the first "
+        "threshold in config.json's metrics, the one the run was scored at, else 0.5)",
     )
     args = parser.parse_args(argv)
     checks = [
@@ -478,6 +545,10 @@ def main(argv=None) -> int:
             f"--threads {args.threads}: expected 1 to {MAX_THREADS}",
         ),
         (not 0 <= args.seed < 2**63, f"--seed {args.seed}: expected an integer from 0 to 2**63 - 1"),
+        (
+            args.threshold is not None and not 0 < args.threshold < 1,
+            f"--threshold {args.threshold}: expected a probability between 0 and 1, exclusive",
+        ),
         (
             args.out is not None and Path(args.out).suffix not in OUT_SUFFIXES,
             f"--out {args.out}: expected a {', '.join(OUT_SUFFIXES)} file",
@@ -502,9 +573,10 @@ def main(argv=None) -> int:
             return 0
         if not args.inputs:
             raise ValueError("give input files (images, .csv rows, .npy or .npz batches)")
-        names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert)
-        warning = range_warning(x, preprocessing)
-        if warning:
+        warnings = []
+        names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert, warnings)
+        warnings.append(range_warning(x, preprocessing))
+        for warning in filter(None, warnings):
             print(f"warning: {warning}", file=sys.stderr)
         raw = run_batched(model, x)
     except (OSError, ValueError) as error:
@@ -514,24 +586,28 @@ def main(argv=None) -> int:
         print(f"error: {model_path}: the runtime failed to run it ({first_line(error)})", file=sys.stderr)
         return 2
 
-    title = read_json(folder / CONFIG).get("name", model_path.stem)
+    config = read_json(folder / CONFIG)
+    title = config.get("name", model_path.stem)
+    threshold, origin = (args.threshold, "--threshold") if args.threshold is not None else decision_threshold(config)
+    tasks = preprocessing.get("tasks") or {}
+    if "multilabel" in (task, *tasks.values()):
+        print(f"labels predicted above probability {threshold:g} ({origin})")
     if not isinstance(raw, dict):
         print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
         for name, out in zip(names, raw.astype(np.float64)):
-            print(f"{name}: {describe(out, task, preprocessing, args.top)}")
+            print(f"{name}: {describe(out, task, preprocessing, args.top, threshold)}")
     else:  # a model of several named outputs: each by its own task and its own preprocessing (class names, say)
-        tasks = preprocessing.get("tasks") or {}
         described = ", ".join(f"{k} ({tasks.get(k, 'other')})" for k in raw)
         print(f"{title}: {model_path.name}, {len(names)} input(s), outputs {described}")
         for i, name in enumerate(names):
             print(f"{name}:")
             for output, values in raw.items():
                 info = {**preprocessing, **((preprocessing.get("outputs") or {}).get(output) or {})}
-                text = describe(values[i].astype(np.float64), tasks.get(output, "other"), info, args.top)
+                text = describe(values[i].astype(np.float64), tasks.get(output, "other"), info, args.top, threshold)
                 print(f"  {output}: {text}")
     if args.out is not None:
         try:
-            written = write_outputs(Path(args.out), names, raw, task, preprocessing)
+            written = write_outputs(Path(args.out), names, raw, task, preprocessing, threshold)
         except ValueError as error:  # outputs the format cannot hold: nothing written
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -565,10 +641,13 @@ def range_warning(x, preprocessing: dict) -> str | None:
     )
 
 
-def write_outputs(path: Path, names: list[str], outputs, task: str, preprocessing: dict) -> list[Path]:
+def write_outputs(
+    path: Path, names: list[str], outputs, task: str, preprocessing: dict, threshold: float = THRESHOLD
+) -> list[Path]:
     """The outputs in the file --out names (see its help); each file written whole under a temporary name, then
     renamed into place. Returns the files written. A model of several named outputs (a dict) writes .npz only:
-    one array per output name."""
+    one array per output name. A classifier's .csv and .npz hold probabilities and the predicted labels (multi-label:
+    0/1 per label above ``threshold``), not logits."""
     if isinstance(outputs, dict):
         if path.suffix != ".npz":
             raise ValueError(f"--out {path}: a model of several named outputs writes .npz (an array per output)")
@@ -577,6 +656,17 @@ def write_outputs(path: Path, names: list[str], outputs, task: str, preprocessin
         return [write_file(path, buffer.getvalue())]
     if path.suffix == ".png":
         return write_images(path, outputs, task, preprocessing)
+    decided = decisions(outputs, task, preprocessing, threshold) if path.suffix in (".csv", ".npz") else None
+    if decided is not None and path.suffix == ".csv":
+        probabilities, labels, label_columns = decided
+        columns = [f"{c} probability" for c in label_columns] + (
+            label_columns if task == "multilabel" else ["predicted"]
+        )
+        lines = [",".join(["input", *map(csv_cell, columns)])]
+        for n, p, chosen in zip(names, probabilities, labels):
+            shown = [str(int(v)) for v in chosen] if task == "multilabel" else [csv_cell(label_columns[chosen])]
+            lines.append(",".join([csv_cell(n), *(f"{v:.9g}" for v in p), *shown]))
+        return [write_file(path, ("\n".join(lines) + "\n").encode())]
     if path.suffix == ".csv":
         if outputs.ndim > 2:
             raise ValueError(
@@ -593,9 +683,38 @@ def write_outputs(path: Path, names: list[str], outputs, task: str, preprocessin
     buffer = io.BytesIO()
     if path.suffix == ".npy":
         np.save(buffer, outputs)
+    elif decided is not None:
+        probabilities, labels, label_columns = decided
+        extra = {"threshold": np.float64(threshold)} if task == "multilabel" else {}
+        np.savez(
+            buffer,
+            outputs=outputs,
+            probabilities=probabilities,
+            labels=labels,
+            label_names=np.array(label_columns),
+            names=np.array(names),
+            **extra,
+        )
     else:
         np.savez(buffer, outputs=outputs, names=np.array(names))
     return [write_file(path, buffer.getvalue())]
+
+
+def decisions(outputs: np.ndarray, task: str, preprocessing: dict, threshold: float):
+    """(probabilities, labels, label names) of a classifier's vector outputs (N, C): softmax and the argmax class id
+    (N,), or, multi-label, sigmoid and 0/1 per label (N, L) above ``threshold``; None for other tasks and shapes."""
+    if outputs.ndim != 2 or task not in ("classification", "multilabel"):
+        return None
+    logits = outputs.astype(np.float64)
+    if task == "classification":
+        p = softmax(logits)
+        classes = preprocessing.get("classes")
+        names = (
+            [str(c) for c in classes] if classes and len(classes) == p.shape[1] else list(map(str, range(p.shape[1])))
+        )
+        return p, p.argmax(axis=1), names
+    p = sigmoid(logits)
+    return p, (p > threshold).astype(np.int8), label_names(preprocessing, p.shape[1])
 
 
 def csv_cell(text: str) -> str:
@@ -656,9 +775,12 @@ def write_file(path: Path, data: bytes) -> Path:
     return path
 
 
-def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tuple[list[str], dict]:
-    """(a name per example, the model's named inputs) from files: images, .csv rows and .npy batches for a model of
-    one input; .npz files holding one array per input name (a batch, or one example) for any model."""
+def read_inputs(
+    model, paths, preprocessing: dict, invert: bool = False, warnings: list | None = None
+) -> tuple[list[str], dict]:
+    """(a name per example, the model's named inputs) from files: images, .csv rows (raw, as the training CSV held
+    them) and .npy batches for a model of one input; .npz files holding one array per input name (a batch, or one
+    example) for any model. What is worth a warning (an unseen category) is added to ``warnings``."""
     expected = {i["name"]: i for i in model.inputs}
     # a padding mask beside other inputs may be left out: then every position is real
     optional = {MASK} if MASK in expected and len(expected) > 1 else set()
@@ -688,7 +810,7 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
             with open_input(path) as f:
                 named = {given[0]["name"]: np.load(f, allow_pickle=False)}
         elif path.suffix == ".csv":
-            named = {given[0]["name"]: load_rows(path, preprocessing)}
+            named = {given[0]["name"]: load_rows(path, preprocessing, warnings)}
         else:
             if not preprocessing:
                 raise ValueError(
@@ -727,26 +849,50 @@ def read_inputs(model, paths, preprocessing: dict, invert: bool = False) -> tupl
     return names, {k: v.astype(expected[k]["dtype"]) for k, v in x.items()}
 
 
-THRESHOLD = 0.5  # a multi-label output counts as predicted above this probability, as the metrics count it
+def decision_threshold(config: dict) -> tuple[float, str]:
+    """(the probability above which a sigmoid output is a predicted label, where it comes from): the first
+    ``threshold`` the config's metrics name in their args, the one the run was scored at, else THRESHOLD. test.py,
+    the export and predict.py all decide labels by it (predict.py's --threshold overrides it)."""
+    for i, spec in enumerate(config.get("metrics") or []):
+        args = spec.get("args") if isinstance(spec, dict) else None
+        if isinstance(args, dict) and "threshold" in args:
+            value = args["threshold"]
+            if is_number(value) and 0 < value < 1:
+                return float(value), f"metrics.{i}.args.threshold"
+    return THRESHOLD, "the default"
 
 
-def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None) -> str:
-    """One example's output in words: top classes; the predicted labels (above THRESHOLD), then the others; a mask's
-    share; or raw values."""
+def label_names(preprocessing: dict, count: int) -> list[str]:
+    """The names of a classifier's classes or labels: the data's class names, or a CSV's target columns."""
+    for names in (preprocessing.get("classes"), preprocessing.get("targets")):
+        if names and len(names) == count:
+            return [str(n) for n in names]
+    return [str(i) for i in range(count)]
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of -|x| only: no overflow at large logits of either sign
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def describe(output: np.ndarray, task: str, preprocessing: dict, top: int | None, threshold: float = THRESHOLD) -> str:
+    """One example's output in words: top classes; the predicted labels (above ``threshold``), then the others; a
+    mask's share; or raw values."""
     if task == "classification":
         p = softmax(output)
         classes = preprocessing.get("classes") or [str(i) for i in range(len(p))]
         return ", ".join(f"{classes[c]} ({p[c]:.3f})" for c in np.argsort(-p)[: top or 3])
     if task == "multilabel":
-        p = 1.0 / (1.0 + np.exp(-output))
+        p = sigmoid(output)
         if p.ndim == 1:
-            labels = preprocessing.get("classes") or [str(i) for i in range(len(p))]
+            labels = label_names(preprocessing, len(p))
             order = np.argsort(-p)
             named = lambda cs: ", ".join(f"{labels[c]} ({p[c]:.3f})" for c in cs) or "none"  # noqa: E731
-            predicted, others = order[p[order] > THRESHOLD], order[p[order] <= THRESHOLD]
+            predicted, others = order[p[order] > threshold], order[p[order] <= threshold]
             others = others[: len(others) if top is None else top]
-            return f"predicted: {named(predicted)}" + (f"; below {THRESHOLD}: {named(others)}" if len(others) else "")
-        return f"{int((p > THRESHOLD).sum())} of {p.size} elements positive (mean probability {p.mean():.3f})"
+            return f"predicted: {named(predicted)}" + (f"; below {threshold:g}: {named(others)}" if len(others) else "")
+        return f"{int((p > threshold).sum())} of {p.size} elements positive (mean probability {p.mean():.3f})"
     names = preprocessing.get("targets") or [f"output {i}" for i in range(output.size)]
     flat = output.reshape(-1)
     if len(flat) <= 8:

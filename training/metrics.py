@@ -317,6 +317,27 @@ def multilabel_f1(average: str = "macro", threshold: float = 0.5) -> Metric:
 
 
 @register("metrics")
+def multilabel_confusion_matrix(threshold: float = 0.5) -> Metric:
+    """Per label (the last axis; every other axis pooled), the counts [[true negatives, false positives], [false
+    negatives, true positives]] at ``threshold``, shape (L, 2, 2), as sklearn's ``multilabel_confusion_matrix``;
+    ``test.py`` reports a binary or multi-label run's per-label table from it."""
+    counts = _label_counts(_logit_threshold(threshold))
+
+    def stats(outputs, targets, mask=None):
+        w = _weights(mask, outputs)
+        total = jnp.where(w > 0, w, 0.0).reshape(-1, outputs.shape[-1]).sum(0)
+        return {**counts(outputs, targets, mask), "count": total}
+
+    def result(s):
+        tp, predicted, actual = s["true_positives"], s["predicted"], s["actual"]
+        negatives = s["count"] - actual
+        rows = [jnp.stack([negatives - (predicted - tp), predicted - tp], -1), jnp.stack([actual - tp, tp], -1)]
+        return jnp.stack(rows, axis=-2)
+
+    return Metric(_thresholded_name("multilabel_confusion_matrix", threshold), stats, result)
+
+
+@register("metrics")
 def mean_iou(average: str = "macro", threshold: float = 0.5) -> Metric:
     """Intersection over union per class, tp / (predicted + actual - tp), averaged over the classes present in the
     targets or the predictions (sklearn's ``jaccard_score(average="macro")``); "none" gives the vector (C,).

@@ -129,3 +129,17 @@ def test_names_and_refusals():
         metrics.roc_auc(average="micro")
     with pytest.raises(ValueError, match=r"outputs of shape \(4, 2\) and targets of shape \(4,\) differ"):
         metrics.roc_auc().stats(jnp.zeros((4, 2)), jnp.zeros(4))
+
+
+def test_multilabel_confusion_matrix_counts_each_label_at_its_threshold():
+    rng = np.random.default_rng(5)
+    logits, y = scores_of(rng, 200, labels=2)
+    mask = (rng.random(200) > 0.2).astype(np.float32)
+    got = epoch(metrics.multilabel_confusion_matrix(threshold=0.3), logits, y, mask=mask)
+    kept = mask > 0
+    predicted, true = 1 / (1 + np.exp(-logits[kept])) > 0.3, y[kept]
+    for k in range(2):  # sklearn's layout: [[tn, fp], [fn, tp]]
+        p, t = predicted[:, k], true[:, k]
+        want = [[np.sum(~p & ~t), np.sum(p & ~t)], [np.sum(~p & t), np.sum(p & t)]]
+        np.testing.assert_array_equal(got[k], want)
+    assert metrics.multilabel_confusion_matrix(threshold=0.3).name == "multilabel_confusion_matrix@0.3"
