@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from training.devices import mesh, platform
 from training.precision import Policy
@@ -76,17 +77,32 @@ def restore(path: Path, abstract: dict, empty_stats: Callable, mesh_) -> tuple[d
             return {**abstract, "epoch_totals": empty_stats(abstract)}
         return abstract
 
-    tree, header = checkpoint.restore(path, expected)
+    tree, header = checkpoint.restore(path, expected, lazy=True)
     totals = tree.pop("epoch_totals", None)
-    return mesh.to_mesh(tree, mesh.state_shardings(tree, mesh_)), header, totals
+    if totals is not None:
+        totals = jax.tree.map(np.asarray, totals)
+    return place(tree, mesh.state_shardings(tree, mesh_)), header, totals
+
+
+def place(tree: dict, shardings: dict) -> dict:
+    """A checkpoint's leaves on the mesh: a sharded checkpoint's built device by device from the pieces that overlap
+    each device's slice (each process reads only the shard files its devices need), a one-file checkpoint's
+    arrays placed whole."""
+
+    def build(leaf, sharding):
+        if isinstance(leaf, checkpoint.Sharded):
+            return jax.make_array_from_callback(leaf.shape, sharding, leaf.__getitem__)
+        return leaf
+
+    return mesh.to_mesh(jax.tree.map(build, tree, shardings), shardings)
 
 
 def load_weights(train_state: dict, path: Path, mesh_, exclude: Sequence[str] = ()) -> dict:
     """Fine-tuning: params and model state from another checkpoint into `train_state`. Key paths under an ``exclude``
     prefix (e.g. ``params.head``, a new classifier) keep their fresh values."""
     expected = {"params": train_state["params"], "state": train_state["state"]}
-    tree, _ = checkpoint.restore(path, expected, only=("params", "state"), exclude=exclude)
-    return {**train_state, **mesh.to_mesh(tree, mesh.state_shardings(tree, mesh_))}
+    tree, _ = checkpoint.restore(path, expected, only=("params", "state"), exclude=exclude, lazy=True)
+    return {**train_state, **place(tree, mesh.state_shardings(tree, mesh_))}
 
 
 def eval_params(train_state: dict, evaluated=None):

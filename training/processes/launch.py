@@ -109,6 +109,9 @@ class Team:
     def share_text(self, name: str, text: str | None) -> str:
         return store.share_text(name, text)
 
+    def gather_texts(self, name: str, text: str) -> list[str] | None:
+        return store.gather_texts(name, text)
+
     def finish(self) -> None:
         """The watchdog stops and every process waits for the others here, so none exits while another still needs
         it (process 0 writes the last checkpoint and plots meanwhile)."""

@@ -44,3 +44,24 @@ def share_text(name: str, text: str | None = None, timeout_s: int = WAIT_S) -> s
 def meet(name: str, timeout_s: int = WAIT_S) -> None:
     """Waits until every process got here (at most `timeout_s`)."""
     client().wait_at_barrier(f"train/{name}", timeout_s * 1000)
+
+
+def gather_texts(name: str, text: str, timeout_s: int = WAIT_S) -> list[str] | None:
+    """Every process's `text`, in process order, on process 0 (None on the others, which do not wait): what each
+    process reports of its part of a checkpoint, which process 0 commits once all have. Safe from a thread other
+    than the one running the step (the store's client is)."""
+    import jax
+
+    key = f"train/{name}"
+    index, count = jax.process_index(), jax.process_count()
+    if index:
+        client().key_value_set(f"{key}/{index}", text)
+        return None
+    texts = [text]
+    for other in range(1, count):
+        try:
+            texts.append(client().blocking_key_value_get(f"{key}/{other}", timeout_s * 1000))
+        except Exception as error:  # the coordinator's wait ran out, or the run is ending
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise DistributedError(f"process {other} did not report its {name}: {first}") from None
+    return texts

@@ -8,6 +8,12 @@ are reported together. Nothing falls back silently to fresh weights.
 Since format version 2 the header records a crc32 of every array (with its dtype and shape) and the file keeps a
 crc32 of the header text, both verified on every read: a flipped byte anywhere is an error, never silently other
 weights. Version 1 files (no checksums) still read.
+
+A run of several processes writes a sharded checkpoint (training/run/shards.py): each process's distinct shards in a
+file of this same format under ``shards/``, and at the checkpoint's name an index, also of this format, holding no
+arrays but a ``shards`` header field: every leaf's dtype and global shape, and each of its pieces' file, corner and
+crc32. ``read`` takes both kinds; from an index it gives ``Sharded`` leaves that read a piece's file only when a slice
+overlapping it is asked for (``lazy``), or whole arrays.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import zlib
 from collections.abc import Callable
@@ -234,9 +241,10 @@ def read_bytes(path: Path) -> bytes:
         return f.read()
 
 
-def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+def read(path: str | Path, lazy: bool = False) -> tuple[dict[str, Any], dict]:
     """The raw arrays by name and the header, after every checksum the file has is verified and every header
-    field is checked; anything wrong is a CheckpointError naming the file and what was wrong."""
+    field is checked; anything wrong is a CheckpointError naming the file and what was wrong. A sharded checkpoint's
+    index gives its leaves whole, or (``lazy``) as ``Sharded`` leaves whose files are read when sliced."""
     from safetensors import SafetensorError
     from safetensors.numpy import load as from_bytes
 
@@ -287,7 +295,159 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     problem = header_problem(header)
     if problem:
         raise CheckpointError(f"{path}: its header {problem}")
+    if "shards" in header:
+        if arrays:
+            raise CheckpointError(f"{path}: an index of shards that holds arrays of its own ({CORRUPT})")
+        arrays = sharded_leaves(path, header["shards"])
+        if not lazy:
+            arrays = {name: leaf[()] for name, leaf in arrays.items()}
     return arrays, header
+
+
+# ------------------------------------------------------------------------------------------ sharded checkpoints
+SHARD_FILE = re.compile(r"shards/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.shard")
+MAX_RANK = 64
+MAX_PIECES = 2**16  # a piece per device at most; an index listing more is refused before any work on them
+MAX_CELLS = 2**22
+
+
+def cover_problem(shape: list[int], boxes: list[tuple[list[int], list[int]]]) -> str | None:
+    """Whether the boxes (start, stop) tile the shape exactly, each value in one box: counted on the grid their
+    corners make (a few cells per box for a sharding's pieces), or what is wrong."""
+    if not shape or math.prod(shape) == 0:
+        return None if len(boxes) == (0 if shape else 1) else "has pieces that do not tile"
+    cuts = [np.unique([0, n, *(b[0][d] for b in boxes), *(b[1][d] for b in boxes)]) for d, n in enumerate(shape)]
+    if math.prod(len(c) - 1 for c in cuts) > MAX_CELLS:
+        return "cuts into too many pieces"
+    counts = np.zeros([len(c) - 1 for c in cuts], np.int32)
+    for start, stop in boxes:
+        counts[tuple(slice(np.searchsorted(c, a), np.searchsorted(c, b)) for c, a, b in zip(cuts, start, stop))] += 1
+    if (counts > 1).any():
+        return "has overlapping pieces"
+    if (counts == 0).any():
+        return "leaves values uncovered"
+    return None
+
+
+def piece_name(leaf: str, start: tuple[int, ...] | list[int]) -> str:
+    """A piece's array name in its shard file: the leaf's key path and its corner in the global array."""
+    return f"{leaf}@{','.join(map(str, start))}"
+
+
+class ShardFiles:
+    """The shard files of one index, each read (and verified in full) once, when a piece of it is first needed."""
+
+    def __init__(self, index: Path, names: list[str]):
+        self.index, self.names, self.read = index, names, {}
+
+    def array(self, file: int, name: str, expected: list) -> np.ndarray:
+        if file not in self.read:
+            path = self.index.parent / self.names[file]
+            for part in (path.parent, path):  # a link would read another file than the one the run wrote
+                if part.is_symlink():
+                    raise CheckpointError(f"{part}: a symbolic link where a shard of {self.index.name} is; refused")
+            arrays, header = read(path)
+            if "shards" in header:
+                raise CheckpointError(f"{path}: an index where a shard file of {self.index} is ({CORRUPT})")
+            self.read[file] = (arrays, header.get("arrays") or {})
+        arrays, described = self.read[file]
+        if name not in arrays or described.get(name) != expected:
+            raise CheckpointError(
+                f"{self.index.parent / self.names[file]}: does not hold piece {name} as {self.index.name} "
+                f"describes it ({CORRUPT})"
+            )
+        return arrays[name]
+
+
+class Sharded:
+    """One leaf of a sharded checkpoint: its dtype and global shape, and a slice of it read from the pieces that
+    overlap the slice (``leaf[index]``, the callback ``jax.make_array_from_callback`` calls per device)."""
+
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple, pieces: list, files: ShardFiles):
+        self.name, self.dtype, self.shape, self.pieces, self.files = name, dtype, shape, pieces, files
+        self.ndim = len(shape)
+        self.check_finite = False
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = index if isinstance(index, tuple) else (index,)
+        index = index + (slice(None),) * (self.ndim - len(index))
+        box = [s.indices(n) for s, n in zip(index, self.shape)]
+        if any(step != 1 for _, _, step in box):
+            raise ValueError(f"{self.name}: only contiguous slices are read, got {index}")
+        low, high = [b[0] for b in box], [max(b[0], b[1]) for b in box]
+        out = np.empty([h - lo for lo, h in zip(low, high)], self.dtype)
+        for file, start, stop, crc in self.pieces:
+            top = [max(a, b) for a, b in zip(low, start)]
+            end = [min(a, b) for a, b in zip(high, stop)]
+            if any(t >= e for t, e in zip(top, end)) and self.ndim:
+                continue
+            shape = [b - a for a, b in zip(start, stop)]
+            piece = self.files.array(file, piece_name(self.name, start), [self.dtype.name, shape, crc])
+            source = tuple(slice(t - s, e - s) for t, e, s in zip(top, end, start))
+            out[tuple(slice(t - lo, e - lo) for t, e, lo in zip(top, end, low))] = piece[source]
+        if self.check_finite and jax.dtypes.issubdtype(out.dtype, np.inexact) and not np.isfinite(out).all():
+            raise CheckpointError(
+                f"{self.files.index}: array {self.name} has NaN/Inf value(s) (a diverged run?); refused, as it "
+                f"would evaluate to nonsense without an error"
+            )
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self[()] if dtype is None else self[()].astype(dtype)
+
+
+def sharded_leaves(path: Path, shards: Any) -> dict[str, Sharded]:
+    """An index's ``shards`` field as leaves, once it is known to describe whole arrays: every piece inside its
+    leaf, none overlapping another, together covering it. A lie is one CheckpointError line naming the leaf."""
+    import jax.numpy as jnp
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: its index of shards {what} ({CORRUPT})")
+
+    if type(shards) is not dict or set(shards) != {"files", "arrays"}:
+        raise bad('is not an object {"files": [...], "arrays": {...}}')
+    names, leaves = shards["files"], shards["arrays"]
+    if type(names) is not list or not all(type(n) is str and SHARD_FILE.fullmatch(n) for n in names):
+        raise bad("names a file outside its shards/ folder, or not a .shard file")
+    if type(leaves) is not dict:
+        raise bad("has no object of arrays")
+    files = ShardFiles(path, names)
+    out = {}
+    for name, entry in leaves.items():
+        if type(entry) is not list or len(entry) != 3 or type(entry[0]) is not str or type(entry[2]) is not list:
+            raise bad(f"describes {name} as {kind_of(entry)}, expected [dtype, shape, pieces]")
+        dtype_name, shape, pieces = entry
+        try:
+            dtype = np.dtype(jnp.dtype(dtype_name))
+        except TypeError:
+            raise bad(f"gives {name} the dtype {dtype_name[:40]!r}") from None
+        if dtype.name != dtype_name:
+            raise bad(f"gives {name} the dtype {dtype_name[:40]!r}")
+        if type(shape) is not list or len(shape) > MAX_RANK or not all(is_int(n, 0) for n in shape):
+            raise bad(f"gives {name} the shape {kind_of(shape)}")
+        size = math.prod(shape)
+        if size >= INT64:
+            raise bad(f"gives {name} the shape {shape}")
+        if type(pieces) is not list or len(pieces) > MAX_PIECES or (not shape and len(pieces) != 1):
+            raise bad(f"has {kind_of(pieces)} as the pieces of {name}")
+        for piece in pieces:
+            corners = piece[1:3] if type(piece) is list else []
+            if (
+                type(piece) is not list
+                or len(piece) != 4
+                or not is_int(piece[0], 0)
+                or piece[0] >= len(names)
+                or not all(type(c) is list and len(c) == len(shape) and all(is_int(n, 0) for n in c) for c in corners)
+                or not is_int(piece[3], 0)
+            ):
+                raise bad(f"has a piece of {name} that is not [file, start, stop, crc32] of its rank")
+            if not all(a < b <= n for a, b, n in zip(piece[1], piece[2], shape)):
+                raise bad(f"has a piece of {name} outside its shape {shape}: {piece[1]} to {piece[2]}")
+        problem = cover_problem(shape, [(p[1], p[2]) for p in pieces])
+        if problem:
+            raise bad(f"{problem} of {name}")
+        out[name] = Sharded(name, dtype, tuple(shape), [tuple(p) for p in pieces], files)
+    return out
 
 
 def restore(
@@ -296,12 +456,15 @@ def restore(
     only: tuple[str, ...] | None = None,
     exclude: tuple[str, ...] = (),
     allow_nonfinite: bool = False,
+    lazy: bool = False,
 ) -> tuple[dict, dict]:
     """Fills `template` (arrays or ShapeDtypeStructs) from the file; `only` restricts to top-level keys. Key paths
     under an `exclude` prefix (``params.head``) keep the template's values, which must then be arrays. A NaN or
     Inf in a restored array is refused unless `allow_nonfinite`: a diverged run's weights evaluate to nonsense
-    without any error. `template` may be a function of the file's header (what the file holds can depend on it)."""
-    arrays, header = read(path)
+    without any error. `template` may be a function of the file's header (what the file holds can depend on it).
+    ``lazy``: a sharded checkpoint's leaves come as ``Sharded`` (each device's slice read when placed, its NaN/Inf
+    refused then), a one-file checkpoint's as arrays."""
+    arrays, header = read(path, lazy=lazy)
     if callable(template):
         template = template(header)
     if only is not None and "params" in only and header.get("eval_params"):
@@ -339,7 +502,9 @@ def restore(
     if not allow_nonfinite:
         for name in likes:
             got = arrays.get(name)
-            if got is not None and jax.dtypes.issubdtype(got.dtype, np.inexact) and not np.isfinite(got).all():
+            if isinstance(got, Sharded):
+                got.check_finite = True
+            elif got is not None and jax.dtypes.issubdtype(got.dtype, np.inexact) and not np.isfinite(got).all():
                 bad = int(got.size - np.isfinite(got).sum())
                 raise CheckpointError(
                     f"{path}: array {name} has {bad} NaN/Inf value(s) of {got.size} (a diverged "

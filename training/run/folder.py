@@ -215,7 +215,7 @@ def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> li
 def written_at(path: Path) -> tuple[int, int] | None:
     """(epoch, step) of a checkpoint file, or None when it is missing or unreadable."""
     try:
-        header = checkpoint.read(path)[1]
+        header = checkpoint.read(path, lazy=True)[1]  # a sharded checkpoint's index: its shards are not read
     except checkpoint.CheckpointError:
         return None
     return header.get("epoch"), header.get("step")

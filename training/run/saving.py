@@ -14,10 +14,12 @@ import re
 import time
 from pathlib import Path
 
+import jax
+
 from files.writes import BEST, LATEST, METRICS, epoch_checkpoint, step_checkpoint
 from training.config.settings import Settings
 from training.devices import mesh
-from training.run import checkpoint
+from training.run import checkpoint, shards
 from training.run import folder as run_folder
 
 # What a position inside an epoch (loader batches of that epoch's order) means depends on these: the training data,
@@ -108,6 +110,7 @@ class Checkpoints:
         self.best, self.best_epoch, self.bad_epochs = None, None, 0
         self.last_save = (0, time.monotonic())  # (step, time) of the last checkpoint, for checkpoint_every
         self.writer = run_folder.Writer(background=settings.async_checkpoints)
+        self.saves = 0  # this process's saves so far: several processes count alike, naming each save's shared tag
 
     def resume(self, header: dict, path: Path, state_step: int) -> list[str]:
         """Continues the best value and early-stopping count of the checkpoint `path` a run resumes from (its
@@ -196,13 +199,27 @@ class Checkpoints:
         keep only the last `rotate` numbered step checkpoints. Returns the pause the loop paid, in seconds."""
         started = time.perf_counter()
         self.writer.wait()
-        # copies (the device buffers go to the next step), gathered from every device: all processes take part
-        host = mesh.to_host(tree)
         run_dir = self.run_dir
+        self.saves += 1
+        if jax.process_count() > 1:
+            # every process copies the distinct shards it holds and writes them (training/run/shards.py): nothing
+            # is gathered to one host; process 0 commits the index once all have written
+            tag, part = shards.new_tag(header["step"], self.saves), shards.take(tree)
+            encode = lambda: shards.write(run_dir, tag, part, header)  # noqa: E731
+        else:
+            host = mesh.to_host(tree)  # copies: the device buffers go on to the next step
+            encode = lambda: checkpoint.encode(host, header)  # noqa: E731
 
         def write():
-            payload = checkpoint.encode(host, header)
             path = run_dir / names[0]
+            try:
+                payload = encode()
+            except OSError as error:
+                raise run_folder.RunFolderError(
+                    f"cannot write a checkpoint in {run_dir}: {error.strerror or error}; nothing was changed"
+                ) from None
+            if payload is None:  # a process other than 0 wrote its shards; process 0 commits them
+                return
             try:
                 for name in names:
                     path = run_dir / name
@@ -217,11 +234,12 @@ class Checkpoints:
                     numbered.sort(key=lambda p: int(step_of(p)))
                     for old in numbered[:-rotate]:
                         old.unlink()
+                shards.remove_unreferenced(run_dir)  # the shard files the replaced indexes named, if any
             except OSError as error:
                 kept = "nothing was changed" if path.name == names[0] else f"{names[0]} holds step {header['step']}"
                 raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
 
-        if mesh.is_main():  # written once, by process 0; every process reads it on resume
+        if mesh.is_main() or jax.process_count() > 1:  # one file: written by process 0 alone
             self.writer.submit(write)
         self.last_save = (header["step"], time.monotonic())
         return time.perf_counter() - started
