@@ -180,7 +180,10 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str, los
     width = None
     if tasks is None:
         target = loader.spec.get("target")
-        if isinstance(target, dict):  # named targets, one loss for all of them
+        # named targets and one loss: a loss that declares a task takes one array (its task is judged on it); one
+        # that declares none (a loss of your own) may take them all, traced on them below
+        entry = entries("loss").get(config["loss"]["name"])
+        if isinstance(target, dict) and entry is not None and entry.task is not None:
             raise ConfigError(
                 f"{source}: loss: {config['loss']['name']} takes one target, but the data has named targets "
                 f"{', '.join(sorted(target))}: give each its own loss (weighted_sum with args.losses per name)"

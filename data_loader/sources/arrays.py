@@ -1,7 +1,9 @@
 """Named numpy arrays from a ``.npz`` file or a folder of ``.npy`` files, mapped to a batch's `input` and `target`.
 
 ``input`` names one array, a list of arrays (the model then receives a dict keyed by those names) or a dict
-{input name: array name}; ``target`` names one array (or null: no target, the outputs are compared with the input);
+{input name: array name}; ``target`` names one array (or null: no target, the outputs are compared with the input),
+or, for a model of several named outputs, a list of array names or {output name: array name} (the batch's target is
+then a dict of those names: each output's loss and metrics take their own, ``weighted_sum``);
 ``mask`` names an array that becomes the batch's mask (e.g. (rows, T), 0 on padding tokens).
 Arrays are memory-mapped, never read whole: a ``.npy`` file through ``np.load(mmap_mode="r")``, an ``.npz`` member
 stored without compression (``np.savez``) at its offset inside the zip file. Only a compressed member
@@ -192,14 +194,11 @@ class ArraysDataset:
     ):
         check_settings(input, target, split, validation_fraction, test_fraction, classes, mask)
         check_split_by(split_by, group, "an array")
-        if isinstance(input, str):
-            inputs = input
-        elif isinstance(input, dict):
-            inputs = dict(input)
-        else:
-            inputs = {name: name for name in input}
+        inputs, targets = _named(input), _named(target)
         names = [inputs] if isinstance(inputs, str) else list(inputs.values())
-        names += [name for name in (target, mask, group) if name is not None]
+        if targets is not None:
+            names += [targets] if isinstance(targets, str) else list(targets.values())
+        names += [name for name in (mask, group) if name is not None]
         self.path = Path(path)
         self.arrays = open_arrays(path, list(dict.fromkeys(names)), mmap)
         lengths = {name: len(a) for name, a in self.arrays.items()}
@@ -219,7 +218,7 @@ class ArraysDataset:
                 f"{path}: the {split} split of {rows} rows is empty (validation_fraction "
                 f"{validation_fraction}, test_fraction {test_fraction})"
             )
-        self.inputs, self.target, self.mask = inputs, target, mask
+        self.inputs, self.target, self.mask = inputs, targets, mask
         self.preprocessing = {"classes": list(classes)} if classes else {}
 
     def __len__(self) -> int:
@@ -229,16 +228,21 @@ class ArraysDataset:
         check_mapped(self.arrays, self.path)  # a mapped file cut short: a message, not SIGBUS
         rows = self.rows[indices]
         read = lambda name: _narrow(np.asarray(self.arrays[name][rows]), name, rows)  # noqa: E731
-        batch = {
-            "input": read(self.inputs)
-            if isinstance(self.inputs, str)
-            else {key: read(name) for key, name in self.inputs.items()}
-        }
+        named = lambda names: read(names) if isinstance(names, str) else {k: read(n) for k, n in names.items()}  # noqa: E731
+        batch = {"input": named(self.inputs)}
         if self.target is not None:
-            batch["target"] = read(self.target)
+            batch["target"] = named(self.target)
         if self.mask is not None:
             batch["mask"] = read(self.mask).astype(np.float32)
         return batch
+
+
+def _named(names):
+    """An array's name as it is, or a list of names / {name in the batch: array name} as {name in the batch: array
+    name}; None stays None."""
+    if names is None or isinstance(names, str):
+        return names
+    return dict(names) if isinstance(names, dict) else {name: name for name in names}
 
 
 def check_settings(
@@ -254,8 +258,16 @@ def check_settings(
         raise ValueError(
             f'input: expected an array name, a list of names or {{"input name": "array name"}}, got {input!r}'
         )
-    if target is not None and not ok_name(target):
-        raise ValueError(f"target: expected an array name or null (no target), got {target!r}")
+    if not (
+        target is None
+        or ok_name(target)
+        or (isinstance(target, list) and target and all(map(ok_name, target)) and len(set(target)) == len(target))
+        or (isinstance(target, dict) and target and all(map(ok_name, target)) and all(map(ok_name, target.values())))
+    ):
+        raise ValueError(
+            'target: expected an array name, null (no target), a list of names or {"output name": "array name"} '
+            f"(one per output of a model of several), got {target!r}"
+        )
     if mask is not None and not ok_name(mask):
         raise ValueError(f"mask: expected an array name or null (no mask), got {mask!r}")
     if split not in SPLITS:
