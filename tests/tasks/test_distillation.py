@@ -14,7 +14,7 @@ from jax.test_util import check_grads
 
 from tasks.distillation.losses import distillation
 from tests.conftest import make_idx_dataset
-from tests.end_to_end.samples import epochs_of, finite, sample_config
+from tests.end_to_end.samples import epochs_of, finite
 from tests.end_to_end.test_train import ROOT, run, write_config
 
 
@@ -62,31 +62,30 @@ def test_distillation_refuses_targets_of_another_shape():
 
 
 def configs(tmp_path):
-    """The template's MNIST sample as the teacher (a small MLP, for speed) and the distillation sample as the
-    student, both on tiny MNIST-format files."""
+    """A teacher (a small MLP trained on the labels, as the MNIST sample would be) and the distillation sample as
+    the student, both on tiny MNIST-format files; built from the sample's own config, so a project made with any
+    samples (whatever its config.json) runs this test."""
     data_dir = tmp_path / "mnist"
     make_idx_dataset(data_dir, n_train=200, n_test=40)
-    files = {"data_dir": str(data_dir), "verify": False, "validation_size": 40}
-    teacher = sample_config(
-        ROOT / "config.json",
-        tmp_path,
-        {**files, "batch_size": 40},
-        trainer__epochs=3,
-        trainer__save_period=3,
-        model__args={"hidden": [32]},
-        model__name="mlp",
-        optimizer__schedule__args__warmup_steps=2,
-    )
-    (tmp_path / "teacher.json").write_text(teacher.read_text())
+    files = {"data_dir": str(data_dir), "verify": False, "validation_size": 40, "batch_size": 40}
     config = json.loads((ROOT / "tasks" / "distillation" / "config.json").read_text())
+    config["trainer"].update(save_dir=str(tmp_path / "saved"), log_every=1)
+    teacher = json.loads(json.dumps(config))
+    teacher["name"] = "teacher"
+    teacher["data_loader"]["train"] = teacher["data_loader"]["train"]["args"]["data"]
+    teacher["data_loader"]["train"]["args"].update(shuffle=True)
+    for spec in teacher["data_loader"].values():
+        spec["args"].update(files)
+    teacher["loss"] = {"name": "cross_entropy"}
+    (tmp_path / "teacher").mkdir()
+    teacher_config = write_config(tmp_path / "teacher", teacher, {"trainer__epochs": 3, "model__args__hidden": [32]})
     train = config["data_loader"]["train"]["args"]
-    train.update(teacher=str(tmp_path / "saved" / "mnist_convnext" / "teacher"), batch_size=40)
+    train.update(teacher=str(tmp_path / "saved" / "teacher" / "teacher"), batch_size=40)
     train["data"]["args"].update(files)
     for split in ("validation", "test"):
-        config["data_loader"][split]["args"].update(files, batch_size=40)
-    config["trainer"].update(save_dir=str(tmp_path / "saved"), log_every=1)
+        config["data_loader"][split]["args"].update(files)
     student = write_config(tmp_path, config, {"trainer__epochs": 3, "model__args__hidden": [16]})
-    return tmp_path / "teacher.json", student
+    return teacher_config, student
 
 
 def test_a_missing_teacher_or_a_bad_inner_loader_is_one_line(tmp_path):
@@ -129,5 +128,5 @@ def test_distillation_sample_end_to_end(tmp_path):
     loader = build(spec, "data_loader", "test", seed=0)
     batch = loader.dataset.get_batch(np.arange(7))
     np.testing.assert_allclose(
-        batch["target"], load_run(tmp_path / "saved" / "mnist_convnext" / "teacher")(batch["input"]), atol=1e-5
+        batch["target"], load_run(tmp_path / "saved" / "teacher" / "teacher")(batch["input"]), atol=1e-5
     )
