@@ -1,6 +1,6 @@
 """The VAE sample (tasks/vae/), written only in files of its own: its loss and metrics against numpy on random
 inputs (gradients included), its sampling in training, and train.py -> test.py -> the export on tiny MNIST-format
-files, as real subprocesses."""
+files, as real subprocesses, then its decoder written as a run of its own and exported alone."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnxruntime
 import pytest
 from jax.test_util import check_grads
 
+from inference.trained_run import load_run
 from tasks.vae import losses
 from tasks.vae.model import decoder_params, vae, vae_decoder
 from tests.conftest import make_idx_dataset
@@ -134,3 +136,22 @@ def test_vae_sample_end_to_end(tmp_path):
     report = json.loads((out / "vae" / "report.json").read_text())
     for entry in report["formats"]:
         assert {o["name"] for o in entry["outputs"]} == {"reconstruction", "mean", "log_var"}
+
+    # the decoder on its own: a run folder of its own, exported like any run, the VAE's reconstruction from the mean
+    decoder_run = tmp_path / "saved" / "mnist_vae" / "v-decoder"
+    written = run("-m", "tasks.vae.decoder", "--run", run_dir)
+    assert written.returncode == 0 and written.stdout.strip() == f"wrote {decoder_run}", written.stderr
+    again = run("-m", "tasks.vae.decoder", "--run", run_dir)
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"error: {decoder_run}: exists already; remove it or give another --out"
+    ]
+    exported = run(
+        "inference/convert_tflite.py", "--run", decoder_run, "--name", "dec", "--output-dir", out, "--formats", "onnx"
+    )
+    assert exported.returncode == 0, exported.stderr
+    vae_run = load_run(run_dir)
+    images = np.random.default_rng(0).uniform(0, 1, (3, 28, 28, 1)).astype(np.float32)
+    outputs, _ = vae_run.model(vae_run.params, vae_run.state, images)
+    session = onnxruntime.InferenceSession(str(out / "dec" / "dec.onnx"))
+    (decoded,) = session.run(None, {session.get_inputs()[0].name: np.asarray(outputs["mean"])})
+    np.testing.assert_allclose(decoded, outputs["reconstruction"], atol=1e-4)
