@@ -28,6 +28,7 @@ before a config's error is reported). A file that fails to import, or a name reg
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import re
 from collections.abc import Callable
@@ -137,7 +138,15 @@ def _find() -> dict[str, list[tuple[str, Path]]]:
             module = ".".join(relative.with_suffix("").parts)
             if module.endswith(".__init__"):
                 module = module[: -len(".__init__")]
-            for kind in kinds & set(KINDS):
+            unknown = sorted(kinds - set(KINDS))
+            if unknown:  # never imported for the kind it meant: its components would be missing without a word
+                close = difflib.get_close_matches(unknown[0], list(KINDS), n=1)
+                raise ComponentError(
+                    f"{relative.as_posix()}: @register({unknown[0]!r}): unknown kind of component"
+                    + (f". Did you mean {close[0]!r}?" if close else "")
+                    + f" Kinds: {', '.join(KINDS)}"
+                )
+            for kind in kinds:
                 found[kind].append((module, relative))
     _FOUND = found
     return found

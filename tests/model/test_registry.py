@@ -95,6 +95,17 @@ def test_a_file_that_fails_to_import_names_itself(own_package):
         available("model")
 
 
+def test_a_kind_misspelt_is_named_not_skipped(own_package):
+    name, write = own_package
+    write("losses.py", 'from model.registry import register\n\n@register("losses")\ndef mine(outputs, targets): ...\n')
+    with pytest.raises(ConfigError) as error:
+        available("model")  # whichever kind is looked up first: the file would never be imported for its own
+    assert str(error.value) == (
+        f"{name}/losses.py: @register('losses'): unknown kind of component. Did you mean 'loss'? Kinds: model, loss, "
+        "metrics, optimizer, transforms, schedule, data_loader, augment, callbacks"
+    )
+
+
 def test_a_name_registered_twice_names_both_files(own_package):
     name, write = own_package
     write(
