@@ -161,3 +161,14 @@ def test_train_py_refuses_a_broken_file_of_your_own_in_one_line(tmp_path):
         "error: mine_cli/models.py: cannot import it for its @register('model') components (ModuleNotFoundError: No "
         "module named 'not_a_module_anywhere')"
     ]
+
+
+def test_looking_up_the_data_loaders_imports_no_jax_with_the_samples_files_among_them():
+    # config errors are reported before JAX loads: a loader of tasks/ (teacher_outputs loads a run) must keep that
+    code = (
+        "import sys\nfrom model.registry import entries\nnames = entries('data_loader')\n"
+        "assert {'teacher_outputs', 'mnist_images', 'prior'} <= set(names), sorted(names)\n"
+        "print('jax' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
