@@ -54,6 +54,7 @@ SAMPLES = {  # in the order the template lists them
     "mnist_multitask": Sample(
         "configs/mnist_multitask.json", ("mnist",), ("tests/end_to_end/test_samples_multitask.py",)
     ),
+    "churn": Sample("configs/churn.json", ("churn",), ("tests/end_to_end/test_samples_churn.py",)),
 }
 
 # Each optional feature: the paths it alone owns. Everything else that names it is one line (or, in the docs, one

@@ -3,6 +3,7 @@
     python inference/predict.py exports/jax_mnist/jax_mnist.onnx digit.png other.jpg [--top 3]   # classes
     python inference/predict.py exports/jax_mnist/jax_mnist.tflite batch.npy
     python inference/predict.py exports/regressor/regressor.onnx rows.csv        # raw values per target column
+    python inference/predict.py exports/churn/churn.onnx customers.csv --out p.csv [--threshold 0.3]   # labels
     python inference/predict.py exports/shakespeare/shakespeare.onnx --text "ROMEO:" --tokens 100   # text
 
 A model of several named outputs (a multi-task model) prints each output by its own task under its name.
@@ -14,9 +15,15 @@ takes .npz files with one such array per input name (`np.savez("x.npz", features
 call declares a padding mask has the named input "mask" (zero on padding): an .npz may hold it beside the input
 (`np.savez("x.npz", input=ids, mask=mask)`); where a file gives none, every position is real (a mask of ones).
 
+A .csv file holds raw rows with the training CSV's column names (in any order): empty cells and categorical columns
+are filled and one-hot encoded as training learned them (`columns` in preprocessing.json), then standardised. A
+multi-label or binary output's labels are those above the decision threshold: the first `threshold` in config.json's
+metrics (the one the run was scored at), else 0.5; `--threshold` overrides it.
+
 `--out FILE` also writes the outputs: .npy, .npz (with the inputs' names), .csv (a row per input of vector outputs)
-or .png (image outputs, one file per input). Inputs far outside the range the model was trained on (`input_range` in
-preprocessing.json: an image of 0..255 given to a model trained on 0..1 arrays) get one `warning:` line on stderr.
+or .png (image outputs, one file per input); a classifier's .csv and .npz hold probabilities and predicted labels.
+Inputs far outside the range the model was trained on (`input_range` in preprocessing.json: an image of 0..255 given
+to a model trained on 0..1 arrays) get one `warning:` line on stderr.
 
 This file imports only numpy, Pillow (for images) and the runtime the model needs, onnxruntime or ai-edge-litert:
 no JAX, no TensorFlow. Copied with the export folder, it is all a deployment machine needs. The converter runs its
@@ -368,24 +375,6 @@ def is_names(value) -> bool:
     return type(value) is list and all(type(v) is str for v in value)
 
 
-# What a preprocessing.json may hold and what each field must be: the file comes with a run folder or an export
-# from elsewhere, and every reader (predict.py, sample.py, the export) takes it through read_preprocessing.
-PREPROCESSING_FIELDS = {
-    "task": (lambda v: type(v) is str, "a string"),
-    "classes": (is_names, "a list of class names"),
-    "vocabulary": (lambda v: type(v) is str and bool(v), "a string of the vocabulary's characters"),
-    "features": (is_names, "a list of column names"),
-    "targets": (is_names, "a list of column names"),
-    "mean": (is_numbers, "a number or a list of numbers"),
-    "std": (lambda v: is_numbers(v) and 0 not in (v if type(v) is list else [v]), "a nonzero number or list of them"),
-    "pixel_scale": (is_number, "a number"),
-    "resize": (lambda v: v in RESAMPLING, f"one of {', '.join(RESAMPLING)}"),
-    "context": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
-    "encoded": (is_names, "a list of column names"),
-    "columns": (lambda v: is_columns(v), "an object of column name -> what training learned of it"),
-}
-
-
 def is_columns(value) -> bool:
     """The CSV loader's record of its declared columns: categories (names), a fill (a number or a category), an
     indicator flag."""
@@ -400,6 +389,24 @@ def is_columns(value) -> bool:
         )
 
     return type(value) is dict and all(fits(learned) for learned in value.values())
+
+
+# What a preprocessing.json may hold and what each field must be: the file comes with a run folder or an export
+# from elsewhere, and every reader (predict.py, sample.py, the export) takes it through read_preprocessing.
+PREPROCESSING_FIELDS = {
+    "task": (lambda v: type(v) is str, "a string"),
+    "classes": (is_names, "a list of class names"),
+    "vocabulary": (lambda v: type(v) is str and bool(v), "a string of the vocabulary's characters"),
+    "features": (is_names, "a list of column names"),
+    "targets": (is_names, "a list of column names"),
+    "mean": (is_numbers, "a number or a list of numbers"),
+    "std": (lambda v: is_numbers(v) and 0 not in (v if type(v) is list else [v]), "a nonzero number or list of them"),
+    "pixel_scale": (is_number, "a number"),
+    "resize": (lambda v: v in RESAMPLING, f"one of {', '.join(RESAMPLING)}"),
+    "context": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+    "encoded": (is_names, "a list of column names"),
+    "columns": (is_columns, "an object of column name -> what training learned of it"),
+}
 
 
 def load_json(path: Path):

@@ -57,7 +57,7 @@ def files_of(folder: Path) -> set[str]:
         (
             ["--samples", "mnist,shakespear_char"],
             "unknown sample 'shakespear_char'; available: mnist, shakespeare_char, tabular_regression, mnist_segmentation, "
-            "cifar10_resnet, mnist_multitask. "
+            "cifar10_resnet, mnist_multitask, churn. "
             "Did you mean 'shakespeare_char'?",
         ),
         (["--samples", ","], "--samples: name at least one of"),

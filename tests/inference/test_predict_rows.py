@@ -1,0 +1,89 @@
+"""predict.py's side of tabular data and thresholds, without a model: raw CSV rows prepared by the recorded
+preprocessing, the decision threshold read from a config, and --out files of probabilities and labels."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from inference.predict import decision_threshold, load_rows, read_preprocessing, write_outputs
+
+RECORDED = {
+    "features": ["plan", "age"],
+    "columns": {
+        "plan": {"categories": ["basic", "pro"], "missing": "constant", "fill": "basic"},
+        "age": {"missing": "median", "fill": 40.0, "indicator": True},
+    },
+    "mean": [0.0, 0.0, 40.0, 0.0],
+    "std": [1.0, 1.0, 10.0, 1.0],
+}
+
+
+def test_raw_rows_are_filled_encoded_and_scaled(tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_text("age,extra,plan\n50,x,pro\n,y,\n30,z,gold\n")
+    warnings = []
+    got = load_rows(path, RECORDED, warnings)
+    np.testing.assert_allclose(got, [[0, 1, 1, 0], [1, 0, 0, 1], [0, 0, -1, 0]])
+    assert warnings == [
+        f"{path}: column 'plan': 'gold' not among the training categories (basic, pro): encoded as none of them"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("plan\npro\n", r"no column 'age'; expected the columns \['plan', 'age'\]"),
+        ("plan,age\npro,old\n", "row 1, column 'age': 'old' is not a number"),
+        ("plan,age\npro\n", "row 1 has 1 cells, the header has 2 columns"),
+    ],
+)
+def test_bad_rows_are_one_error(tmp_path, text, message):
+    path = tmp_path / "rows.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_rows(path, RECORDED)
+    unfilled = {**RECORDED, "columns": {"plan": RECORDED["columns"]["plan"]}, "mean": [0, 0, 0], "std": [1, 1, 1]}
+    path.write_text("plan,age\npro,\n")
+    with pytest.raises(ValueError, match="row 1, column 'age': an empty cell, which training never filled"):
+        load_rows(path, unfilled)
+
+
+def test_a_bad_columns_record_is_refused(tmp_path):
+    path = tmp_path / "preprocessing.json"
+    path.write_text(json.dumps({"columns": {"plan": {"categories": [1, 2]}}}))
+    with pytest.raises(ValueError, match="'columns' is .* expected an object of column name"):
+        read_preprocessing(path)
+    path.write_text(json.dumps(RECORDED))
+    assert read_preprocessing(path) == RECORDED
+
+
+def test_the_decision_threshold_is_the_first_a_metric_names():
+    assert decision_threshold({}) == (0.5, "the default")
+    metrics = [{"name": "roc_auc"}, {"name": "binary_accuracy", "args": {"threshold": 0.3}}]
+    metrics.append({"name": "multilabel_f1", "args": {"threshold": 0.7}})
+    assert decision_threshold({"metrics": metrics}) == (0.3, "metrics.1.args.threshold")
+
+
+def test_out_holds_probabilities_and_labels(tmp_path):
+    logits = np.array([[2.0, -1.0], [-3.0, 0.1]], np.float32)
+    names = ["a", "b"]
+    prep = {"targets": ["churn", "upgrade"]}
+    (table,) = write_outputs(tmp_path / "o.csv", names, logits, "multilabel", prep, 0.6)
+    rows = list(csv.reader(table.open()))
+    assert rows[0] == ["input", "churn probability", "upgrade probability", "churn", "upgrade"]
+    p = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    np.testing.assert_allclose(np.array([r[1:3] for r in rows[1:]], float), p, rtol=1e-7)
+    assert [r[3:] for r in rows[1:]] == [["1", "0"], ["0", "0"]]  # sigmoid(0.1) = 0.525 is under 0.6
+    (npz,) = write_outputs(tmp_path / "o.npz", names, logits, "multilabel", prep, 0.5)
+    with np.load(npz) as saved:
+        assert saved["labels"].tolist() == [[1, 0], [0, 1]] and float(saved["threshold"]) == 0.5
+        np.testing.assert_array_equal(saved["outputs"], logits)
+    (classes,) = write_outputs(tmp_path / "c.csv", names, logits, "classification", {"classes": ["no", "yes"]})
+    rows = list(csv.reader(classes.open()))
+    assert rows[0] == ["input", "no probability", "yes probability", "predicted"]
+    assert [r[-1] for r in rows[1:]] == ["no", "yes"]
+    np.testing.assert_allclose(np.array([r[1:3] for r in rows[1:]], float).sum(1), 1.0, rtol=1e-7)
