@@ -1,0 +1,116 @@
+"""Checkpoints of several processes (training/run/shards.py): every process writes the shards it holds, process 0
+commits an index; resumed on the same mesh bitwise, on another process and device count within 1e-5; a save cut by
+a kill leaves the previous checkpoint the one ``-r auto`` finds."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from tests.end_to_end.test_train import run
+from tests.training.processes.test_runs import finish, start_processes
+from tests.training.test_mesh import assert_close_states, data_dir, devices_env, tiny_config
+from training.run import checkpoint
+
+__all__ = ["data_dir"]  # the fixture, used by name
+
+
+def assert_equal_states(path, want_path) -> None:
+    got, header = checkpoint.read(path)
+    want, want_header = checkpoint.read(want_path)
+    assert (header["epoch"], header["step"]) == (want_header["epoch"], want_header["step"])
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def shard_files(run_dir) -> list[str]:
+    return sorted(p.name for p in (run_dir / "shards").iterdir())
+
+
+def from_epoch_one(run_dir, copy_dir):
+    """A copy of `run_dir` (its shards with it) set back to its epoch-1 checkpoint."""
+    shutil.copytree(run_dir, copy_dir)
+    (copy_dir / "checkpoint-latest.params").write_bytes((run_dir / "checkpoint-epoch_1.params").read_bytes())
+    (copy_dir / "metrics.jsonl").write_text((run_dir / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    return copy_dir / "checkpoint-latest.params"
+
+
+@pytest.mark.slow
+def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_dir):
+    """2 processes x 2 devices, FSDP over the 4: each process writes one shard file per save, the checkpoints are
+    indexes naming both, no shard file is left that no index names. Resumed from epoch 1 on the same mesh the run
+    ends bitwise as the uninterrupted one; on 1 process x 4 devices as data 2 x FSDP 2 within 1e-5; merged into one
+    file it reads as the index does."""
+    config = tiny_config(tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 4}, trainer__save_period=1)
+    for status, _out, err in finish(start_processes(2, 2, "-c", config, "--run-id", "two")):
+        assert status == 0, err
+    two = tmp_path / "saved/tiny/two"
+    latest = checkpoint.read(two / "checkpoint-latest.params", lazy=True)[1]
+    files = latest["shards"]["files"]
+    assert [f.rsplit(".", 2)[1:] for f in files] == [["0", "shard"], ["1", "shard"]]
+    # FSDP: a sharded leaf's pieces come from both files; the step counter (replicated) once, from process 0
+    pieces = latest["shards"]["arrays"]
+    kernel = next(name for name, (_, shape, _) in pieces.items() if name.startswith("params.") and len(shape) == 2)
+    assert sorted(p[0] for p in pieces[kernel][2]) == [0, 0, 1, 1]
+    assert [p[0] for p in pieces["step"][2]] == [0]
+    # epoch 1's and epoch 2's saves are named by the indexes, nothing else is left
+    named = {n for p in two.glob("*.params") for n in checkpoint.read(p, lazy=True)[1]["shards"]["files"]}
+    assert {f"shards/{n}" for n in shard_files(two)} == named and len(named) == 4
+
+    same = from_epoch_one(two, tmp_path / "same")
+    for status, _out, err in finish(start_processes(2, 2, "-r", same)):
+        assert status == 0, err
+    assert_equal_states(same, two / "checkpoint-latest.params")
+
+    other = from_epoch_one(two, tmp_path / "other")
+    resumed = run("train.py", "-r", other, "--set", 'mesh={"data": 2, "fsdp": 2}', env=devices_env(4))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "1 process, mesh {'data': 2, 'fsdp': 2}" in resumed.stdout, resumed.stdout
+    assert_close_states(other, two / "checkpoint-latest.params")
+
+    merged = run("-m", "training.run.shards", "--merge", two, "--out", tmp_path / "one.params")
+    assert merged.returncode == 0, merged.stderr
+    assert "shards" not in checkpoint.read(tmp_path / "one.params")[1]
+    assert_equal_states(tmp_path / "one.params", two / "checkpoint-latest.params")
+
+
+@pytest.mark.slow
+def test_a_kill_during_saves_leaves_the_last_committed_checkpoint(tmp_path, data_dir):
+    """Saving after every call, one process killed (-9) at an arbitrary moment, the other ends by the watchdog:
+    ``-r auto`` finds the last committed index, every shard it names is whole, and the run goes on to end bitwise
+    as the uninterrupted one. Either process is the victim in turn."""
+    config = tiny_config(
+        tmp_path,
+        data_dir,
+        validation=False,
+        mesh={"data": 1, "fsdp": 2},
+        trainer__epochs=12,
+        trainer__checkpoint_every={"steps": 2},
+        data_loader__train__args__batch_size=8,
+    )
+    for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", "full")):
+        assert status == 0, err
+    saved = tmp_path / "saved/tiny"
+    for victim in (1, 0):
+        name = f"killed{victim}"
+        processes = start_processes(2, 1, "-c", config, "--run-id", name, heartbeat=4)
+        latest = saved / name / "checkpoint-latest.params"
+        deadline = time.monotonic() + 240
+        while not latest.is_file():
+            assert time.monotonic() < deadline and processes[1 - victim].poll() is None, finish(processes, 10)
+            time.sleep(0.05)
+        time.sleep(0.5 + victim / 3)
+        processes[victim].send_signal(signal.SIGKILL)
+        for p in processes:
+            p.communicate(timeout=60)
+        assert processes[1 - victim].returncode != 0  # it was killed while training, not after the end
+        header = checkpoint.read(latest)[1]  # every shard it names is there and whole
+        assert header["step"] < 12 * 16
+        for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", name, "-r", "auto")):
+            assert status == 0, err
+        assert_equal_states(latest, saved / "full" / "checkpoint-latest.params")
