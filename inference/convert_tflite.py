@@ -50,7 +50,7 @@ from files.writes import BEST, CONFIG, LATEST, PREPROCESSING  # noqa: E402
 from inference import exporter, verify  # noqa: E402
 from inference.exporter import FORMATS, ExportError, Options, first_line  # noqa: E402
 from inference.inputs import MASK, Inputs, Outputs, with_mask, without_mask  # noqa: E402
-from inference.predict import read_preprocessing  # noqa: E402
+from inference.predict import decision_threshold, read_preprocessing  # noqa: E402
 from inference.routes import FORMATS as DECLARED  # noqa: E402
 from inference.routes import OUTPUT_NAME, routes_of  # noqa: E402
 from inference.trained_run import ModelInputError, load_run  # noqa: E402
@@ -401,6 +401,7 @@ def main(argv=None) -> int:
         atol=args.atol,
         rtol=args.rtol,
         max_accuracy_drop=args.max_accuracy_drop,
+        threshold=decision_threshold(config)[0],
     )
     if args.batch is not None or args.dynamic_batch:
         options.dynamic = {f: args.dynamic_batch for f in FORMATS}
@@ -434,7 +435,9 @@ def main(argv=None) -> int:
         each, measure = outputs.tasks[name], exporter.MEASURES.get(outputs.tasks[name])
         if targets is None or measure is None:
             continue
-        value = exporter.quality(each, outputs.flat(validation.outputs)[i], targets[i], validation.masks)
+        value = exporter.quality(
+            each, outputs.flat(validation.outputs)[i], targets[i], validation.masks, options.threshold
+        )
         qualities.append(f"JAX {measure[1]} {100 * value:.2f}%" + ("" if outputs.single else f" ({name})"))
     tasks = task if outputs.single else ", ".join(f"{n} {t}" for n, t in outputs.tasks.items())
     print(

@@ -51,6 +51,7 @@ class Options:
     rtol: float = verify.RTOL
     max_accuracy_drop: float = 0.5  # percentage points of the task's quality measure, a quantized format only
     seed: int = 0
+    threshold: float = 0.5  # a multi-label output decides above this probability (the config's, predict.py's)
 
 
 class ExportError(Exception):
@@ -123,25 +124,37 @@ def id_bounds(inputs: Inputs, seen: list[np.ndarray] | None, preprocessing: dict
     return bounds
 
 
-def agreement(task: str, got: np.ndarray, want: np.ndarray, mask: np.ndarray | None = None) -> float | None:
-    """The fraction of decisions the export shares with JAX: top-1 per example or position, or logit signs."""
+def agreement(
+    task: str, got: np.ndarray, want: np.ndarray, mask: np.ndarray | None = None, threshold: float = 0.5
+) -> float | None:
+    """The fraction of decisions the export shares with JAX: top-1 per example or position, or each label above
+    ``threshold`` (0.5: the logit's sign)."""
     if task in ("classification", "sequence"):
         same = np.argmax(got, -1) == np.argmax(want, -1)
     elif task == "multilabel":
-        same = (got > 0) == (want > 0)
+        cut = logit_of(threshold)
+        same = (got > cut) == (want > cut)
     else:
         return None
     return masked_mean(same, mask)
 
 
-def quality(task: str, outputs: np.ndarray, targets: np.ndarray | None, mask: np.ndarray) -> float | None:
-    """The task's accuracy against the real targets (None for regression and other tasks)."""
+def quality(
+    task: str, outputs: np.ndarray, targets: np.ndarray | None, mask: np.ndarray, threshold: float = 0.5
+) -> float | None:
+    """The task's accuracy against the real targets (None for regression and other tasks); multi-label at
+    ``threshold``."""
     if targets is None or task not in MEASURES:
         return None
     if task == "multilabel":
-        return masked_mean((outputs > 0) == (targets > 0.5), mask)
+        return masked_mean((outputs > logit_of(threshold)) == (targets > 0.5), mask)
     ids = np.argmax(targets, -1) if targets.shape == outputs.shape else targets
     return masked_mean(np.argmax(outputs, -1) == ids, mask)
+
+
+def logit_of(probability: float) -> float:
+    """The logit whose sigmoid is ``probability``: decisions compare logits, exact where a sigmoid rounds to 1."""
+    return float(np.log(probability) - np.log1p(-probability))
 
 
 def masked_mean(values: np.ndarray, mask: np.ndarray | None) -> float:
@@ -201,7 +214,7 @@ def check(
             comparisons[name].append(
                 verify.compare(g, w, **tolerance, what=f"output {name!r}, random inputs, batch {n}")
             )
-            agreements[name].append(agreement(outputs.tasks[name], g, w))
+            agreements[name].append(agreement(outputs.tasks[name], g, w, threshold=options.threshold))
     per_random = {}
     for name in outputs.names:
         result = verify.merge(comparisons[name])
@@ -236,10 +249,10 @@ def check(
             each = outputs.tasks[name]
             result = verify.compare(got, want, **tolerance, what=f"output {name!r}, validation inputs")
             results.append(result)
-            measured, reference = (quality(each, o, target, validation.masks) for o in (got, want))
+            measured, reference = (quality(each, o, target, validation.masks, options.threshold) for o in (got, want))
             per_validation[name] = {
                 **result.to_dict(),
-                "agreement": agreement(each, got, want, validation.masks),
+                "agreement": agreement(each, got, want, validation.masks, options.threshold),
                 "quality": measured,
                 "jax_quality": reference,
             }
@@ -483,6 +496,8 @@ def build_report(
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "task": task,
         **({} if outputs is None or outputs.single else {"tasks": outputs.tasks}),
+        # where multi-label decisions were made: the config's threshold, as predict.py and test.py decide
+        **({"threshold": options.threshold} if multilabel(task, outputs) else {}),
         "checked_on": jax.default_backend(),
         "validated_on_real_data": validation is not None,
         "validation": checked,
@@ -493,6 +508,10 @@ def build_report(
         "versions": versions,
         "formats": entries,
     }
+
+
+def multilabel(task: str, outputs: Outputs | None) -> bool:
+    return task == "multilabel" or (outputs is not None and "multilabel" in outputs.tasks.values())
 
 
 def distribution_version(package: str) -> str:

@@ -89,6 +89,11 @@ def notes(report: dict) -> list[str]:
             f"Checked on {report['validation']['examples']} real examples of the "
             f"{report['validation']['split']} split, and on random inputs."
         )
+    if "threshold" in report:  # multi-label outputs: where the agreement and the accuracy counted a label predicted
+        lines.append(
+            f"Labels count as predicted above probability {report['threshold']:g} (the config's decision threshold, "
+            "as in test.py and predict.py; at 0.5 this is each logit's sign)."
+        )
     fixed = ", ".join(f"{name} {shape_text(axes)}" for name, axes in report["fixed_axes"].items())
     lines.append(f"Only the batch axis can be symbolic (B); every other axis is fixed at the data's: {fixed}.")
     return lines

@@ -59,6 +59,9 @@ def test_churn_sample_train_test_export_predict_on_raw_rows(tmp_path):
     )
     assert exported.returncode == 0, exported.stderr
     folder = out / "churn"
+    report = json.loads((folder / "report.json").read_text())
+    assert report["task"] == "multilabel" and report["threshold"] == 0.4
+    assert "above probability 0.4 (the config's decision threshold" in (folder / "report.md").read_text()
     # raw rows as a user has them: columns in another order, one more column, empty cells, a category never seen
     raw = tmp_path / "customers.csv"
     raw.write_text(

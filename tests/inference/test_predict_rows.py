@@ -1,5 +1,6 @@
 """predict.py's side of tabular data and thresholds, without a model: raw CSV rows prepared by the recorded
-preprocessing, the decision threshold read from a config, and --out files of probabilities and labels."""
+preprocessing, the decision threshold read from a config, --out files of probabilities and labels; and the export's
+multi-label decisions at that threshold."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from inference.exporter import agreement, quality
 from inference.predict import decision_threshold, load_rows, read_preprocessing, write_outputs
 
 RECORDED = {
@@ -87,3 +89,14 @@ def test_out_holds_probabilities_and_labels(tmp_path):
     assert rows[0] == ["input", "no probability", "yes probability", "predicted"]
     assert [r[-1] for r in rows[1:]] == ["no", "yes"]
     np.testing.assert_allclose(np.array([r[1:3] for r in rows[1:]], float).sum(1), 1.0, rtol=1e-7)
+
+
+def test_the_export_decides_labels_at_the_threshold():
+    logits = np.array([[-0.2], [0.2], [1.0]])  # probabilities 0.45, 0.55, 0.73
+    targets = np.array([[1.0], [0.0], [1.0]])
+    assert quality("multilabel", logits, targets, None) == pytest.approx(1 / 3)  # at 0.5: the signs
+    assert quality("multilabel", logits, targets, None, 0.4) == pytest.approx(2 / 3)
+    assert quality("multilabel", logits, targets, None, 0.6) == pytest.approx(2 / 3)
+    nudged = logits + np.array([[0.0], [0.0], [-0.7]])  # 0.3 = probability 0.57: between 0.5 and 0.6
+    assert agreement("multilabel", nudged, logits, None) == 1.0
+    assert agreement("multilabel", nudged, logits, None, 0.6) == pytest.approx(2 / 3)
