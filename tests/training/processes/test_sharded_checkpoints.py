@@ -4,6 +4,7 @@ a kill leaves the previous checkpoint the one ``-r auto`` finds."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -17,6 +18,16 @@ from tests.training.test_mesh import assert_close_states, data_dir, devices_env,
 from training.run import checkpoint
 
 __all__ = ["data_dir"]  # the fixture, used by name
+
+
+LOAD_RUN = """
+import json, sys
+import numpy as np
+from inference.trained_run import load_run
+from training.run import checkpoint
+loaded = load_run(sys.argv[1])
+print(json.dumps({name: float(np.asarray(v).sum()) for name, v in checkpoint.flatten(loaded.params).items()}))
+"""
 
 
 def assert_equal_states(path, want_path) -> None:
@@ -72,6 +83,26 @@ def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_
     assert resumed.returncode == 0, resumed.stderr
     assert "1 process, mesh {'data': 2, 'fsdp': 2}" in resumed.stdout, resumed.stdout
     assert_close_states(other, two / "checkpoint-latest.params")
+
+    # the readers of a run take its sharded checkpoint: test.py, load_run, --weights (one process)
+    test_split = {
+        "name": "mnist",
+        "args": {"data_dir": str(data_dir), "verify": False, "split": "test", "batch_size": 16},
+    }
+    tested = run("test.py", "--run", two, "--set", f"data_loader.test={json.dumps(test_split)}", env=devices_env(1))
+    assert tested.returncode == 0 and "accuracy" in tested.stdout, tested.stderr
+    loaded = run("-c", LOAD_RUN, two, env=devices_env(1))
+    assert loaded.returncode == 0, loaded.stderr
+    sums = json.loads(loaded.stdout.strip().splitlines()[-1])
+    arrays = checkpoint.read(two / "checkpoint-latest.params")[0]
+    assert sums and sums == {name: float(arrays["params." + name].sum()) for name in sums}
+    weights = run(
+        "train.py",
+        *("-c", config, "--run-id", "tuned", "--epochs", 1, "--weights", two / "checkpoint-latest.params"),
+        *("--set", 'mesh={"data": 1, "fsdp": 2}'),
+        env=devices_env(2),
+    )
+    assert weights.returncode == 0 and "params and model state from" in weights.stdout, weights.stderr
 
     merged = run("-m", "training.run.shards", "--merge", two, "--out", tmp_path / "one.params")
     assert merged.returncode == 0, merged.stderr
