@@ -177,7 +177,8 @@ def main(argv=None) -> int:
     if header.get("eval_params"):  # an ema callback's average, say: what the run evaluated and saved as best
         print(f"  weights: {header['eval_params']} (the run evaluated these, not the trained parameters)")
     tokens = {f"{'' if o is None else o + '/'}accuracy" for o, each, _ in heads if each == "sequence"}
-    classes_of = {f"{'' if o is None else o + '/'}": p.get("classes") for o, _, p in heads}
+    # per-class or per-label vectors named by the data's classes, or by a CSV's target columns (one label each)
+    classes_of = {f"{'' if o is None else o + '/'}": p.get("classes") or p.get("targets") for o, _, p in heads}
     for name, value in results.items():
         if isinstance(value, float):
             label = f"{name[: -len('accuracy')]}token accuracy" if name in tokens else name
