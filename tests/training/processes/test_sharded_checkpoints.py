@@ -111,10 +111,11 @@ def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_
 
 
 @pytest.mark.slow
-def test_a_kill_during_saves_leaves_the_last_committed_checkpoint(tmp_path, data_dir):
+def test_a_kill_during_saves_or_sigterm_to_all_leaves_a_committed_checkpoint(tmp_path, data_dir):
     """Saving after every call, one process killed (-9) at an arbitrary moment, the other ends by the watchdog:
     ``-r auto`` finds the last committed index, every shard it names is whole, and the run goes on to end bitwise
-    as the uninterrupted one. Either process is the victim in turn."""
+    as the uninterrupted one. Either process is the victim in turn. SIGTERM to both: one checkpoint at the step they
+    stop at, committed, resumed the same way."""
     config = tiny_config(
         tmp_path,
         data_dir,
@@ -145,3 +146,27 @@ def test_a_kill_during_saves_leaves_the_last_committed_checkpoint(tmp_path, data
         for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", name, "-r", "auto")):
             assert status == 0, err
         assert_equal_states(latest, saved / "full" / "checkpoint-latest.params")
+
+    # SIGTERM to every process (SLURM's --signal): all save at the same step, one checkpoint committed, written by
+    # both, from which -r auto ends as the run never stopped
+    processes = start_processes(2, 1, "-c", config, "--run-id", "stopped")
+    latest = saved / "stopped" / "checkpoint-latest.params"
+    deadline = time.monotonic() + 240
+    while not latest.is_file():
+        assert time.monotonic() < deadline, finish(processes, 10)
+        time.sleep(0.05)
+    time.sleep(0.5)
+    signalled = time.monotonic()
+    for p in processes:
+        p.send_signal(signal.SIGTERM)
+    results = finish(processes, 60)
+    took = time.monotonic() - signalled
+    assert [status for status, _, _ in results] == [143, 143], results[0][2][-2000:] + results[1][2][-2000:]
+    assert "stopped by SIGTERM" in results[0][1], results[0][1][-2000:]
+    header = checkpoint.read(latest)[1]
+    assert header["step"] < 12 * 16 and [f.rsplit(".", 2)[1] for f in header["shards"]["files"]] == ["0", "1"]
+    print(f"SIGTERM to both processes ended, checkpoint committed: {took:.2f} s")
+    assert took < 30, took
+    for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", "stopped", "-r", "auto")):
+        assert status == 0, err
+    assert_equal_states(latest, saved / "full" / "checkpoint-latest.params")
