@@ -177,3 +177,20 @@ def test_unreferenced_shard_files_are_removed_after_a_commit(tmp_path):
     shards.remove_unreferenced(run_dir)
     assert sorted(p.name for p in (run_dir / "shards").iterdir()) == ["step_8-cccc.0.shard"]
     checkpoint.read(run_dir / "checkpoint-latest.params")
+
+
+def test_a_slice_reads_only_the_pieces_it_overlaps(tmp_path):
+    """Each device's slice reads the bytes of the pieces that overlap it and no others: a damaged piece elsewhere
+    is not read (and so not noticed) until a slice that needs it is asked for."""
+    index = write_sharded(tmp_path / "run")
+    path = shard_of(index)
+    piece = checkpoint.PieceFile(path)
+    begin, _ = piece.layout["params.w@8,0"]["data_offsets"]
+    data = bytearray(path.read_bytes())
+    data[piece.start + begin] ^= 0x01
+    del piece
+    path.write_bytes(bytes(data))
+    lazy = checkpoint.read(index, lazy=True)[0]
+    np.testing.assert_array_equal(lazy["params.w"][(slice(0, 8), slice(0, 4))], W[:8])
+    with pytest.raises(checkpoint.CheckpointError, match="array params.w@8,0 fails its checksum"):
+        lazy["params.w"][(slice(7, 10), slice(0, 4))]

@@ -241,6 +241,30 @@ def read_bytes(path: Path) -> bytes:
         return f.read()
 
 
+def header_of(path: Path, meta: dict) -> dict:
+    """The checkpoint header a safetensors file's metadata holds, once its checksum and version are checked."""
+    text = meta.get("header")
+    if text is None:
+        raise CheckpointError(f"{path}: a safetensors file without a checkpoint header (not written by this code?)")
+    if "header_crc32" in meta and meta["header_crc32"] != text_crc(text):
+        raise CheckpointError(f"{path}: its header fails its checksum ({CORRUPT})")
+    try:
+        header = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(f"{path}: its header is not JSON ({type(error).__name__}: {error})") from None
+    if type(header) is not dict:
+        raise CheckpointError(f"{path}: its header is {kind_of(header)}, expected a JSON object")
+    version = header.get("format_version")
+    if not is_int(version, 1) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: its header field 'format_version' is {kind_of(version)}, this code reads "
+            f"versions 1 to {FORMAT_VERSION}"
+        )
+    if version >= 2 and ("header_crc32" not in meta or "arrays" not in header):
+        raise CheckpointError(f"{path}: format version {version} without its checksums ({CORRUPT})")
+    return header
+
+
 def read(path: str | Path, lazy: bool = False) -> tuple[dict[str, Any], dict]:
     """The raw arrays by name and the header, after every checksum the file has is verified and every header
     field is checked; anything wrong is a CheckpointError naming the file and what was wrong. A sharded checkpoint's
@@ -271,25 +295,7 @@ def read(path: str | Path, lazy: bool = False) -> tuple[dict[str, Any], dict]:
         raise CheckpointError(
             f"{path}: not a readable checkpoint (truncated or corrupt?): {type(error).__name__}: {error}"
         ) from None
-    text = meta.get("header")
-    if text is None:
-        raise CheckpointError(f"{path}: a safetensors file without a checkpoint header (not written by this code?)")
-    if "header_crc32" in meta and meta["header_crc32"] != text_crc(text):
-        raise CheckpointError(f"{path}: its header fails its checksum ({CORRUPT})")
-    try:
-        header = json.loads(text)
-    except (ValueError, RecursionError) as error:
-        raise CheckpointError(f"{path}: its header is not JSON ({type(error).__name__}: {error})") from None
-    if type(header) is not dict:
-        raise CheckpointError(f"{path}: its header is {kind_of(header)}, expected a JSON object")
-    version = header.get("format_version")
-    if not is_int(version, 1) or version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path}: its header field 'format_version' is {kind_of(version)}, this code reads "
-            f"versions 1 to {FORMAT_VERSION}"
-        )
-    if version >= 2 and ("header_crc32" not in meta or "arrays" not in header):
-        raise CheckpointError(f"{path}: format version {version} without its checksums ({CORRUPT})")
+    header = header_of(path, meta)
     if "arrays" in header:
         verify_arrays(path, header["arrays"], arrays, layout, memoryview(data), start)
     problem = header_problem(header)
@@ -307,6 +313,7 @@ def read(path: str | Path, lazy: bool = False) -> tuple[dict[str, Any], dict]:
 # ------------------------------------------------------------------------------------------ sharded checkpoints
 SHARD_FILE = re.compile(r"shards/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.shard")
 MAX_RANK = 64
+HEADER_LIMIT = 100 * 2**20  # a shard file's JSON header is kilobytes to megabytes; a larger length is not one
 MAX_PIECES = 2**16  # a piece per device at most; an index listing more is refused before any work on them
 MAX_CELLS = 2**22
 
@@ -334,29 +341,104 @@ def piece_name(leaf: str, start: tuple[int, ...] | list[int]) -> str:
     return f"{leaf}@{','.join(map(str, start))}"
 
 
+class PieceFile:
+    """A shard file read piece by piece: its header read whole and checked as ``read`` checks one (the file's size,
+    the JSON's bytes, the header's checksum, version and fields), then each array's bytes only when asked for,
+    checked against the crc32 the header records. A link is refused (O_NOFOLLOW)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: no such checkpoint file") from None
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot read the checkpoint: {error.strerror or error}") from None
+        size = os.fstat(self.fd).st_size
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            raise CheckpointError(f"{path}: cannot read the checkpoint: not a regular file")
+        described = None
+        try:
+            length = int.from_bytes(os.pread(self.fd, 8, 0), "little")
+            if length > min(size - 8, HEADER_LIMIT):
+                raise ValueError("its header's length is past the end of the file")
+            text = os.pread(self.fd, length, 8)
+            self.layout = json.loads(text)
+            meta = self.layout.pop("__metadata__", None) or {}
+            if text[:1] != b"{" or text.rstrip(b" ")[-1:] != b"}":
+                raise ValueError("the header has bytes around its JSON")
+            ends = [entry["data_offsets"] for entry in self.layout.values()]
+            if not all(is_int(a, 0) and is_int(b, a) for a, b in ends):
+                raise ValueError("an array's offsets are not two growing integers")
+            described = 8 + length + max((b for _, b in ends), default=0)
+            if described != size:
+                raise ValueError(f"{size:,} bytes, its header describes {described:,}")
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as error:
+            raise CheckpointError(
+                f"{path}: not a readable checkpoint (truncated or corrupt?): {type(error).__name__}: {error}"
+            ) from None
+        self.start = 8 + length
+        self.header = header_of(path, meta)
+        entries = self.header.get("arrays")
+        if type(entries) is not dict or set(entries) != set(self.layout):
+            raise CheckpointError(f"{path}: its header's arrays are not the file's ({CORRUPT})")
+        problem = header_problem(self.header)
+        if problem:
+            raise CheckpointError(f"{path}: its header {problem}")
+
+    def array(self, name: str) -> np.ndarray:
+        import jax.numpy as jnp
+
+        begin, end = self.layout[name]["data_offsets"]
+        data = os.pread(self.fd, end - begin, self.start + begin)
+        entry = self.header["arrays"][name]
+        try:
+            dtype = np.dtype(jnp.dtype(entry[0])).newbyteorder("<")
+            array = np.frombuffer(data, dtype).reshape(entry[1])
+        except (TypeError, ValueError, IndexError):
+            raise CheckpointError(f"{self.path}: array {name} fails its checksum ({CORRUPT})") from None
+        if describe(array, memoryview(data)) != entry:
+            raise CheckpointError(f"{self.path}: array {name} fails its checksum ({CORRUPT})")
+        return array
+
+    def __del__(self):
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+
+
 class ShardFiles:
-    """The shard files of one index, each read (and verified in full) once, when a piece of it is first needed."""
+    """The shard files of one index, each opened once, its pieces read when first needed; the pieces of the leaf
+    being read are kept (the devices that hold copies of a slice ask for it in turn), no others."""
 
     def __init__(self, index: Path, names: list[str]):
-        self.index, self.names, self.read = index, names, {}
+        self.index, self.names, self.open, self.kept = index, names, {}, {}
 
     def array(self, file: int, name: str, expected: list) -> np.ndarray:
-        if file not in self.read:
+        if file not in self.open:
             path = self.index.parent / self.names[file]
             for part in (path.parent, path):  # a link would read another file than the one the run wrote
                 if part.is_symlink():
                     raise CheckpointError(f"{part}: a symbolic link where a shard of {self.index.name} is; refused")
-            arrays, header = read(path)
-            if "shards" in header:
+            if not path.exists():
+                raise CheckpointError(
+                    f"{path}: missing, a shard file of {self.index} (an index reads its shards/ beside it: copy the "
+                    f"run folder whole, or merge it into one file: python -m training.run.shards --merge)"
+                )
+            opened = PieceFile(path)
+            if "shards" in opened.header:
                 raise CheckpointError(f"{path}: an index where a shard file of {self.index} is ({CORRUPT})")
-            self.read[file] = (arrays, header.get("arrays") or {})
-        arrays, described = self.read[file]
-        if name not in arrays or described.get(name) != expected:
+            self.open[file] = opened
+        opened = self.open[file]
+        if name not in opened.layout or opened.header["arrays"].get(name) != expected:
             raise CheckpointError(
-                f"{self.index.parent / self.names[file]}: does not hold piece {name} as {self.index.name} "
-                f"describes it ({CORRUPT})"
+                f"{opened.path}: does not hold piece {name} as {self.index.name} describes it ({CORRUPT})"
             )
-        return arrays[name]
+        leaf = name.rpartition("@")[0]
+        if (file, name) not in self.kept:
+            if any(key[1].rpartition("@")[0] != leaf for key in self.kept):
+                self.kept = {}
+            self.kept[file, name] = opened.array(name)
+        return self.kept[file, name]
 
 
 class Sharded:
