@@ -315,10 +315,7 @@ def _numbers(path: Path, header: list[str], rows: list[list[str]], lines: list[i
             except ValueError:
                 value = None
             if value is None or not math.isfinite(value):
-                what = "an empty cell (a missing value)" if not cell.strip() else f"{cell!r}, not a finite number"
-                raise ValueError(
-                    f"{path}: data row {r + 1} (line {lines[r]}), column {header[column]!r}: {what}"
-                ) from None
+                raise _cell_error(path, header, column, r, lines, cell) from None
             out[r, c] = value
     return out
 
@@ -412,8 +409,8 @@ class CsvDataset:
             self.targets = ids[keep]
             self.preprocessing["classes"] = classes
         else:
-            self.targets = _numbers(path, header, [rows[i] for i in keep], [lines[i] for i in keep], target_columns)
-            self.targets = self.targets.astype(np.float32)
+            # every row's targets read, as every feature's: a bad cell is reported whichever split is loaded
+            self.targets = _numbers(path, header, rows, lines, target_columns)[keep].astype(np.float32)
         if learned:
             self.preprocessing.update(columns=learned, encoded=names)
         self.preprocessing.update(mean=[float(v) for v in mean], std=[float(v) for v in std])

@@ -119,3 +119,11 @@ def test_declarations_that_need_the_file(raw):
         CsvDataset(path, "label", columns={**COLUMNS, "agee": {"missing": "mean"}})
     with pytest.raises(ValueError, match="columns.label: a target may only be declared categorical"):
         CsvDataset(path, "label", columns={**COLUMNS, "label": {"missing": "mean"}})
+
+
+def test_a_bad_target_cell_is_named_by_its_file_row_whichever_split_is_loaded(tmp_path):
+    lines = ["plan,y"] + [f"{'ab'[i % 2]},{i}" for i in range(19)] + ["a,oops"]
+    path = write(tmp_path / "t.csv", "\n".join(lines) + "\n")
+    for split in ("train", "test"):  # row 20 is in the test split (split_by "order")
+        with pytest.raises(ValueError, match=r"data row 20 \(line 21\), column 'y': 'oops', not a finite number"):
+            CsvDataset(path, "y", split=split, split_by="order", columns={"plan": {"categorical": True}})
