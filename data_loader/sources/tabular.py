@@ -429,7 +429,7 @@ class CsvDataset:
                 where = "is not one of the features" if name in header else "is not a column of the file"
                 close = difflib.get_close_matches(name, features, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"{path}: columns.{name}: {where} ({', '.join(features)}).{hint}")
+                raise ValueError(f"{path}: columns.{name}: {where}; the features: {', '.join(features)}.{hint}")
 
     def __len__(self) -> int:
         return len(self.inputs)

@@ -115,7 +115,9 @@ def test_declarations_that_need_the_file(raw):
         ValueError, match=r"column 'plan': 'basic', not a finite number; declare columns.plan.categorical"
     ):
         CsvDataset(path, "label", features=["plan", "fee"])
-    with pytest.raises(ValueError, match=r"columns.agee: is not a column of the file \(plan, age, fee\). Did you"):
+    with pytest.raises(
+        ValueError, match=r"columns.agee: is not a column of the file; the features: plan, age, fee. Did you"
+    ):
         CsvDataset(path, "label", columns={**COLUMNS, "agee": {"missing": "mean"}})
     with pytest.raises(ValueError, match="columns.label: a target may only be declared categorical"):
         CsvDataset(path, "label", columns={**COLUMNS, "label": {"missing": "mean"}})
