@@ -55,8 +55,8 @@ def from_epoch_one(run_dir, copy_dir):
 def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_dir):
     """2 processes x 2 devices, FSDP over the 4: each process writes one shard file per save, the checkpoints are
     indexes naming both, no shard file is left that no index names. Resumed from epoch 1 on the same mesh the run
-    ends bitwise as the uninterrupted one; on 1 process x 4 devices as data 2 x FSDP 2 within 1e-5; merged into one
-    file it reads as the index does."""
+    ends bitwise as the uninterrupted one; on 1 process x 4 devices as data 2 x FSDP 2 and on 4 processes x 1 device
+    within 1e-5; merged into one file it reads as the index does."""
     config = tiny_config(tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 4}, trainer__save_period=1)
     for status, _out, err in finish(start_processes(2, 2, "-c", config, "--run-id", "two")):
         assert status == 0, err
@@ -83,6 +83,11 @@ def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_
     assert resumed.returncode == 0, resumed.stderr
     assert "1 process, mesh {'data': 2, 'fsdp': 2}" in resumed.stdout, resumed.stdout
     assert_close_states(other, two / "checkpoint-latest.params")
+
+    four = from_epoch_one(two, tmp_path / "four")
+    for status, _out, err in finish(start_processes(4, 1, "-r", four)):
+        assert status == 0, err
+    assert_close_states(four, two / "checkpoint-latest.params")
 
     # the readers of a run take its sharded checkpoint: test.py, load_run, --weights (one process)
     test_split = {
