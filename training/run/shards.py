@@ -19,7 +19,6 @@ folder whole, or merge the checkpoint into one file to share it:
 
 from __future__ import annotations
 
-import argparse
 import json
 import secrets
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from files.writes import refuse_unsafe
+from files.writes import UnsafeFile
 from training.devices import mesh
 from training.run import checkpoint
 
@@ -83,13 +82,15 @@ def write(run_dir: Path, tag: str, part: tuple[dict, dict], header: dict) -> byt
     name = f"{SHARDS}/{tag}.{jax.process_index()}.shard"
     try:
         folder = run_dir / SHARDS
-        refuse_unsafe(folder)  # a link here would put the shards elsewhere
-        folder.mkdir(exist_ok=True)
+        if folder.is_symlink():  # it would put the shards elsewhere
+            raise UnsafeFile(folder, "a symbolic link")
         arrays = {n: checkpoint.little_endian(a) for n, a in pieces.items()}
         # each piece's shape and crc32, which process 0 writes into the index
         described = {n: checkpoint.describe(a, checkpoint.raw_bytes(a))[1:] for n, a in arrays.items()}
-        checkpoint.save(run_dir / name, arrays, {"epoch": header["epoch"], "step": header["step"], "tag": tag})
-        report = json.dumps({"file": name, "pieces": described})
+        if arrays:  # none: every shard this process holds is a replica of another process's
+            folder.mkdir(exist_ok=True)
+            checkpoint.save(run_dir / name, arrays, {"epoch": header["epoch"], "step": header["step"], "tag": tag})
+        report = json.dumps({"file": name if arrays else None, "pieces": described})
     except OSError as error:
         report = json.dumps({"error": f"{error.filename or name}: {error.strerror or error}"})
         gather(f"checkpoint-{tag}", report)
@@ -101,6 +102,8 @@ def write(run_dir: Path, tag: str, part: tuple[dict, dict], header: dict) -> byt
     for index, text in enumerate(map(json.loads, reports)):
         if "error" in text:
             raise OSError(f"process {index} could not write its shards ({text['error']})")
+        if text["file"] is None:
+            continue
         files.append(text["file"])
         for piece, (shape, crc) in text["pieces"].items():
             leaf, _, start = piece.rpartition("@")
@@ -148,9 +151,9 @@ def merge(source: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.run.cli import fail
+    from training.run.cli import ArgumentParser, fail
 
-    parser = argparse.ArgumentParser(prog="python -m training.run.shards", description=merge.__doc__)
+    parser = ArgumentParser(prog="python -m training.run.shards", description=merge.__doc__)
     parser.add_argument("--merge", required=True, metavar="RUN", help="a run folder or a checkpoint's index")
     parser.add_argument("--out", metavar="FILE", help="where to write it (default: beside it, *-one_file.params)")
     args = parser.parse_args(argv)
