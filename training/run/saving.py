@@ -196,7 +196,9 @@ class Checkpoints:
         """Writes `tree` and `header` to the run folder's files `names`, in order, then the metrics `row`, once the
         previous save has finished. The state is copied to host memory here, at the step boundary; encoding and
         writing run on a background thread (trainer.async_checkpoints) while training goes on. ``rotate`` > 0: also
-        keep only the last `rotate` numbered step checkpoints. Returns the pause the loop paid, in seconds."""
+        keep only the last `rotate` numbered step checkpoints. Returns the pause the loop paid, in seconds. One
+        process writes one file; several write a sharded checkpoint, each its shards and process 0 the index that
+        commits them (training/run/shards.py)."""
         started = time.perf_counter()
         self.writer.wait()
         run_dir = self.run_dir
