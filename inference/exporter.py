@@ -33,6 +33,7 @@ from inference.routes import FORMATS as DECLARED
 from inference.routes import OUTPUT_NAME, ROUTES, export_bytes, load_runner, routes_of
 from signals import stops
 from training.config.file import ConfigError
+from training.run.folder import model_code
 from training.step import loss_mask
 
 REPO = Path(__file__).resolve().parents[1]
@@ -531,7 +532,8 @@ def write_extras(
     preprocessing, plus the inputs, the output (or each named output and its task) and the task that predict.py
     reads), and the report."""
     (folder / CONFIG).write_text(json.dumps(source.config, indent=2) + "\n")
-    shutil.copytree(REPO / "model", folder / "model", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for code in model_code(source.config):  # model/, and a model's own folder where a file of your own defines it
+        shutil.copytree(REPO / code, folder / code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy2(Path(__file__).with_name("predict.py"), folder / "predict.py")
     named = (
         {"output_name": OUTPUT_NAME}

@@ -116,6 +116,8 @@ def test_vae_sample_end_to_end(tmp_path):
     trained = run("train.py", "-c", config, "--run-id", "v")
     assert trained.returncode == 0, trained.stderr
     run_dir = tmp_path / "saved" / "mnist_vae" / "v"
+    # the code of the weights travels with them: model/, and the VAE's own folder, where its model is written
+    assert (run_dir / "model" / "model.py").is_file() and (run_dir / "tasks" / "vae" / "model.py").is_file()
     rows = epochs_of(run_dir)
     assert len(rows) == 3
     for key in ("train/loss", "train/kl", "train/reconstruction", "val/loss", "val/kl", "val/reconstruction"):
@@ -133,6 +135,7 @@ def test_vae_sample_end_to_end(tmp_path):
         "inference/convert_tflite.py", "--run", run_dir, "--name", "vae", "--output-dir", out, "--formats", "jax,onnx"
     )
     assert exported.returncode == 0, exported.stderr
+    assert (out / "vae" / "tasks" / "vae" / "model.py").is_file()
     report = json.loads((out / "vae" / "report.json").read_text())
     for entry in report["formats"]:
         assert {o["name"] for o in entry["outputs"]} == {"reconstruction", "mean", "log_var"}

@@ -33,6 +33,8 @@ from files.writes import (
 from training.config.notebook_components import NOTEBOOK, kernel_components
 from training.run import checkpoint
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository: where model/ and tasks/ lie
+
 
 class RunFolderError(Exception):
     """A run folder that cannot be created, held or written: reported as one line."""
@@ -221,24 +223,39 @@ def written_at(path: Path) -> tuple[int, int] | None:
     return header.get("epoch"), header.get("step")
 
 
+def model_code(config: dict) -> list[Path]:
+    """The code that defines a run's weights, as folders relative to the repository: model/, and the folder of a
+    model written in a file of your own (tasks/vae/ for the VAE sample's model), which a run folder and an export
+    copy beside it. A model registered in a notebook has no file (notebook.json names it)."""
+    from model.registry import entries
+
+    folders = [Path("model")]
+    name = (config.get("model") or {}).get("name")
+    entry = entries("model").get(name) if isinstance(name, str) else None
+    code = getattr(entry.fn, "__code__", None) if entry else None
+    source = Path(code.co_filename).resolve() if code else None
+    if source and source.is_relative_to(ROOT) and not source.is_relative_to(ROOT / "model"):
+        folders.append(source.parent.relative_to(ROOT))
+    return folders
+
+
 def write_run_files(run_dir: Path, config: dict, run, new: bool = True) -> None:
     """What makes a folder a run that test.py, sample.py, the export and load_run take, as train.py and ``fit``
     write it: the resolved config, the training data's preprocessing, a copy of model/ (``new``: the code of the
     weights), and notebook.json naming the components that only this process knows. ``run``: the assembled run
     (``training.assembly.Run``) with its train data loaded."""
-    import model
-
     if new:
-        # copied into a folder made here, then swapped in: a folder named model/ in a run folder from elsewhere
-        # (a requeued -r auto run) may hold links, and copying over them would write through them
-        building = temporary_folder(run_dir / "model")
-        try:
-            code = Path(model.__file__).parent
-            shutil.copytree(code, building, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-            replace_folder(building, run_dir / "model")
-        except BaseException:
-            shutil.rmtree(building, ignore_errors=True)
-            raise
+        for code in model_code(config):
+            # copied into a folder made here, then swapped in: a folder named model/ in a run folder from elsewhere
+            # (a requeued -r auto run) may hold links, and copying over them would write through them
+            (run_dir / code).parent.mkdir(parents=True, exist_ok=True)
+            building = temporary_folder(run_dir / code)
+            try:
+                shutil.copytree(ROOT / code, building, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+                replace_folder(building, run_dir / code)
+            except BaseException:
+                shutil.rmtree(building, ignore_errors=True)
+                raise
     write_atomic(run_dir / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
     preprocessing = run_preprocessing(run)
     if preprocessing:
