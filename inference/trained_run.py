@@ -50,7 +50,8 @@ class LoadedRun:
     def __call__(self, inputs, mask=None):
         """The model's outputs on a batch of inputs as the run's data loader gives them, in inference mode: the train
         split's deterministic augmentation (normalize...) first, as test.py evaluates. A numpy array. ``mask``: the
-        batch's padding mask, for a model whose call declares one (without it, every position is real)."""
+        batch's padding mask, for a model whose call declares one (without it, every position is real). A model of
+        several named outputs gives a dict of arrays."""
         import jax
         import numpy as np
 
@@ -63,7 +64,7 @@ class LoadedRun:
                 return model(params, state, x, train=False, **({} if mask is None else {"mask": mask}))[0]
 
             self._forward = jax.jit(forward)
-        return np.asarray(self._forward(self.params, self.state, inputs, mask))
+        return jax.tree.map(np.asarray, self._forward(self.params, self.state, inputs, mask))
 
     def output_spec(self):
         """The model's outputs on ``input_spec`` (shapes and dtypes, traced: nothing compiled or run), to check what

@@ -154,7 +154,7 @@ def test_vae_sample_end_to_end(tmp_path):
     assert exported.returncode == 0, exported.stderr
     vae_run = load_run(run_dir)
     images = np.random.default_rng(0).uniform(0, 1, (3, 28, 28, 1)).astype(np.float32)
-    outputs, _ = vae_run.model(vae_run.params, vae_run.state, images)
+    outputs = vae_run(images)  # a dict of numpy arrays, one per named output
     session = onnxruntime.InferenceSession(str(out / "dec" / "dec.onnx"))
-    (decoded,) = session.run(None, {session.get_inputs()[0].name: np.asarray(outputs["mean"])})
+    (decoded,) = session.run(None, {session.get_inputs()[0].name: outputs["mean"]})
     np.testing.assert_allclose(decoded, outputs["reconstruction"], atol=1e-4)
