@@ -90,5 +90,6 @@ def test_a_component_registered_in_a_notebook_is_refused_by_the_tools_in_one_lin
         refused = run(*command)
         assert refused.returncode == 2 and refused.stderr.splitlines() == [
             "error: config.json: model 'notebook_net' was registered in a notebook (notebook.json), so only that "
-            'kernel knows it: move its function into model/model.py with @register("model") to use this run here'
+            "kernel knows it: move its function into a file of your own (tasks/<name>/, found by itself) with "
+            '@register("model") to use this run here'
         ]

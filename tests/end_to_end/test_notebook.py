@@ -51,5 +51,6 @@ def test_the_walkthrough_notebook_runs_in_a_jupyter_kernel(monkeypatch):
     assert refused == [
         "exit status 2",
         "error: config.json: model 'cell_net' was registered in a notebook (notebook.json), so only that kernel knows "
-        'it: move its function into model/model.py with @register("model") to use this run here',
+        "it: move its function into a file of your own (tasks/<name>/, found by itself) with "
+        '@register("model") to use this run here',
     ], refused

@@ -58,8 +58,8 @@ def check_kernel_components(run_dir: Path, source: str) -> None:
             continue
         for name in names:
             if isinstance(name, str) and name not in available(kind):
-                module = KINDS[kind].replace(".", "/") + ".py"
                 raise ConfigError(
                     f"{source}: {kind} {name!r} was registered in a notebook ({path.name}), so only that kernel "
-                    f'knows it: move its function into {module} with @register("{kind}") to use this run here'
+                    f"knows it: move its function into a file of your own (tasks/<name>/, found by itself) with "
+                    f'@register("{kind}") to use this run here'
                 )
