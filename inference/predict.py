@@ -597,6 +597,16 @@ def main(argv=None) -> int:
     title = config.get("name", model_path.stem)
     threshold, origin = (args.threshold, "--threshold") if args.threshold is not None else decision_threshold(config)
     tasks = preprocessing.get("tasks") or {}
+    written = []
+    if args.out is not None:  # before any prediction is printed: outputs the format cannot hold are refused first
+        try:
+            written = write_outputs(Path(args.out), names, raw, task, preprocessing, threshold)
+        except ValueError as error:  # outputs the format cannot hold: nothing written
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"error: cannot write {error.filename or args.out} ({error.strerror or error})", file=sys.stderr)
+            return 1
     if "multilabel" in (task, *tasks.values()):
         print(f"labels predicted above probability {threshold:g} ({origin})")
     if not isinstance(raw, dict):
@@ -612,15 +622,7 @@ def main(argv=None) -> int:
                 info = {**preprocessing, **((preprocessing.get("outputs") or {}).get(output) or {})}
                 text = describe(values[i].astype(np.float64), tasks.get(output, "other"), info, args.top, threshold)
                 print(f"  {output}: {text}")
-    if args.out is not None:
-        try:
-            written = write_outputs(Path(args.out), names, raw, task, preprocessing, threshold)
-        except ValueError as error:  # outputs the format cannot hold: nothing written
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        except OSError as error:
-            print(f"error: cannot write {error.filename or args.out} ({error.strerror or error})", file=sys.stderr)
-            return 1
+    if written:
         print(f"wrote {written[0]}" + (f" ... {written[-1].name} ({len(written)} files)" if len(written) > 1 else ""))
     return 0
 

@@ -106,3 +106,7 @@ def test_image_to_image_run_in_test_py_and_predict_py(tmp_path):
     assert line.startswith("warning: the inputs range over") and "trained on" in line
     refused = run("inference/predict.py", model, tmp_path / "x.npy", "--out", tmp_path / "p.txt")
     assert refused.returncode == 2 and refused.stderr.startswith("error: --out")
+    # images in a .csv: refused before any prediction is printed, nothing written
+    refused = run("inference/predict.py", model, tmp_path / "x.npy", "--out", tmp_path / "p.csv")
+    assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert not (tmp_path / "p.csv").exists()
