@@ -5,17 +5,21 @@ a kill leaves the previous checkpoint the one ``-r auto`` finds."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
 import pytest
 
-from tests.end_to_end.test_train import run
-from tests.training.processes.test_runs import finish, start_processes
+from tests.end_to_end.test_train import ROOT, run
+from tests.training.processes.test_runs import finish, free_port, start_processes
 from tests.training.test_mesh import assert_close_states, data_dir, devices_env, tiny_config
-from training.run import checkpoint
+from training.run import checkpoint, shards
 
 __all__ = ["data_dir"]  # the fixture, used by name
 
@@ -175,3 +179,67 @@ def test_a_kill_during_saves_or_sigterm_to_all_leaves_a_committed_checkpoint(tmp
     for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", "stopped", "-r", "auto")):
         assert status == 0, err
     assert_equal_states(latest, saved / "full" / "checkpoint-latest.params")
+
+
+CUT_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import numpy as np
+    from training.processes.launch import join
+
+    port, index, victim, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    join(f"localhost:{port}", 2, index, heartbeat_timeout=4)
+    import jax
+    from training.devices import mesh
+    from training.run import checkpoint, shards
+
+    grid = mesh.make_mesh({"data": 1, "fsdp": 2})
+
+    def save(step):
+        host = {"params": {"w": np.arange(8.0).reshape(4, 2) * step}, "step": np.int32(step)}
+        tree = mesh.to_mesh(host, mesh.state_shardings(host, grid))
+        tag, part = shards.new_tag(step, step), shards.take(tree)
+        index_bytes = shards.write(folder, tag, part, {"epoch": 1, "step": step})
+        if index_bytes is not None:
+            if step == 2 and victim == 0:  # every process reported; killed before the index's rename
+                os.kill(os.getpid(), signal.SIGKILL)
+            checkpoint.write_atomic(folder / "checkpoint-latest.params", index_bytes)
+
+    save(1)
+    mesh.share_text("saved", "yes" if index == 0 else None)  # the first save committed before the second starts
+    if index == victim == 1:  # its file written, killed before it reports it
+        shards.gather = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+    save(2)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_save_cut_before_its_commit_leaves_the_previous_checkpoint(tmp_path, victim):
+    """Deterministic cuts of a save: process 1 killed after writing its shard file but before reporting it, or
+    process 0 killed after every report but before renaming the index. Either way the index on disk is the previous
+    save's and reads whole; the cut save's files are named by no index and go at the next commit."""
+    port = free_port()
+    env = {**os.environ, **devices_env(1)}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CUT_CHILD, str(port), str(i), str(victim), str(tmp_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for child in children:
+        child.communicate(timeout=120)
+    assert children[victim].returncode == -signal.SIGKILL
+    arrays, header = checkpoint.read(tmp_path / "checkpoint-latest.params")
+    assert header["step"] == 1 and arrays["step"] == 1
+    np.testing.assert_array_equal(arrays["params.w"], np.arange(8.0).reshape(4, 2))
+    left = sorted(p.name for p in (tmp_path / "shards").iterdir())
+    assert len([n for n in left if n.startswith("step_2-")]) == 2, left  # both processes wrote their files
+    shards.remove_unreferenced(tmp_path)
+    assert all(n.startswith("step_1-") for n in shard_files(tmp_path))
+    checkpoint.read(tmp_path / "checkpoint-latest.params")
