@@ -125,6 +125,10 @@ def test_two_processes_equal_one_device_and_resume_in_one(tmp_path, data_dir):
     np.testing.assert_allclose(losses(two), losses(saved / "one"), rtol=0, atol=1e-5)
     for name in ("checkpoint-latest.params", "checkpoint-epoch_1.params", "model_best.params"):
         assert_close_states(two / name, saved / "one" / name)
+    # several processes save shards beside an index; merged into one file, the checkpoint travels alone
+    epoch_1 = two / "checkpoint-epoch_1.params"
+    merged = run("-m", "training.run.shards", "--merge", epoch_1, "--out", epoch_1)
+    assert merged.returncode == 0, merged.stderr
     resumed_dir = resume_in_one(two, saved / "resumed")
     assert_close_states(resumed_dir / "checkpoint-latest.params", saved / "one" / "checkpoint-latest.params")
     np.testing.assert_allclose(losses(resumed_dir), losses(saved / "one"), rtol=0, atol=1e-5)
