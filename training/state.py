@@ -94,7 +94,19 @@ def place(tree: dict, shardings: dict) -> dict:
             return jax.make_array_from_callback(leaf.shape, sharding, leaf.__getitem__)
         return leaf
 
-    return mesh.to_mesh(jax.tree.map(build, tree, shardings), shardings)
+    placed = mesh.to_mesh(jax.tree.map(build, tree, shardings), shardings)
+    sharded = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, checkpoint.Sharded)]
+    if sharded:  # the same index on every process: all of them agree here
+        bad = [leaf for leaf in sharded if leaf.nonfinite]
+        (anywhere,) = mesh.max_over_processes(int(bool(bad)))
+        if bad:
+            raise checkpoint.CheckpointError(bad[0].refusal())
+        if anywhere:
+            raise checkpoint.CheckpointError(
+                f"{sharded[0].files.index}: another process found NaN/Inf values in its slices (a diverged run?); "
+                f"refused"
+            )
+    return placed
 
 
 def load_weights(train_state: dict, path: Path, mesh_, exclude: Sequence[str] = ()) -> dict:

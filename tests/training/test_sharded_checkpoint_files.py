@@ -194,3 +194,22 @@ def test_a_slice_reads_only_the_pieces_it_overlaps(tmp_path):
     np.testing.assert_array_equal(lazy["params.w"][(slice(0, 8), slice(0, 4))], W[:8])
     with pytest.raises(checkpoint.CheckpointError, match="array params.w@8,0 fails its checksum"):
         lazy["params.w"][(slice(7, 10), slice(0, 4))]
+
+
+def test_nan_in_a_placed_slice_is_refused(tmp_path):
+    """A NaN in the pieces a device's slice reads: the restore onto the mesh refuses it in one line."""
+    import jax
+
+    from training import state
+    from training.devices import mesh
+
+    w = W.copy()
+    w[9, 2] = np.nan
+    index = write_sharded(tmp_path / "run", w=w)
+    template = {"params": {"w": jax.ShapeDtypeStruct((10, 4), np.float32)}, "step": jax.ShapeDtypeStruct((), np.int32)}
+    tree, _ = checkpoint.restore(index, template, lazy=True)
+    grid = mesh.make_mesh({"data": 1, "fsdp": 1}, jax.devices()[:1])
+    with pytest.raises(checkpoint.CheckpointError, match=r"array params.w has NaN/Inf value\(s\) \(a diverged run"):
+        state.place(tree, mesh.state_shardings(tree, grid))
+    tree, _ = checkpoint.restore(index, template, lazy=True, allow_nonfinite=True)
+    assert np.isnan(np.asarray(state.place(tree, mesh.state_shardings(tree, grid))["params"]["w"])[9, 2])

@@ -448,7 +448,7 @@ class Sharded:
     def __init__(self, name: str, dtype: np.dtype, shape: tuple, pieces: list, files: ShardFiles):
         self.name, self.dtype, self.shape, self.pieces, self.files = name, dtype, shape, pieces, files
         self.ndim = len(shape)
-        self.check_finite = False
+        self.check_finite, self.nonfinite = False, 0  # NaN/Inf counted in the slices read (``restore``'s check)
 
     def __getitem__(self, index) -> np.ndarray:
         index = index if isinstance(index, tuple) else (index,)
@@ -467,12 +467,16 @@ class Sharded:
             piece = self.files.array(file, piece_name(self.name, start), [self.dtype.name, shape, crc])
             source = tuple(slice(t - s, e - s) for t, e, s in zip(top, end, start))
             out[tuple(slice(t - lo, e - lo) for t, e, lo in zip(top, end, low))] = piece[source]
-        if self.check_finite and jax.dtypes.issubdtype(out.dtype, np.inexact) and not np.isfinite(out).all():
-            raise CheckpointError(
-                f"{self.files.index}: array {self.name} has NaN/Inf value(s) (a diverged run?); refused, as it "
-                f"would evaluate to nonsense without an error"
-            )
+        if self.check_finite and jax.dtypes.issubdtype(out.dtype, np.inexact):
+            # counted, not raised: the processes placing a leaf see their own slices, and decide together
+            self.nonfinite += int(out.size - np.isfinite(out).sum())
         return out
+
+    def refusal(self) -> str:
+        return (
+            f"{self.files.index}: array {self.name} has NaN/Inf value(s) (a diverged run?); refused, as it would "
+            f"evaluate to nonsense without an error"
+        )
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return self[()] if dtype is None else self[()].astype(dtype)
@@ -545,7 +549,7 @@ def restore(
     Inf in a restored array is refused unless `allow_nonfinite`: a diverged run's weights evaluate to nonsense
     without any error. `template` may be a function of the file's header (what the file holds can depend on it).
     ``lazy``: a sharded checkpoint's leaves come as ``Sharded`` (each device's slice read when placed, its NaN/Inf
-    refused then), a one-file checkpoint's as arrays."""
+    counted then, for the placing code to refuse), a one-file checkpoint's as arrays."""
     arrays, header = read(path, lazy=lazy)
     if callable(template):
         template = template(header)

@@ -243,3 +243,56 @@ def test_a_save_cut_before_its_commit_leaves_the_previous_checkpoint(tmp_path, v
     shards.remove_unreferenced(tmp_path)
     assert all(n.startswith("step_1-") for n in shard_files(tmp_path))
     checkpoint.read(tmp_path / "checkpoint-latest.params")
+
+
+NAN_CHILD = textwrap.dedent("""
+    import sys
+    import jax
+    import numpy as np
+    from training.processes.launch import join
+
+    port, index, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    join(f"localhost:{port}", 2, index, heartbeat_timeout=20)
+    from training import state
+    from training.devices import mesh
+    from training.run import checkpoint
+
+    grid = mesh.make_mesh({"data": 1, "fsdp": 2})
+    template = {"params": {"w": jax.ShapeDtypeStruct((10, 4), np.float32)}, "step": jax.ShapeDtypeStruct((), np.int32)}
+    tree, _ = checkpoint.restore(path, template, lazy=True)
+    try:
+        state.place(tree, mesh.state_shardings(tree, grid))
+        print("placed")
+    except checkpoint.CheckpointError as error:
+        print(error)
+    mesh.finish_processes()
+""")
+
+
+@pytest.mark.slow
+def test_nan_seen_by_one_process_is_refused_by_all(tmp_path):
+    """A NaN in the rows only process 1's device holds: both processes refuse the checkpoint (none goes on to
+    train and waits for the other in the step)."""
+    from tests.training.test_sharded_checkpoint_files import W, write_sharded
+
+    w = W.copy()
+    w[9, 2] = np.nan
+    index = write_sharded(tmp_path / "run", w=w)
+    port = free_port()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", NAN_CHILD, str(port), str(i), str(index)],
+            cwd=ROOT,
+            env={**os.environ, **devices_env(1)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [child.communicate(timeout=120) for child in children]
+    lines = [out.strip().splitlines()[-1] for out, _ in outputs]
+    assert lines[1] == f"{index}: array params.w has NaN/Inf value(s) (a diverged run?); refused, as it would " + (
+        "evaluate to nonsense without an error"
+    ), outputs
+    assert lines[0] == f"{index}: another process found NaN/Inf values in its slices (a diverged run?); refused"
