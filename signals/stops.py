@@ -215,6 +215,14 @@ def _end(signum: int) -> None:
     flushing = threading.Thread(target=_flush, daemon=True)
     flushing.start()
     flushing.join(timeout=1)
+    # then nothing more from the main thread, which runs on meanwhile (a write into the folder the undo removes
+    # fails, and its error would print after the stop's line): its standard output and error go to /dev/null
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+    except OSError:
+        pass
     for undo in reversed(_AtOnce.undo):
         try:
             undo()
