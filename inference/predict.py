@@ -10,7 +10,9 @@ A model of several named outputs (a multi-task model) prints each output by its 
 
 Images are resized and normalised as the training data was: the numbers come from `preprocessing.json`, which the
 converter writes next to the model (from the run's data pipeline), plus the run's `config.json` for its name. A
-.npy file holds inputs already preprocessed, (N, H, W, C) or one (H, W, C) sample; a model of several named inputs
+.npy file holds inputs as the model takes them, (N, H, W, C) or one (H, W, C) sample, as `load_run(run)(x)` takes
+them too; with `--raw`, as the data set's files hold them (pixels of 0..255), prepared by the recorded preprocessing
+as images are, as `load_run(run)(x, raw=True)` prepares them. A model of several named inputs
 takes .npz files with one such array per input name (`np.savez("x.npz", features=..., image=...)`). A model whose
 call declares a padding mask has the named input "mask" (zero on padding): an .npz may hold it beside the input
 (`np.savez("x.npz", input=ids, mask=mask)`); where a file gives none, every position is real (a mask of ones).
@@ -291,6 +293,25 @@ def normalised(x: np.ndarray, preprocessing: dict) -> np.ndarray:
     return ((x - mean) / std).astype(np.float32)
 
 
+def from_raw(x: np.ndarray, preprocessing: dict) -> np.ndarray:
+    """An array of numbers as the data set's files hold them (pixels of 0..255, a CSV's columns in their units)
+    made what the model takes, by the preprocessing the run recorded: (x * pixel_scale - mean) / std, the data set's
+    own scaling and the augmentation's normalisation folded in (preprocessing.json). An array of a run that recorded
+    none of them (token ids, numbers used as they are) is what the model takes already. The one rule ``--raw`` and
+    ``load_run(...)(x, raw=True)`` both follow."""
+    if preprocessing.get("columns"):
+        raise ValueError(
+            "the run's CSV declares columns (categorical, missing cells): give raw rows as a .csv file, or an array "
+            "of the encoded features without --raw"
+        )
+    if not any(key in preprocessing for key in ("pixel_scale", "mean", "std")):
+        return x
+    if np.asarray(x).dtype.kind not in "biuf":
+        raise ValueError(f"raw inputs of dtype {np.asarray(x).dtype}: expected numbers")
+    scale = np.asarray(preprocessing.get("pixel_scale", 1.0), np.float32)
+    return normalised(np.asarray(x, np.float32) * scale, preprocessing)
+
+
 def load_rows(path: Path, preprocessing: dict, warnings: list | None = None) -> np.ndarray:
     """A CSV file of raw rows (with the training data's column names as its header; other columns are ignored)
     prepared as the CSV loader prepared the training data (data_loader/sources/tabular.py): each declared column's
@@ -536,6 +557,12 @@ def main(argv=None) -> int:
         "for several); a classifier's .csv and .npz hold probabilities and predicted labels",
     )
     parser.add_argument(
+        "--raw",
+        action="store_true",
+        help=".npy/.npz arrays hold the inputs as the data set's files do (pixels of 0..255, a CSV's numbers in their "
+        "units): the recorded preprocessing is applied, as to images (default: as the model takes them)",
+    )
+    parser.add_argument(
         "--threshold",
         type=float,
         default=None,
@@ -581,7 +608,7 @@ def main(argv=None) -> int:
         if not args.inputs:
             raise ValueError("give input files (images, .csv rows, .npy or .npz batches)")
         warnings = []
-        names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert, warnings)
+        names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert, warnings, args.raw)
         warnings.append(range_warning(x, preprocessing))
         for warning in filter(None, warnings):
             print(f"warning: {warning}", file=sys.stderr)
@@ -785,11 +812,12 @@ def write_file(path: Path, data: bytes) -> Path:
 
 
 def read_inputs(
-    model, paths, preprocessing: dict, invert: bool = False, warnings: list | None = None
+    model, paths, preprocessing: dict, invert: bool = False, warnings: list | None = None, raw: bool = False
 ) -> tuple[list[str], dict]:
     """(a name per example, the model's named inputs) from files: images, .csv rows (raw, as the training CSV held
     them) and .npy batches for a model of one input; .npz files holding one array per input name (a batch, or one
-    example) for any model. What is worth a warning (an unseen category) is added to ``warnings``."""
+    example) for any model. Arrays are what the model takes, or with ``raw`` what the data set's files hold
+    (``from_raw``; a model of one input). What is worth a warning (an unseen category) is added to ``warnings``."""
     expected = {i["name"]: i for i in model.inputs}
     # a padding mask beside other inputs may be left out: then every position is real
     optional = {MASK} if MASK in expected and len(expected) > 1 else set()
@@ -810,6 +838,10 @@ def read_inputs(
                         "input file may hold"
                     )
                 named = {k: archive[k] for k in present}
+            if raw and len(given) > 1:
+                raise ValueError(f"--raw: the model takes {len(given)} named inputs; give them as it takes them")
+            if raw:
+                named = {k: from_raw(v, preprocessing) if k == given[0]["name"] else v for k, v in named.items()}
         elif len(given) > 1:
             raise ValueError(
                 f"{path}: the model takes {len(model.inputs)} named inputs {model.names()}: give .npz "
@@ -818,6 +850,8 @@ def read_inputs(
         elif path.suffix == ".npy":
             with open_input(path) as f:
                 named = {given[0]["name"]: np.load(f, allow_pickle=False)}
+            if raw:
+                named = {k: from_raw(v, preprocessing) for k, v in named.items()}
         elif path.suffix == ".csv":
             named = {given[0]["name"]: load_rows(path, preprocessing, warnings)}
         else:

@@ -1,11 +1,12 @@
 """A trained run back in Python (``load_run``): a run folder or one checkpoint file -> a ``LoadedRun``, the model with
-its trained params and state, its config and preprocessing, called on inputs as the data loader gives them. test.py,
-sample.py and the export load their runs here, and so does a notebook:
+its trained params and state, its config and preprocessing, called on inputs as the model takes them (as the
+export and predict.py take them), or on raw inputs as the data set's files hold them. test.py, sample.py and the
+export load their runs here, and so does a notebook:
 
     from inference.trained_run import load_run
 
     run = load_run("saved/Mnist_LeNet/<run_id>")  # model_best.params, else checkpoint-latest.params
-    logits = run(images)
+    logits = run(pixels, raw=True)  # uint8 images as MNIST's files hold them; predict.py --raw prepares them alike
 """
 
 from __future__ import annotations
@@ -47,24 +48,47 @@ class LoadedRun:
     input_spec: Any  # what the model takes (shapes and dtypes, batch first), after the augmentation's eval part
     _forward: Any = field(default=None, repr=False)
 
-    def __call__(self, inputs, mask=None):
-        """The model's outputs on a batch of inputs as the run's data loader gives them, in inference mode: the train
-        split's deterministic augmentation (normalize...) first, as test.py evaluates. A numpy array. ``mask``: the
-        batch's padding mask, for a model whose call declares one (without it, every position is real). A model of
-        several named outputs gives a dict of arrays."""
+    def __call__(self, inputs, mask=None, raw: bool = False):
+        """The model's outputs in inference mode on a batch of inputs as the model takes them: what the exported
+        model and predict.py take too (an input of the run's loader goes through ``model_input`` first). ``raw``:
+        the inputs as the data set's files hold them (MNIST's uint8 pixels, a CSV's numbers in their units),
+        prepared by the run's recorded preprocessing as predict.py prepares them (``inference.predict.from_raw``).
+        ``mask``: the batch's padding mask, for a model whose call declares one (without it, every position is
+        real). A numpy array; a model of several named outputs gives a dict of them."""
         import jax
         import numpy as np
 
+        if raw:
+            from inference.predict import from_raw
+
+            try:
+                inputs = from_raw(inputs, self.preprocessing)
+            except ValueError as error:
+                raise ConfigError(f"raw=True: {error}") from None
+        expected = getattr(self.input_spec, "dtype", None)
+        given = getattr(inputs, "dtype", None)
+        if expected is not None and given is not None and given.kind in "biu" and np.dtype(expected).kind == "f":
+            raise ConfigError(
+                f"inputs of dtype {given}, where the model takes {np.dtype(expected)}: raw inputs as the data set's "
+                "files hold them (pixels of 0..255) need raw=True, which prepares them by the run's preprocessing"
+            )
         if self._forward is None:
-            augment, model = self.run.augment, self.model
+            model = self.model
 
             def forward(params, state, x, mask):
-                if augment is not None:
-                    x = augment({"input": x}, None, train=False)["input"]
                 return model(params, state, x, train=False, **({} if mask is None else {"mask": mask}))[0]
 
             self._forward = jax.jit(forward)
         return jax.tree.map(np.asarray, self._forward(self.params, self.state, inputs, mask))
+
+    def model_input(self, inputs):
+        """Inputs as the run's data loader yields them made what the model takes: the evaluation part of the run's
+        augmentation (its normalisation, if it has one), as test.py and the export apply it."""
+        import numpy as np
+
+        if self.run.augment is None:
+            return inputs
+        return np.asarray(self.run.augment({"input": inputs}, None, train=False)["input"])
 
     def output_spec(self):
         """The model's outputs on ``input_spec`` (shapes and dtypes, traced: nothing compiled or run), to check what

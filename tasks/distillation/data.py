@@ -42,7 +42,8 @@ def teacher_logits(teacher, dataset) -> np.ndarray:
     outputs = []
     for start in range(0, len(dataset), TEACHER_BATCH):
         batch = dataset.get_batch(np.arange(start, min(start + TEACHER_BATCH, len(dataset))))
-        outputs.append(np.asarray(teacher(batch["input"], batch.get("mask")), np.float32))
+        # the loader's inputs, made what the teacher's model takes (its run's evaluation normalisation, if any)
+        outputs.append(np.asarray(teacher(teacher.model_input(batch["input"]), batch.get("mask")), np.float32))
     logits = np.concatenate(outputs)
     if logits.ndim != 2:
         raise ValueError(f"teacher: its outputs are {list(logits.shape)}; expected (examples, classes) logits")
