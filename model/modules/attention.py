@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from model.modules.activations import softmax
 from model.modules.dropout import dropout
 from model.modules.linear import Linear
-from model.modules.module import Module, check_size, shape_of
+from model.modules.module import Module, check_size, default_device, shape_of
 
 
 def dot_product_attention(q, k, v, mask=None, *, dropout_rate=0.0, key=None):
@@ -61,15 +61,6 @@ def plain_attention():
         yield
     finally:
         FORCED_PLAIN.reset(token)
-
-
-def default_device():
-    """The device the code being traced is placed on: ``jax.default_device`` where set (as ``peaks.step_flops``
-    does for the host's CPU), else JAX's first device."""
-    device = jax.config.jax_default_device
-    if isinstance(device, str):
-        return jax.devices(device)[0]
-    return device if device is not None else jax.devices()[0]
 
 
 def fused_obstacle(

@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 
 from model.modules import initializers
-from model.modules.module import Module, check_size
+from model.modules.module import Module, check_size, default_device
 
-# Tables of at most this many rows take their gradient as a matrix product with the ids' one-hot rows, not as the
-# scatter-add that autodiff writes: every id of a batch adds into one of few rows, and on a GPU those adds wait on
-# each other (a character vocabulary's scatter took a quarter of GPT-2 small's step, benchmarks/README.md).
+# On a GPU, tables of at most this many rows take their gradient as a matrix product with the ids' one-hot rows, not
+# as the scatter-add that autodiff writes: every id of a batch adds into one of few rows, and on a GPU those adds wait
+# on each other (a character vocabulary's scatter took a quarter of GPT-2 small's step). On the CPU the scatter is the
+# faster (the language model's step was 10% slower with the product); on a TPU it was not measured. benchmarks/README.md
 ONE_HOT_ROWS = 256
 
 
@@ -38,7 +39,8 @@ class Embedding(Module):
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             ids = ids.astype(jnp.int32)
         table = params["embedding"]
-        return (rows_by_one_hot if table.shape[0] <= ONE_HOT_ROWS else rows)(table, ids)
+        one_hot = table.shape[0] <= ONE_HOT_ROWS and default_device().platform == "gpu"  # chosen where traced
+        return (rows_by_one_hot if one_hot else rows)(table, ids)
 
 
 def rows(table, ids):

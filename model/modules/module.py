@@ -119,3 +119,14 @@ def as_module(layer: Any) -> Module:
     if callable(layer):
         return Lambda(layer)
     raise TypeError(f"expected a Module or a function, got {type(layer).__name__}")
+
+
+def default_device():
+    """The device the code being traced is placed on: ``jax.default_device`` where set (as ``peaks.step_flops``
+    does for the host's CPU), else JAX's first device. A layer that chooses its formulation by platform asks it."""
+    import jax
+
+    device = jax.config.jax_default_device
+    if isinstance(device, str):
+        return jax.devices(device)[0]
+    return device if device is not None else jax.devices()[0]

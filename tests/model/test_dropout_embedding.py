@@ -160,10 +160,15 @@ def test_positional_embedding_adds_the_first_rows_of_its_table():
         layer(params, {}, jnp.zeros((1, 11, 4)))
 
 
-@pytest.mark.parametrize("rows", [7, 300])  # a small table's gradient is a matrix product, a large one's a scatter
-def test_embedding_gradient_of_either_form_matches_numpy_with_clamped_ids(rows):
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+@pytest.mark.parametrize("rows", [7, 300])  # on a GPU a small table's gradient is a matrix product, else a scatter
+def test_embedding_gradient_of_either_form_matches_numpy_with_clamped_ids(rows, platform, monkeypatch):
+    from types import SimpleNamespace
+
     from model.modules import embedding
 
+    if platform == "gpu":  # the layer sees a GPU where it is traced; both forms run on any backend
+        monkeypatch.setattr(embedding, "default_device", lambda: SimpleNamespace(platform="gpu"))
     layer = Embedding(rows, 4)
     params, _ = layer.init(KEY, jax.ShapeDtypeStruct((6, 9), jnp.int32))
     ids = RNG.integers(-3, rows + 3, (6, 9))  # out-of-range ids clamp to the first and last rows
@@ -173,15 +178,20 @@ def test_embedding_gradient_of_either_form_matches_numpy_with_clamped_ids(rows):
     np.add.at(expected, np.clip(ids, 0, rows - 1), w)
     np.testing.assert_allclose(jax.grad(loss)(params)["embedding"], expected, rtol=1e-5, atol=1e-5)
     lowered = jax.jit(jax.grad(loss)).lower(params).as_text()
-    assert ("scatter" in lowered) == (rows > embedding.ONE_HOT_ROWS)
+    assert ("scatter" in lowered) == (rows > embedding.ONE_HOT_ROWS or platform == "cpu")
     with jax.enable_x64(True):
         table = jnp.asarray(RNG.standard_normal((rows, 4)))
         check_grads(lambda t: layer({"embedding": t}, {}, jnp.asarray(ids))[0], (table,), order=2, modes=("fwd", "rev"))
 
 
-def test_embedding_gradient_in_bfloat16_sums_in_float32():
-    """A bfloat16 table (the precision policy's cast) gets its gradient summed in float32, then rounded once: many
-    ids of one row add up without bfloat16's rounding at every addition."""
+def test_embedding_gradient_in_bfloat16_sums_in_float32(monkeypatch):
+    """On a GPU, a bfloat16 table (the precision policy's cast) gets its gradient summed in float32, then rounded once:
+    many ids of one row add up without bfloat16's rounding at every addition."""
+    from types import SimpleNamespace
+
+    from model.modules import embedding
+
+    monkeypatch.setattr(embedding, "default_device", lambda: SimpleNamespace(platform="gpu"))
     layer = Embedding(3, 2)
     ids = jnp.zeros((4096,), jnp.int32)  # every id the same row
     table = jnp.ones((3, 2), jnp.bfloat16)
