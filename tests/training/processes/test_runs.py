@@ -81,14 +81,14 @@ AGREE_CHILD = textwrap.dedent("""
 """)
 
 
-def test_processes_agree_on_stops_and_share_the_run_folder():
-    """A stop signal (15) seen by process 1 only and a timed save due on process 0 only become both processes'
-    decision; process 0's run folder reaches process 1; both end through the final barrier."""
+def child_pair(script: str, *args) -> list[tuple[subprocess.Popen, str, str]]:
+    """``script`` (Python source) run as processes 0 and 1 of a 2-process job on a free coordinator port, one CPU
+    device each: ``script port index *args``; each process with its standard output and error, once both ended."""
     port = free_port()
     env = {**os.environ, **devices_env(1)}
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", AGREE_CHILD, str(port), str(i)],
+            [sys.executable, "-c", script, str(port), str(i), *map(str, args)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -97,10 +97,16 @@ def test_processes_agree_on_stops_and_share_the_run_folder():
         )
         for i in range(2)
     ]
-    outputs = [c.communicate(timeout=120) for c in children]
-    for child, (_out, err) in zip(children, outputs):
+    return [(child, *child.communicate(timeout=120)) for child in children]
+
+
+def test_processes_agree_on_stops_and_share_the_run_folder():
+    """A stop signal (15) seen by process 1 only and a timed save due on process 0 only become both processes'
+    decision; process 0's run folder reaches process 1; both end through the final barrier."""
+    ended = child_pair(AGREE_CHILD)
+    for child, _out, err in ended:
         assert child.returncode == 0, err
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in ended]
     assert [r["agreed"] for r in results] == [[15, 1, 7], [15, 1, 7]]
     assert [r["folder"] for r in results] == ["saved/x/run_1", "saved/x/run_1"]
     assert [r["main"] for r in results] == [True, False]

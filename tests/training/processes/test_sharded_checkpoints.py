@@ -5,19 +5,16 @@ a kill leaves the previous checkpoint the one ``-r auto`` finds."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 import numpy as np
 import pytest
 
-from tests.end_to_end.test_train import ROOT, run
-from tests.training.processes.test_runs import finish, free_port, start_processes
+from tests.end_to_end.test_train import run
+from tests.training.processes.test_runs import child_pair, finish, start_processes
 from tests.training.test_mesh import assert_close_states, data_dir, devices_env, tiny_config
 from training.run import checkpoint, shards
 
@@ -219,22 +216,8 @@ def test_a_save_cut_before_its_commit_leaves_the_previous_checkpoint(tmp_path, v
     """Deterministic cuts of a save: process 1 killed after writing its shard file but before reporting it, or
     process 0 killed after every report but before renaming the index. Either way the index on disk is the previous
     save's and reads whole; the cut save's files are named by no index and go at the next commit."""
-    port = free_port()
-    env = {**os.environ, **devices_env(1)}
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", CUT_CHILD, str(port), str(i), str(victim), str(tmp_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    for child in children:
-        child.communicate(timeout=120)
-    assert children[victim].returncode == -signal.SIGKILL
+    ended = child_pair(CUT_CHILD, victim, tmp_path)
+    assert ended[victim][0].returncode == -signal.SIGKILL
     arrays, header = checkpoint.read(tmp_path / "checkpoint-latest.params")
     assert header["step"] == 1 and arrays["step"] == 1
     np.testing.assert_array_equal(arrays["params.w"], np.arange(8.0).reshape(4, 2))
@@ -278,19 +261,7 @@ def test_nan_seen_by_one_process_is_refused_by_all(tmp_path):
     w = W.copy()
     w[9, 2] = np.nan
     index = write_sharded(tmp_path / "run", w=w)
-    port = free_port()
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", NAN_CHILD, str(port), str(i), str(index)],
-            cwd=ROOT,
-            env={**os.environ, **devices_env(1)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = [child.communicate(timeout=120) for child in children]
+    outputs = [(out, err) for _, out, err in child_pair(NAN_CHILD, index)]
     lines = [out.strip().splitlines()[-1] for out, _ in outputs]
     assert lines[1] == f"{index}: array params.w has NaN/Inf value(s) (a diverged run?); refused, as it would " + (
         "evaluate to nonsense without an error"
