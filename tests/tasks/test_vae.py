@@ -158,3 +158,18 @@ def test_vae_sample_end_to_end(tmp_path):
     session = onnxruntime.InferenceSession(str(out / "dec" / "dec.onnx"))
     (decoded,) = session.run(None, {session.get_inputs()[0].name: outputs["mean"]})
     np.testing.assert_allclose(decoded, outputs["reconstruction"], atol=1e-4)
+
+
+def test_a_linked_tasks_folder_in_a_run_folder_is_refused_not_written_through(tmp_path):
+    """A run folder from elsewhere (a requeued -r auto run) may hold a planted link where the VAE's code is copied."""
+    import os
+
+    from training.run.folder import write_run_files
+
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run_dir.mkdir()
+    elsewhere.mkdir()
+    os.symlink(elsewhere, run_dir / "tasks")
+    with pytest.raises(OSError, match="a symbolic link .* stands where the run copies its model's code into a folder"):
+        write_run_files(run_dir, {"model": {"name": "vae"}}, None)
+    assert list(elsewhere.iterdir()) == []

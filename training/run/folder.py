@@ -9,6 +9,7 @@ killed at any moment leaves the latest checkpoint readable and everything else e
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -24,6 +25,7 @@ from files.writes import (
     PREPROCESSING,
     UnsafeFile,
     epoch_checkpoint,
+    kind_of_file,
     open_append,
     open_nofollow,
     replace_folder,
@@ -248,7 +250,13 @@ def write_run_files(run_dir: Path, config: dict, run, new: bool = True) -> None:
         for code in model_code(config):
             # copied into a folder made here, then swapped in: a folder named model/ in a run folder from elsewhere
             # (a requeued -r auto run) may hold links, and copying over them would write through them
-            (run_dir / code).parent.mkdir(parents=True, exist_ok=True)
+            for parent in reversed(code.parents[:-1]):  # tasks/ of tasks/vae: a folder, never a link followed
+                path = run_dir / parent
+                if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+                    kind = kind_of_file(os.lstat(path).st_mode, path)
+                    raise OSError(errno.EEXIST, f"{kind} stands where the run copies its model's code into a folder; "
+                                  "nothing was written through it (remove it)", str(path))  # fmt: skip
+                path.mkdir(exist_ok=True)
             building = temporary_folder(run_dir / code)
             try:
                 shutil.copytree(ROOT / code, building, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
