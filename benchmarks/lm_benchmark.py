@@ -167,7 +167,8 @@ def fused_run(steps: int) -> dict:
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], loader.spec))
     chunk = jax.jit(make_train_call(model, loss_fn, optimizer, metrics), donate_argnums=(0, 1))
     start = time.perf_counter()
-    compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
+    lowered, backend = chunk.lower(ts, zeros, epoch), jax.default_backend()
+    compiled = lowered.compile(platform.xla_options(platform.train_kind(lowered, backend), backend) or None)
     compile_s = time.perf_counter() - start
     ts, totals, logs = compiled(ts, jax.device_put(zeros), epoch)  # warm-up: the whole run once
     jax.block_until_ready(logs)

@@ -358,7 +358,8 @@ def fused_run(model_name: str, steps: int) -> dict:
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, ts["params"], ts["state"], seen))
     chunk = jax.jit(make_train_call(model, loss_fn, optimizer, metrics, augment), donate_argnums=(0, 1))
     start = time.perf_counter()
-    compiled = chunk.lower(ts, zeros, epoch).compile(platform.xla_options("train", jax.default_backend()) or None)
+    lowered, backend = chunk.lower(ts, zeros, epoch), jax.default_backend()
+    compiled = lowered.compile(platform.xla_options(platform.train_kind(lowered, backend), backend) or None)
     compile_s = time.perf_counter() - start
     ts, acc, logs = compiled(ts, jax.device_put(zeros), epoch)  # warm-up: one whole epoch
     jax.block_until_ready(logs)

@@ -95,6 +95,7 @@ class Compiled:
         )
         self.compiling: dict[int, Future] = {}  # steps per call -> its compilation (``start``)
         self.seconds: dict[int, float] = {}  # steps per call -> seconds its compilation took
+        self.train_kind = "train"  # the XLA options' kind the training step was compiled with (platform.train_kind)
         self.stats_template = None
         self.eval_step = jax.jit(
             make_eval_step(run.model, run.loss_fn, run.metrics, run.augment, self.policy),
@@ -127,19 +128,21 @@ class Compiled:
     def compile_train(self, state_spec, k: int):
         start = time.perf_counter()
         stack = self.placement.stack_spec(k * self.accumulate)  # loader batches per call
-        traced = self.train.trace(state_spec, self.empty_stats(state_spec), stack)
-        compiled = traced.lower().compile(platform.xla_options("train", jax.default_backend()) or None)
+        lowered = self.train.trace(state_spec, self.empty_stats(state_spec), stack).lower()
+        self.train_kind = platform.train_kind(lowered, jax.default_backend())
+        compiled = lowered.compile(platform.xla_options(self.train_kind, jax.default_backend()) or None)
         self.seconds[k] = time.perf_counter() - start
         return compiled
 
     def report(self, k: int, examples_per_step: int, how: str) -> None:
         """Waits for the call of `k` steps the run starts with and logs it (`how`: what the steps per call are), with
         the step's FLOP count per training example where it was counted."""
-        log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
         if self.execution != "aot":  # the jitted function itself: compiled at its first call, or run op by op
+            log.info(f"platform defaults: {platform.describe(jax.default_backend())}")
             log.info(f"training step: {'jitted at the first call' if self.execution == 'jit' else 'op by op'}")
             return
         self.train_call(k)
+        log.info(f"platform defaults: {platform.describe(jax.default_backend(), train=self.train_kind)}")
         flops = self.counting.result() if self.counting is not None else None
         # the scan over a call's steps (and over accumulated batches) counts once: one step's FLOPs
         self.flops_per_example = None if flops is None else flops / examples_per_step

@@ -431,14 +431,31 @@ def test_xla_options_only_for_the_measured_cpu_setup():
     assert train == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
     assert platform.xla_options("eval", "cpu", {}, series="0.10") == {"xla_cpu_experimental_ynn_fusion_type": ""}
     assert platform.xla_options("train", "gpu", {}, series="0.10") == {}
-    assert platform.xla_options("train", "cpu", {}, series="0.12") == train  # re-measured there
+    # re-measured on 0.12: 512-bit vectors, and YNNPACK's matrix products where the step has no convolution
+    assert platform.xla_options("train", "cpu", {}, series="0.12") == {**train, "xla_cpu_prefer_vector_width": 512}
+    dense = platform.xla_options("train without convolutions", "cpu", {}, series="0.12")
+    assert dense["xla_cpu_experimental_ynn_fusion_type"] == "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE"
+    assert platform.xla_options("train without convolutions", "cpu", {}, series="0.10") == train
     assert platform.xla_options("train", "cpu", {}, series="0.11") == {}  # unmeasured jaxlib: XLA may reject them
     assert platform.xla_options("train", "cpu", {"XLA_FLAGS": "--xla_dump_to=/tmp"}, series="0.10") == {}
     assert platform.xla_options("train", "cpu", {platform.SWITCH: "0"}, series="0.10") == {}
     # The options are accepted by the installed XLA (a rejected option is an error at compile time).
-    for kind in ("train", "eval", "init"):
+    for kind in ("train", "train without convolutions", "eval", "init"):
         options = platform.xla_options(kind, jax.default_backend())
         jax.jit(lambda x: x.sum(0) * 2).lower(np.ones((4, 3), np.float32)).compile(options or None)
+
+
+def test_the_training_step_kind_follows_its_program():
+    image = jax.ShapeDtypeStruct((2, 8, 8, 3), np.float32)
+    conv = jax.jit(
+        lambda x: jax.lax.conv_general_dilated(
+            x, np.ones((3, 3, 3, 4), np.float32), (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+    ).lower(image)
+    dense = jax.jit(lambda x: x.reshape(2, -1) @ np.ones((192, 4), np.float32)).lower(image)
+    assert platform.train_kind(conv, "cpu") == "train"
+    assert platform.train_kind(dense, "cpu") == "train without convolutions"
+    assert platform.train_kind(dense, "gpu") == "train"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the malloc default is Linux-only")

@@ -7,10 +7,12 @@ On Linux with JAX's CPU backend:
   transparent huge pages cut those faults by an order of magnitude. glibc reads the variable only at start-up, so
   ``apply()``, called first thing in ``train.py``, re-executes the process once with it.
 - XLA:CPU options per executable (``xla_options``), jaxlib 0.10 and 0.12: the training step keeps XLA's YNNPACK
-  fusions for reductions only (its default also fuses matrix products and elementwise code and materialises broadcasts
-  and slices around them; with none, the column sums of bias gradients are far slower). The evaluation step, where no
-  such sums arise, runs without them (faster for the ConvNeXt sample's forward pass). The initialisation, which
-  runs once, is compiled without optimisation. Figures: benchmarks/README.md.
+  fusions for reductions only (its default also fuses elementwise code and materialises broadcasts and slices around
+  it; with none, the column sums of bias gradients are far slower). On jaxlib 0.12 a step with no convolution (a
+  transformer's, an MLP's) also has YNNPACK take its matrix products, which paid there and cost the ConvNeXt sample's
+  step (``train_kind`` reads the lowered program), and every step prefers 512-bit vectors where the CPU has them.
+  The evaluation step, where no such sums arise, runs without them (faster for the ConvNeXt sample's forward pass).
+  The initialisation, which runs once, is compiled without optimisation. Figures: benchmarks/README.md.
 
 Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names another platform first, or a GPU/TPU
 plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` themselves, or with
@@ -45,8 +47,16 @@ XLA_CPU_OPTIONS = {
         "init": {"xla_backend_optimization_level": 0},
     }  # runs once: compiles in 1.0 s instead of 2.5 s
 }
-# jaxlib 0.12 keeps 0.10's options: benchmarks/README.md has the measurement that decided it.
-XLA_CPU_OPTIONS["0.12"] = XLA_CPU_OPTIONS["0.10"]
+XLA_CPU_OPTIONS["0.10"]["train without convolutions"] = XLA_CPU_OPTIONS["0.10"]["train"]
+# jaxlib 0.12: benchmarks/README.md, "XLA:CPU options by program", has the measurements that decided these.
+XLA_CPU_OPTIONS["0.12"] = {
+    **XLA_CPU_OPTIONS["0.10"],
+    "train": {**XLA_CPU_OPTIONS["0.10"]["train"], "xla_cpu_prefer_vector_width": 512},
+    "train without convolutions": {
+        "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE",
+        "xla_cpu_prefer_vector_width": 512,
+    },
+}
 
 # Wall-clock start of the command, carried across the re-execution: start-up time is measured from here.
 STARTED_AT = float(os.environ.get(_STARTED, time.time()))
@@ -111,17 +121,25 @@ def jaxlib_series() -> str | None:
 
 
 def xla_options(kind: str, backend: str, environ=os.environ, series: str | None = None) -> dict[str, str]:
-    """Compiler options for the ``"train"``, ``"eval"`` or ``"init"`` executable on ``backend``."""
+    """Compiler options for the ``"train"`` (``train_kind``), ``"eval"`` or ``"init"`` executable on ``backend``."""
     if not enabled(environ) or backend != "cpu" or environ.get("XLA_FLAGS"):
         return {}
     return dict(XLA_CPU_OPTIONS.get(series or jaxlib_series() or "", {}).get(kind, {}))
 
 
-def describe(backend: str, environ=os.environ) -> str:
-    """What is in effect, for the run's log."""
+def train_kind(lowered, backend: str) -> str:
+    """The options' kind for a training step, from its ``jax.stages.Lowered`` program: ``"train"``, or ``"train
+    without convolutions"`` where the CPU's step has none."""
+    if backend != "cpu" or "stablehlo.convolution" in lowered.as_text():
+        return "train"
+    return "train without convolutions"
+
+
+def describe(backend: str, environ=os.environ, train: str = "train") -> str:
+    """What is in effect, for the run's log (``train``: the training step's kind of options)."""
     if not enabled(environ):
         return f"off ({SWITCH}=0)"
     parts = [f"GLIBC_TUNABLES={environ['GLIBC_TUNABLES']}"] if environ.get("GLIBC_TUNABLES") else []
-    for kind in ("train", "eval"):
+    for kind in (train, "eval"):
         parts += [f"{kind}: {k}={v!r}" for k, v in xla_options(kind, backend, environ).items()]
     return "; ".join(parts) or "none"
