@@ -7,7 +7,7 @@ also returns the batch's metric statistics (sums and counts), so epoch metrics a
 
 ``train_call`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
 fixed cost each jitted call pays on CPU. Stack entries with ``active`` = 0 (completing an epoch's last stack) leave
-the state unchanged, and their logs are NaN on the CPU (the host reads only the active steps' logs).
+the state unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from model.modules.module import default_device
 from training.metrics import merge
 from training.optimizers import apply_updates, global_norm, only_trainable
 from training.precision import Policy
@@ -117,31 +116,22 @@ def train_call(update: Update, train_state: dict, totals: dict, stack: dict):
     adds nothing: with N = 1 its step leaves the state unchanged; with N > 1 its mask is zeroed, and a step with no
     active batch at all leaves the state unchanged."""
     n = update.accumulate
-    # On the CPU an inactive step is skipped by a branch: a select of every leaf of the state, old or new, cost the
-    # language model's step 4%. A GPU reads a branch's predicate on the host, once a step: there, the select.
-    branch = default_device().platform == "cpu"
-
-    def step(carry, batch):
-        train_state, totals = carry
-        updated, stats, logs = train_step(update, train_state, batch)
-        return (updated, jax.tree.map(jnp.add, totals, stats)), jnp.stack([logs[k].astype(jnp.float32) for k in LOGS])
-
-    def skipped(carry, batch):
-        return carry, jnp.full((len(LOGS),), jnp.nan, jnp.float32)
 
     def body(carry, batch):
+        train_state, totals = carry
         if n > 1:
             batch["mask"] = batch["mask"] * batch["active"].reshape((n,) + (1,) * (batch["mask"].ndim - 1))
         active = jnp.max(batch.pop("active")) > 0
-        if branch:
-            return jax.lax.cond(active, step, skipped, carry, batch)
-        updated, logs = step(carry, batch)
-        return jax.tree.map(lambda new, old: jnp.where(active, new, old), updated, carry), logs
+        updated, stats, logs = train_step(update, train_state, batch)
+        keep = lambda new, old: jnp.where(active, new, old)
+        updated = jax.tree.map(keep, updated, train_state)
+        totals = jax.tree.map(lambda a, s: a + jnp.where(active, s, jnp.zeros_like(s)), totals, stats)
+        return (updated, totals), logs
 
     if n > 1:  # (K x N, ...) -> (K, N, ...): the loader's batches grouped into steps
         stack = jax.tree.map(lambda a: a.reshape(-1, n, *a.shape[1:]), stack)
     (train_state, totals), logs = jax.lax.scan(body, (train_state, totals), stack)
-    return train_state, totals, logs
+    return train_state, totals, jnp.stack([logs[name].astype(jnp.float32) for name in LOGS], axis=-1)
 
 
 def log_columns(logs) -> dict:
