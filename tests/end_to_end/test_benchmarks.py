@@ -126,3 +126,20 @@ def test_the_overhead_benchmark_runs_each_kind_of_variant():
     assert "K=1 log=1+tty" in out and "the loop alone" in out and "placing a stack" in out, out
     row = next(line for line in out.splitlines() if line.startswith("K=1 log=1+tty"))
     assert len(row.split()) == 9, row  # variant (2 words), K, CPU, wall, 2 ratios, 2 same-process ratios
+
+
+def test_the_cpu_step_benchmark_compares_each_option_set_with_what_the_template_chooses():
+    """benchmarks/cpu_step_benchmark.py on the tabular sample in a few steps: one row, its kind of options read from
+    the lowered step (an MLP has no convolution), a time and a speed for each variant."""
+    import subprocess
+
+    command = [sys.executable, "benchmarks/cpu_step_benchmark.py", "--configs", "configs/tabular_regression.json"]
+    done = subprocess.run(
+        [*command, "--steps", "3", "--rounds", "1"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| configs/tabular_regression.json"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1] == "train without convolutions", row
+    assert float(cells[2].replace(",", "")) > 0 and all(float(cell) > 0 for cell in cells[3:]), row
+    assert len(cells) == 6, row  # sample, kind, the first variant's time, the others' speeds
