@@ -10,6 +10,8 @@ Variants, as speeds relative to the first:
   +512       and 512-bit vectors preferred
   +dots      and YNNPACK's matrix products too
   template   what ``platform.train_kind`` chooses for the step (the kind is printed)
+With --eval, the evaluation step instead, one call a validation batch: "none" (no YNNPACK fusion, the options before)
+against "template" (``platform.xla_options("eval", "cpu")``).
 The CPU, its cores and the load average are printed with the results.
 """
 
@@ -47,6 +49,7 @@ def parse_args(argv=None):
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=30, help="training steps per timed call")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--eval", action="store_true", help="the evaluation step, not the training step")
     return parser.parse_args(argv)
 
 
@@ -89,6 +92,51 @@ def fused_epoch(path: str, steps: int):
     return (model, loss_fn, optimizer, metrics, augment), (state, zeros, jax.device_put(epoch))
 
 
+def eval_variants(path: str, batches: int) -> tuple[dict, list]:
+    """(the evaluation step compiled as before and as the template does, its arguments for each batch)."""
+    import jax
+
+    from training.assembly import assemble
+    from training.config.validation import load_config
+    from training.devices import platform
+    from training.step import empty_stats, make_eval_step
+
+    run = assemble(load_config(REPO / path, []))
+    split = "validation" if "validation" in run.config["data_loader"] else "train"
+    found = list(itertools.islice(run.load_data([split])[split].batches(1), batches))
+    found = [{k: v for k, v in batch.items() if k != "active"} for batch in found]
+    model, loss_fn, metrics, augment = run.model, run.loss_fn, run.metrics, run.augment
+    seen = augment.spec(found[0]) if augment else found[0]
+    spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), seen["input"])
+    params, state = model.init(jax.random.PRNGKey(0), spec)
+    zeros = empty_stats(model, loss_fn, metrics, params, state, seen, augment)
+    lowered = jax.jit(make_eval_step(model, loss_fn, metrics, augment)).lower(params, state, zeros, found[0])
+    compiled = {"none": lowered.compile({YNN: ""}), "template": lowered.compile(platform.xla_options("eval", "cpu"))}
+    return compiled, [(params, state, zeros, batch) for batch in found]
+
+
+def timed(compiled: dict, calls: list, rounds: int) -> dict:
+    """Each variant's seconds per call, one list a variant, the variants interleaved round by round."""
+    import jax
+
+    for fn in compiled.values():
+        jax.block_until_ready(fn(*calls[0]))  # warm-up
+    times = {name: [] for name in compiled}
+    for _ in range(rounds):
+        for name, fn in compiled.items():
+            start = time.perf_counter()
+            jax.block_until_ready([fn(*args) for args in calls])
+            times[name].append((time.perf_counter() - start) / len(calls))
+    return times
+
+
+def row(path: str, kind: str, times: dict) -> str:
+    base = next(iter(times.values()))
+    speed = {name: statistics.median(b / t for b, t in zip(base, ts)) for name, ts in times.items()}
+    cells = [kind, f"{statistics.median(base) * 1e6:,.0f}"] + [f"{speed[name]:.3f}" for name in list(times)[1:]]
+    return f"| {path} | " + " | ".join(cell for cell in cells if cell) + " |"
+
+
 def compiled_variants(parts, args) -> tuple[dict, str]:
     import jax
 
@@ -103,27 +151,22 @@ def compiled_variants(parts, args) -> tuple[dict, str]:
 
 
 def main(argv=None) -> int:
-    import jax
-
     args = parse_args(argv)
     print(describe())
-    print("| sample | kind | " + " | ".join(["reduce, us/step", *list(OPTIONS)[1:], "template"]) + " |")
-    print("| --- " * (len(OPTIONS) + 3) + "|")
+    if args.eval:
+        print("| sample | none, us/batch | template |\n| --- | --- | --- |")
+    else:
+        print("| sample | kind | " + " | ".join(["reduce, us/step", *list(OPTIONS)[1:], "template"]) + " |")
+        print("| --- " * (len(OPTIONS) + 3) + "|")
     for path in args.configs.split(","):
-        parts, call_args = fused_epoch(path, args.steps)
-        compiled, kind = compiled_variants(parts, call_args)
-        for fn in compiled.values():
-            jax.block_until_ready(fn(*call_args))  # warm-up
-        times = {name: [] for name in compiled}
-        for _ in range(args.rounds):
-            for name, fn in compiled.items():
-                start = time.perf_counter()
-                jax.block_until_ready(fn(*call_args))
-                times[name].append((time.perf_counter() - start) / args.steps)
-        base = times["reduce"]
-        speed = {name: statistics.median(b / t for b, t in zip(base, ts)) for name, ts in times.items()}
-        cells = [f"{statistics.median(base) * 1e6:,.0f}"] + [f"{speed[name]:.3f}" for name in list(compiled)[1:]]
-        print(f"| {path} | {kind} | " + " | ".join(cells) + " |", flush=True)
+        if args.eval:
+            compiled, calls = eval_variants(path, args.steps)
+            print(row(path, "", timed(compiled, calls, args.rounds)), flush=True)
+        else:
+            parts, call_args = fused_epoch(path, args.steps)
+            compiled, kind = compiled_variants(parts, call_args)
+            times = timed(compiled, [call_args], args.rounds)
+            print(row(path, kind, {name: [t / args.steps for t in ts] for name, ts in times.items()}), flush=True)
     print(f"load average after: {load_average()}")
     return 0
 

@@ -130,7 +130,7 @@ def test_the_overhead_benchmark_runs_each_kind_of_variant():
 
 def test_the_cpu_step_benchmark_compares_each_option_set_with_what_the_template_chooses():
     """benchmarks/cpu_step_benchmark.py on the tabular sample in a few steps: one row, its kind of options read from
-    the lowered step (an MLP has no convolution), a time and a speed for each variant."""
+    the lowered step (an MLP has no convolution), a time and a speed for each variant; then its evaluation step."""
     import subprocess
 
     command = [sys.executable, "benchmarks/cpu_step_benchmark.py", "--configs", "configs/tabular_regression.json"]
@@ -143,3 +143,10 @@ def test_the_cpu_step_benchmark_compares_each_option_set_with_what_the_template_
     assert cells[1] == "train without convolutions", row
     assert float(cells[2].replace(",", "")) > 0 and all(float(cell) > 0 for cell in cells[3:]), row
     assert len(cells) == 6, row  # sample, kind, the first variant's time, the others' speeds
+    done = subprocess.run(
+        [*command, "--steps", "2", "--rounds", "1", "--eval"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| configs/tabular_regression.json"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert len(cells) == 3 and float(cells[1].replace(",", "")) > 0 and float(cells[2]) > 0, row  # before, template

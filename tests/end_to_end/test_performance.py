@@ -436,6 +436,7 @@ def test_xla_options_only_for_the_measured_cpu_setup():
     dense = platform.xla_options("train without convolutions", "cpu", {}, series="0.12")
     assert dense["xla_cpu_experimental_ynn_fusion_type"] == "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE"
     assert platform.xla_options("train without convolutions", "cpu", {}, series="0.10") == train
+    assert platform.xla_options("eval", "cpu", {}, series="0.12")["xla_cpu_prefer_vector_width"] == 512
     assert platform.xla_options("train", "cpu", {}, series="0.11") == {}  # unmeasured jaxlib: XLA may reject them
     assert platform.xla_options("train", "cpu", {"XLA_FLAGS": "--xla_dump_to=/tmp"}, series="0.10") == {}
     assert platform.xla_options("train", "cpu", {platform.SWITCH: "0"}, series="0.10") == {}

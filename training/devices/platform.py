@@ -10,8 +10,9 @@ On Linux with JAX's CPU backend:
   fusions for reductions only (its default also fuses elementwise code and materialises broadcasts and slices around
   it; with none, the column sums of bias gradients are far slower). On jaxlib 0.12 a step with no convolution (a
   transformer's, an MLP's) also has YNNPACK take its matrix products, which paid there and cost the ConvNeXt sample's
-  step (``train_kind`` reads the lowered program), and every step prefers 512-bit vectors where the CPU has them.
-  The evaluation step, where no such sums arise, runs without them (faster for the ConvNeXt sample's forward pass).
+  step (``train_kind`` reads the lowered program), and every step, evaluation's too, prefers 512-bit vectors where
+  the CPU has them. The evaluation step, where no such sums arise, runs without YNNPACK's fusions (faster for the
+  ConvNeXt sample's forward pass).
   The initialisation, which runs once, is compiled without optimisation. Figures: benchmarks/README.md.
 
 Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names another platform first, or a GPU/TPU
@@ -52,6 +53,7 @@ XLA_CPU_OPTIONS["0.10"]["train without convolutions"] = XLA_CPU_OPTIONS["0.10"][
 XLA_CPU_OPTIONS["0.12"] = {
     **XLA_CPU_OPTIONS["0.10"],
     "train": {**XLA_CPU_OPTIONS["0.10"]["train"], "xla_cpu_prefer_vector_width": 512},
+    "eval": {**XLA_CPU_OPTIONS["0.10"]["eval"], "xla_cpu_prefer_vector_width": 512},
     "train without convolutions": {
         "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE",
         "xla_cpu_prefer_vector_width": 512,
