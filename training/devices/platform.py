@@ -143,5 +143,6 @@ def describe(backend: str, environ=os.environ, train: str = "train") -> str:
         return f"off ({SWITCH}=0)"
     parts = [f"GLIBC_TUNABLES={environ['GLIBC_TUNABLES']}"] if environ.get("GLIBC_TUNABLES") else []
     for kind in (train, "eval"):
-        parts += [f"{kind}: {k}={v!r}" for k, v in xla_options(kind, backend, environ).items()]
+        if options := xla_options(kind, backend, environ):
+            parts.append(f"{kind}: " + ", ".join(f"{k}={v!r}" for k, v in options.items()))
     return "; ".join(parts) or "none"
