@@ -1,4 +1,5 @@
-"""Platform defaults that make training faster where they were measured to (`benchmarks/train_benchmark.py`).
+"""Platform defaults that make training faster where they were measured to (`benchmarks/train_benchmark.py`,
+`benchmarks/cpu_step_benchmark.py`).
 
 On Linux with JAX's CPU backend:
 
@@ -12,8 +13,8 @@ On Linux with JAX's CPU backend:
   transformer's, an MLP's) also has YNNPACK take its matrix products, which paid there and cost the ConvNeXt sample's
   step (``train_kind`` reads the lowered program), and every step, evaluation's too, prefers 512-bit vectors where
   the CPU has them. The evaluation step, where no such sums arise, runs without YNNPACK's fusions (faster for the
-  ConvNeXt sample's forward pass).
-  The initialisation, which runs once, is compiled without optimisation. Figures: benchmarks/README.md.
+  ConvNeXt sample's forward pass). The initialisation, which runs once, is compiled without optimisation. Figures:
+  benchmarks/README.md.
 
 Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names another platform first, or a GPU/TPU
 plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` themselves, or with
