@@ -56,11 +56,12 @@ def parse_args(argv=None):
 def fused_epoch(path: str, steps: int):
     """(the training call's parts, its arguments) for `steps` batches of the config's training data."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from training.assembly import assemble
     from training.config.validation import load_config
+    from training.precision import Policy
+    from training.state import fresh
     from training.step import empty_stats
 
     config = load_config(REPO / path, [])
@@ -75,19 +76,7 @@ def fused_epoch(path: str, steps: int):
     model, loss_fn, metrics, (optimizer, _), augment = run.model, run.loss_fn, run.metrics, run.optimizer(), run.augment
     one = jax.tree.map(lambda v: v[0], {k: v for k, v in epoch.items() if k != "active"})
     seen = augment.spec(one) if augment else one  # the batch as the model sees it
-    spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), seen["input"])
-
-    def init(seed):
-        params, state = model.init(jax.random.PRNGKey(seed), spec)
-        return {
-            "params": params,
-            "state": state,
-            "opt_state": optimizer.init(params),
-            "step": jnp.zeros((), jnp.int32),
-            "rng": jax.random.PRNGKey(1),
-        }
-
-    state = jax.jit(init)(config["seed"])
+    state = jax.jit(lambda seed: fresh(run, optimizer, Policy(), seed))(config["seed"])
     zeros = jax.device_get(empty_stats(model, loss_fn, metrics, state["params"], state["state"], seen, augment))
     return (model, loss_fn, optimizer, metrics, augment), (state, zeros, jax.device_put(epoch))
 
