@@ -10,6 +10,9 @@ Variants, as speeds relative to the first:
   +512       and 512-bit vectors preferred
   +dots      and YNNPACK's matrix products too
   template   what ``platform.train_kind`` chooses for the step (the kind is printed)
+With --forms, the template's options throughout, against the step with one of model/kernels' XLA:CPU forms switched
+off at a time (only where the sample uses it):
+  autodiff-dense  the dense layers' weight gradients as autodiff forms them (no transposed copy of the input)
 With --eval, the evaluation step instead, one call a validation batch: "none" (no YNNPACK fusion, the options before)
 against "template" (``platform.xla_options("eval", "cpu")``).
 The CPU, its cores and the load average are printed with the results.
@@ -50,6 +53,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=30, help="training steps per timed call")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--eval", action="store_true", help="the evaluation step, not the training step")
+    parser.add_argument("--forms", action="store_true", help="model/kernels' forms switched off, one at a time")
     return parser.parse_args(argv)
 
 
@@ -139,11 +143,36 @@ def compiled_variants(parts, args) -> tuple[dict, str]:
     return compiled, kind
 
 
+def form_variants(parts, args) -> dict:
+    """The step compiled with the template's options, first with each ablated form, then as the template has it."""
+    import jax
+
+    from model.kernels import dense
+    from training.devices import platform
+    from training.step import make_train_call
+
+    ablations = {"autodiff-dense": (dense, "transposes_input", lambda x, w: False)}
+    compiled = {}
+    for name, (module, attribute, replacement) in ablations.items():
+        kept = getattr(module, attribute)
+        setattr(module, attribute, replacement)
+        try:  # the forms are chosen when traced: a fresh function each time, so that JAX traces it anew
+            lowered = jax.jit(make_train_call(*parts)).lower(*args)
+        finally:
+            setattr(module, attribute, kept)
+        compiled[name] = lowered.compile(platform.xla_options(platform.train_kind(lowered, "cpu"), "cpu") or None)
+    lowered = jax.jit(make_train_call(*parts)).lower(*args)
+    compiled["template"] = lowered.compile(platform.xla_options(platform.train_kind(lowered, "cpu"), "cpu") or None)
+    return compiled
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     print(describe())
     if args.eval:
         print("| sample | none, us/batch | template |\n| --- | --- | --- |")
+    elif args.forms:
+        print("| sample | autodiff-dense, us/step | template |\n| --- | --- | --- |")
     else:
         print("| sample | kind | " + " | ".join(["reduce, us/step", *list(OPTIONS)[1:], "template"]) + " |")
         print("| --- " * (len(OPTIONS) + 3) + "|")
@@ -151,6 +180,10 @@ def main(argv=None) -> int:
         if args.eval:
             compiled, calls = eval_variants(path, args.steps)
             print(row(path, "", timed(compiled, calls, args.rounds)), flush=True)
+        elif args.forms:
+            parts, call_args = fused_epoch(path, args.steps)
+            times = timed(form_variants(parts, call_args), [call_args], args.rounds)
+            print(row(path, "", {name: [t / args.steps for t in ts] for name, ts in times.items()}), flush=True)
         else:
             parts, call_args = fused_epoch(path, args.steps)
             compiled, kind = compiled_variants(parts, call_args)

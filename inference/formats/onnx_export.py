@@ -12,7 +12,7 @@ import jax
 
 from inference.formats import Format, Route
 from inference.inputs import names_of
-from model.modules import conv
+from model.modules import cpu_forms
 
 OPSET = 18
 
@@ -40,8 +40,8 @@ def export_onnx(
     level = serde.level
     serde.setLevel(logging.ERROR)
     try:
-        # the plain math: jax2onnx has no handler for the convolution's platform switch (model/kernels' XLA:CPU forms)
-        with jax.disable_jit(), conv.cpu_kernels(False):
+        # the plain math: jax2onnx has no handler for the layers' platform switch (model/kernels' XLA:CPU forms)
+        with jax.disable_jit(), cpu_forms.cpu_kernels(False):
             model = jax2onnx.to_onnx(
                 fn, shapes, model_name="model", opset=opset, input_names=list(names), output_names=names_of(output_name)
             )

@@ -1,29 +1,30 @@
-"""Formulations of the convolution written for XLA:CPU.
+"""Formulations of the convolution and the dense layer's product written for XLA:CPU.
 
-An optional part: ``model.modules.conv.conv_general`` looks for this package when a convolution is traced and takes
-``conv_for_cpu`` where the code is lowered for the CPU (``conv.cpu_kernels`` forces one form); deleting this folder
-leaves the plain math everywhere.
+An optional part: the layers (``model.modules.conv.conv_general``, ``model.modules.linear.Linear``) look for this
+package when they are traced and take its functions where the code is lowered for the CPU
+(``model/modules/cpu_forms.py``; ``cpu_forms.cpu_kernels`` forces one form); deleting this folder leaves the plain
+math everywhere.
 
-The layers in ``model/modules`` are the plain math (``lax.conv_general_dilated`` and autodiff). On JAX's CPU
-backend some of that math compiles to slow code, inside ``lax.scan`` bodies above all, and the functions here compute
-the same values and gradients another way:
+The layers in ``model/modules`` are the plain math (``lax.conv_general_dilated``, ``x @ w`` and autodiff). On JAX's
+CPU backend some of that math compiles to slow code, inside ``lax.scan`` bodies above all, and the functions here
+compute the same values and gradients another way:
 
 - ``conv.py``: a convolution whose backward pass is written out in canonical NHWC/HWIO form (plain autodiff emits
   backward convolutions that XLA:CPU does not put on its fast path: a small CNN's step ran many times slower), with a
   shifted-slice path for one-input-channel first layers and per-tap matrix products for narrow weight gradients;
 - ``depthwise.py``: stride-1 depthwise convolutions as sums of shifted slices (XLA:CPU has no fast grouped
-  convolution).
+  convolution);
+- ``dense.py``: a dense layer's product whose weight gradient multiplies a transposed copy of the input, the
+  product form XLA:CPU runs fastest.
 
-Which form a convolution takes is chosen in the layer, ``conv_general``, by the platform the code is lowered for
-(``jax.lax.platform_dependent``: the platform XLA compiles for decides, not JAX's default backend, so a step or an
-export lowered for "cuda" or "tpu" on a CPU host carries no kernel). The forward pass computes the same values either
-way (the ONNX export traces the plain form: jax2onnx resolves no platform); the tests compare each kernel with the
-plain form in float64, gradients included. ``benchmarks/train_benchmark.py`` measures each one by ablation.
+The forward pass computes the same values either way (the ONNX export traces the plain form: jax2onnx resolves no
+platform); the tests compare each kernel with the plain form in float64, gradients included.
+``benchmarks/train_benchmark.py`` and ``benchmarks/cpu_step_benchmark.py --forms`` measure them by ablation.
 """
 
 from __future__ import annotations
 
-from model.kernels import conv, depthwise
+from model.kernels import conv, dense, depthwise
 
 
 def conv_for_cpu(x, w, strides, pads, lhs_dilation, rhs_dilation, groups):
@@ -33,3 +34,9 @@ def conv_for_cpu(x, w, strides, pads, lhs_dilation, rhs_dilation, groups):
     if depthwise.is_plain_depthwise(x, w, strides, pads, lhs_dilation, rhs_dilation, groups):
         return depthwise.depthwise_conv(x, w, pads)
     return conv.conv(x, w, strides, pads, lhs_dilation, rhs_dilation, groups)
+
+
+def matmul_for_cpu(x, w):
+    """``model.modules.linear.Linear``'s product ``x @ w`` (2-D ``x``). Looked up through the module when called,
+    so that the benchmarks can ablate it."""
+    return dense.matmul(x, w)

@@ -1,51 +1,20 @@
 """2-D convolution and transposed convolution (NHWC inputs, HWIO kernels); 1-D convolution (NLC inputs, WIO kernels).
 
 Both layers are ``lax.conv_general_dilated`` differentiated by JAX. Where the optional ``model/kernels`` is there,
-``conv_general`` chooses, when it is traced, between that plain math and the kernels' formulations (same values and
-gradients, written for XLA:CPU): the kernels where the code is lowered for the CPU, the plain math for every other
-platform. ``cpu_kernels(use)`` forces one form for what is traced inside it. Without ``model/kernels`` (a project
-made ``--without kernels``), every convolution is the plain math.
+``conv_general`` takes its formulation (same values and gradients, written for XLA:CPU) where the code is lowered for
+the CPU, the plain math for every other platform (``model/modules/cpu_forms.py``).
 """
 
 from __future__ import annotations
-
-import contextlib
-import contextvars
-import importlib
 
 import jax
 from jax import lax
 
 from model.modules import initializers
+from model.modules.cpu_forms import by_platform
 from model.modules.module import Module, check_size
 
 DIMS = ("NHWC", "HWIO", "NHWC")
-# None: the form by the platform the code is lowered for; True or False: the kernels or the plain math everywhere.
-# A context variable, so that a form forced on one thread (an export) leaves another's trace (a background compile)
-# alone.
-FORCED = contextvars.ContextVar("cpu_kernels", default=None)
-
-
-@contextlib.contextmanager
-def cpu_kernels(use: bool):
-    """Every convolution this thread traces inside takes model/kernels' formulations (True: on every platform, where
-    the folder is there) or the plain math (False: what a tracer that resolves no platform, as jax2onnx's, needs).
-    Read when traced: a function JAX traced before (jit, make_jaxpr) keeps the form it was traced with."""
-    token = FORCED.set(use)
-    try:
-        yield
-    finally:
-        FORCED.reset(token)
-
-
-def kernels():
-    """The optional ``model.kernels`` where its folder is there, else None (the plain math)."""
-    try:
-        return importlib.import_module("model.kernels")
-    except ModuleNotFoundError as missing:
-        if missing.name != "model.kernels":  # the folder is there but broken: say so
-            raise
-        return None
 
 
 def as_pair(v, name: str) -> tuple[int, int]:
@@ -83,7 +52,7 @@ def explicit_padding(padding, in_hw, kernel_hw, stride_hw, dilation_hw=(1, 1)) -
 
 def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1), rhs_dilation=(1, 1), groups=1):
     """``lax.conv_general_dilated`` on NHWC/HWIO with explicit non-negative integer padding; model/kernels'
-    formulation of it where the code is lowered for the CPU (or where ``cpu_kernels`` forces one form)."""
+    formulation of it where the code is lowered for the CPU (``cpu_forms.by_platform``)."""
     args = (tuple(strides), tuple(map(tuple, pads)), tuple(lhs_dilation), tuple(rhs_dilation), int(groups))
 
     def plain(x, w):
@@ -92,18 +61,7 @@ def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1
             x, w, strides, pads, lhs_dilation, rhs_dilation, DIMS, feature_group_count=groups
         )
 
-    use, found = FORCED.get(), kernels()
-    if found is None or use is False:
-        return plain(x, w)
-
-    def cpu(x, w):
-        return found.conv_for_cpu(x, w, *args)
-
-    if use:
-        return cpu(x, w)
-    # Both forms are traced; lowering for one platform keeps only its own, so a step or an export lowered for "cuda"
-    # or "tpu" on a CPU host carries no kernel.
-    return lax.platform_dependent(x, w, cpu=cpu, default=plain)
+    return by_platform(plain, lambda kernels, x, w: kernels.conv_for_cpu(x, w, *args), x, w)
 
 
 def conv2d(x, w, stride=1, padding="SAME", dilation=1, groups=1):

@@ -1,10 +1,14 @@
-"""Linear (dense) layer over the last axis."""
+"""Linear (dense) layer over the last axis.
+
+Its product is ``x @ weight`` differentiated by JAX, or, where the optional ``model/kernels`` is there and the code is
+lowered for the CPU, ``model/kernels/dense.py``'s (same values and gradients: ``model/modules/cpu_forms.py``)."""
 
 from __future__ import annotations
 
 import jax
 
 from model.modules import initializers
+from model.modules.cpu_forms import by_platform
 from model.modules.module import Module, check_size
 
 
@@ -32,7 +36,12 @@ class Linear(Module):
     def forward(self, params, x):
         # Rank > 2 inputs go through a 2-D matmul: tf2onnx mis-reshapes rank-3 dense layers (docs/export.md).
         lead = x.shape[:-1]
-        y = x.reshape(-1, x.shape[-1]) @ params["weight"]
+        y = matmul(x.reshape(-1, x.shape[-1]), params["weight"])
         if self.use_bias:
             y = y + params["bias"]
         return y.reshape(*lead, self.out_features)
+
+
+def matmul(x, w):
+    """``x @ w`` for a 2-D ``x``: model/kernels' product where the code is lowered for the CPU."""
+    return by_platform(lambda x, w: x @ w, lambda kernels, x, w: kernels.matmul_for_cpu(x, w), x, w)

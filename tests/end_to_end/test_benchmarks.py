@@ -150,3 +150,19 @@ def test_the_cpu_step_benchmark_compares_each_option_set_with_what_the_template_
     row = next(line for line in done.stdout.splitlines() if line.startswith("| configs/tabular_regression.json"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == 3 and float(cells[1].replace(",", "")) > 0 and float(cells[2]) > 0, row  # before, template
+
+
+def test_the_cpu_step_benchmark_switches_each_kernel_form_off():
+    """--forms on the language model in two steps: the step with the dense layers' weight gradients as autodiff forms
+    them, and the template's, each with a figure."""
+    import subprocess
+
+    command = [sys.executable, "benchmarks/cpu_step_benchmark.py", "--configs", "configs/shakespeare_char.json"]
+    done = subprocess.run(
+        [*command, "--steps", "2", "--rounds", "1", "--forms"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| sample | autodiff-dense, us/step | template |" in done.stdout, done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| configs/shakespeare_char.json"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert len(cells) == 3 and float(cells[1].replace(",", "")) > 0 and float(cells[2]) > 0, row

@@ -10,7 +10,8 @@ import pytest
 from jax import lax
 from jax.test_util import check_grads
 
-from model.modules.conv import Conv2d, ConvTranspose2d, conv2d, conv_transpose2d, cpu_kernels
+from model.modules.conv import Conv2d, ConvTranspose2d, conv2d, conv_transpose2d
+from model.modules.cpu_forms import cpu_kernels
 
 DIMS = ("NHWC", "HWIO", "NHWC")
 

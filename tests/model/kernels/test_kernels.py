@@ -8,7 +8,8 @@ import pytest
 from jax import lax
 from jax.test_util import check_grads
 
-from model.modules.conv import Conv2d, conv2d, cpu_kernels
+from model.modules.conv import Conv2d, conv2d
+from model.modules.cpu_forms import cpu_kernels
 from tests.model.test_conv import CONFIGS, _as_pair, _inputs, _random_params, _reference, in_form
 
 # The convolution in model/kernels' formulations on every platform (by default the jaxpr holds both forms, and
