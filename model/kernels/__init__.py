@@ -37,6 +37,7 @@ def conv_for_cpu(x, w, strides, pads, lhs_dilation, rhs_dilation, groups):
 
 
 def matmul_for_cpu(x, w):
-    """``model.modules.linear.Linear``'s product ``x @ w`` (2-D ``x``). Looked up through the module when called,
-    so that the benchmarks can ablate it."""
-    return dense.matmul(x, w)
+    """The function ``model.modules.linear.Linear`` takes for its product ``x @ w`` (2-D ``x``) on the CPU, or None
+    where the plain product is the one to take. Looked up through the module when called, so that the benchmarks can
+    ablate it."""
+    return dense.copied_transpose_matmul if dense.transposes_input(x, w) else None

@@ -26,12 +26,6 @@ def transposes_input(x, w) -> bool:
     return rows <= 2048 and width % 128 == 0 and width >= 2 * out >= 64
 
 
-def matmul(x, w):
-    """``x @ w`` for a 2-D ``x`` (rows, in) and ``w`` (in, out): the product below where ``transposes_input``
-    says, else the plain one."""
-    return copied_transpose_matmul(x, w) if transposes_input(x, w) else x @ w
-
-
 @jax.custom_vjp
 def copied_transpose_matmul(x, w):
     """``x @ w``, whose weight gradient multiplies a transposed copy of ``x``."""

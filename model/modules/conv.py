@@ -61,7 +61,7 @@ def conv_general(x, w, strides=(1, 1), pads=((0, 0), (0, 0)), lhs_dilation=(1, 1
             x, w, strides, pads, lhs_dilation, rhs_dilation, DIMS, feature_group_count=groups
         )
 
-    return by_platform(plain, lambda kernels, x, w: kernels.conv_for_cpu(x, w, *args), x, w)
+    return by_platform(plain, lambda kernels: lambda x, w: kernels.conv_for_cpu(x, w, *args), x, w)
 
 
 def conv2d(x, w, stride=1, padding="SAME", dilation=1, groups=1):

@@ -45,15 +45,13 @@ def kernels():
 
 
 def by_platform(plain, for_cpu, *operands):
-    """``plain(*operands)``, or ``for_cpu(model.kernels, *operands)`` where the code is lowered for the CPU (or
-    where ``cpu_kernels`` forces one form)."""
+    """``plain(*operands)``, or model/kernels' function for these operands where the code is lowered for the CPU (or
+    where ``cpu_kernels`` forces one form). ``for_cpu(model.kernels)`` gives that function, or None where the kernels
+    have no form for these operands: then the plain math alone is traced, as without the folder."""
     use, found = FORCED.get(), kernels()
-    if found is None or use is False:
+    cpu = None if found is None or use is False else for_cpu(found)
+    if cpu is None:
         return plain(*operands)
-
-    def cpu(*operands):
-        return for_cpu(found, *operands)
-
     if use:
         return cpu(*operands)
     return lax.platform_dependent(*operands, cpu=cpu, default=plain)
