@@ -1,7 +1,8 @@
 """Linear (dense) layer over the last axis.
 
-Its product is ``x @ weight`` differentiated by JAX, or, where the optional ``model/kernels`` is there and the code is
-lowered for the CPU, ``model/kernels/dense.py``'s (same values and gradients: ``model/modules/cpu_forms.py``)."""
+Its product is ``x @ weight`` differentiated by JAX, or, where the optional ``model/kernels`` is there, has a form for
+the product's shapes and the code is lowered for the CPU, that form (same values and gradients:
+``model/modules/cpu_forms.py``)."""
 
 from __future__ import annotations
 
