@@ -39,6 +39,8 @@ CONFIGS = [
     "configs/mnist_multitask.json",
     "configs/mnist_segmentation.json",
 ]  # configs/cifar10_resnet.json downloads CIFAR-10 first: name it with --configs
+# --forms: each ablation replaces a module's attribute while the step is traced (module, attribute, replacement)
+ABLATIONS = {"autodiff-dense": ("model.kernels.dense", "transposes_input", lambda x, w: False)}
 YNN = "xla_cpu_experimental_ynn_fusion_type"
 OPTIONS = {
     "reduce": {YNN: "LIBRARY_FUSION_TYPE_REDUCE"},
@@ -130,39 +132,44 @@ def row(path: str, kind: str, times: dict) -> str:
     return f"| {path} | " + " | ".join(cell for cell in cells if cell) + " |"
 
 
+def as_template(lowered):
+    """(`lowered` compiled with the XLA:CPU options the template gives its kind of step, that kind)."""
+    from training.devices import platform
+
+    kind = platform.train_kind(lowered, "cpu")
+    return lowered.compile(platform.xla_options(kind, "cpu") or None), kind
+
+
 def compiled_variants(parts, args) -> tuple[dict, str]:
     import jax
 
-    from training.devices import platform
     from training.step import make_train_call
 
     lowered = jax.jit(make_train_call(*parts)).lower(*args)
-    kind = platform.train_kind(lowered, "cpu")
     compiled = {name: lowered.compile(options) for name, options in OPTIONS.items()}
-    compiled["template"] = lowered.compile(platform.xla_options(kind, "cpu") or None)
+    compiled["template"], kind = as_template(lowered)
     return compiled, kind
 
 
 def form_variants(parts, args) -> dict:
     """The step compiled with the template's options, first with each ablated form, then as the template has it."""
+    import importlib
+
     import jax
 
-    from model.kernels import dense
-    from training.devices import platform
     from training.step import make_train_call
 
-    ablations = {"autodiff-dense": (dense, "transposes_input", lambda x, w: False)}
     compiled = {}
-    for name, (module, attribute, replacement) in ablations.items():
+    for name, (module_name, attribute, replacement) in ABLATIONS.items():
+        module = importlib.import_module(module_name)
         kept = getattr(module, attribute)
         setattr(module, attribute, replacement)
         try:  # the forms are chosen when traced: a fresh function each time, so that JAX traces it anew
             lowered = jax.jit(make_train_call(*parts)).lower(*args)
         finally:
             setattr(module, attribute, kept)
-        compiled[name] = lowered.compile(platform.xla_options(platform.train_kind(lowered, "cpu"), "cpu") or None)
-    lowered = jax.jit(make_train_call(*parts)).lower(*args)
-    compiled["template"] = lowered.compile(platform.xla_options(platform.train_kind(lowered, "cpu"), "cpu") or None)
+        compiled[name] = as_template(lowered)[0]
+    compiled["template"] = as_template(jax.jit(make_train_call(*parts)).lower(*args))[0]
     return compiled
 
 
@@ -172,7 +179,9 @@ def main(argv=None) -> int:
     if args.eval:
         print("| sample | none, us/batch | template |\n| --- | --- | --- |")
     elif args.forms:
-        print("| sample | autodiff-dense, us/step | template |\n| --- | --- | --- |")
+        first, *rest = [*ABLATIONS, "template"]
+        names = [f"{first}, us/step", *rest]
+        print("| sample | " + " | ".join(names) + " |\n" + "| --- " * (len(names) + 1) + "|")
     else:
         print("| sample | kind | " + " | ".join(["reduce, us/step", *list(OPTIONS)[1:], "template"]) + " |")
         print("| --- " * (len(OPTIONS) + 3) + "|")
@@ -180,13 +189,12 @@ def main(argv=None) -> int:
         if args.eval:
             compiled, calls = eval_variants(path, args.steps)
             print(row(path, "", timed(compiled, calls, args.rounds)), flush=True)
-        elif args.forms:
-            parts, call_args = fused_epoch(path, args.steps)
-            times = timed(form_variants(parts, call_args), [call_args], args.rounds)
-            print(row(path, "", {name: [t / args.steps for t in ts] for name, ts in times.items()}), flush=True)
         else:
             parts, call_args = fused_epoch(path, args.steps)
-            compiled, kind = compiled_variants(parts, call_args)
+            if args.forms:
+                compiled, kind = form_variants(parts, call_args), ""
+            else:
+                compiled, kind = compiled_variants(parts, call_args)
             times = timed(compiled, [call_args], args.rounds)
             print(row(path, kind, {name: [t / args.steps for t in ts] for name, ts in times.items()}), flush=True)
     print(f"load average after: {load_average()}")
