@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import socket
 from typing import NamedTuple
 
 from training.devices.mesh import DistributedError
@@ -74,3 +76,26 @@ def cluster_of(
         local = None if int(tasks) <= nodes else (int(environ.get("SLURM_LOCALID", "0")),)
         return Cluster(int(environ["SLURM_PROCID"]), int(tasks), f"{slurm_first_host(nodelist)}:{port}", "slurm", local)
     return SINGLE
+
+
+def check_coordinator_port(cluster: Cluster) -> None:
+    """Process 0 serves the coordinator on its port, on every interface of this machine. JAX's server binds it with
+    SO_REUSEPORT, so a run given a port another run's coordinator already serves would share it silently: the
+    processes of both runs would reach either coordinator, and hang or mix. A port something listens on is refused
+    here, in one line, before JAX starts (a closed run's connections waiting out TIME_WAIT are no obstacle)."""
+    if cluster.process_id != 0 or cluster.source not in ("flags", "slurm"):
+        return
+    port = int(cluster.coordinator.rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            if error.errno not in (errno.EADDRINUSE, errno.EACCES):
+                return  # no IPv4 here, say: JAX's own start reports what it cannot do
+            what = "is in use on this machine (another run's coordinator?)"
+            if error.errno == errno.EACCES:
+                what = "cannot be served by this user"
+            choose = "choose another" if cluster.source == "flags" else "set JAX_COORDINATOR_PORT to another"
+            given = f"--coordinator {cluster.coordinator}" if cluster.source == "flags" else "SLURM's coordinator"
+            raise DistributedError(f"{given}: port {port} {what}; {choose}") from None

@@ -9,7 +9,7 @@ import os
 from training.devices import mesh
 from training.devices.mesh import DistributedError
 from training.processes import store
-from training.processes.cluster import Cluster, cluster_of
+from training.processes.cluster import Cluster, check_coordinator_port, cluster_of
 from training.processes.watchdog import HEARTBEAT_TIMEOUT_S, WATCHDOG_MARGIN_S, Watchdog
 from training.run.cli import fail
 
@@ -56,6 +56,7 @@ def join(
     cluster = cluster_of(coordinator, num_processes, process_id, environ)
     if cluster.source == "single":
         return cluster
+    check_coordinator_port(cluster)
     import jax
 
     backstop = 2 * (heartbeat_timeout + WATCHDOG_MARGIN_S)

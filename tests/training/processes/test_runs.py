@@ -22,10 +22,20 @@ from training.run import checkpoint
 __all__ = ["data_dir"]  # the fixture, used by name
 
 
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)  # this test process's index under xdist
+PORT_CLASSES = 8
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, of this test worker's own class: the coordinators of runs that two workers start
+    at the same moment never get the same port (the later one's process 0 would refuse it). Linux hands bind() odd
+    ports only (even ones go to connect()), so the class is taken from the port halved."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+        if (port >> 1) % PORT_CLASSES == WORKER % PORT_CLASSES:
+            return port
 
 
 def start_processes(
@@ -60,9 +70,20 @@ def start_processes(
 
 
 def finish(processes, timeout=300) -> list[tuple[int, str, str]]:
+    """Each process's (exit status, standard output, standard error) once all ended; a process still running after
+    `timeout` seconds fails the test with what every process said (all are killed first)."""
     results = []
-    for p in processes:
-        out, err = p.communicate(timeout=timeout)
+    for index, p in enumerate(processes):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            said = []
+            for i, q in enumerate(processes):
+                q_out, q_err = results[i][1:] if i < len(results) else q.communicate()
+                said.append(f"process {i} (exit status {q.wait()}):\n{(q_out or '')[-1500:]}{(q_err or '')[-3000:]}")
+            pytest.fail(f"process {index} was still running after {timeout} s\n" + "\n".join(said))
         results.append((p.returncode, out, err))
     return results
 
