@@ -18,6 +18,7 @@ from inference.trained_run import load_run
 from training.assembly import assemble
 from training.config.file import ConfigError
 from training.config.validation import load_config
+from training.devices import compilation_cache
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import ArgumentParser, add_run, command, fail
 from training.run.location import check_config_writes
@@ -36,6 +37,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    compilation_cache.use()  # the machine's: what training compiled, this reads
     from training.run.checkpoint import of_run
 
     checkpoint_path = of_run(args.run)

@@ -32,6 +32,7 @@ from inference.trained_run import load_run
 from training.assembly import assemble
 from training.config.file import ConfigError
 from training.config.validation import load_config
+from training.devices import compilation_cache
 from training.run.checkpoint import check_checkpoint_file
 from training.run.cli import ArgumentParser, add_run, command, fail
 from training.run.figures import plots
@@ -73,6 +74,7 @@ def per_class(matrix: np.ndarray) -> dict[str, np.ndarray]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    compilation_cache.use()  # the machine's: what training compiled, this reads
     from data_loader.augment.pipeline import Prepared
     from training.run.checkpoint import of_run
 

@@ -20,12 +20,11 @@ from pathlib import Path
 
 from files.writes import CONFIG, LATEST, METRICS
 from signals import stops
-from training import compiled
 from training.assembly import assemble
 from training.config.components import components_text
 from training.config.file import ConfigError, config_hash
 from training.config.validation import load_config
-from training.devices import mesh, platform
+from training.devices import compilation_cache, mesh, platform
 from training.processes import launch  # [feature: processes]
 from training.run import debug_modes, lifecycle, location
 from training.run.checkpoint import check_checkpoint_file
@@ -110,7 +109,7 @@ def train(args) -> int:
     setup_logging(None)  # the console until the run folder exists
     launch.start(args)  # jax.distributed, before anything touches a device [feature: processes]
     config, resume_dir, run = read_config(args)
-    compiled.use_cache(config["trainer"]["compilation_cache"])  # before anything compiles: kept for the next run
+    compilation_cache.use()  # the machine's, before anything compiles
     stops.safe_point()
     loaders = load_data(args, config, run)
     stops.safe_point()

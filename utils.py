@@ -19,10 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from files.writes import LATEST
-from training import compiled
 from training.assembly import assemble
 from training.config.file import ConfigError, config_hash
 from training.config.validation import validate
+from training.devices import compilation_cache
 from training.run import folder as run_folder
 from training.run import location
 from training.run.history import History
@@ -43,7 +43,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     this kernel knows that component."""
     config = validate(config, source)
     check_run_dir(run_dir, resume)
-    compiled.use_cache(config["trainer"]["compilation_cache"])  # where nothing has compiled yet in this kernel
+    compilation_cache.use()  # the machine's, where nothing has compiled yet in this kernel
     run = assemble(config, source)
     run.load_data()
     run.check_data()

@@ -58,6 +58,7 @@ from training.assembly import assemble  # noqa: E402
 from training.config.file import ConfigError  # noqa: E402
 from training.config.schema import MAX_BATCH  # noqa: E402
 from training.config.validation import load_config  # noqa: E402
+from training.devices import compilation_cache  # noqa: E402
 from training.run.checkpoint import check_checkpoint_file, of_run  # noqa: E402
 from training.run.cli import ArgumentParser, add_run, command, fail  # noqa: E402
 from training.run.location import check_config_writes  # noqa: E402
@@ -317,6 +318,7 @@ def mask_spec(spec, data_spec, data_mask):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    compilation_cache.use()  # the machine's: what training compiled, this reads
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
         check_arguments(args, formats)

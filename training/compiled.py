@@ -3,19 +3,17 @@ of K loader batches) and the evaluation step, compiled ahead of time for the tra
 another shape is an error, never a silent recompilation. A training call compiles on a worker thread (XLA compiles
 outside the GIL), overlapping the state's initialisation or the calls at another K meanwhile.
 
-JAX's persistent compilation cache (``use_cache``) keeps every compiled program on disk: a later run of the same step
-on the same devices loads it instead of compiling.
+JAX's persistent compilation cache (``training.devices.compilation_cache``: the machine's) keeps every compiled
+program on disk: a later run of the same step on the same devices loads it instead of compiling.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import jax
 
@@ -27,39 +25,6 @@ from training.state import eval_params, evaluated_callback, in_step_callbacks, t
 from training.step import empty_stats, make_eval_step, make_train_call
 
 log = logging.getLogger("train")
-
-# trainer.compilation_cache: null is JAX's own variable where it is set, else this folder.
-DEFAULT_CACHE = "~/.cache/jax-training-template/compiled"
-
-
-def use_cache(folder: str | bool | None) -> Path | None:
-    """Turns JAX's persistent compilation cache on in `folder` (None: ``$JAX_COMPILATION_CACHE_DIR``, else
-    DEFAULT_CACHE), or off (False); returns the folder in use. Before the process's first compilation: JAX reads the
-    setting once. Every program is kept, however quick to compile (a run compiles a few; their sum is the start-up).
-    An entry of another JAX, XLA, device or program is never read (each is keyed by all of them), so stale entries
-    cost only disk space (JAX never evicts without its `filelock` package: remove the folder to reclaim it)."""
-    if folder is False:
-        jax.config.update("jax_compilation_cache_dir", None)
-        return None
-    path = Path(folder or os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE).expanduser()
-    try:  # a folder JAX could not write would cost a warning at every compilation, and every program compiled anyway
-        path.mkdir(parents=True, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError("not writable")
-    except OSError as error:
-        log.warning(f"compilation cache off: {path}: {error.strerror or error}")
-        jax.config.update("jax_compilation_cache_dir", None)
-        return None
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: any size (0 asks for a minimum)
-    return path
-
-
-def cache_folder() -> Path | None:
-    """The persistent compilation cache's folder in use, or None."""
-    folder = jax.config.jax_compilation_cache_dir
-    return Path(folder) if folder else None
 
 
 def in_background(fn: Callable, *args) -> Future:

@@ -28,10 +28,10 @@ import numpy as np
 
 from training import state
 from training.callbacks import of_schedule
-from training.compiled import Compiled, cache_folder
+from training.compiled import Compiled
 from training.config.components import schedule_length_note
 from training.config.settings import Settings
-from training.devices import memory, mesh, peaks, platform
+from training.devices import compilation_cache, memory, mesh, peaks, platform
 from training.devices.placement import Placement
 from training.metrics import metric_results
 from training.precision import policy_of
@@ -108,7 +108,7 @@ class Trainer:
         )
         aot = execution == "aot"  # "auto" starts at a choice remembered beside the compilation cache, else measures
         key = key_of(run.config, self.train_loader.spec)
-        self.steps_per_call.start(key, cache_folder() if aot else None, measure=aot)
+        self.steps_per_call.start(key, compilation_cache.folder() if aot else None, measure=aot)
         self.build_calls()
         self.checkpoints = Checkpoints(
             run_dir, settings, run.monitor, config_hash, self.compiled.evaluated, run.config, len(self.train_loader)

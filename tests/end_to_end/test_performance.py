@@ -56,7 +56,7 @@ class StepLosses:
 def fresh_choices(tmp_path, monkeypatch):
     """ "auto"'s remembered choices in a folder of each test's own: another test's choice for the same step would
     start the run at it, untimed."""
-    monkeypatch.setattr("training.trainer.cache_folder", lambda: tmp_path / "cache")
+    monkeypatch.setattr("training.devices.compilation_cache.folder", lambda: tmp_path / "cache")
 
 
 def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):

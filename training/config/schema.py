@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from training.config.components import (
     default_of,
 )
 from training.config.file import ConfigError, closest, show
+from training.devices import compilation_cache
+
+log = logging.getLogger("train")
 
 TRAINER_DEFAULTS = {
     "epochs": 10,
@@ -41,7 +45,6 @@ TRAINER_DEFAULTS = {
     "async_checkpoints": True,
     "accumulate_steps": 1,
     "precision": None,
-    "compilation_cache": None,
 }
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
@@ -238,6 +241,13 @@ def check_loaders(config: dict, source: str) -> None:
 def check_trainer(config: dict, names: list[str], source: str) -> None:
     """The trainer's settings; ``names``: the metrics' log names, which the monitor may name."""
     trainer = section(config, "trainer", source, {})
+    cache = trainer.pop("compilation_cache", None)  # a setting of configs before it became the machine's
+    if cache is not None:
+        log.warning(
+            f"{source}: trainer.compilation_cache {show(cache)} is not used: the compilation cache is the machine's "
+            f"({compilation_cache.WHERE}), since a config, which a run folder hands on, must not choose which "
+            f"compiled programs run"
+        )
     for key in trainer:
         if key not in TRAINER_DEFAULTS and key not in ("profile",):
             raise ConfigError(
@@ -275,11 +285,6 @@ def check_trainer(config: dict, names: list[str], source: str) -> None:
         raise ConfigError(f"{where}precision: {error}") from None
     if not isinstance(trainer["async_checkpoints"], bool):
         raise ConfigError(f"{where}async_checkpoints: expected true or false, got {show(trainer['async_checkpoints'])}")
-    cache = trainer["compilation_cache"]
-    if not (cache is None or cache is False or (isinstance(cache, str) and cache.strip() and "\0" not in cache)):
-        raise ConfigError(
-            f"{where}compilation_cache: expected a folder, false (no cache) or null (the default), got {show(cache)}"
-        )
     check_save_dir(trainer, config["name"], where)
     if trainer["run_id"] is not None:
         check_folder_name(trainer["run_id"], f"{where}run_id")

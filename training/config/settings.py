@@ -33,7 +33,6 @@ class Settings:
     checkpoint_every: CheckpointEvery
     async_checkpoints: bool
     profile: dict | None  # {"start_step", "num_steps"}: a profiler trace of those steps
-    compilation_cache: str | bool | None  # a folder, False (none) or None (the default: ``compiled.use_cache``)
 
     @classmethod
     def of(cls, config: dict) -> Settings:

@@ -278,13 +278,11 @@ def test_processes_agree_at_each_epoch_end_not_at_every_call(tmp_path, data_dir)
 
 
 @pytest.mark.slow
-def test_two_processes_agree_on_auto_steps_per_call(tmp_path, data_dir):
+def test_two_processes_agree_on_auto_steps_per_call(tmp_path, data_dir, monkeypatch):
     """ "auto" is timed by each process on its own: both take the same K at the same call (the larger of their
     choices) and switch to it together mid-epoch, and the run's losses are those of one step per call alone."""
-    cache = str(tmp_path / "cache")  # no choice remembered by another test's run of this step
-    config = tiny_config(
-        tmp_path, data_dir, trainer__steps_per_call="auto", trainer__epochs=3, trainer__compilation_cache=cache
-    )
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))  # no choice another test's run kept
+    config = tiny_config(tmp_path, data_dir, trainer__steps_per_call="auto", trainer__epochs=3)
     saved = tmp_path / "saved/tiny"
     results = finish(start_processes(2, 1, "-c", config, "--run-id", "auto"))
     for status, _out, err in results:
