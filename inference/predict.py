@@ -873,6 +873,8 @@ def read_inputs(
         if len(rows) > 1:
             raise ValueError(f"{path}: the arrays hold different numbers of examples {sorted(rows)}")
         (n,) = rows
+        if n == 0:  # a header without rows, an empty batch: nothing the model could run on
+            raise ValueError(f"{path}: no examples in it (0 rows); give at least one")
         for k in optional - set(named):
             named[k] = np.ones((n, *expected[k]["shape"][1:]), expected[k]["dtype"])
         single = n == 1 and path.suffix not in (".npy", ".npz", ".csv")
