@@ -754,7 +754,19 @@ def decisions(outputs: np.ndarray, task: str, preprocessing: dict, threshold: fl
 
 
 def csv_cell(text: str) -> str:
-    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n') else text
+    """A text cell of an --out CSV, as a spreadsheet opens it: text starting with = + - @, a tab or a carriage
+    return gets a leading ' (OWASP's escape), else a class named "=1+1" would run as a formula; text that is a
+    number ("-1") stays as it is. Quoted where it holds a comma, a quote or a line break."""
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not is_number_text(text):
+        text = "'" + text
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n\r') else text
+
+
+def is_number_text(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def write_images(path: Path, outputs: np.ndarray, task: str, preprocessing: dict) -> list[Path]:
@@ -878,7 +890,8 @@ def read_inputs(
         for k in optional - set(named):
             named[k] = np.ones((n, *expected[k]["shape"][1:]), expected[k]["dtype"])
         single = n == 1 and path.suffix not in (".npy", ".npz", ".csv")
-        names += [str(path)] if single else [f"{path}[{i}]" for i in range(n)]
+        shown = relative(path)
+        names += [str(shown)] if single else [f"{shown}[{i}]" for i in range(n)]
         parts.append(named)
     x = {k: np.concatenate([p[k] for p in parts]) for k in expected}
     for k, v in x.items():  # complex numbers would lose their imaginary part, text would fail in the runtime
@@ -892,6 +905,15 @@ def read_inputs(
             if v.min() < info.min or v.max() > info.max:
                 raise ValueError(f"input {k!r}: values {v.min()}..{v.max()} do not fit the model's {dtype}")
     return names, {k: v.astype(expected[k]["dtype"]) for k, v in x.items()}
+
+
+def relative(path: Path) -> Path:
+    """An input's path as its name in the outputs: relative to the working folder where it lies under it (as a user
+    types it), so an --out file shared with others does not carry this machine's folders."""
+    try:
+        return path.absolute().relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def decision_threshold(config: dict) -> tuple[float, str]:
