@@ -4,9 +4,12 @@ exit status 2."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from data_loader.sources import image_folder
 from inference import predict
 from tests.end_to_end.test_untrusted_inputs import export, one_line  # noqa: F401 (a tiny ONNX model and x.npy)
 
@@ -60,3 +63,74 @@ def test_out_csv_names_and_labels_open_as_text_numbers_as_numbers(export, capsys
     values = np.array([[float(v) for v in line.split(",")[1:]] for line in lines[1:]])
     assert (values < 0).any()  # written as -0.123, not '-0.123
     capsys.readouterr()
+
+
+def tiny_image_onnx(path: Path) -> Path:
+    """A real ONNX model of (batch, 2, 2, 1) float32 images -> (batch, 3) logits: a Reshape and a MatMul."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
+    flat = numpy_helper.from_array(np.array([-1, 4], np.int64), "flat")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["input", "flat"], ["rows"]),
+            helper.make_node("MatMul", ["rows", "w"], ["output"]),
+        ],
+        "tiny_image",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 2, 2, 1])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 3])],
+        [weights, flat],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_predict_takes_the_loaders_image_suffixes():
+    """Repeated in predict.py, which ships alone: held equal to what the image folder loader reads."""
+    assert predict.IMAGE_SUFFIXES == image_folder.SUFFIXES
+
+
+def test_a_folder_of_images_is_its_image_files_sorted_and_quiet_prints_no_line_per_input(tmp_path, capsys):
+    """Before: a folder was "not a regular file" (one line, nothing predicted)."""
+    from PIL import Image
+
+    tiny_image_onnx(tmp_path / "tiny.onnx")
+    (tmp_path / "preprocessing.json").write_text('{"classes": ["a", "b", "c"], "pixel_scale": 0.00392156862745098}')
+    images = tmp_path / "images"
+    for name in ("b/2.png", "a/1.JPG", "a/.hidden/3.png", "0.bmp", ".4.png", "c/5.webp"):
+        (images / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((5, 7), 15 * len(name), np.uint8)).save(images / name, format=None)
+    (images / "notes.txt").write_text("not an image")
+    assert predict.main([str(tmp_path / "tiny.onnx"), str(images), "--top", "1"]) == 0
+    printed = [line.split(": ")[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert printed == [str(images / name) for name in ("0.bmp", "a/1.JPG", "b/2.png", "c/5.webp")]
+
+    out = tmp_path / "p.csv"
+    assert predict.main([str(tmp_path / "tiny.onnx"), str(images), "--quiet", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["tiny: tiny.onnx, 4 input(s), task classification", f"wrote {out}"]
+    assert len(out.read_text().splitlines()) == 5
+
+    (images / "a" / "1.JPG").unlink()
+    for name in ("0.bmp", "b/2.png", "c/5.webp"):
+        (images / name).unlink()
+    line = one_line(capsys, predict.main, tmp_path / "tiny.onnx", images)
+    assert line == f"error: {images}: a folder of no image files (.png, .jpg, .jpeg, .bmp, .webp)"
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "image.png"])
+def test_a_file_the_model_cannot_take_is_one_line_naming_what_it_takes(export, capsys, name):  # noqa: F811
+    """Before: "not enough values to unpack (expected 3, got 1)" for a .txt given to a model of (N, 4) inputs (a
+    text classifier's ids), read as an image of the input's shape."""
+    from PIL import Image
+
+    (export / "notes.txt").write_text("some text\n")
+    Image.fromarray(np.zeros((4, 4), np.uint8)).save(export / "image.png")
+    (export / "preprocessing.json").write_text('{"classes": ["a", "b", "c"]}')
+    line = one_line(capsys, predict.main, export / "tiny.onnx", export / name)
+    assert line == (
+        f"error: {export / name}: not a file this model takes; it takes .csv rows or .npy or .npz arrays of examples "
+        "of shape [4]"
+    )
