@@ -375,13 +375,23 @@ def encode_column(name: str, cells: list[str], learned: dict, path: Path, warnin
     else:
         values = np.empty((len(cells), 1))
         for r, cell in enumerate(cells):
-            try:
-                values[r, 0] = fill if empty[r] else float(cell)
-            except ValueError:
-                raise ValueError(f"{path}: row {r + 1}, column {name!r}: {cell!r} is not a number") from None
+            value = fill if empty[r] else finite(cell)
+            if value is None:  # "nan", "inf", "1e400" too, as training refused them
+                raise ValueError(f"{path}: row {r + 1}, column {name!r}: {cell!r}, not a finite number")
+            values[r, 0] = value
     if learned.get("indicator"):
         values = np.column_stack([values, empty.astype(np.float64)])
     return values
+
+
+def finite(cell: str) -> float | None:
+    """A cell's number, or None where it holds no finite one: the CSV loader's ``finite`` (data_loader/sources/
+    tabular.py), repeated as this file ships alone; a test holds the two equal."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -175,6 +175,16 @@ def _most_frequent(values: list):
     return min(value for value, count in counts.items() if count == top)
 
 
+def finite(cell: str) -> float | None:
+    """A cell's number, or None where it holds no finite one (words, "nan", "inf", "1e400"): the one rule for every
+    numeric cell, of features and targets; inference/predict.py repeats it for raw rows, a test holds the two equal."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def _cell_error(path: Path, header, column: int, r: int, lines, cell: str, hint: str = "") -> ValueError:
     what = "an empty cell (a missing value)" if not cell.strip() else f"{cell!r}, not a finite number"
     return ValueError(f"{path}: data row {r + 1} (line {lines[r]}), column {header[column]!r}: {what}{hint}")
@@ -234,13 +244,14 @@ def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: n
         for r, cell in enumerate(cells):
             if empty[r] and missing:
                 continue
-            try:
-                value, words = float(cell), False
-            except ValueError:
-                value, words = math.nan, bool(cell)
-            if not math.isfinite(value):
-                hint = "" if cell and not words else fill_hint if not cell else _words_hint(name, cells)
-                raise _cell_error(path, header, column, r, lines, cell, hint) from None
+            value = finite(cell)
+            if value is None:
+                try:  # "nan" and "1e400" are numbers, refused as they are; an empty cell or words get a hint
+                    float(cell)
+                    hint = ""
+                except ValueError:
+                    hint = fill_hint if not cell else _words_hint(name, cells)
+                raise _cell_error(path, header, column, r, lines, cell, hint)
             values[r] = value
         if missing:
             known = values[seen]
@@ -330,13 +341,9 @@ def _numbers(path: Path, header: list[str], rows: list[list[str]], lines: list[i
     out = np.empty((len(rows), len(columns)), np.float64)
     for r, row in enumerate(rows):
         for c, column in enumerate(columns):
-            cell = row[column]
-            try:
-                value = float(cell)
-            except ValueError:
-                value = None
-            if value is None or not math.isfinite(value):
-                raise _cell_error(path, header, column, r, lines, cell) from None
+            value = finite(row[column])
+            if value is None:
+                raise _cell_error(path, header, column, r, lines, row[column])
             out[r, c] = value
     return out
 

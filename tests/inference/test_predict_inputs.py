@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_loader.sources import image_folder
+from data_loader.sources import image_folder, tabular
 from inference import predict
 from tests.end_to_end.test_untrusted_inputs import export, one_line  # noqa: F401 (a tiny ONNX model and x.npy)
 
@@ -134,3 +134,22 @@ def test_a_file_the_model_cannot_take_is_one_line_naming_what_it_takes(export, c
         f"error: {export / name}: not a file this model takes; it takes .csv rows or .npy or .npz arrays of examples "
         "of shape [4]"
     )
+
+
+CELLS = ["1", " -2.5 ", "1e3", "nan", "NaN", "inf", "-Infinity", "1e400", "-1e400", "old", "", "0x1", "1_000"]
+
+
+def test_predict_reads_a_numeric_cell_as_training_did():
+    """One rule for a CSV's numeric cells, repeated in predict.py (which ships alone): held equal cell by cell."""
+    assert [predict.finite(cell) for cell in CELLS] == [tabular.finite(cell) for cell in CELLS]
+
+
+@pytest.mark.parametrize("cell", ["nan", "inf", "1e400"])
+def test_a_cell_training_refuses_is_refused_by_predict_too(export, capsys, cell):  # noqa: F811
+    """Before: predict.py read it (NaN outputs and a warning) where the training loader refused it in one line."""
+    path = export / "rows.csv"
+    path.write_text(f"a,b,c,d\n1,2,3,4\n1,{cell},3,4\n")
+    line = one_line(capsys, predict.main, export / "tiny.onnx", path)
+    assert line == f"error: {path}: row 2, column 'b': {cell!r}, not a finite number"
+    with pytest.raises(ValueError, match=f"column 'b': {cell!r}, not a finite number$"):
+        tabular.CsvDataset(path, "d", validation_fraction=0.0, test_fraction=0.0)
