@@ -6,7 +6,9 @@
     python inference/predict.py exports/churn/churn.onnx customers.csv --out p.csv [--threshold 0.3]   # labels
     python inference/predict.py exports/shakespeare/shakespeare.onnx --text "ROMEO:" --tokens 100   # text
 
-A model of several named outputs (a multi-task model) prints each output by its own task under its name.
+A model of several named outputs (a multi-task model) prints each output by its own task under its name. A folder
+given as input stands for the image files under it (the suffixes the image loaders read), in sorted order;
+`--quiet` prints no line per input, for many inputs whose outputs go to `--out`.
 
 Images are resized and normalised as the training data was: the numbers come from `preprocessing.json`, which the
 converter writes next to the model (from the run's data pipeline), plus the run's `config.json` for its name. A
@@ -52,6 +54,9 @@ CONFIG = "config.json"
 PREPROCESSING = "preprocessing.json"
 MASK = "mask"  # the named input of a model that declares a padding mask (inference/inputs.py writes it so)
 THRESHOLD = 0.5  # a multi-label output counts as predicted above this probability unless the config says otherwise
+# The image files the loaders read (data_loader/sources/image_folder.py's SUFFIXES, repeated as this file ships
+# alone; a test holds the two equal): what a folder given as input is searched for, and what is read as an image.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 # Bounds on what a file or a flag may ask of this machine: an input file (a .npy, .npz member or .csv read whole),
 # an image's pixels (a few kB of PNG can declare gigapixels), runtime threads, generated characters.
@@ -370,13 +375,23 @@ def encode_column(name: str, cells: list[str], learned: dict, path: Path, warnin
     else:
         values = np.empty((len(cells), 1))
         for r, cell in enumerate(cells):
-            try:
-                values[r, 0] = fill if empty[r] else float(cell)
-            except ValueError:
-                raise ValueError(f"{path}: row {r + 1}, column {name!r}: {cell!r} is not a number") from None
+            value = fill if empty[r] else finite(cell)
+            if value is None:  # "nan", "inf", "1e400" too, as training refused them
+                raise ValueError(f"{path}: row {r + 1}, column {name!r}: {cell!r}, not a finite number")
+            values[r, 0] = value
     if learned.get("indicator"):
         values = np.column_stack([values, empty.astype(np.float64)])
     return values
+
+
+def finite(cell: str) -> float | None:
+    """A cell's number, or None where it holds no finite one: the CSV loader's ``finite`` (data_loader/sources/
+    tabular.py), repeated as this file ships alone; a test holds the two equal."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -535,7 +550,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="an exported .onnx or .tflite file")
     parser.add_argument(
-        "inputs", nargs="*", help="image files (PNG, JPEG, ...), .csv rows, .npy batches, or .npz files of named inputs"
+        "inputs",
+        nargs="*",
+        help="image files (PNG, JPEG, ...) or folders of them, .csv rows, .npy batches, or .npz files of named inputs",
     )
     parser.add_argument(
         "--top",
@@ -561,6 +578,9 @@ def main(argv=None) -> int:
         action="store_true",
         help=".npy/.npz arrays hold the inputs as the data set's files do (pixels of 0..255, a CSV's numbers in their "
         "units): the recorded preprocessing is applied, as to images (default: as the model takes them)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no line per input: only what was run and the files --out wrote"
     )
     parser.add_argument(
         "--threshold",
@@ -608,7 +628,8 @@ def main(argv=None) -> int:
         if not args.inputs:
             raise ValueError("give input files (images, .csv rows, .npy or .npz batches)")
         warnings = []
-        names, x = read_inputs(model, map(Path, args.inputs), preprocessing, args.invert, warnings, args.raw)
+        paths = input_files(map(Path, args.inputs))
+        names, x = read_inputs(model, paths, preprocessing, args.invert, warnings, args.raw)
         warnings.append(range_warning(x, preprocessing))
         for warning in filter(None, warnings):
             print(f"warning: {warning}", file=sys.stderr)
@@ -636,14 +657,15 @@ def main(argv=None) -> int:
             return 1
     if "multilabel" in (task, *tasks.values()):
         print(f"labels predicted above probability {threshold:g} ({origin})")
+    shown = [] if args.quiet else names  # 2,000 inputs with --out need no 2,000 lines
     if not isinstance(raw, dict):
         print(f"{title}: {model_path.name}, {len(names)} input(s), task {task}")
-        for name, out in zip(names, raw.astype(np.float64)):
+        for name, out in zip(shown, raw.astype(np.float64)):
             print(f"{name}: {describe(out, task, preprocessing, args.top, threshold)}")
     else:  # a model of several named outputs: each by its own task and its own preprocessing (class names, say)
         described = ", ".join(f"{k} ({tasks.get(k, 'other')})" for k in raw)
         print(f"{title}: {model_path.name}, {len(names)} input(s), outputs {described}")
-        for i, name in enumerate(names):
+        for i, name in enumerate(shown):
             print(f"{name}:")
             for output, values in raw.items():
                 info = {**preprocessing, **((preprocessing.get("outputs") or {}).get(output) or {})}
@@ -754,7 +776,19 @@ def decisions(outputs: np.ndarray, task: str, preprocessing: dict, threshold: fl
 
 
 def csv_cell(text: str) -> str:
-    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n') else text
+    """A text cell of an --out CSV, as a spreadsheet opens it: text starting with = + - @, a tab or a carriage
+    return gets a leading ' (OWASP's escape), else a class named "=1+1" would run as a formula; text that is a
+    number ("-1") stays as it is. Quoted where it holds a comma, a quote or a line break."""
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not is_number_text(text):
+        text = "'" + text
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n\r') else text
+
+
+def is_number_text(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def write_images(path: Path, outputs: np.ndarray, task: str, preprocessing: dict) -> list[Path]:
@@ -855,6 +889,8 @@ def read_inputs(
         elif path.suffix == ".csv":
             named = {given[0]["name"]: load_rows(path, preprocessing, warnings)}
         else:
+            if path.suffix.lower() not in IMAGE_SUFFIXES or len(given[0]["shape"]) != 4:
+                raise ValueError(f"{path}: not a file this model takes; it takes {takes(given[0])}")
             if not preprocessing:
                 raise ValueError(
                     f"{path.parent / PREPROCESSING} not found: it says how to prepare images; "
@@ -873,10 +909,13 @@ def read_inputs(
         if len(rows) > 1:
             raise ValueError(f"{path}: the arrays hold different numbers of examples {sorted(rows)}")
         (n,) = rows
+        if n == 0:  # a header without rows, an empty batch: nothing the model could run on
+            raise ValueError(f"{path}: no examples in it (0 rows); give at least one")
         for k in optional - set(named):
             named[k] = np.ones((n, *expected[k]["shape"][1:]), expected[k]["dtype"])
         single = n == 1 and path.suffix not in (".npy", ".npz", ".csv")
-        names += [str(path)] if single else [f"{path}[{i}]" for i in range(n)]
+        shown = relative(path)
+        names += [str(shown)] if single else [f"{shown}[{i}]" for i in range(n)]
         parts.append(named)
     x = {k: np.concatenate([p[k] for p in parts]) for k in expected}
     for k, v in x.items():  # complex numbers would lose their imaginary part, text would fail in the runtime
@@ -890,6 +929,44 @@ def read_inputs(
             if v.min() < info.min or v.max() > info.max:
                 raise ValueError(f"input {k!r}: values {v.min()}..{v.max()} do not fit the model's {dtype}")
     return names, {k: v.astype(expected[k]["dtype"]) for k, v in x.items()}
+
+
+def takes(spec: dict) -> str:
+    """The files a model of the one input ``spec`` takes, in words: images where its examples are (H, W, C)."""
+    arrays = f".npy or .npz arrays of examples of shape {list(spec['shape'][1:])}"
+    if len(spec["shape"]) == 4:
+        return f"images ({', '.join(IMAGE_SUFFIXES)}) or {arrays}"
+    return f".csv rows or {arrays}"
+
+
+def input_files(paths) -> list[Path]:
+    """The files given, a folder replaced by the image files under it, sorted (hidden ones skipped, as the image
+    folder loader skips them)."""
+    files = []
+    for path in paths:
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix.lower() in IMAGE_SUFFIXES
+            and p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if not found:
+            raise ValueError(f"{path}: a folder of no image files ({', '.join(IMAGE_SUFFIXES)})")
+        files += found
+    return files
+
+
+def relative(path: Path) -> Path:
+    """An input's path as its name in the outputs: relative to the working folder where it lies under it (as a user
+    types it), so an --out file shared with others does not carry this machine's folders."""
+    try:
+        return path.absolute().relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def decision_threshold(config: dict) -> tuple[float, str]:

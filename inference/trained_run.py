@@ -65,6 +65,13 @@ class LoadedRun:
                 inputs = from_raw(inputs, self.preprocessing)
             except ValueError as error:
                 raise ConfigError(f"raw=True: {error}") from None
+            # raw arrays come from a user's files, not the run's loader: a wrong shape would fail deep in a layer
+            shape = getattr(self.input_spec, "shape", None)
+            if shape is not None and np.shape(inputs)[1:] != tuple(shape[1:]):
+                raise ConfigError(
+                    f"raw=True: inputs of shape {list(np.shape(inputs))}; the model takes a batch of shape "
+                    f"[N, {', '.join(map(str, shape[1:]))}]"
+                )
         expected = getattr(self.input_spec, "dtype", None)
         given = getattr(inputs, "dtype", None)
         if expected is not None and given is not None and given.kind in "biu" and np.dtype(expected).kind == "f":

@@ -113,6 +113,10 @@ def _split_groups(groups: np.ndarray, num_validation: int, num_test: int, split_
 # How a column's empty cells are filled, from its values in the train split: their mean, median or most frequent value
 # (a number or a category), or the declaration's own ``fill``.
 MISSING_RULES = ("mean", "median", "most_frequent", "constant")
+# The most categories a categorical column may have: each becomes one 0/1 input column of float64 per row while the
+# file is encoded (100,000 rows x 1,000 categories is 800 MB already). Past it the column names rows (an id) or
+# wants an embedding, not a one-hot, and 200,000 of them would ask for hundreds of GB before anything could fail.
+MAX_CATEGORIES = 1000
 COLUMN_KEYS = ("categorical", "missing", "fill", "indicator")
 
 
@@ -171,9 +175,32 @@ def _most_frequent(values: list):
     return min(value for value, count in counts.items() if count == top)
 
 
+def finite(cell: str) -> float | None:
+    """A cell's number, or None where it holds no finite one (words, "nan", "inf", "1e400"): the one rule for every
+    numeric cell, of features and targets; inference/predict.py repeats it for raw rows, a test holds the two equal."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def _cell_error(path: Path, header, column: int, r: int, lines, cell: str, hint: str = "") -> ValueError:
     what = "an empty cell (a missing value)" if not cell.strip() else f"{cell!r}, not a finite number"
     return ValueError(f"{path}: data row {r + 1} (line {lines[r]}), column {header[column]!r}: {what}{hint}")
+
+
+def _words_hint(name: str, cells: list[str]) -> str:
+    """What to do with a column of words: declare it categorical, or, where its values never repeat (an id) or are
+    too many to be categories, leave it out of features: as categories it would be an input column per row."""
+    known = [cell for cell in cells if cell]
+    distinct = len(set(known))
+    if distinct > MAX_CATEGORIES or 1 < distinct == len(known):
+        return (
+            f"; its {distinct:,} distinct values are an id's or too many for categories (at most {MAX_CATEGORIES:,}): "
+            "leave it out of features"
+        )
+    return f"; declare columns.{name}.categorical (true) if it holds categories"
 
 
 def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: np.ndarray):
@@ -184,7 +211,6 @@ def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: n
     empty = np.array([not cell for cell in cells])
     missing = spec.get("missing")
     fill_hint = f'; declare columns.{name}.missing ("mean", "median", "most_frequent" or "constant") to fill it'
-    categorical_hint = f"; declare columns.{name}.categorical (true) if it holds categories"
     if missing is None and spec.get("categorical") and empty.any():
         r = int(np.argmax(empty))
         raise _cell_error(path, header, column, r, lines, cells[r], fill_hint)
@@ -200,6 +226,11 @@ def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: n
         )
         filled = [fill if e else cell for cell, e in zip(cells, empty)]
         categories = sorted({filled[i] for i in train})
+        if len(categories) > MAX_CATEGORIES:  # refused before the one-hot array is allocated
+            raise ValueError(
+                f"{path}: column {name!r}: {len(categories):,} categories in the train split, more than the "
+                f"{MAX_CATEGORIES:,} a categorical column may have; leave it out of features"
+            )
         index = {category: k for k, category in enumerate(categories)}
         values = np.zeros((len(rows), len(categories)))
         for r, cell in enumerate(filled):
@@ -213,13 +244,14 @@ def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: n
         for r, cell in enumerate(cells):
             if empty[r] and missing:
                 continue
-            try:
-                value, words = float(cell), False
-            except ValueError:
-                value, words = math.nan, bool(cell)
-            if not math.isfinite(value):
-                hint = "" if cell and not words else fill_hint if not cell else categorical_hint
-                raise _cell_error(path, header, column, r, lines, cell, hint) from None
+            value = finite(cell)
+            if value is None:
+                try:  # "nan" and "1e400" are numbers, refused as they are; an empty cell or words get a hint
+                    float(cell)
+                    hint = ""
+                except ValueError:
+                    hint = fill_hint if not cell else _words_hint(name, cells)
+                raise _cell_error(path, header, column, r, lines, cell, hint)
             values[r] = value
         if missing:
             known = values[seen]
@@ -309,13 +341,9 @@ def _numbers(path: Path, header: list[str], rows: list[list[str]], lines: list[i
     out = np.empty((len(rows), len(columns)), np.float64)
     for r, row in enumerate(rows):
         for c, column in enumerate(columns):
-            cell = row[column]
-            try:
-                value = float(cell)
-            except ValueError:
-                value = None
-            if value is None or not math.isfinite(value):
-                raise _cell_error(path, header, column, r, lines, cell) from None
+            value = finite(row[column])
+            if value is None:
+                raise _cell_error(path, header, column, r, lines, row[column])
             out[r, c] = value
     return out
 

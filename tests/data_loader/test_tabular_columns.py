@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from data_loader.data_loaders import _check_csv
-from data_loader.sources.tabular import CsvDataset, split_rows
+from data_loader.sources.tabular import MAX_CATEGORIES, CsvDataset, split_rows
 
 
 def write(path, text):
@@ -129,3 +129,38 @@ def test_a_bad_target_cell_is_named_by_its_file_row_whichever_split_is_loaded(tm
     for split in ("train", "test"):  # row 20 is in the test split (split_by "order")
         with pytest.raises(ValueError, match=r"data row 20 \(line 21\), column 'y': 'oops', not a finite number"):
             CsvDataset(path, "y", split=split, split_by="order", columns={"plan": {"categorical": True}})
+
+
+def test_a_categorical_column_of_too_many_categories_is_refused_naming_the_count(tmp_path):
+    """Before: 200,000 distinct values asked numpy for a one-hot array of 179 GiB (_ArrayMemoryError); here
+    MAX_CATEGORIES + 1 of them in the train split would have been a 1,001-column one-hot."""
+    rows = MAX_CATEGORIES + 1
+    lines = ["id,x,y"] + [f"c{i},{i % 7},{i % 2}" for i in range(rows)]
+    path = write(tmp_path / "ids.csv", "\n".join(lines) + "\n")
+    split = {"validation_fraction": 0.0, "test_fraction": 0.0}
+    with pytest.raises(ValueError) as error:
+        CsvDataset(path, "y", columns={"id": {"categorical": True}}, **split)
+    assert str(error.value) == (
+        f"{path}: column 'id': 1,001 categories in the train split, more than the 1,000 a categorical column may "
+        "have; leave it out of features"
+    )
+    assert CsvDataset(path, "y", features=["x"], columns={"x": {"categorical": True}}, **split).inputs.shape == (
+        rows,
+        7,
+    )
+
+
+@pytest.mark.parametrize("many", [5, MAX_CATEGORIES + 1])
+def test_a_column_of_ids_is_told_to_leave_features_not_to_become_categories(tmp_path, many):
+    """Before: "declare columns.id.categorical (true)", a one-hot input per row; a column of few repeated words
+    is still told to declare itself categorical."""
+    lines = ["id,plan,y"] + [f"c{i},{'ab'[i % 2]},{i % 2}" for i in range(many)]
+    path = write(tmp_path / "ids.csv", "\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as error:
+        CsvDataset(path, "y", features=["id"], validation_fraction=0.0, test_fraction=0.0)
+    assert str(error.value) == (
+        f"{path}: data row 1 (line 2), column 'id': 'c0', not a finite number; its {many:,} distinct values are an "
+        "id's or too many for categories (at most 1,000): leave it out of features"
+    )
+    with pytest.raises(ValueError, match="'a', not a finite number; declare columns.plan.categorical"):
+        CsvDataset(path, "y", features=["plan"], validation_fraction=0.0, test_fraction=0.0)

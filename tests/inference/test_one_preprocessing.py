@@ -5,6 +5,8 @@ gives the same outputs again."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -42,3 +44,11 @@ def test_one_raw_array_gives_one_answer_everywhere(exported, run_dir, tmp_path):
 def test_raw_pixels_without_the_flag_are_one_line(run_dir):  # noqa: F811
     with pytest.raises(ConfigError, match=r"inputs of dtype uint8, where the model takes float32: .* need raw=True"):
         load_run(run_dir)(np.zeros((1, 28, 28, 1), np.uint8))
+
+
+@pytest.mark.parametrize("shape", [(2, 28, 28), (2, 14, 14, 1), (28, 28, 1)])
+def test_raw_inputs_of_another_shape_are_one_line(run_dir, shape):  # noqa: F811
+    """Before: a TypeError from deep inside the first layer (convolution, dot_general)."""
+    message = f"raw=True: inputs of shape {list(shape)}; the model takes a batch of shape [N, 28, 28, 1]"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        load_run(run_dir)(np.zeros(shape, np.uint8), raw=True)

@@ -39,7 +39,7 @@ def test_raw_rows_are_filled_encoded_and_scaled(tmp_path):
     "text, message",
     [
         ("plan\npro\n", r"no column 'age'; expected the columns \['plan', 'age'\]"),
-        ("plan,age\npro,old\n", "row 1, column 'age': 'old' is not a number"),
+        ("plan,age\npro,old\n", "row 1, column 'age': 'old', not a finite number"),
         ("plan,age\npro\n", "row 1 has 1 cells, the header has 2 columns"),
     ],
 )
