@@ -47,6 +47,7 @@ KINDS = {
     "data_loader": "data_loader.data_loaders",
     "augment": "data_loader.augment.pipeline",
     "callbacks": "training.callbacks",
+    "step": "training.step",
 }
 TASKS = ("classification", "sequence", "multilabel", "regression", "other")
 # The folders (of the repository's root) searched for components in files of their own: the library's packages and

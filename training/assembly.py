@@ -12,6 +12,7 @@ from typing import Any
 
 from training.config.components import build, build_optimizer
 from training.config.file import ConfigError
+from training.config.schema import DEFAULT_STEP
 from training.config.settings import Monitor
 from training.config.validation import build_augment
 
@@ -32,6 +33,7 @@ class Run:
     callbacks: list
     augment: Any  # the train split's augmentation (its deterministic part also applies in evaluation), or None
     monitor: Any  # trainer.monitor parsed: a Monitor, or None when "off"
+    step: Callable  # (update, train_state, batch) -> (train_state, stats, logs): training/step.py says what each is
     loaders: dict = field(default_factory=dict)
     steps_per_epoch: int | None = None  # optimizer steps in an epoch of the train loader (None before the data)
     epochs: int | None = None  # the run's length in epochs, fixed with the data (debug modes shorten the loop only)
@@ -100,6 +102,7 @@ def assemble(config: dict, source: str = "config.json") -> Run:
         callbacks=[build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])],
         augment=build_augment(config, source),
         monitor=monitor_of(config),
+        step=build(config.get("step", DEFAULT_STEP), "step", f"{source}: step"),
     )
     run.optimizer()  # its schedules' checks, with nominal epochs, before the data
     return run

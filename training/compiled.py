@@ -77,7 +77,7 @@ class Compiled:
         """The K-step training call with `optimizer` (the config's, or the lr_finder's range) and its `lr_fn`."""
         run, packing = self.run, self.placement.packing
         parts = (run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy)
-        call = make_train_call(*parts, in_step_callbacks(run), lr_fn)
+        call = make_train_call(*parts, in_step_callbacks(run), lr_fn, run.step)
         return call if packing is None else functools.partial(unpacked, call, packing)
 
     # ------------------------------------------------------------------------------------------------ training

@@ -5,6 +5,10 @@ array or a dict of arrays), ``target`` (optional: without one, losses and metric
 input, as an autoencoder does) and ``mask`` (0 on padding; (B,) per example or per element, e.g. (B, T)). Each step
 also returns the batch's metric statistics (sums and counts), so epoch metrics are exact whatever the batch sizes.
 
+The update step is a component (``"step"`` in the config; ``supervised``, ``train_step``, by default): a step of
+your own receives the ``Update`` and ``(train_state, batch)`` and returns what ``train_step`` returns
+(docs/steps.md: the contract, and what the loop keeps for it).
+
 ``train_call`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
 fixed cost each jitted call pays on CPU. Stack entries with ``active`` = 0 (completing an epoch's last stack) leave
 the state unchanged.
@@ -21,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from model.registry import register
 from training.metrics import merge
 from training.optimizers import apply_updates, global_norm, only_trainable
 from training.precision import Policy
@@ -106,6 +111,7 @@ class Update:
     policy: Policy = Policy()
     callbacks: Sequence = ()
     lr_fn: Callable | None = None
+    step: Callable | None = None  # the run's step (``"step"`` in the config): None, ``supervised``'s train_step
 
 
 def train_call(update: Update, train_state: dict, totals: dict, stack: dict):
@@ -122,7 +128,7 @@ def train_call(update: Update, train_state: dict, totals: dict, stack: dict):
         if n > 1:
             batch["mask"] = batch["mask"] * batch["active"].reshape((n,) + (1,) * (batch["mask"].ndim - 1))
         active = jnp.max(batch.pop("active")) > 0
-        updated, stats, logs = train_step(update, train_state, batch)
+        updated, stats, logs = (update.step or train_step)(update, train_state, batch)
         keep = lambda new, old: jnp.where(active, new, old)
         updated = jax.tree.map(keep, updated, train_state)
         totals = jax.tree.map(lambda a, s: a + jnp.where(active, s, jnp.zeros_like(s)), totals, stats)
@@ -184,12 +190,25 @@ def train_step(update: Update, train_state: dict, batch: dict):
         )
         updated["loss_scale"] = policy.next_scale(train_state["loss_scale"], finite)
         logs["skipped"] = ~finite
-    if update.callbacks:
-        updated["callbacks"] = {
-            c.name: c.update(train_state["callbacks"][c.name], updated["params"], updated["step"])
-            for c in update.callbacks
-        }
-    return updated, stats, logs
+    return with_callbacks(update, train_state, updated), stats, logs
+
+
+def with_callbacks(update: Update, train_state: dict, updated: dict) -> dict:
+    """`updated` with the state of each callback that updates inside the step (``Update.callbacks``: an average of
+    the parameters, say) advanced past it: what a step of its own calls last, as ``train_step`` does."""
+    if not update.callbacks:
+        return updated
+    states = {
+        c.name: c.update(train_state["callbacks"][c.name], updated["params"], updated["step"]) for c in update.callbacks
+    }
+    return {**updated, "callbacks": states}
+
+
+@register("step")
+def supervised() -> Callable:
+    """The default step: one loss of the model's outputs, its gradient over every trainable parameter, one update of
+    the optimizer (each of its groups)."""
+    return train_step
 
 
 def micro_step(update: Update, params, state, batch: dict, key, augment_key, scale):

@@ -225,7 +225,8 @@ class Trainer:
                 if self.accumulate > 1
                 else ""
             )
-            + f"; precision: {self.precision.describe()}",
+            + f"; precision: {self.precision.describe()}"
+            + (f"; the update: {json.dumps(self.run.config['step'])}" if "step" in self.run.config else ""),
             f"state: {self.origin}",
             *[  # what is evaluated and saved is not what the optimizer updates: said once, here
                 f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "

@@ -256,6 +256,6 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def config_hash(config: dict) -> str:
     """Hash of what defines the weights and their training (not paths, epochs or trackers)."""
-    keys = ("model", "loss", "optimizer", "seed")
+    keys = ("model", "loss", "optimizer", "seed", *(("step",) if "step" in config else ()))  # older runs': as they were
     canonical = json.dumps({k: config.get(k) for k in keys}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -48,7 +48,20 @@ TRAINER_DEFAULTS = {
 }
 PROFILE_KEYS = ("start_step", "num_steps")
 CHECKPOINT_EVERY_KEYS = ("steps", "minutes", "keep")
-TOP_LEVEL = {"name", "seed", "model", "loss", "metrics", "optimizer", "data_loader", "trainer", "mesh", "callbacks"}
+TOP_LEVEL = {
+    "name",
+    "seed",
+    "model",
+    "loss",
+    "metrics",
+    "optimizer",
+    "data_loader",
+    "trainer",
+    "mesh",
+    "callbacks",
+    "step",
+}
+DEFAULT_STEP = {"name": "supervised"}  # training/step.py's; a config without "step" takes it (and keeps its hash)
 LOADER_SPLITS = ("train", "validation", "test")
 # The optional features' parts of the config: each module declares SECTIONS (a top-level section's name -> its
 # defaults) and check(config, source), and is found while its folder is there. A project made without a feature
@@ -162,11 +175,13 @@ def check_components(config: dict, source: str) -> list[str]:
     """The model, the loss, the metrics and the callbacks; returns the metrics' log names (the trainer's monitor
     names one of them). A bare name (``"loss": "cross_entropy"``) becomes {"name": ...}, as the optimizer's does:
     what reads the config later reads one form."""
-    for key in ("model", "loss"):
-        if isinstance(config[key], str):
+    for key in ("model", "loss", "step"):
+        if isinstance(config.get(key), str):
             config[key] = {"name": config[key]}
     model_fn, model_args = check_component(config["model"], "model", f"{source}: model")
     check_component(config["loss"], "loss", f"{source}: loss")
+    if "step" in config:
+        check_component(config["step"], "step", f"{source}: step")
     metrics = section(config, "metrics", source, [])
     names = [build(spec, "metrics", f"{source}: metrics.{i}").name for i, spec in enumerate(metrics)]
     callbacks = [
