@@ -236,6 +236,12 @@ def check_class_width(
 ) -> int | None:
     """A classifier or language model (or such an output of a model of several) with fewer outputs than the data
     has classes is refused naming what to change. Returns its number of outputs (None for other tasks)."""
+    if task in ("classification", "sequence") and isinstance(target, dict):  # a loader's declared task (task_of)
+        raise ConfigError(
+            f"{source}: the data declares the task {task!r}, but its targets are named ({', '.join(sorted(target))}): "
+            f"a classifier is reported on one array of class ids; declare it on data whose target is the labels, or "
+            f'leave the task out (the run is then reported as "other")'
+        )
     if (
         task not in ("classification", "sequence")
         or target is None

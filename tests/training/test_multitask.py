@@ -260,3 +260,27 @@ def test_a_classifier_head_narrower_than_its_targets_classes_is_refused(tmp_path
         "10 classes; set it to 10"
     ) in result.stderr
     assert not (tmp_path / "saved").exists()
+
+
+def test_a_declared_classification_with_named_targets_is_one_line_not_a_traceback():
+    """A data set declaring task classification (preprocessing["task"]) whose targets are named ({label, teacher}: a
+    distillation's) cannot be reported as one classifier: one ConfigError, before anything compiles."""
+    from training.tasks import check_model_fits_data
+
+    class Named:
+        preprocessing = {"task": "classification"}
+
+        def __len__(self):
+            return 8
+
+        def get_batch(self, indices):
+            n = len(indices)
+            return {
+                "input": np.zeros((n, 3), np.float32),
+                "target": {"label": np.zeros(n, np.int32), "teacher": np.zeros((n, 4), np.float32)},
+            }
+
+    config = {"loss": {"name": "kl_divergence_with_logits"}, "model": {"name": "mlp"}, "trainer": {"precision": None}}
+    model = build({"name": "mlp", "args": {"num_classes": 4, "hidden": [5]}}, "model")
+    with pytest.raises(ConfigError, match=r"declares the task 'classification', but its targets are named \(label, "):
+        check_model_fits_data(config, model, DataLoader(Named(), 4), None, "config.json")
