@@ -47,6 +47,9 @@ class Optimizer(NamedTuple):
     update: Callable[..., tuple[Any, Any]]  # (grads, state, params=None) -> (updates, state)
     # params -> a tree of Python bools, False on the frozen leaves (``freeze``); None: every leaf trains
     trainable: Callable[[Any], Any] | None = None
+    # ``partition``'s: each group's optimizer over the whole tree, its state the partition's state[name], so a step
+    # of its own may update one group alone
+    groups: dict[str, Optimizer] | None = None
 
 
 class EmptyState(NamedTuple):
@@ -371,18 +374,68 @@ def prefix_mask(prefixes: Sequence[str]) -> Callable[[str, Any], bool]:
 def freeze(optimizer: Optimizer, prefixes: Sequence[str]) -> Optimizer:
     """``optimizer`` over the leaves outside the key-path prefixes (``params.backbone``, as checkpoints name them);
     the leaves under them are frozen: no update reaches them (weight decay included) and the optimizer keeps no
-    state for them (no Adam moments). A prefix that matches no parameter is an error."""
+    state for them (no Adam moments). A prefix that matches no parameter is an error. A partition's groups are
+    frozen alike, so each still updates alone."""
     frozen = prefix_mask(prefixes)
 
     def trainable(params):
-        paths = [key_path_str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-        for i, prefix in enumerate(prefixes):
-            if not any(prefix_mask([prefix])(path) for path in paths):
-                names = sorted({"params." + path.split(".")[0] for path in paths})
+        _check_prefixes(params, prefixes, "optimizer.frozen")
+        keep = jax.tree_util.tree_map_with_path(lambda path, p: not frozen(key_path_str(path)), params)
+        inner = optimizer.trainable  # a group's own leaves
+        return keep if inner is None else jax.tree.map(lambda a, b: a and b, keep, inner(params))
+
+    groups = optimizer.groups and {name: freeze(group, prefixes) for name, group in optimizer.groups.items()}
+    return _only(optimizer, trainable, groups)
+
+
+def partition(groups: dict[str, tuple[Sequence[str], Optimizer]]) -> Optimizer:
+    """Parameter groups: ``{name: (key-path prefixes, optimizer)}``, each optimizer over the leaves under its
+    prefixes (as ``optax.multi_transform``). The state is ``{name: that group's state}``; ``.groups[name]`` updates
+    that group alone (None on every other leaf), with ``state[name]``. Every leaf the partition is given (a frozen
+    one is not) must lie in exactly one group, and every prefix match a leaf: a ValueError at init otherwise."""
+    members = {
+        name: _only(optimizer, _under(prefixes, f"optimizer.groups.{name}.params"))
+        for name, (prefixes, optimizer) in groups.items()
+    }
+
+    def init(params):
+        for name, (prefixes, _) in groups.items():  # a mistyped prefix is named before the leaves it misses
+            _check_prefixes(params, prefixes, f"optimizer.groups.{name}.params")
+        for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+            path = key_path_str(path)
+            owners = [name for name, (prefixes, _) in groups.items() if prefix_mask(prefixes)(path)]
+            if len(owners) != 1:
+                where = f"groups {' and '.join(owners)}" if owners else f"no group (groups: {', '.join(groups)})"
                 raise ValueError(
-                    f"optimizer.frozen.{i}: {prefix!r} matches no parameter; the model's: {', '.join(names)}"
+                    f"optimizer.groups: params.{path} lies in {where}; each trained parameter lies in exactly one"
                 )
-        return jax.tree_util.tree_map_with_path(lambda path, p: not frozen(key_path_str(path)), params)
+        return {name: member.init(params) for name, member in members.items()}
+
+    def update(grads, state, params=None):
+        updates, new_state = None, {}
+        for name, member in members.items():
+            each, new_state[name] = member.update(grads, state[name], params)
+            # each group's updates are None outside it: the groups' trees merged leaf by leaf
+            merge = lambda a, b: b if a is None else a
+            updates = each if updates is None else jax.tree.map(merge, updates, each, is_leaf=lambda u: u is None)
+        return updates, new_state
+
+    return Optimizer(init, update, None, members)
+
+
+def _under(prefixes: Sequence[str], place: str) -> Callable[[Any], Any]:
+    """A ``trainable`` function: True on the leaves under the prefixes (a group's), which must each match one."""
+    inside = prefix_mask(prefixes)
+
+    def trainable(params):
+        _check_prefixes(params, prefixes, place)
+        return jax.tree_util.tree_map_with_path(lambda path, p: inside(key_path_str(path)), params)
+
+    return trainable
+
+
+def _only(optimizer: Optimizer, trainable: Callable[[Any], Any], groups=None) -> Optimizer:
+    """``optimizer`` given only the leaves ``trainable`` marks (None elsewhere: no update, no state)."""
 
     def init(params):
         return optimizer.init(only_trainable(params, trainable(params)))
@@ -392,7 +445,15 @@ def freeze(optimizer: Optimizer, prefixes: Sequence[str]) -> Optimizer:
         params = None if params is None else only_trainable(params, keep)
         return optimizer.update(only_trainable(grads, keep), state, params)
 
-    return Optimizer(init, update, trainable)
+    return Optimizer(init, update, trainable, groups)
+
+
+def _check_prefixes(params, prefixes: Sequence[str], place: str) -> None:
+    paths = [key_path_str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    for i, prefix in enumerate(prefixes):
+        if not any(prefix_mask([prefix])(path) for path in paths):
+            names = sorted({"params." + path.split(".")[0] for path in paths})
+            raise ValueError(f"{place}.{i}: {prefix!r} matches no parameter; the model's: {', '.join(names)}")
 
 
 def only_trainable(tree, trainable):

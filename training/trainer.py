@@ -351,6 +351,8 @@ class Trainer:
                 "lr": self.applied_lr(int(self.train_state["step"]) - 1),
             }
         )
+        for name, lr_fn in getattr(self.lr_fn, "groups", {}).items():  # optimizer.groups: each group's rate too
+            row[f"lr/{name}"] = float(lr_fn(int(self.train_state["step"]) - 1))
         peak = peaks.peak_flops(self.placement.mesh.devices.flat[0].device_kind, self.precision.compute)
         flops, mfu = peaks.utilization(
             self.compiled.flops_per_example, row["time/examples_per_s"], peak, self.placement.mesh.size

@@ -366,8 +366,11 @@ def build_optimizer(
     steps_per_epoch None: before the data is read, to check the hyperparameters. Lengths in epochs then count
     NOMINAL_STEPS_PER_EPOCH steps, so "all" stays longer than a warm-up of a fixed number of steps (whether it is
     really longer is known, and checked, once the data is). `lr`: a function of the step that replaces the config's
-    learning rate and schedule (the lr_finder callback's range). `epochs`: the run's length that "all" counts
-    (default: trainer.epochs now; a run fixes it when its data is loaded, before a debug mode shortens the run)."""
+    learning rate and schedule (the lr_finder callback's range; every group's). `epochs`: the run's length that "all"
+    counts (default: trainer.epochs now; a run fixes it when its data is loaded, before a debug mode shortens the run).
+
+    With optimizer.groups, one such optimizer per group (``optimizers.partition``); the learning-rate function is the
+    first group's (the one "lr" logs), and its ``groups`` attribute holds every group's by name (``lr/<name>``)."""
     from training import optimizers, schedules
 
     nominal = steps_per_epoch is None
@@ -382,44 +385,65 @@ def build_optimizer(
         }
         return build({**spec, "args": args}, "schedule", where)
 
+    def one(spec, where):  # the optimizer section, or one group of it, without "frozen"
+        supplied = {}
+        if lr is not None:
+            supplied["lr"] = lr
+        elif "schedule" in spec:
+            supplied["lr"] = schedule(spec["schedule"], f"{where}.schedule")
+        transforms = [
+            build_masked(t, "transforms", f"{where}.transforms.{i}") for i, t in enumerate(spec.get("transforms", []))
+        ]
+        for key, value in (spec.get("args") or {}).items():
+            if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
+                supplied[key] = schedule(value, f"{where}.args.{key}")
+                if hasattr(supplied[key], "plateau"):
+                    raise ConfigError(
+                        f"{where}.args.{key}: reduce_on_plateau sets the learning rate only; give it as "
+                        f"{where.partition(': ')[2]}.schedule"
+                    )
+        args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
+        spec = {k: v for k, v in spec.items() if k not in ("params", "frozen")}
+        optimizer = build_masked({**spec, "args": args}, "optimizer", where, **supplied)
+        rate = supplied.get("lr", args.get("lr", default_of(available("optimizer")[spec["name"]], "lr", 0.0)))
+        lr_fn = rate if callable(rate) else (lambda step: rate)
+        # reduce_on_plateau: its factor, kept in the optimizer's state, scales the updates after everything else
+        blocks = [*transforms, optimizer, *([optimizers.scale_by_plateau()] if hasattr(lr_fn, "plateau") else [])]
+        return (optimizers.chain(*blocks) if len(blocks) > 1 else optimizer), lr_fn
+
     spec = config["optimizer"]
-    supplied = {}
-    if lr is not None:
-        supplied["lr"] = lr
-    elif "schedule" in spec:
-        supplied["lr"] = schedule(spec["schedule"], f"{source}: optimizer.schedule")
-    transforms = [
-        build_masked(t, "transforms", f"{source}: optimizer.transforms.{i}")
-        for i, t in enumerate(spec.get("transforms", []))
-    ]
-    for key, value in (spec.get("args") or {}).items():
-        if isinstance(value, dict) and key not in supplied:  # a schedulable hyperparameter may be a schedule
-            supplied[key] = schedule(value, f"{source}: optimizer.args.{key}")
-            if hasattr(supplied[key], "plateau"):
+    if "groups" not in spec:
+        optimizer, lr_fn = one(spec, f"{source}: optimizer")
+    else:
+        built = {name: one(group, f"{source}: optimizer.groups.{name}") for name, group in spec["groups"].items()}
+        for name, (_, fn) in built.items():
+            if hasattr(fn, "plateau"):  # its factor follows one metric for one optimizer's rate
                 raise ConfigError(
-                    f"{source}: optimizer.args.{key}: reduce_on_plateau sets the learning rate only; give it as "
-                    f"optimizer.schedule"
+                    f"{source}: optimizer.groups.{name}.schedule: reduce_on_plateau is not supported in a group"
                 )
-    args = {k: v for k, v in (spec.get("args") or {}).items() if k not in supplied}
-    optimizer = build_masked({**spec, "args": args}, "optimizer", f"{source}: optimizer", **supplied)
-    lr = supplied.get("lr", args.get("lr", default_of(available("optimizer")[spec["name"]], "lr", 0.0)))
-    lr_fn = lr if callable(lr) else (lambda step: lr)
-    # reduce_on_plateau: its factor, kept in the optimizer's state, scales the updates after everything else
-    blocks = [*transforms, optimizer, *([optimizers.scale_by_plateau()] if hasattr(lr_fn, "plateau") else [])]
-    optimizer = optimizers.chain(*blocks) if len(blocks) > 1 else optimizer
+        groups = {name: (spec["groups"][name]["params"], opt) for name, (opt, _) in built.items()}
+        optimizer, first = optimizers.partition(groups), next(iter(built.values()))[1]
+
+        def lr_fn(step):
+            return first(step)
+
+        lr_fn.groups = {name: fn for name, (_, fn) in built.items()}
     return (optimizers.freeze(optimizer, spec["frozen"]) if spec.get("frozen") else optimizer), lr_fn
 
 
 def run_length_arguments(config: dict) -> list[str]:
-    """The places of the optimizer's schedule arguments given as "all" or {"epochs": N}: what the run's length
-    decides."""
+    """The places of the optimizer's schedule arguments given as "all" or {"epochs": N} (each group's too): what the
+    run's length decides."""
     from training import schedules
 
     spec = config["optimizer"]
-    found = []
-    places = [("optimizer.schedule", spec.get("schedule"))] + [
-        (f"optimizer.args.{k}", v) for k, v in (spec.get("args") or {}).items()
-    ]
+    sections = [("optimizer", spec)]
+    if "groups" in spec:
+        sections = [(f"optimizer.groups.{name}", group) for name, group in spec["groups"].items()]
+    found, places = [], []
+    for where, each in sections:
+        places += [(f"{where}.schedule", each.get("schedule"))]
+        places += [(f"{where}.args.{k}", v) for k, v in (each.get("args") or {}).items()]
     for place, schedule in places:
         if not isinstance(schedule, dict) or schedule.get("name") not in available("schedule"):
             continue

@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ TOP_LEVEL = {
 }
 DEFAULT_STEP = {"name": "supervised"}  # training/step.py's; a config without "step" takes it (and keeps its hash)
 LOADER_SPLITS = ("train", "validation", "test")
+GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # an optimizer group's
 # The optional features' parts of the config: each module declares SECTIONS (a top-level section's name -> its
 # defaults) and check(config, source), and is found while its folder is there. A project made without a feature
 # (new_project.py --without) loses its line here with its folder: its sections are then unknown ones.
@@ -201,28 +203,65 @@ def check_components(config: dict, source: str) -> list[str]:
 
 
 def check_optimizer(config: dict, source: str) -> None:
-    """The optimizer (a bare name becomes {"name": ...}), its schedules and its gradient transforms."""
+    """The optimizer (a bare name becomes {"name": ...}), its schedules and its gradient transforms; or its groups,
+    each checked so, and the frozen key paths."""
     if isinstance(config["optimizer"], str):
         config["optimizer"] = {"name": config["optimizer"]}
     optimizer = config["optimizer"]
-    scheduled = isinstance(optimizer, dict) and "schedule" in optimizer
-    _, optimizer_args = check_component(
-        optimizer, "optimizer", f"{source}: optimizer", supplied=("lr",) if scheduled else ()
-    )
-    for key, value in optimizer_args.items():
-        if isinstance(value, dict):
-            check_schedule(value, f"{source}: optimizer.args.{key}")
-    if "schedule" in optimizer:
-        check_schedule(optimizer["schedule"], f"{source}: optimizer.schedule")
-    elif "lr" in optimizer_args and not isinstance(optimizer_args["lr"], dict):
-        check_number(optimizer_args, "lr", f"{source}: optimizer.args.", float, 0.0)
+    if isinstance(optimizer, dict) and "groups" in optimizer:
+        check_groups(optimizer, f"{source}: optimizer")
+    else:
+        check_one_optimizer(optimizer, f"{source}: optimizer")
     if "frozen" in optimizer:
         check_key_paths(optimizer["frozen"], f"{source}: optimizer.frozen")
+
+
+def check_groups(optimizer: dict, where: str) -> None:
+    """``{"groups": {name: {"params": [key paths], "name": ..., "args": ..., ...}}, "frozen": [...]}``."""
+    extra = sorted(set(optimizer) - {"groups", "frozen"})
+    if extra:
+        raise ConfigError(
+            f'{where}.{extra[0]}: with "groups", each group has its own (optimizer.groups.<name>.{extra[0]}); the '
+            f'section holds only "groups" and "frozen"'
+        )
+    groups = optimizer["groups"]
+    example = '{"head": {"params": ["params.head"], "name": "adam", "args": {"lr": 0.001}}}'
+    if not isinstance(groups, dict) or not groups:
+        raise ConfigError(f"{where}.groups: expected an object of named groups such as {example}, got {show(groups)}")
+    for name, group in groups.items():
+        if not GROUP_NAME.fullmatch(name):  # it names the group's state in checkpoints and its lr/<name> column
+            raise ConfigError(
+                f"{where}.groups: group name {name!r}: expected letters, digits and _, starting with a letter"
+            )
+        place = f"{where}.groups.{name}"
+        if not isinstance(group, dict) or "params" not in group:
+            raise ConfigError(
+                f'{place}: expected {{"params": ["params.head"], "name": "adam", "args": {{...}}}}, got {show(group)}'
+            )
+        if "frozen" in group:
+            raise ConfigError(f"{place}.frozen: frozen applies to every group: give it as optimizer.frozen")
+        check_key_paths(group["params"], f"{place}.params")
+        if not group["params"]:
+            raise ConfigError(f'{place}.params: expected at least one key path such as "params.backbone"')
+        check_one_optimizer({k: v for k, v in group.items() if k != "params"}, place)
+
+
+def check_one_optimizer(optimizer: Any, where: str) -> None:
+    """One optimizer (the section, or a group of it) with its schedules and gradient transforms."""
+    scheduled = isinstance(optimizer, dict) and "schedule" in optimizer
+    _, optimizer_args = check_component(optimizer, "optimizer", where, supplied=("lr",) if scheduled else ())
+    for key, value in optimizer_args.items():
+        if isinstance(value, dict):
+            check_schedule(value, f"{where}.args.{key}")
+    if "schedule" in optimizer:
+        check_schedule(optimizer["schedule"], f"{where}.schedule")
+    elif "lr" in optimizer_args and not isinstance(optimizer_args["lr"], dict):
+        check_number(optimizer_args, "lr", f"{where}.args.", float, 0.0)
     transforms = optimizer.get("transforms", [])
     if not isinstance(transforms, list):
-        raise ConfigError(f"{source}: optimizer.transforms: expected a list of components")
+        raise ConfigError(f"{where}.transforms: expected a list of components")
     for i, spec in enumerate(transforms):
-        check_component(spec, "transforms", f"{source}: optimizer.transforms.{i}")
+        check_component(spec, "transforms", f"{where}.transforms.{i}")
 
 
 def check_loaders(config: dict, source: str) -> None:
