@@ -432,10 +432,10 @@ def main(argv=None) -> int:
         seen = jax.tree.leaves(model_input(next(spec_loader.batches())))
     id_bound = exporter.id_bounds(inputs, seen, preprocessing)
     qualities = []
-    targets = outputs.flat(validation.targets) if validation is not None and validation.targets is not None else None
+    targets = outputs.targets(validation.targets if validation is not None else None)
     for i, name in enumerate(outputs.names):
         each, measure = outputs.tasks[name], exporter.MEASURES.get(outputs.tasks[name])
-        if targets is None or measure is None:
+        if targets[i] is None or measure is None:
             continue
         value = exporter.quality(
             each, outputs.flat(validation.outputs)[i], targets[i], validation.masks, options.threshold

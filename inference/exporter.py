@@ -244,7 +244,7 @@ def check(
     else:
         got_all = outputs.of(run_batched(runner, inputs.feed(validation.inputs)))
         want_all = outputs.flat(validation.outputs)
-        targets = [None] * len(outputs.names) if validation.targets is None else outputs.flat(validation.targets)
+        targets = outputs.targets(validation.targets)
         per_validation, results = {}, []
         for name, got, want, target in zip(outputs.names, got_all, want_all, targets):
             each = outputs.tasks[name]

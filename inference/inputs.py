@@ -104,6 +104,13 @@ class Outputs:
         """The outputs of the model (its array, or its dict) as a list in ``names`` order."""
         return [tree] if self.single else [tree[n] for n in self.names]
 
+    def targets(self, tree) -> list:
+        """The data's targets in ``names`` order: the one array of one output; named outputs' by name, None for an
+        output without a target of its own (a GAN's images and scores, judged against no target)."""
+        if tree is None or self.single:
+            return [tree] * len(self.names)
+        return [tree.get(n) if isinstance(tree, dict) else None for n in self.names]
+
     def of(self, got) -> list:
         """A runner's answer (one array, or a dict of named arrays) as a list in ``names`` order."""
         return [got] if not isinstance(got, dict) else [got[n] for n in self.names]

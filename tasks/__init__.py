@@ -3,6 +3,7 @@ does not ship, found by the registry by themselves (``model/registry.py``: every
 function with ``@register("<kind>")``), and its config beside them. A later template fix never touches these files.
 
 The samples: ``tasks/vae/`` (a variational autoencoder: sampling in the forward pass, its KL logged as a metric of
-its own, the decoder a model of its own) and ``tasks/distillation/`` (a student trained on a teacher run's softened
-outputs). Delete a folder and its task is gone, with nothing else to edit.
+its own, the decoder a model of its own), ``tasks/distillation/`` (a student trained on a teacher run's softened
+outputs) and ``tasks/gan/`` (a GAN: a training step of its own, two optimizers taking turns). Delete a folder and
+its task is gone, with nothing else to edit.
 """
