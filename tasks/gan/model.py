@@ -20,11 +20,15 @@ from model.modules.sequential import Sequential
 from model.registry import register
 
 
+def leaky_relu(x):
+    return jax.numpy.maximum(x, 0.2 * x)
+
+
 def generator_of(hidden: tuple, image_shape: tuple) -> Sequential:
     layers = {}
     for i, width in enumerate(hidden):
         layers[f"fc{i}"] = Linear(width)
-        layers[f"act{i}"] = Activation("relu")
+        layers[f"act{i}"] = Lambda(leaky_relu, "leaky_relu")  # dead units would leave parts of z unused
     layers["out"] = Linear(math.prod(image_shape))
     layers["pixels"] = Activation("sigmoid")  # MNIST's pixels lie in [0, 1]
     layers["image"] = Lambda(lambda x: x.reshape(x.shape[0], *image_shape), "to_image")
@@ -35,7 +39,7 @@ def discriminator_of(hidden: tuple) -> Sequential:
     layers = {"flatten": Flatten()}
     for i, width in enumerate(reversed(hidden)):
         layers[f"fc{i}"] = Linear(width)
-        layers[f"act{i}"] = Lambda(lambda x: jax.numpy.maximum(x, 0.2 * x), "leaky_relu")  # sparse gradients hurt
+        layers[f"act{i}"] = Lambda(leaky_relu, "leaky_relu")  # the generator learns through these gradients
     layers["out"] = Linear(1)
     layers["score"] = Lambda(lambda x: x[:, 0], "squeeze")
     return Sequential(layers)
