@@ -78,6 +78,24 @@ class Run:
                 f"epoch of the train split has {len(loader)}; at most {len(loader)}"
             )
 
+    def in_step_callbacks(self) -> list:
+        """The callbacks that keep a state inside the training state (updated by the step itself)."""
+        return [c for c in self.callbacks if c.update is not None]
+
+    def evaluated_callback(self):
+        """The callback whose parameters evaluation uses instead of the trained ones (e.g. an average), or None."""
+        return next((c for c in self.callbacks if c.evaluated), None)
+
+    def model_input_spec(self):
+        """The input as the model sees it: the training loader's, after the deterministic part of the augmentation
+        (e.g. uint8 images converted and normalised)."""
+        spec = self.loaders["train"].spec
+        if self.augment is None:
+            return spec["input"]
+        import jax  # here: the assembly reports a config's errors before JAX loads
+
+        return jax.eval_shape(lambda b: self.augment(b, None, train=False, outputs=None), spec)["input"]
+
     def optimizer(self, lr: Callable | None = None):
         """(optimizer, its learning rate as a function of the step): the config's, built once for each schedule
         length (nominal before the data, the data's, a resumed checkpoint's) and shared by everything that asks,

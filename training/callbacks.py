@@ -265,6 +265,23 @@ class ReduceOnPlateau(Callback):
             )
 
 
+def restart_plateau(train_state: dict) -> tuple[dict, list[str]]:
+    """After a resume that changed trainer.monitor: reduce_on_plateau's best value (in the optimizer state) was of
+    the old metric, and compared with the new one every epoch would count as bad, so it starts afresh, like the
+    checkpoints' best; the rate reached so far is kept. The state, and its one log line (none without such a
+    schedule)."""
+    opt_state = train_state["opt_state"]
+    plateau = optimizers.plateau_state(opt_state)
+    if plateau is None:
+        return train_state, []
+    put = lambda value, like: jax.device_put(np.asarray(value, like.dtype), like.sharding)  # noqa: E731
+    fresh = plateau._replace(best=put(np.inf, plateau.best), bad_epochs=put(0, plateau.bad_epochs))
+    return {**train_state, "opt_state": optimizers.with_plateau_state(opt_state, fresh)}, [
+        f"reduce_on_plateau: its best value and patience count start afresh with the new monitor (its learning-rate "
+        f"scale so far, {float(plateau.scale):g}, is kept)"
+    ]
+
+
 def of_schedule(lr_fn) -> list[Callback]:
     """The callbacks a learning-rate schedule needs besides the config's: reduce_on_plateau's."""
     return [ReduceOnPlateau()] if hasattr(lr_fn, "plateau") else []

@@ -21,7 +21,7 @@ from training.devices import mesh, peaks, platform
 from training.devices.packing import Packing
 from training.devices.placement import Placement
 from training.precision import policy_of
-from training.state import eval_params, evaluated_callback, in_step_callbacks, template
+from training.state import eval_params, template
 from training.step import empty_stats, make_eval_step, make_train_call
 
 log = logging.getLogger("train")
@@ -52,7 +52,7 @@ class Compiled:
         self.run, self.placement, self.execution, self.state_sharding = run, placement, execution, state_sharding
         self.accumulate = settings.accumulate_steps
         self.policy = policy_of(settings.precision)
-        self.evaluated = evaluated_callback(run)
+        self.evaluated = run.evaluated_callback()
         self.optimizer, self.call_fn = optimizer, self.call_with(optimizer, lr_fn)
         replicated = placement.replicated
         self.train = jax.jit(
@@ -77,7 +77,7 @@ class Compiled:
         """The K-step training call with `optimizer` (the config's, or the lr_finder's range) and its `lr_fn`."""
         run, packing = self.run, self.placement.packing
         parts = (run.model, run.loss_fn, optimizer, run.metrics, run.augment, self.accumulate, self.policy)
-        call = make_train_call(*parts, in_step_callbacks(run), lr_fn, run.step)
+        call = make_train_call(*parts, run.in_step_callbacks(), lr_fn, run.step)
         return call if packing is None else functools.partial(unpacked, call, packing)
 
     # ------------------------------------------------------------------------------------------------ training

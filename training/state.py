@@ -18,29 +18,10 @@ from training.precision import Policy
 from training.run import checkpoint
 
 
-def in_step_callbacks(run) -> list:
-    """The callbacks that keep a state inside the training state (updated by the step itself)."""
-    return [c for c in run.callbacks if c.update is not None]
-
-
-def evaluated_callback(run):
-    """The callback whose parameters evaluation uses instead of the trained ones (e.g. an average), or None."""
-    return next((c for c in run.callbacks if c.evaluated), None)
-
-
-def model_input_spec(run):
-    """The input as the model sees it: the training loader's, after the deterministic part of the augmentation (e.g.
-    uint8 images converted and normalised)."""
-    spec = run.loaders["train"].spec
-    if run.augment is None:
-        return spec["input"]
-    return jax.eval_shape(lambda b: run.augment(b, None, train=False, outputs=None), spec)["input"]
-
-
 def fresh(run, optimizer, policy: Policy, seed) -> dict:
     """The state a run starts from: init and dropout keys both derive from `seed`."""
     init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
-    params, state = run.model.init(init_key, model_input_spec(run))
+    params, state = run.model.init(init_key, run.model_input_spec())
     train_state = {
         "params": params,
         "state": state,
@@ -50,7 +31,7 @@ def fresh(run, optimizer, policy: Policy, seed) -> dict:
     }
     if policy.scaled:
         train_state["loss_scale"] = policy.init_scale()
-    in_step = in_step_callbacks(run)
+    in_step = run.in_step_callbacks()
     if in_step:
         train_state["callbacks"] = {c.name: c.init(params) for c in in_step}
     return train_state
@@ -118,7 +99,7 @@ def load_weights(train_state: dict, path: Path, mesh_, exclude: Sequence[str] = 
 
 
 def eval_params(train_state: dict, evaluated=None):
-    """The parameters evaluation uses: the `evaluated` callback's (``evaluated_callback``), else the trained."""
+    """The parameters evaluation uses: the `evaluated` callback's (``Run.evaluated_callback``), else the trained."""
     if evaluated is None:
         return train_state["params"]
     return train_state["callbacks"][evaluated.name]["params"]

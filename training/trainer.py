@@ -20,14 +20,14 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from training import state
-from training.callbacks import of_schedule
+from training.callbacks import of_schedule, restart_plateau
 from training.compiled import Compiled
 from training.config.components import schedule_length_note
 from training.config.settings import Settings
@@ -179,7 +179,8 @@ class Trainer:
         self.compiled.start(self.steps_per_call.k, spec_of(self.train_state))
         self.resume_notes = self.checkpoints.resume(header, path, int(self.train_state["step"]))
         if header.get("monitor") not in (None, self.settings.monitor):
-            self.resume_notes += restart_plateau(self)
+            self.train_state, notes = restart_plateau(self.train_state)
+            self.resume_notes += notes
         self.epoch, self.position = header["epoch"], header.get("position", 0)
         self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
         self.resumed_header = header
@@ -238,7 +239,7 @@ class Trainer:
                 self.run.model,
                 params,
                 self.train_state["state"],
-                state.model_input_spec(self.run),
+                self.run.model_input_spec(),
                 trainable and trainable(params),
             ),
         ]
@@ -279,23 +280,24 @@ class Trainer:
         another K mid-epoch, the epoch goes on at it from the batch reached, once its call has compiled."""
         n, batches = self.accumulate, len(self.train_loader)
         totals = self.compiled.empty_stats() if totals is None else jax.device_put(totals, self.placement.replicated)
-        progress = Progress(self, epoch, first_step=int(self.train_state["step"]), skipped=start // n)
+        progress = self.progress(epoch, skipped=start // n)
         logs = OneCallLate(progress.check, progress.due)
         done, calls = start, 0  # loader batches of the epoch done; calls made by this train_epoch
         try:
             while done < batches:
                 k = self.switch_steps_per_call(wait=True)
-                step = self.compiled.train_call(k)  # the compiled call of k steps: fixed until "auto" switches
+                call = self.compiled.train_call(k)  # the compiled call of k steps: fixed until "auto" switches
                 stacks = self.train_loader.stacks(epoch, k * n, self.placement.put_stack, done)
                 try:
                     for real, stack in progress.waiting_for_data(stacks):
                         real_steps = -(-real // n)
                         progress.before_call(real_steps)
-                        self.train_state, totals, call_logs = step(self.train_state, totals, stack)
-                        logs.add(call_logs, *progress.after_call(real_steps, call_logs))
+                        self.train_state, totals, call_logs = call(self.train_state, totals, stack)
+                        logs.add(call_logs, *progress.after_call(real_steps, call_logs, self.train_state))
                         done, calls = done + real, calls + 1
                         if done < batches and self.position_save_due(progress.step, calls):
                             logs.flush()  # a diverged state is never saved
+                            self.min_loss = progress.min_loss
                             self.save_position(done, totals)
                             if self.stop_signal is not None:
                                 where = f"{done} of {batches} into epoch {epoch}"
@@ -312,7 +314,29 @@ class Trainer:
         finally:
             settle(self.train_state)
             progress.close()
+            self.min_loss, self.data_wait = progress.min_loss, progress.data_wait
+            self.first_call_seconds = progress.first_call_seconds
         return totals
+
+    def progress(self, epoch: int, skipped: int) -> Progress:
+        """The epoch's ``Progress``, given everything it reads and reports to."""
+        return Progress(
+            epoch,
+            first_step=int(self.train_state["step"]),
+            skipped=skipped,
+            steps_per_epoch=self.steps_per_epoch,
+            examples_per_step=self.train_loader.batch_size * self.accumulate,
+            settings=self.settings,
+            steps_per_call=self.steps_per_call,
+            trace=self.trace,
+            trackers=self.trackers,
+            on_step=self.on_step if self.callbacks else None,
+            kept=self.checkpoints.kept,
+            lr_scale=self.lr_scale,  # reduce_on_plateau changes it at an epoch's end only
+            min_loss=self.min_loss,
+            first_call_seconds=self.first_call_seconds,
+            compile_seconds=self.compiled.seconds.get(self.steps_per_call.k, 0.0),
+        )
 
     def switch_steps_per_call(self, wait: bool) -> int:
         """The steps per call to run from here: "auto"'s choice once its call has compiled (`wait`: now, or as soon as
@@ -383,60 +407,9 @@ class Trainer:
             return True
         return False
 
-    def log_first_call(self, steps: int) -> None:
-        """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
-        self.first_call_seconds = time.time() - platform.STARTED_AT
-        log.info(
-            f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
-            f"(compiling the step took {self.compiled.seconds.get(self.steps_per_call.k, 0.0):.1f}s)"
-        )
-
-    def check_losses(self, epoch: int, losses: np.ndarray, skipped: np.ndarray, first: int) -> None:
-        """Raises TrainingDiverged at a non-finite step loss, or one above trainer.divergence_factor x the lowest so
-        far (`first`: the step before these losses'); steps that float16's loss scaling skipped do not count."""
-        bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
-        if bad.size:
-            raise TrainingDiverged(
-                f"non-finite loss ({losses[bad[0]]}) at epoch {epoch}, step {first + int(bad[0]) + 1}; training "
-                f"stopped; {self.checkpoints.kept()}"
-            )
-        factor = self.settings.divergence_factor
-        # lowest[i]: the lowest loss before step i (skipped steps not counted); lowest[-1]: after them all
-        lowest = np.minimum.accumulate(np.concatenate([[self.min_loss], np.where(skipped, np.inf, losses)]))
-        over = np.flatnonzero(~skipped & (lowest[:-1] > 0) & (losses > factor * lowest[:-1])) if factor else []
-        if len(over):
-            i = over[0]
-            raise TrainingDiverged(
-                f"diverging: loss {losses[i]:.4g} at epoch {epoch}, step {first + i + 1} is above "
-                f"trainer.divergence_factor {factor:g} x the lowest step loss "
-                f"{lowest[i]:.4g}; training stopped; {self.checkpoints.kept()}"
-            )
-        self.min_loss = float(lowest[-1])
-
-    def log_steps(self, epoch: int, logs: dict, first: int, examples_per_s: float, eta: float, console: bool) -> None:
-        """Every trainer.log_every-th step of `logs` (the steps after step `first`): the trackers, the callbacks and
-        a log line (``console``: at INFO, else the progress bar shows the console and the line reaches train.log
-        only); the lines of one read in one log record (each a line of train.log, ``run.cli.EachLine``)."""
-        index = np.flatnonzero((first + 1 + np.arange(len(logs["loss"]))) % self.settings.log_every == 0)
-        if not index.size:
-            return
-        # whole columns to Python floats at once (a read at log_every 1 holds up to READ_EVERY_STEPS lines)
-        numbers = (first + 1 + index).tolist()  # the steps' numbers
-        loss, grad_norm = logs["loss"][index].tolist(), logs["grad_norm"][index].tolist()
-        lr = (logs["lr"][index].astype(np.float64) * self.lr_scale).tolist()
-        tail = f"  {examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}"
-        lines = [
-            f"epoch {epoch} step {s}: loss {a:.6f}  lr {b:.3g}  grad_norm {c:.3f}{tail}"
-            for s, a, b, c in zip(numbers, loss, lr, grad_norm)
-        ]
-        log.log(logging.INFO if console else logging.DEBUG, "\n".join(lines))
-        if self.trackers or self.callbacks:
-            for step, *values in zip(numbers, loss, lr, grad_norm):
-                values = dict(zip(("train/step_loss", "train/lr", "train/grad_norm"), values))
-                for tracker in self.trackers:
-                    tracker.log_step(step, values)
-                for callback in self.callbacks:
-                    callback.on_step(self, step, values)
+    def on_step(self, step: int, values: dict) -> None:
+        for callback in self.callbacks:
+            callback.on_step(self, step, values)
 
     def evaluate(self, loader, epoch: int = 0) -> dict:
         """The loss and metrics of `loader`'s batches under the evaluated parameters."""
@@ -507,20 +480,44 @@ class OneCallLate:
 
 
 class Progress:
-    """An epoch under way as the loop sees it: the step reached, the time spent waiting for data, the profile's
-    trace around each call, and each call's logs checked (``check``): divergence, the log lines, the trackers and
-    callbacks, the progress bar (a live one where stderr is a terminal)."""
+    """An epoch under way as the loop sees it: the step reached, the time spent waiting for data (``data_wait``), the
+    profile's trace around each call, and each call's logs read (``check``): divergence against the lowest step loss
+    so far (``min_loss``), the first call's start-up line (``first_call_seconds``), the step lines, the trackers and
+    ``on_step``, the progress bar (a live one where stderr is a terminal). It holds what it is given and reaches into
+    nothing; the loop reads those three back."""
 
-    def __init__(self, trainer: Trainer, epoch: int, first_step: int, skipped: int):
+    def __init__(
+        self,
+        epoch: int,
+        *,
+        first_step: int,
+        skipped: int,
+        steps_per_epoch: int,
+        examples_per_step: int,
+        settings: Settings,
+        steps_per_call: StepsPerCall,
+        trace: StepTrace | None,
+        trackers: Sequence,
+        on_step: Callable[[int, dict], None] | None,
+        kept: Callable[[], str],
+        lr_scale: float,
+        min_loss: float,
+        first_call_seconds: float | None,
+        compile_seconds: float,
+    ):
         from tqdm import tqdm
 
-        self.trainer, self.epoch, self.first_step, self.skipped = trainer, epoch, first_step, skipped
+        self.epoch, self.first_step, self.skipped, self.steps_per_epoch = epoch, first_step, skipped, steps_per_epoch
+        self.examples_per_step, self.settings = examples_per_step, settings
+        self.steps_per_call, self.trace = steps_per_call, trace
+        self.trackers, self.on_step, self.kept, self.lr_scale = trackers, on_step, kept, lr_scale
+        self.min_loss, self.first_call_seconds, self.compile_seconds = min_loss, first_call_seconds, compile_seconds
+        self.data_wait = 0.0
         self.steps_done = 0  # steps run by this epoch's calls so far
         self.read_to = 0  # steps of this epoch whose logs have been read
         self.started = self.read_at = time.perf_counter()
-        trainer.data_wait = 0.0
         self.bar = tqdm(
-            total=trainer.steps_per_epoch,
+            total=steps_per_epoch,
             initial=skipped,
             desc=f"epoch {epoch}",
             unit="step",
@@ -534,36 +531,36 @@ class Progress:
         return self.first_step + self.steps_done
 
     def waiting_for_data(self, stacks):
-        """The loader's stacks, the time spent waiting for each counted in ``trainer.data_wait``."""
+        """The loader's stacks, the time spent waiting for each counted in ``data_wait``."""
         while True:
             waited = time.perf_counter()
             item = next(stacks, None)
-            self.trainer.data_wait += time.perf_counter() - waited
+            self.data_wait += time.perf_counter() - waited
             if item is None:
                 return
             yield item
 
     def before_call(self, real_steps: int) -> None:
-        if self.trainer.trace:
-            self.trainer.trace.before(self.step + 1, self.step + real_steps)
-        if self.trainer.steps_per_call.measuring:
-            self.trainer.steps_per_call.before_call()
+        if self.trace:
+            self.trace.before(self.step + 1, self.step + real_steps)
+        if self.steps_per_call.measuring:
+            self.steps_per_call.before_call()
 
-    def after_call(self, real_steps: int, call_logs) -> tuple[int, int]:
+    def after_call(self, real_steps: int, call_logs, train_state: dict) -> tuple[int, int]:
         """The call's place, for ``check``: (steps of the epoch before it, its real steps). While "auto" measures,
         the call is timed (waited for)."""
-        if self.trainer.steps_per_call.measuring:
-            self.trainer.steps_per_call.after_call(call_logs)
+        if self.steps_per_call.measuring:
+            self.steps_per_call.after_call(call_logs)
         before, self.steps_done = self.steps_done, self.steps_done + real_steps
-        if self.trainer.trace:
-            self.trainer.trace.after(self.step, self.trainer.train_state)
+        if self.trace:
+            self.trace.after(self.step, train_state)
         return before, real_steps
 
     def due(self, done: int) -> bool:
         """Whether to read the logs of the epoch's first `done` steps now: the first call's (the start-up line), then
         after READ_EVERY_S or READ_EVERY_STEPS steps."""
         return (
-            self.trainer.first_call_seconds is None
+            self.first_call_seconds is None
             or done - self.read_to >= READ_EVERY_STEPS
             or time.perf_counter() - self.read_at >= READ_EVERY_S
         )
@@ -571,29 +568,83 @@ class Progress:
     def check(self, calls: list) -> None:
         """The logs of consecutive calls ((logs, steps of the epoch before the call, its real steps) each), read from
         the device: every value shown comes from them, the learning rate included."""
-        trainer = self.trainer
         logs = log_columns(np.concatenate([np.asarray(logs)[:real] for logs, _, real in calls]))
         before, real = calls[0][1], len(logs["loss"])
         self.read_to, self.read_at = before + real, time.perf_counter()
-        if trainer.first_call_seconds is None:
-            trainer.log_first_call(real)
+        if self.first_call_seconds is None:
+            self.log_first_call(real)
         # float16's loss scaling skips a step whose gradients overflowed (and lowers the scale): not a divergence
         skipped = logs["skipped"] > 0
         if skipped.any():
             log.debug(f"{int(skipped.sum())} step(s) skipped by float16 loss scaling (gradients overflowed)")
         first = self.first_step + before
-        trainer.check_losses(self.epoch, logs["loss"], skipped, first)
+        self.check_losses(logs["loss"], skipped, first)
         rate = (before + real) / max(time.perf_counter() - self.started, 1e-9)  # steps/s this epoch, so far
-        examples_per_s = rate * trainer.train_loader.batch_size * trainer.settings.accumulate_steps
-        eta = (trainer.steps_per_epoch - self.skipped - before - real) / rate
-        trainer.log_steps(self.epoch, logs, first, examples_per_s, eta, console=self.bar.disable)
+        examples_per_s = rate * self.examples_per_step
+        eta = (self.steps_per_epoch - self.skipped - before - real) / rate
+        self.log_steps(logs, first, examples_per_s, eta, console=self.bar.disable)
         self.show(logs, examples_per_s)
+
+    def log_first_call(self, steps: int) -> None:
+        """Start-up cost: from the command's start (``platform.STARTED_AT``) to the first call's steps done."""
+        self.first_call_seconds = time.time() - platform.STARTED_AT
+        log.info(
+            f"first {steps} training step(s) done {self.first_call_seconds:.1f}s after start "
+            f"(compiling the step took {self.compile_seconds:.1f}s)"
+        )
+
+    def check_losses(self, losses: np.ndarray, skipped: np.ndarray, first: int) -> None:
+        """Raises TrainingDiverged at a non-finite step loss, or one above trainer.divergence_factor x the lowest so
+        far (`first`: the step before these losses'); steps that float16's loss scaling skipped do not count."""
+        bad = np.flatnonzero(~np.isfinite(losses) & ~skipped)
+        if bad.size:
+            raise TrainingDiverged(
+                f"non-finite loss ({losses[bad[0]]}) at epoch {self.epoch}, step {first + int(bad[0]) + 1}; training "
+                f"stopped; {self.kept()}"
+            )
+        factor = self.settings.divergence_factor
+        # lowest[i]: the lowest loss before step i (skipped steps not counted); lowest[-1]: after them all
+        lowest = np.minimum.accumulate(np.concatenate([[self.min_loss], np.where(skipped, np.inf, losses)]))
+        over = np.flatnonzero(~skipped & (lowest[:-1] > 0) & (losses > factor * lowest[:-1])) if factor else []
+        if len(over):
+            i = over[0]
+            raise TrainingDiverged(
+                f"diverging: loss {losses[i]:.4g} at epoch {self.epoch}, step {first + i + 1} is above "
+                f"trainer.divergence_factor {factor:g} x the lowest step loss "
+                f"{lowest[i]:.4g}; training stopped; {self.kept()}"
+            )
+        self.min_loss = float(lowest[-1])
+
+    def log_steps(self, logs: dict, first: int, examples_per_s: float, eta: float, console: bool) -> None:
+        """Every trainer.log_every-th step of `logs` (the steps after step `first`): the trackers, the callbacks and
+        a log line (``console``: at INFO, else the progress bar shows the console and the line reaches train.log
+        only); the lines of one read in one log record (each a line of train.log, ``run.cli.EachLine``)."""
+        index = np.flatnonzero((first + 1 + np.arange(len(logs["loss"]))) % self.settings.log_every == 0)
+        if not index.size:
+            return
+        # whole columns to Python floats at once (a read at log_every 1 holds up to READ_EVERY_STEPS lines)
+        numbers = (first + 1 + index).tolist()  # the steps' numbers
+        loss, grad_norm = logs["loss"][index].tolist(), logs["grad_norm"][index].tolist()
+        lr = (logs["lr"][index].astype(np.float64) * self.lr_scale).tolist()
+        tail = f"  {examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}"
+        lines = [
+            f"epoch {self.epoch} step {s}: loss {a:.6f}  lr {b:.3g}  grad_norm {c:.3f}{tail}"
+            for s, a, b, c in zip(numbers, loss, lr, grad_norm)
+        ]
+        log.log(logging.INFO if console else logging.DEBUG, "\n".join(lines))
+        if self.trackers or self.on_step:
+            for step, *values in zip(numbers, loss, lr, grad_norm):
+                values = dict(zip(("train/step_loss", "train/lr", "train/grad_norm"), values))
+                for tracker in self.trackers:
+                    tracker.log_step(step, values)
+                if self.on_step:
+                    self.on_step(step, values)
 
     def show(self, logs: dict, examples_per_s: float) -> None:
         """The progress bar's figures (it shows the ETA itself)."""
         if self.bar.disable:
             return
-        lr = float(logs["lr"][-1]) * self.trainer.lr_scale
+        lr = float(logs["lr"][-1]) * self.lr_scale
         self.bar.set_postfix(
             {"loss": f"{logs['loss'][-1]:.4f}", "lr": f"{lr:.3g}", "ex/s": f"{examples_per_s:.0f}"}, refresh=False
         )
@@ -615,22 +666,3 @@ def settle(tree) -> None:
             leaf.block_until_ready()
         except (RuntimeError, AttributeError):
             pass
-
-
-def restart_plateau(trainer) -> list[str]:
-    """After a resume that changed trainer.monitor: reduce_on_plateau's best value (in the optimizer state) was of
-    the old metric, and compared with the new one every epoch would count as bad, so it starts afresh, like the
-    checkpoints' best; the rate reached so far is kept. Its one log line, or none without such a schedule."""
-    from training import optimizers
-
-    opt_state = trainer.train_state["opt_state"]
-    plateau = optimizers.plateau_state(opt_state)
-    if plateau is None:
-        return []
-    put = lambda value, like: jax.device_put(np.asarray(value, like.dtype), like.sharding)  # noqa: E731
-    fresh = plateau._replace(best=put(np.inf, plateau.best), bad_epochs=put(0, plateau.bad_epochs))
-    trainer.train_state = {**trainer.train_state, "opt_state": optimizers.with_plateau_state(opt_state, fresh)}
-    return [
-        f"reduce_on_plateau: its best value and patience count start afresh with the new monitor (its learning-rate "
-        f"scale so far, {float(plateau.scale):g}, is kept)"
-    ]

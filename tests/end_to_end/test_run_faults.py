@@ -63,13 +63,13 @@ elif kind == "row":
 elif kind == "step":
     from training import trainer
     trainer.READ_EVERY_STEPS = 1  # the logs read at every call, so that the signal lands during a known call
-    real_check, sent = trainer.Trainer.check_losses, []
-    def check_losses(self, epoch, losses, skipped, first):
-        real_check(self, epoch, losses, skipped, first)
+    real_check, sent = trainer.Progress.check_losses, []
+    def check_losses(self, losses, skipped, first):
+        real_check(self, losses, skipped, first)
         if first + len(losses) >= int(spec[0]) and not sent:
             sent.append(1)
             hit(spec[1])
-    trainer.Trainer.check_losses = check_losses
+    trainer.Progress.check_losses = check_losses
 elif kind == "init":
     from training import trainer
     def init_state(self):
