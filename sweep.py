@@ -49,6 +49,9 @@ WORKER_BYTES = 1 << 30
 SAMPLERS = {"grid": "GridSampler", "random": "RandomSampler", "tpe": "TPESampler", "cmaes": "CmaEsSampler"}
 SAMPLERS |= {"gp": "GPSampler", "qmc": "QMCSampler"}
 NEEDS = {"cmaes": "cmaes", "gp": "torch"}  # the samplers whose package Optuna does not install
+# every Optuna sampler seeds numpy's RandomState (directly, or through the RandomSampler it falls back on), which
+# takes 0 .. 2**32 - 1; worker k of --parallel adds SEED_STEP * k, so the last worker's seed must fit too
+MAX_SEED, SEED_STEP = 2**32 - 1, 1000
 PRUNERS = "median[:WARMUP[:MIN_TRIALS]], percentile:P[:WARMUP[:MIN_TRIALS]], successive-halving, hyperband or off"
 
 
@@ -108,11 +111,17 @@ def define(args) -> Sweep:
     trials = args.trials or (grid_size if gridded else 10)
     definition = {"config": read_config_file(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample}
     definition |= {"sampler": sampler, "prune": args.prune}
+    top_seed = MAX_SEED - SEED_STEP * max(args.parallel - 1, args.worker)
     name = args.study or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
     for wrong, message in (
         (
             monitor == "off",
             f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')",
+        ),
+        (
+            args.seed is not None and not 0 <= args.seed <= top_seed,
+            f"--seed {args.seed}: expected 0 to {top_seed}"
+            + (f" (worker k of --parallel {args.parallel} adds {SEED_STEP} k)" if args.parallel > 1 else ""),
         ),
         (sampler not in SAMPLERS, f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}"),
         (
@@ -255,7 +264,7 @@ def open_study(args, sweep: Sweep):
             raise SweepError(f"{path}: Optuna cannot replay it ({type(error).__name__}: {error}); {REFUSED}") from None
         if repaired:
             print(f"warning: {repaired}", file=sys.stderr, flush=True)
-    kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + 1000 * args.worker
+    kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + SEED_STEP * args.worker
     if kind == "grid":  # its after_trial's study.stop() is for study.optimize; a worker stops at --trials itself
         Grid = type("Grid", (optuna.samplers.GridSampler,), {"after_trial": lambda *_: None})
         # every worker shuffles the grid alike (trial i takes point i), so they share one seed

@@ -90,6 +90,9 @@ def wait_for(condition, what: str, timeout: float = 120):
         ),
         (["--grid", "optimizer.args.lr=[0.1]", "--storage", "nosuch://x"], "--storage nosuch://x: "),
         (["--grid", "optimizer.args.lr=[0.1]", "--study", "a/b"], "--study 'a/b': expected letters"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--seed", "-1"], "--seed -1: expected 0 to 4294967295"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--seed", str(2**64)], f"--seed {2**64}: expected 0 to 4294967295"),
+        (["--sample", "optimizer.args.lr=uniform:0:1", "--seed", str(2**32)], f"--seed {2**32}: expected 0 to"),
         ([], "nothing to sweep"),
     ],
 )
