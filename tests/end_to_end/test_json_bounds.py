@@ -88,6 +88,17 @@ def test_a_resume_refuses_a_metrics_row_past_the_bounds_and_changes_nothing(tmp_
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
 
 
+@pytest.mark.parametrize("make", [oversized, deep], ids=["large", "deep"])
+def test_a_logger_config_past_the_bounds_is_one_config_error(tmp_path, make):
+    """logger_config.json, which train.py reads first: before, a deep one was a RecursionError traceback."""
+    from training.run.cli import log_files, setup_logging
+
+    path = make(tmp_path / "logger_config.json")
+    for read in (log_files, lambda path: setup_logging(None, path)):
+        with pytest.raises(ConfigError, match=r"logger_config.json: (.*more than the 16 MB|nested deeper than 32)"):
+            read(path)
+
+
 def test_predict_reads_preprocessing_within_the_bound(tmp_path):
     """predict.py (and sample.py and the export, which read through it): one ValueError line, before any reading
     of a file past the bound."""
