@@ -69,6 +69,7 @@ def wait_for(condition, what: str, timeout: float = 120):
     [
         (["--grid", "optimizer.args.lr=0.1"], "--grid optimizer.args.lr=0.1: expected KEY.PATH=[v1, v2, ...]"),
         (["--grid", "optimizer.args.lr=[]"], "a non-empty JSON list"),
+        (["--grid", "optimizer.args.lr=" + "[" * 100_000 + "]" * 100_000], "a non-empty JSON list"),
         (["--sample", "optimizer.args.lr=normal:0:1"], "unknown distribution 'normal'; expected uniform:LOW:HIGH"),
         (["--sample", "optimizer.args.lr=loguniform:0:1"], "loguniform needs 0 < LOW"),
         (["--sample", "model.args.hidden.0=int:8:x"], "expected int:LOW:HIGH with two integers"),
