@@ -39,7 +39,17 @@ from training.run.cli import ArgumentParser, command, fail
 from training.sweeps.folder import JOURNAL, LinkedFolder, check_folder
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
-from training.sweeps.storage import REFUSED, JournalRefused, check_journal, masked, masked_url, secrets_of
+from training.sweeps.storage import (
+    GOES_ON,
+    REFUSED,
+    DatabaseLost,
+    JournalRefused,
+    check_journal,
+    error_text,
+    masked_url,
+    secrets_of,
+    wait_for_database,
+)
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
@@ -209,8 +219,7 @@ def connect(make, storage: str | None, tries: int = 5):
                 kind in ("OperationalError", "ProgrammingError") and "already exists" in str(error)
             )
             if attempt == tries - 1 or not race:
-                why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-                raise SweepError(f"--storage {masked_url(storage)}: {masked(why, storage)}") from None
+                raise SweepError(f"--storage {masked_url(storage)}: {error_text(error, storage)}") from None
             time.sleep(0.5 + attempt)
 
 
@@ -248,7 +257,9 @@ def open_study(args, sweep: Sweep):
     if args.storage:
         url = args.storage.replace("postgresql://", "postgresql+psycopg://", 1)  # requirements-sweeps-postgres.txt
         rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
+        rdb = partial(rdb, engine_kwargs={"pool_pre_ping": True})  # a connection the server dropped: replaced
         storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
+        wait_for_database(storage.engine, args.storage)  # from now on; a URL that never answered is refused at once
     else:
         path = sweep.folder / JOURNAL
         lock = JournalFileOpenLock(str(path))
@@ -421,6 +432,8 @@ class Worker:
                         pruned = epoch
                         self.process.send_signal(signal.SIGTERM)  # train.py saves and exits 143
                         break
+            except DatabaseLost:
+                raise
             except Exception as error:  # failed by another worker (this one missed its heartbeats): it runs there
                 if not lost:
                     print(f"{run}: given up here ({type(error).__name__}); another worker runs it", flush=True)
@@ -468,7 +481,8 @@ def workers(argv: list[str], parallel: int) -> list[subprocess.Popen]:
 
 def main(argv=None) -> int:
     """Exit status: 0 the study has its trials (some may have failed or been pruned), 1 none finished, 2 bad
-    arguments, 130/143 stopped by SIGINT/SIGTERM (the same command continues)."""
+    arguments or a database that did not answer for DATABASE_WAIT_SECONDS, 130/143 stopped by SIGINT/SIGTERM (the
+    same command continues)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.storage and secrets_of(args.storage) and args.worker == 0:
@@ -500,6 +514,10 @@ def main(argv=None) -> int:
         worker.run()
         for child in children:
             child.wait()
+    except DatabaseLost as error:
+        fail(str(error))
+    except optuna.exceptions.StorageInternalError as error:  # the server went away in the middle of a call
+        fail(f"--storage {masked_url(args.storage)}: {error_text(error.__cause__ or error, args.storage)}; {GOES_ON}")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -510,6 +528,8 @@ def main(argv=None) -> int:
         if best is not None:  # what the trial ran, under the config's own name and save_dir (the sweep gave its folder)
             text = json.dumps(config_of(sweep, best["params"]), indent=2) + "\n"
             write_atomic(path := sweep.folder / "best" / "config.json", text.encode())
+    except DatabaseLost as error:
+        fail(str(error))
     except OSError as error:
         fail(f"cannot write the sweep's results: {error.filename or ''}: {error.strerror or error}")
         print(
