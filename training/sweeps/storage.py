@@ -70,8 +70,6 @@ def masked(text: str, url: str | None) -> str:
 # restart, a failover) before it stops in one line: its trial keeps its checkpoints, and the same command goes on.
 DATABASE_WAIT_SECONDS = 60
 BACKOFF_SECONDS = (0.5, 5)  # the first wait between tries, doubled up to the second
-
-
 GOES_ON = "the trials keep their checkpoints: the same command goes on once it is back"
 
 
@@ -98,7 +96,7 @@ def wait_for_database(engine, url: str) -> None:
         while True:
             try:
                 connection = dialect.connect(*cargs, **cparams)
-            except dialect.loaded_dbapi.OperationalError as error:  # refused, shutting down, starting up
+            except dialect.dbapi.OperationalError as error:  # the driver's: refused, shutting down, starting up
                 down_since[:] = down_since or [time.monotonic()]
                 left = DATABASE_WAIT_SECONDS - (time.monotonic() - down_since[0])
                 if left <= 0:
