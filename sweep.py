@@ -39,7 +39,17 @@ from training.run.cli import ArgumentParser, command, fail
 from training.sweeps.folder import JOURNAL, LinkedFolder, check_folder
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
-from training.sweeps.storage import REFUSED, JournalRefused, check_journal, masked, masked_url, secrets_of
+from training.sweeps.storage import (
+    GOES_ON,
+    REFUSED,
+    DatabaseLost,
+    JournalRefused,
+    check_journal,
+    error_text,
+    masked_url,
+    secrets_of,
+    wait_for_database,
+)
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 POLL_SECONDS = 0.25
@@ -49,6 +59,9 @@ WORKER_BYTES = 1 << 30
 SAMPLERS = {"grid": "GridSampler", "random": "RandomSampler", "tpe": "TPESampler", "cmaes": "CmaEsSampler"}
 SAMPLERS |= {"gp": "GPSampler", "qmc": "QMCSampler"}
 NEEDS = {"cmaes": "cmaes", "gp": "torch"}  # the samplers whose package Optuna does not install
+# every Optuna sampler seeds numpy's RandomState (directly, or through the RandomSampler it falls back on), which
+# takes 0 .. 2**32 - 1; worker k of --parallel adds SEED_STEP * k, so the last worker's seed must fit too
+MAX_SEED, SEED_STEP = 2**32 - 1, 1000
 PRUNERS = "median[:WARMUP[:MIN_TRIALS]], percentile:P[:WARMUP[:MIN_TRIALS]], successive-halving, hyperband or off"
 
 
@@ -108,11 +121,17 @@ def define(args) -> Sweep:
     trials = args.trials or (grid_size if gridded else 10)
     definition = {"config": read_config_file(args.config), "set": args.fixed, "grid": args.grid, "sample": args.sample}
     definition |= {"sampler": sampler, "prune": args.prune}
+    top_seed = MAX_SEED - SEED_STEP * max(args.parallel - 1, args.worker)
     name = args.study or hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:8]
     for wrong, message in (
         (
             monitor == "off",
             f"{source}: trainer.monitor is off; a sweep ranks trials by it (--set 'trainer.monitor=max val/accuracy')",
+        ),
+        (
+            args.seed is not None and not 0 <= args.seed <= top_seed,
+            f"--seed {args.seed}: expected 0 to {top_seed}"
+            + (f" (worker k of --parallel {args.parallel} adds {SEED_STEP} k)" if args.parallel > 1 else ""),
         ),
         (sampler not in SAMPLERS, f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}"),
         (
@@ -200,8 +219,7 @@ def connect(make, storage: str | None, tries: int = 5):
                 kind in ("OperationalError", "ProgrammingError") and "already exists" in str(error)
             )
             if attempt == tries - 1 or not race:
-                why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-                raise SweepError(f"--storage {masked_url(storage)}: {masked(why, storage)}") from None
+                raise SweepError(f"--storage {masked_url(storage)}: {error_text(error, storage)}") from None
             time.sleep(0.5 + attempt)
 
 
@@ -239,7 +257,9 @@ def open_study(args, sweep: Sweep):
     if args.storage:
         url = args.storage.replace("postgresql://", "postgresql+psycopg://", 1)  # requirements-sweeps-postgres.txt
         rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
+        rdb = partial(rdb, engine_kwargs={"pool_pre_ping": True})  # a connection the server dropped: replaced
         storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
+        wait_for_database(storage.engine, args.storage)  # from now on; a URL that never answered is refused at once
     else:
         path = sweep.folder / JOURNAL
         lock = JournalFileOpenLock(str(path))
@@ -255,7 +275,7 @@ def open_study(args, sweep: Sweep):
             raise SweepError(f"{path}: Optuna cannot replay it ({type(error).__name__}: {error}); {REFUSED}") from None
         if repaired:
             print(f"warning: {repaired}", file=sys.stderr, flush=True)
-    kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + 1000 * args.worker
+    kind, seed = sweep.definition["sampler"], None if args.seed is None else args.seed + SEED_STEP * args.worker
     if kind == "grid":  # its after_trial's study.stop() is for study.optimize; a worker stops at --trials itself
         Grid = type("Grid", (optuna.samplers.GridSampler,), {"after_trial": lambda *_: None})
         # every worker shuffles the grid alike (trial i takes point i), so they share one seed
@@ -412,6 +432,8 @@ class Worker:
                         pruned = epoch
                         self.process.send_signal(signal.SIGTERM)  # train.py saves and exits 143
                         break
+            except DatabaseLost:
+                raise
             except Exception as error:  # failed by another worker (this one missed its heartbeats): it runs there
                 if not lost:
                     print(f"{run}: given up here ({type(error).__name__}); another worker runs it", flush=True)
@@ -459,7 +481,8 @@ def workers(argv: list[str], parallel: int) -> list[subprocess.Popen]:
 
 def main(argv=None) -> int:
     """Exit status: 0 the study has its trials (some may have failed or been pruned), 1 none finished, 2 bad
-    arguments, 130/143 stopped by SIGINT/SIGTERM (the same command continues)."""
+    arguments or a database that did not answer for DATABASE_WAIT_SECONDS, 130/143 stopped by SIGINT/SIGTERM (the
+    same command continues)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.storage and secrets_of(args.storage) and args.worker == 0:
@@ -491,6 +514,10 @@ def main(argv=None) -> int:
         worker.run()
         for child in children:
             child.wait()
+    except DatabaseLost as error:
+        fail(str(error))
+    except optuna.exceptions.StorageInternalError as error:  # the server went away in the middle of a call
+        fail(f"--storage {masked_url(args.storage)}: {error_text(error.__cause__ or error, args.storage)}; {GOES_ON}")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -501,6 +528,8 @@ def main(argv=None) -> int:
         if best is not None:  # what the trial ran, under the config's own name and save_dir (the sweep gave its folder)
             text = json.dumps(config_of(sweep, best["params"]), indent=2) + "\n"
             write_atomic(path := sweep.folder / "best" / "config.json", text.encode())
+    except DatabaseLost as error:
+        fail(str(error))
     except OSError as error:
         fail(f"cannot write the sweep's results: {error.filename or ''}: {error.strerror or error}")
         print(

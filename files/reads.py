@@ -122,10 +122,12 @@ def read_json(path: str | Path, what: str = "JSON file", limit: int = MAX_JSON_B
     return parse_json(read_regular(path, limit, what), str(path), depth)
 
 
-def read_metrics(path: str | Path, limit: int = MAX_JSON_BYTES) -> list[dict]:
+def read_metrics(path: str | Path, limit: int = MAX_JSON_BYTES, torn: bool = False) -> list[dict]:
     """The rows of a `metrics.jsonl` file, in order; a resumed run's rows follow the rows before it. A line that is
     not a JSON object (a hand-edited or foreign file), or one longer than `limit` bytes (a sparse file of zeros has
-    no line end), is a ValueError naming it; the file is read a line at a time, each held to the JSON bound."""
+    no line end), is a ValueError naming it; the file is read a line at a time, each held to the JSON bound.
+    ``torn``: a line that is not a JSON object is dropped instead (what a kill left of the row it was writing); one
+    past the bounds is still refused."""
     rows = []
     with open_regular(path) as f:
         for number, line in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
@@ -136,8 +138,12 @@ def read_metrics(path: str | Path, limit: int = MAX_JSON_BYTES) -> list[dict]:
             try:
                 row = parse_json(line, f"{path}: line {number}")
             except NotJson as error:
+                if torn and not error.reason.startswith("nested"):  # nesting past the bound is no kill's doing
+                    continue
                 raise ValueError(f"{path}: line {number} is {error.reason}") from None
             if type(row) is not dict:
+                if torn:
+                    continue
                 raise ValueError(
                     f"{path}: line {number} is {type(row).__name__}, not a JSON object of an epoch's values"
                 )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jax
 
-from files.reads import read_regular
+from files.reads import parse_json, read_regular
 from files.writes import write_atomic
 from training.devices import mesh
 
@@ -159,7 +159,7 @@ class StepsPerCall:
 def remembered(path: Path) -> dict:
     """The remembered choices, or none where the file is missing, unreadable, not a regular file or not ours."""
     try:
-        choices = json.loads(read_regular(path, REMEMBERED_BYTES, "remembered steps per call"))
+        choices = parse_json(read_regular(path, REMEMBERED_BYTES, "remembered steps per call"), str(path))
     except (OSError, ValueError):
         return {}
     return choices if isinstance(choices, dict) else {}

@@ -47,6 +47,9 @@ ON_ERROR = ("fail", "skip")
 DTYPES = ("uint8", "float32")
 CACHE_VERSION = 1
 RESIZE = "bilinear"  # Pillow's Image.BILINEAR, as inference/predict.py resizes
+# a cache's metadata lists every image (its path, size and time; an unreadable one's error): held to the JSON
+# bound and a path's length (PATH_MAX) per image, and to the JSON depth bound, like every JSON file read
+CACHE_META_BYTES = 4096
 CHUNK = 256  # images per task handed to a decoding worker
 MIN_FILES_PER_WORKER = 2000  # below this, starting worker processes costs more than it saves
 
@@ -225,14 +228,20 @@ def cache_key(root: Path, files: list[Path], size: tuple[int, int], channels: in
     return settings_hash, contents_hash, entries
 
 
-def _previous(cache_dir: Path, settings_hash: str, name: str) -> list[tuple[Path, dict]]:
+def read_meta(meta_path: Path, images: int) -> dict:
+    """A cache's metadata, within the bounds (a ValueError past them: the cache is rebuilt); {} when not an object."""
+    meta = reads.read_json(meta_path, "image cache's metadata", reads.MAX_JSON_BYTES + CACHE_META_BYTES * images)
+    return meta if isinstance(meta, dict) else {}
+
+
+def _previous(cache_dir: Path, settings_hash: str, name: str, images: int) -> list[tuple[Path, dict]]:
     """Earlier caches of the same folder and settings (stale now): (their .npy, their metadata)."""
     found = []
     for meta_path in cache_dir.glob(f"{settings_hash}-*.json"):
         if meta_path.stem == name:
             continue
         try:
-            found.append((meta_path.with_suffix(".npy"), json.loads(reads.read_regular(meta_path))))
+            found.append((meta_path.with_suffix(".npy"), read_meta(meta_path, images)))
         except (OSError, ValueError):
             found.append((meta_path.with_suffix(".npy"), {}))
     return found
@@ -254,7 +263,7 @@ def load_or_build(
     shape = (len(files), size[0], size[1], channels)
     if meta_path.is_file() and data_path.is_file():
         try:
-            meta = json.loads(reads.read_regular(meta_path))
+            meta = read_meta(meta_path, len(files))
             images = np.load(data_path, mmap_mode="r")
             if meta.get("entries") == entries and images.shape == shape and images.dtype == np.uint8:
                 return images, {int(k): v for k, v in meta["errors"].items()}, {"path": data_path, "built": False}
@@ -277,7 +286,7 @@ def load_or_build(
             todo = list(range(len(files)))
             errors: dict[int, str] = {}
             reused = 0
-            previous = _previous(cache_dir, settings_hash, name)
+            previous = _previous(cache_dir, settings_hash, name, len(files))
             for old_data, old_meta in previous:  # unchanged entries come from the stale cache instead of the decoder
                 if not todo or not old_meta.get("entries") or not old_data.is_file():
                     continue

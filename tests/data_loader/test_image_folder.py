@@ -184,6 +184,21 @@ def test_cache_is_built_once_memory_mapped_and_invalidated_by_a_change(tmp_path,
     assert len(ImageFolderDataset(root, cache_dir=cache)) == 11 and len(decoded) == 11
 
 
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "[]"], ids=["deep", "a list"])
+def test_cache_metadata_past_the_json_bounds_or_not_an_object_is_rebuilt(tmp_path, text):
+    """Before, metadata nested 100,000 deep was a RecursionError traceback, read as the cache or as a stale one."""
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    write_folder(root)
+    ImageFolderDataset(root, cache_dir=cache)
+    [meta] = cache.glob("*.json")
+    meta.write_text(text)
+    assert len(ImageFolderDataset(root, cache_dir=cache)) == 12  # read as this folder's cache: rebuilt
+    [meta] = cache.glob("*.json")
+    meta.write_text(text)
+    (root / "c0" / "00.png").unlink()  # another cache: the damaged one is read as a stale one, to reuse rows
+    assert len(ImageFolderDataset(root, cache_dir=cache)) == 11
+
+
 def test_default_cache_is_hidden_in_root_and_skipped_by_the_scan(tmp_path):
     root = tmp_path / "data"
     write_folder(root)

@@ -14,7 +14,7 @@ import pytest
 from files import reads
 from inference import predict
 from inference.trained_run import load_run
-from tests.end_to_end.test_train import run
+from tests.end_to_end.test_train import data_dir, make_config, run  # noqa: F401  (data_dir: the fixture)
 from tests.inference.test_reports import trained
 from training.config import file as config_file
 from training.config.file import ConfigError
@@ -71,6 +71,32 @@ def test_metrics_rows_are_held_to_the_bound(tmp_path):
         reads.read_metrics(metrics)
     metrics.write_text(good + good)
     assert [r["epoch"] for r in reads.read_metrics(metrics)] == [1, 1]
+
+
+def test_a_resume_refuses_a_metrics_row_past_the_bounds_and_changes_nothing(tmp_path, data_dir):
+    """train.py -r reads the run's metrics.jsonl to reconcile it: before, a row nested 100,000 deep was a
+    RecursionError traceback, after the run folder's lock was rewritten. A line a kill cut short is still dropped."""
+    config = make_config(tmp_path, data_dir, trainer__epochs=1)
+    assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
+    folder = tmp_path / "saved/tiny/r"
+    with open(folder / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    resumed = run("train.py", "-r", folder / "checkpoint-latest.params", "--epochs", "2")
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr
+    assert resumed.stderr.splitlines() == [f"error: {folder}/metrics.jsonl: line 2 is nested deeper than 32 levels"]
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("make", [oversized, deep], ids=["large", "deep"])
+def test_a_logger_config_past_the_bounds_is_one_config_error(tmp_path, make):
+    """logger_config.json, which train.py reads first: before, a deep one was a RecursionError traceback."""
+    from training.run.cli import log_files, setup_logging
+
+    path = make(tmp_path / "logger_config.json")
+    for read in (log_files, lambda path: setup_logging(None, path)):
+        with pytest.raises(ConfigError, match=r"logger_config.json: (.*more than the 16 MB|nested deeper than 32)"):
+            read(path)
 
 
 def test_predict_reads_preprocessing_within_the_bound(tmp_path):

@@ -21,6 +21,7 @@ import pytest
 import sweep
 from tests.conftest import make_idx_dataset
 from tests.end_to_end.test_train import ROOT, make_config, run
+from training.sweeps.storage import DATABASE_WAIT_SECONDS
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,7 @@ def wait_for(condition, what: str, timeout: float = 120):
     [
         (["--grid", "optimizer.args.lr=0.1"], "--grid optimizer.args.lr=0.1: expected KEY.PATH=[v1, v2, ...]"),
         (["--grid", "optimizer.args.lr=[]"], "a non-empty JSON list"),
+        (["--grid", "optimizer.args.lr=" + "[" * 100_000 + "]" * 100_000], "a non-empty JSON list"),
         (["--sample", "optimizer.args.lr=normal:0:1"], "unknown distribution 'normal'; expected uniform:LOW:HIGH"),
         (["--sample", "optimizer.args.lr=loguniform:0:1"], "loguniform needs 0 < LOW"),
         (["--sample", "model.args.hidden.0=int:8:x"], "expected int:LOW:HIGH with two integers"),
@@ -90,6 +92,9 @@ def wait_for(condition, what: str, timeout: float = 120):
         ),
         (["--grid", "optimizer.args.lr=[0.1]", "--storage", "nosuch://x"], "--storage nosuch://x: "),
         (["--grid", "optimizer.args.lr=[0.1]", "--study", "a/b"], "--study 'a/b': expected letters"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--seed", "-1"], "--seed -1: expected 0 to 4294967295"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--seed", str(2**64)], f"--seed {2**64}: expected 0 to 4294967295"),
+        (["--sample", "optimizer.args.lr=uniform:0:1", "--seed", str(2**32)], f"--seed {2**32}: expected 0 to"),
         ([], "nothing to sweep"),
     ],
 )
@@ -135,9 +140,15 @@ def test_two_workers_on_one_journal_file_run_each_trial_once(tmp_path, data_dir)
 
 
 @pytest.fixture(scope="module")
-def postgres():
+def postgres(postgres_server):
+    return postgres_server[0]
+
+
+@pytest.fixture(scope="module")
+def postgres_server():
     """A real PostgreSQL server for the module: initdb in a temporary folder, as the postgres user when we are root
-    (initdb refuses root), on a free port of localhost; stopped and removed at the end."""
+    (initdb refuses root), on a free port of localhost; stopped and removed at the end. Yields its URL, and what
+    stops it (``ctl("stop")``) and starts it again (``ctl("start")``) as the test wants."""
     found = (
         subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True) if shutil.which("pg_config") else None
     )
@@ -160,10 +171,13 @@ def postgres():
     pg = lambda *command: subprocess.run([*as_user, *map(str, command)], capture_output=True, text=True, check=True)
     pg(bindir / "initdb", "-D", folder / "data", "-U", "postgres", "--auth=trust", "-E", "UTF8")
     options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
-    pg(bindir / "pg_ctl", "-D", folder / "data", "-o", options, "-l", folder / "server.log", "-w", "start")
+    ctl = lambda action: pg(
+        bindir / "pg_ctl", "-D", folder / "data", "-o", options, "-l", folder / "server.log", "-w", action
+    )
+    ctl("start")
     try:
         pg(bindir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "sweeps")
-        yield f"postgresql://postgres@127.0.0.1:{port}/sweeps"
+        yield f"postgresql://postgres@127.0.0.1:{port}/sweeps", ctl
     finally:
         pg(bindir / "pg_ctl", "-D", folder / "data", "-m", "immediate", "stop")
         shutil.rmtree(folder, ignore_errors=True)
@@ -183,6 +197,47 @@ def test_two_workers_on_one_postgresql_server_run_each_trial_once(tmp_path, data
     assert warning.startswith("warning: --storage holds a password") and "PGPASSWORD" in warning
     assert bad.returncode == 2 and error.startswith("error: --storage ") and "sweepsx" in error, bad.stderr
     assert "S3cr3t" not in bad.stdout + bad.stderr and "postgres:***@" in error
+
+
+@pytest.mark.slow
+def test_a_sweep_waits_for_its_database_and_stops_in_one_line_when_it_stays_away(tmp_path, data_dir, postgres_server):
+    """Before, PostgreSQL stopped for a few seconds mid-sweep was a StorageInternalError traceback and exit 1."""
+    url, ctl = postgres_server
+    config = make_config(tmp_path, data_dir, trainer__epochs=3)
+    args = ["-c", config, "--grid", "optimizer.args.lr=[0.003,0.001]", "--storage", url]
+    worker = start_sweep(*args, "--study", "outage")
+    folder = tmp_path / "saved" / "tiny" / "sweep-outage"
+    try:
+        wait_for(lambda: epoch_ended(folder / "trial-000"), "epoch 1")
+        ctl("stop")  # fast: every session cut off, and nothing answers for 5 s, a restart's time
+        time.sleep(5)
+    finally:
+        ctl("start")
+    out = worker.communicate(timeout=300)[0]
+    assert worker.returncode == 0, out
+    study = optuna.load_study(study_name="outage", storage=url.replace("://", "+psycopg://", 1))
+    assert_once_each(folder, 2, 3, study)
+
+    # stopped for good: a line once the bound has passed, the password nowhere (trust: the server never asks for it)
+    args[-1] = url.replace("postgres@", "postgres:S3cr3t-pw@")
+    config.write_text(config.read_text().replace('"epochs": 3', '"epochs": 100'))  # still training when it stops
+    io = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    io["env"] = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    worker = subprocess.Popen([sys.executable, "sweep.py", *map(str, args), "--study", "lost"], cwd=ROOT, **io)
+    try:
+        wait_for(lambda: epoch_ended(tmp_path / "saved" / "tiny" / "sweep-lost" / "trial-000"), "epoch 1")
+        ctl("stop")
+        out, err = worker.communicate(timeout=DATABASE_WAIT_SECONDS + 60)
+    finally:
+        ctl("start")
+    assert worker.returncode == 2 and "Traceback" not in err and "S3cr3t" not in out + err, out + err
+    warning, error = err.splitlines()
+    assert warning.startswith("warning: --storage holds a password"), err
+    assert error.startswith(
+        f"error: --storage {args[-1].replace('S3cr3t-pw', '***')}: the database did not answer for "
+        f"{DATABASE_WAIT_SECONDS} s (OperationalError: connection failed: "
+    ), err
+    assert error.endswith("; the trials keep their checkpoints: the same command goes on once it is back"), err
 
 
 def epoch_ended(run_dir: Path) -> bool:

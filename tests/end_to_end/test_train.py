@@ -266,6 +266,19 @@ def test_runtime_config_problems_exit_2_and_leave_no_run_folder(tmp_path, data_d
     assert not (tmp_path / "saved").exists()
 
 
+def test_a_resume_on_fewer_devices_names_the_mesh_setting_that_fits_them(tmp_path, data_dir):
+    config = make_config(tmp_path, data_dir, mesh={"data": -1, "fsdp": 4}, trainer__epochs=1)
+    devices = lambda n: {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    assert run("train.py", "-c", config, "--run-id", "r", env=devices(4)).returncode == 0
+    latest, metrics = tmp_path / "saved/tiny/r/checkpoint-latest.params", tmp_path / "saved/tiny/r/metrics.jsonl"
+    before = metrics.read_bytes()
+    resumed = run("train.py", "-r", latest, "--epochs", "2", env=devices(2))
+    assert refused(resumed) == "error: mesh.fsdp 4 does not divide the 2 devices in use; --set mesh.fsdp=2 does"
+    assert metrics.read_bytes() == before
+    resumed = run("train.py", "-r", latest, "--epochs", "2", "--set", "mesh.fsdp=2", env=devices(2))
+    assert resumed.returncode == 0, resumed.stderr  # the setting named works
+
+
 def refused(result: subprocess.CompletedProcess) -> str:
     """The one `error:` line of a run refused as bad input (status 2, no traceback)."""
     assert result.returncode == 2, result.stderr

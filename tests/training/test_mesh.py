@@ -57,8 +57,10 @@ def test_mesh_defaults_and_shapes():
     assert mesh.mesh_shape({"data": -1, "fsdp": 2}, 8) == (4, 2)
     assert mesh.mesh_shape({"data": 2, "fsdp": -1}, 8) == (2, 4)
     assert mesh.mesh_shape({"data": -1, "fsdp": 1}, 1) == (1, 1)
-    with pytest.raises(ValueError, match="mesh.fsdp 3 does not divide the 4 devices in use"):
+    with pytest.raises(ValueError, match="mesh.fsdp 3 does not divide the 4 devices in use; --set mesh.fsdp=2 does"):
         mesh.mesh_shape({"data": -1, "fsdp": 3}, 4)
+    with pytest.raises(ValueError, match="mesh.data 8 does not divide the 12 devices in use; --set mesh.data=6 does"):
+        mesh.mesh_shape({"data": 8, "fsdp": -1}, 12)
     with pytest.raises(ValueError, match="mesh: data 2 x fsdp 1 = 2 devices, but 4 are in use"):
         mesh.mesh_shape({"data": 2, "fsdp": 1}, 4)
 

@@ -179,6 +179,18 @@ def test_unreferenced_shard_files_are_removed_after_a_commit(tmp_path):
     checkpoint.read(run_dir / "checkpoint-latest.params")
 
 
+@pytest.mark.parametrize("deep", ["outer", "inner"])
+def test_a_planted_checkpoint_with_a_header_nested_past_the_json_bound_names_no_shards(tmp_path, deep):
+    """Before, a .params file in the run folder whose header nests 100,000 deep made the clean-up after a sharded
+    save a RecursionError traceback."""
+    run_dir = tmp_path / "run"
+    write_sharded(run_dir, tag="step_7-aaaa")
+    nested = "[" * 100_000 + "]" * 100_000
+    text = nested if deep == "outer" else json.dumps({"__metadata__": {"header": nested}})
+    (run_dir / "planted.params").write_bytes(len(text).to_bytes(8, "little") + text.encode())
+    assert shards.referenced(run_dir) == {"shards/step_7-aaaa.0.shard"}
+
+
 def test_a_slice_reads_only_the_pieces_it_overlaps(tmp_path):
     """Each device's slice reads the bytes of the pieces that overlap it and no others: a damaged piece elsewhere
     is not read (and so not noticed) until a slice that needs it is asked for."""

@@ -48,12 +48,13 @@ def test_a_remembered_value_out_of_range_is_measured_afresh(tmp_path, value):
 
 
 def test_a_remembered_file_someone_else_made_is_ignored_without_blocking(tmp_path):
-    """Torn JSON, not an object, a folder, a FIFO (opening it for reading would wait for a writer), a link to a
+    """Torn JSON, not an object, nested past the JSON bound, a folder, a FIFO (opening it for reading would wait for a writer), a link to a
     device or an oversized file: each is no choice at all."""
     target = tmp_path / REMEMBERED
     cases = {
         "torn": lambda: target.write_text('{"key": 8'),
         "list": lambda: target.write_text("[8]"),
+        "nested 100,000 deep": lambda: target.write_text("[" * 100_000 + "]" * 100_000),  # was a RecursionError
         "folder": lambda: target.mkdir(),
         "fifo": lambda: os.mkfifo(target),
         "link to /dev/zero": lambda: target.symlink_to("/dev/zero"),

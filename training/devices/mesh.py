@@ -60,7 +60,11 @@ def mesh_shape(mesh: dict, devices: int) -> tuple[int, int]:
     if data == -1 or fsdp == -1:
         if devices % fixed:
             axis = "fsdp" if data == -1 else "data"
-            raise ValueError(f"mesh.{axis} {fixed} does not divide the {devices} devices in use")
+            # the nearest size below that does, named as the flag that sets it: a run resumed on fewer devices
+            fits = max(n for n in range(1, min(fixed, devices) + 1) if devices % n == 0)
+            raise ValueError(
+                f"mesh.{axis} {fixed} does not divide the {devices} devices in use; --set mesh.{axis}={fits} does"
+            )
         data, fsdp = (devices // fixed, fsdp) if data == -1 else (data, devices // fixed)
     if data * fsdp != devices:
         raise ValueError(

@@ -6,7 +6,6 @@ logger_config.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import logging.config
 import logging.handlers
@@ -16,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from files.reads import read_json
 from files.writes import open_append
 from signals import stops
 from training.config.file import ConfigError, closest
@@ -65,14 +65,23 @@ NOFOLLOW_HANDLERS = {
 
 def log_files(config_path: str | Path = LOGGER_CONFIG) -> list[str]:
     """The names of the files the logging setup writes in a run folder (``train.log``)."""
-    handlers = json.loads(Path(config_path).read_text()).get("handlers", {}).values()
+    handlers = logger_config(config_path).get("handlers", {}).values()
     return [h["filename"] for h in handlers if "filename" in h]
+
+
+def logger_config(config_path: str | Path) -> dict:
+    """logger_config.json, held to the JSON bounds of every file the template reads (files/reads.py): one past
+    them, or not JSON, is a ConfigError (one line, exit status 2), not a RecursionError."""
+    try:
+        return read_json(config_path, "logger config")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def setup_logging(run_dir: Path | None, config_path: str | Path = LOGGER_CONFIG, verbose: bool = True) -> None:
     """Console + rotating file (`train.log` in the run folder) from logger_config.json. A link or a pipe planted
     at the log file's name raises files.UnsafeFile (an OSError)."""
-    spec = json.loads(Path(config_path).read_text())
+    spec = logger_config(config_path)
     for handler in spec.get("handlers", {}).values():
         if "filename" in handler:
             handler["class"] = NOFOLLOW_HANDLERS.get(handler.get("class"), handler.get("class"))

@@ -17,6 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
+from files.reads import read_metrics
 from files.writes import (
     BEST,
     CONFIG,
@@ -164,17 +165,10 @@ def append_row(run_dir: Path, row: dict) -> None:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """metrics.jsonl's rows; a line cut short by a kill (the last one) is dropped."""
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("epoch"), int):
-                rows.append(row)
-    return rows
+    """metrics.jsonl's rows; a line cut short by a kill (the last one) is dropped. A line past the JSON bounds
+    (longer, or nested deeper, than any row) is a ValueError naming it, not a RecursionError."""
+    rows = read_metrics(path, torn=True) if path.is_file() else []
+    return [row for row in rows if isinstance(row.get("epoch"), int)]
 
 
 def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> list[str]:
@@ -184,7 +178,7 @@ def reconcile(run_dir: Path, latest: Path, header: dict, save_period: int) -> li
     repaired = [f"removed an interrupted write: {p.name}" for p in checkpoint.remove_stale_temps(run_dir)]
     epoch = header["epoch"]
     metrics = run_dir / METRICS
-    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    lines = metrics.read_text(errors="replace").splitlines() if metrics.is_file() else []  # counted, not parsed
     rows = read_rows(metrics)
     if len(rows) < len(lines):
         repaired.append(f"{METRICS}: dropped {len(lines) - len(rows)} line(s) cut short")

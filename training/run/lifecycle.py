@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from files.writes import LATEST
+from files.writes import LATEST, METRICS
 from signals import stops
 from training.devices import mesh
 from training.run import folder, location
@@ -56,6 +56,8 @@ def opened(
     try:
         lock = folder.hold(resume_dir, mark=False) if resume_dir and mesh.is_main() else None
         trainer = load_state()
+        if resume_dir and mesh.is_main():  # rows past the JSON bounds: refused before reconcile changes anything
+            folder.read_rows(resume_dir / METRICS)
     except (CheckpointError, ValueError, folder.RunFolderError) as error:
         stop_all(str(error))
     stops.safe_point()

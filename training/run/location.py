@@ -4,13 +4,12 @@ symbolic links refused on the way."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from datetime import datetime
 from pathlib import Path
 
-from files.reads import read_regular
+from files.reads import parse_json, read_regular
 from files.writes import (
     CONFIG,
     LOCK_NAME,
@@ -134,9 +133,9 @@ def run_folder_of(checkpoint_path: Path) -> Path | None:
         return None
     check_run_files(folder)
     try:
-        saved = json.loads(read_regular(folder / CONFIG, MAX_CONFIG_BYTES, "config file"))
+        saved = parse_json(read_regular(folder / CONFIG, MAX_CONFIG_BYTES, "config file"), str(folder / CONFIG))
         recorded = header_of(checkpoint_path).get("config_hash")
-    except (OSError, ValueError, RecursionError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # each JSON read held to the bounds: no RecursionError
         return None
     return folder if isinstance(saved, dict) and recorded and recorded == config_hash(saved) else None
 
@@ -153,7 +152,8 @@ def header_of(path: Path) -> dict:
         length = int.from_bytes(f.read(8), "little")
         if length > min(size - 8, HEADER_LIMIT):
             raise ValueError("not a checkpoint")
-        header = json.loads(json.loads(f.read(length))["__metadata__"]["header"])
+        where = f"{path}: header"  # held to the JSON bounds, read as a hint: nested past them is a ValueError
+        header = parse_json(parse_json(f.read(length), where)["__metadata__"]["header"], where)
     if not isinstance(header, dict):
         raise ValueError("not a checkpoint header")
     return header

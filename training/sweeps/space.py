@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from files.reads import NotJson, parse_json
 from training.config.file import is_index
 
 
@@ -47,8 +48,8 @@ def parse(flag: str, text: str) -> Param:
         raise bad(f"expected {form}")
     if kind in ("grid", "choice"):
         try:
-            values = json.loads(rest)
-        except json.JSONDecodeError:
+            values = parse_json(rest, flag)  # held to the JSON depth bound: nested past it, no RecursionError
+        except NotJson:
             values = None
         if not isinstance(values, list) or not values:
             raise bad(f"expected {form if kind == 'grid' else 'choice:[v1, v2, ...]'} (a non-empty JSON list)")

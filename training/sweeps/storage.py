@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote
@@ -62,6 +63,54 @@ def masked(text: str, url: str | None) -> str:
     for secret in secrets_of(url):
         text = text.replace(secret, HIDDEN)
     return text
+
+
+# ------------------------------------------------------------------------------------------------- a database
+# How long a worker waits, from the first refused connection, for a database that stopped answering mid-sweep (a
+# restart, a failover) before it stops in one line: its trial keeps its checkpoints, and the same command goes on.
+DATABASE_WAIT_SECONDS = 60
+BACKOFF_SECONDS = (0.5, 5)  # the first wait between tries, doubled up to the second
+GOES_ON = "the trials keep their checkpoints: the same command goes on once it is back"
+
+
+def error_text(error: BaseException, url: str | None) -> str:
+    """A driver's error in one line: its type and first line, the URL's password nowhere."""
+    return masked(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}", url)
+
+
+class DatabaseLost(Exception):
+    """A database that did not answer for DATABASE_WAIT_SECONDS: one line naming it, its password masked."""
+
+
+def wait_for_database(engine, url: str) -> None:
+    """Every new connection of `engine` (a SQLAlchemy engine made with pool_pre_ping, so a pooled connection the
+    server dropped is replaced by a new one) tried again with backoff while the server refuses it, until
+    DATABASE_WAIT_SECONDS after the first refusal; then DatabaseLost. The time counts from the first refusal of
+    any call, so a worker whose calls each wait in turn still stops within the bound."""
+    from sqlalchemy import event
+
+    down_since = []
+
+    def connect(dialect, record, cargs, cparams):
+        wait = BACKOFF_SECONDS[0]
+        while True:
+            try:
+                connection = dialect.connect(*cargs, **cparams)
+            except dialect.dbapi.OperationalError as error:  # the driver's: refused, shutting down, starting up
+                down_since[:] = down_since or [time.monotonic()]
+                left = DATABASE_WAIT_SECONDS - (time.monotonic() - down_since[0])
+                if left <= 0:
+                    raise DatabaseLost(
+                        f"--storage {masked_url(url)}: the database did not answer for {DATABASE_WAIT_SECONDS} s "
+                        f"({error_text(error, url)}); {GOES_ON}"
+                    ) from None
+                time.sleep(min(wait, left))
+                wait = min(2 * wait, BACKOFF_SECONDS[1])
+                continue
+            down_since.clear()
+            return connection
+
+    event.listen(engine, "do_connect", connect)
 
 
 # ---------------------------------------------------------------------------------------------- the journal file
