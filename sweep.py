@@ -532,6 +532,7 @@ def main(argv=None) -> int:
         fail(str(error))
     except OSError as error:
         fail(f"cannot write the sweep's results: {error.filename or ''}: {error.strerror or error}")
+    if best is not None:
         print(
             f"best: trial {best['trial']}, {sweep.metric} {best[sweep.metric]:.4f}; reproduce it with "
             f"python train.py -c {path}"

@@ -132,11 +132,13 @@ def two_workers(config: Path, *extra) -> list[str]:
 @pytest.mark.slow
 def test_two_workers_on_one_journal_file_run_each_trial_once(tmp_path, data_dir):
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    two_workers(config, "--study", "shared")
+    outputs = two_workers(config, "--study", "shared")
     folder = tmp_path / "saved" / "tiny" / "sweep-shared"
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / "journal.log")))
     assert_once_each(folder, 4, 1, optuna.load_study(study_name="shared", storage=storage))
     assert (folder / "best" / "config.json").is_file() and (folder / "curves.png").is_file()
+    said = f"; reproduce it with python train.py -c {folder / 'best' / 'config.json'}"
+    assert all(said in out for out in outputs), outputs  # each worker ends with the study's best trial
 
 
 @pytest.fixture(scope="module")
