@@ -9,7 +9,8 @@ decision threshold (per_label.csv; the first threshold the config's metrics name
 `--set metrics.N.args.threshold=0.3` re-scores at another, whatever trainer.monitor names); for a language model
 (a class per position) perplexity and token accuracy; for regression a predicted-vs-true plot of every output
 column (predictions.png); for outputs that are images (regression, masks) a grid of input / target / prediction of
-the first examples instead. A model of several named outputs has each reported
+the first examples instead; for a run of no known task (a GAN's, a VAE's), each output that is a batch of images in
+a grid beside its input (images_<output>.png). A model of several named outputs has each reported
 by its own task under its name (digit/accuracy, confusion_matrix_digit.png, predictions_ink.png). Files go next to the
 checkpoint (or to DIR), with the split in their names when it is not the test split.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -217,6 +219,9 @@ def main(argv=None) -> int:
                     suffix,
                     output,
                 )
+            elif each == "other" and tasks is None:
+                prepared = loader if augment is None else Prepared(loader, augment)
+                report_images(model, params, state, prepared, out, suffix)
     except OSError as error:  # a read-only or full disk: the results above stand, the files do not
         fail(
             f"cannot write {error.filename or out} ({error.strerror or error}); the results above are complete, "
@@ -303,6 +308,32 @@ def report_classes(matrix: np.ndarray, classes, out: Path, suffix: str) -> None:
     figures = plots()
     image = figures and figures.save_confusion_matrix(matrix, image_path, names)
     print(f"wrote {image} and {table_path}" if image else f"wrote {table_path}")
+
+
+def report_images(model, params, state, loader, out: Path, suffix: str) -> None:
+    """A run of no task the template knows (a GAN's, a VAE's): each output that is a batch of images, its first
+    examples in a grid beside their input where that is an image too (images_<output>.png), so that what a
+    generative model makes is seen, not only its loss."""
+    import jax
+
+    from training.step import model_kwargs
+
+    figures = plots()
+    if figures is None:
+        return
+    batch = next(loader.batches())
+    real = batch["mask"].reshape(len(batch["mask"]), -1).max(axis=1) > 0
+    outputs = jax.jit(lambda b: model(params, state, b["input"], train=False, **model_kwargs(model, b))[0])(batch)
+    x = batch["input"]
+    inputs = None if isinstance(x, dict) or not figures.is_image(np.asarray(x)) else np.asarray(x)[real]
+    for name, images in (outputs if isinstance(outputs, dict) else {"output": outputs}).items():
+        images = np.asarray(images)[real]
+        if not figures.is_image(images) or not re.fullmatch(r"\w[\w.-]*", str(name)):  # a file name of its own
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        grid = figures.image_grid_figure(inputs, None, images, ("input", "", str(name)))
+        path = figures.save_figure(grid, out / f"images_{name}{suffix}.png")
+        print(f"wrote {path} ({name} of the first {min(len(images), figures.IMAGE_ROWS)} examples)")
 
 
 def report_predictions(

@@ -121,6 +121,8 @@ def test_gan_sample_end_to_end(tmp_path):
     tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "fooled" in tested.stdout
+    assert f"wrote {run_dir / 'images_image.png'} (image of the first 8 examples)" in tested.stdout
+    assert "images_score" not in tested.stdout  # one logit per example: not an image
 
     out = tmp_path / "exports"
     exported = run(

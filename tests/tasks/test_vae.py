@@ -129,6 +129,8 @@ def test_vae_sample_end_to_end(tmp_path):
     tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "kl " in tested.stdout and "reconstruction " in tested.stdout
+    assert (run_dir / "images_reconstruction.png").is_file()  # beside their inputs, the mean and log_var not drawn
+    assert not (run_dir / "images_mean.png").exists()
 
     out = tmp_path / "exports"
     exported = run(
