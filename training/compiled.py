@@ -90,6 +90,19 @@ class Compiled:
                 totals, stack = self.empty_stats(state_spec), self.placement.stack_spec(self.accumulate)
                 self.counting = in_background(peaks.step_flops, self.call_fn, state_spec, totals, stack)
 
+    def check_step(self, state_spec) -> None:
+        """A step of your own (``"step"`` in the config) traced on the state and one step's batches, nothing
+        compiled: one that cannot take them (an optimizer without the groups it updates, say) is a ValueError naming
+        it, before the run folder is written, not a traceback from the compilation. The default step needs none."""
+        if "step" not in self.run.config:
+            return
+        stack = self.placement.stack_spec(self.accumulate)
+        try:
+            jax.eval_shape(self.call_fn, state_spec, self.empty_stats(state_spec), stack)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+            reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+            raise ValueError(f"{self.run.source}: step: {self.run.config['step']['name']}: {reason}") from None
+
     def compile_train(self, state_spec, k: int):
         start = time.perf_counter()
         stack = self.placement.stack_spec(k * self.accumulate)  # loader batches per call

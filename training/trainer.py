@@ -110,6 +110,7 @@ class Trainer:
         key = key_of(run.config, self.train_loader.spec)
         self.steps_per_call.start(key, compilation_cache.folder() if aot else None, measure=aot)
         self.build_calls()
+        self.compiled.check_step(self.abstract_state)
         self.checkpoints = Checkpoints(
             run_dir, settings, run.monitor, config_hash, self.compiled.evaluated, run.config, len(self.train_loader)
         )

@@ -136,3 +136,22 @@ def test_gan_sample_end_to_end(tmp_path):
     names = [o.name for o in session.get_outputs()]
     image = session.run(None, {session.get_inputs()[0].name: z})[names.index("image")]
     np.testing.assert_allclose(image, load_run(run_dir)(z)["image"], atol=1e-5)
+
+
+def test_the_gan_step_without_its_optimizer_groups_is_one_line_and_writes_nothing(tmp_path):
+    data_dir = tmp_path / "mnist"
+    make_idx_dataset(data_dir, n_train=100, n_test=20)
+    config = sample_config(
+        ROOT / "tasks" / "gan" / "config.json",
+        tmp_path,
+        {"data_dir": str(data_dir), "verify": False, "validation_size": 20, "batch_size": 20, "latent": 4},
+        model__args__hidden=[8],
+        optimizer={"name": "adam", "args": {"lr": 0.001}},
+    )
+    refused = run("train.py", "-c", config)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "error: config.json: step: gan: the gan step updates the optimizer's groups discriminator, generator: give "
+        "them in optimizer.groups"
+    ]
+    assert not (tmp_path / "saved").exists()
