@@ -277,6 +277,14 @@ def test_a_train_batch_larger_than_the_split_is_one_line_and_nothing_written(tmp
     assert not (tmp_path / "saved").exists()
 
 
+def test_an_mlp_of_100000_layers_is_one_line_and_nothing_written(tmp_path, data_dir):
+    # issue 58: tracing and compiling 100,000 layers took 2.8 GB in minutes, before any memory figure existed
+    config = make_config(tmp_path, data_dir, model__args__hidden=[1] * 100_000)
+    line = refused(run("train.py", "-c", config))
+    assert line == "error: config.json: model.args.hidden: 100,000 entries, one layer each; at most 1,000"
+    assert not (tmp_path / "saved").exists()
+
+
 def refused(result: subprocess.CompletedProcess) -> str:
     """The one `error:` line of a run refused as bad input (status 2, no traceback)."""
     assert result.returncode == 2, result.stderr
