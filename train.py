@@ -194,6 +194,7 @@ def load_state(args, config: dict, run, resume_dir: Path | None):
         execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
     )
     trainer.check_memory()
+    trainer.check_compiled_memory()  # waits for the compiled step: its own memory figures, before any allocation
     if args.resume:
         trainer.restore(Path(args.resume))
         check_position(trainer, Path(args.resume), config["trainer"]["epochs"])

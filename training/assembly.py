@@ -52,6 +52,7 @@ class Run:
                 f"{self.source}: data_loader.{split}",
                 seed=self.config["seed"],
             )
+            check_batch_size(split, loaders[split], f"{self.source}: data_loader.{split}")
             loaders[split].spec  # noqa: B018
             check_split(self, split, loaders[split])
         return self.use_data(loaders)
@@ -106,6 +107,19 @@ class Run:
         if self.built_optimizer is None or self.built_optimizer[0] != length:
             self.built_optimizer = length, build_optimizer(self.config, *length[:1], self.source, None, length[1])
         return self.built_optimizer[1]
+
+
+def check_batch_size(split: str, loader, where: str) -> None:
+    """A train batch larger than the whole split is refused before its first batch is read: the loader would pad
+    the epoch into one batch of batch_size rows (1,000,000 rows for 3,000 examples), allocated whole on the host
+    and the devices, only to mask the padding out again. An evaluation split may be smaller than its batch (one
+    padded batch, no gradients): it is not refused."""
+    examples = len(loader.dataset)
+    if split == "train" and loader.batch_size > examples:
+        raise ConfigError(
+            f"{where}.args.batch_size: {loader.batch_size:,} is more than the {examples:,} examples of the {split} "
+            f"split (one batch of it would be mostly padding); at most {examples:,}"
+        )
 
 
 def assemble(config: dict, source: str = "config.json") -> Run:

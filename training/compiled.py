@@ -127,6 +127,17 @@ class Compiled:
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
         log.info(f"compiled the training step ({how}) in {self.seconds[k]:.1f}s{flops}")
 
+    def memory_analysis(self, k: int):
+        """XLA's memory figures of the compiled call of `k` steps, per device (arguments, outputs, aliased,
+        temporaries, code); waits for its compilation. None where nothing is compiled ahead of time or the backend
+        gives none."""
+        if self.execution != "aot":
+            return None
+        try:
+            return self.train_call(k).memory_analysis()
+        except (NotImplementedError, AttributeError):  # a backend or compiled form without the analysis
+            return None
+
     def ready(self, k: int) -> bool:
         """Whether the call of `k` steps has compiled (always, where nothing is compiled ahead of time)."""
         return self.execution != "aot" or (k in self.compiling and self.compiling[k].done())

@@ -206,6 +206,17 @@ class Trainer:
         local = self.placement.local_devices()
         memory.check_fits(self.template(), shardings, f"{batches} stacked batch(es)", stack_bytes, local)
 
+    def check_compiled_memory(self) -> None:
+        """Refuses, before the state is allocated, a run whose compiled training call (compiled now, for the state's
+        shapes and shardings, then reused by ``init_state`` or ``restore``) needs more memory than the devices have
+        free by XLA's own figures: arguments, outputs and the temporaries ``check_memory`` cannot know. Start-up
+        waits for the compilation here instead of overlapping it with the state's initialisation."""
+        sharding = self.compiled.state_sharding
+        shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
+        self.compiled.start(self.steps_per_call.k, mesh.with_shardings(self.template(), shardings))
+        stats = self.compiled.memory_analysis(self.steps_per_call.k)
+        memory.check_compiled(stats, self.placement.local_devices())
+
     def applied_lr(self, step: int) -> float:
         """The learning rate at `step`: the schedule's (``lr_fn``), times reduce_on_plateau's scale."""
         return float(self.lr_fn(step)) * self.lr_scale

@@ -22,6 +22,10 @@ from model.checks import MAX_SIZE, check_integer
 
 Params = dict
 State = dict
+# The most entries of a list of sizes, one per layer or stage (an MLP's `hidden`, a CNN's `channels`): every layer
+# is traced, lowered and compiled as code of its own, so 100,000 layers exhaust a 3 GB memory limit in tracing and
+# compiling, before the compiled step has any memory figures to check; deeper models repeat a block (depth).
+MAX_LAYERS = 1000
 
 
 def check_size(value, name: str, minimum: int = 1) -> None:
@@ -34,6 +38,8 @@ def check_sizes(values, name: str, minimum: int = 1, nonempty: bool = False) -> 
     """A list of sizes, one per layer or stage."""
     if not isinstance(values, (list, tuple)) or (nonempty and not values):
         raise ValueError(f"{name}: expected a{' non-empty' if nonempty else ''} list of integers, got {values!r}")
+    if len(values) > MAX_LAYERS:
+        raise ValueError(f"{name}: {len(values):,} entries, one layer each; at most {MAX_LAYERS:,}")
     for i, value in enumerate(values):
         check_size(value, f"{name}.{i}", minimum)
 

@@ -83,8 +83,7 @@ def test_train_py_lists_every_registered_component():
     )
     assert bad.stdout == ""
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: model, loss, metrics, optimizer, transforms, "
-        "schedule, data_loader, augment, callbacks, layers"
+        f"error: --list lossses: unknown kind. Did you mean 'loss'? Kinds: {', '.join(components.LISTED)}"
     ]
 
 

@@ -508,6 +508,34 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_is_allocated(tmp_path,
     assert not (tmp_path / "saved").exists()
 
 
+def test_a_compiled_step_whose_temporaries_exceed_the_memory_is_refused(tmp_path, data_dir, capsys, monkeypatch):
+    """Issue 58: the state and batches fit, but the compiled step's own temporaries (a wide convolution's
+    activations, ~125 MiB for 270 images) do not: refused by XLA's memory analysis before the state is allocated,
+    in one line naming the figures and the limit (a cgroup's, made small here), nothing written."""
+    import train
+
+    limit = 10 * 2**20  # the state and one stack of batches take ~2 MiB, the step's temporaries over 100 MiB
+    monkeypatch.setattr(memory, "host_available", lambda: (limit, "the memory limit of this process's cgroup (x)"))
+    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)  # dictConfig would close pytest's handlers
+    model = {"name": "mnist_cnn", "args": {"channels": [64, 64], "hidden": 8}}
+    config = make_config(
+        tmp_path, data_dir, model=model, data_loader__train__args__batch_size=270, trainer__steps_per_call=1
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["-c", str(config)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.fullmatch(
+        r"error: this run needs [\d.]+ MiB by XLA's memory analysis of the compiled training step \(arguments "
+        r"[\d.]+ MiB, outputs \d+ B, temporaries [\d.]+ MiB\), more than the 10.0 MiB of the memory limit of this "
+        r"process's cgroup \(x\): lower the batch size .*; nothing was written",
+        lines[0],
+    ), lines[0]
+    assert not (tmp_path / "saved").exists()
+
+
 def test_a_checkpoint_past_the_configured_end_is_refused(tmp_path, data_dir):
     """A checkpoint whose consistent header claims epoch 99 of a 2-epoch run: nothing trained, nothing written (its
     .lock included)."""

@@ -279,6 +279,25 @@ def test_a_resume_on_fewer_devices_names_the_mesh_setting_that_fits_them(tmp_pat
     assert resumed.returncode == 0, resumed.stderr  # the setting named works
 
 
+def test_a_train_batch_larger_than_the_split_is_one_line_and_nothing_written(tmp_path, data_dir):
+    # issue 58: one padded batch of 1,000,000 rows for 3,000 examples was OOM-killed; refused before a batch is read
+    config = make_config(tmp_path, data_dir, data_loader__train__args__batch_size=1_000_000)
+    line = refused(run("train.py", "-c", config))
+    assert line == (
+        "error: config.json: data_loader.train.args.batch_size: 1,000,000 is more than the 270 examples of the "
+        "train split (one batch of it would be mostly padding); at most 270"
+    )
+    assert not (tmp_path / "saved").exists()
+
+
+def test_an_mlp_of_100000_layers_is_one_line_and_nothing_written(tmp_path, data_dir):
+    # issue 58: tracing and compiling 100,000 layers took 2.8 GB in minutes, before any memory figure existed
+    config = make_config(tmp_path, data_dir, model__args__hidden=[1] * 100_000)
+    line = refused(run("train.py", "-c", config))
+    assert line == "error: config.json: model.args.hidden: 100,000 entries, one layer each; at most 1,000"
+    assert not (tmp_path / "saved").exists()
+
+
 def refused(result: subprocess.CompletedProcess) -> str:
     """The one `error:` line of a run refused as bad input (status 2, no traceback)."""
     assert result.returncode == 2, result.stderr

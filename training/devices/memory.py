@@ -111,9 +111,9 @@ def shard_bytes(tree, sharding) -> int:
     )
 
 
-def refusal(parts: dict[str, int], devices) -> str | None:
+def refusal(parts: dict[str, int], devices, when: str = "before any activation") -> str | None:
     """Why `parts` (bytes per device, by what they are) cannot fit on `devices` (this process's), or None. CPU
-    devices share the machine's memory."""
+    devices share the machine's memory. `when`: what the figures leave out, or say they come from."""
     need = sum(parts.values())
     cpus = [d for d in devices if d.platform == "cpu"]
     pools = ([(need * len(cpus), host_available(), len(cpus))] if cpus else []) + [
@@ -124,7 +124,7 @@ def refusal(parts: dict[str, int], devices) -> str | None:
             each = f" on each of {count} devices" if count > 1 else ""
             listed = ", ".join(f"{name} {show_bytes(n)}" for name, n in parts.items() if n)
             return (
-                f"needs {show_bytes(need)}{each} before any activation ({listed}), more than the "
+                f"needs {show_bytes(need)}{each} {when} ({listed}), more than the "
                 f"{show_bytes(max(available[0], 0))} of {available[1]}"
             )
     return None
@@ -149,6 +149,27 @@ def check_fits(template: dict, shardings: dict, batches: str, batch_bytes: int, 
             else "make the model smaller (model.args) or split it over more devices (mesh.fsdp)"
         )
         raise ValueError(f"this run {reason}: {hint}; nothing was written")
+
+
+def check_compiled(stats, devices) -> None:
+    """A ValueError naming the figures when the compiled training call's own memory (XLA's analysis of the
+    executable, per device: `stats` from ``Compiled.memory_analysis()``) exceeds what the `devices` have free. Unlike
+    ``check_fits`` this counts the step's temporaries (activations kept for the backward pass, gradients), known only
+    once it compiled; outputs written over donated arguments (aliased) are not counted twice. None: no figures."""
+    if stats is None:
+        return
+    parts = {
+        "arguments": stats.argument_size_in_bytes,
+        "outputs": max(stats.output_size_in_bytes - stats.alias_size_in_bytes, 0),
+        "temporaries": stats.temp_size_in_bytes,
+        "code": stats.generated_code_size_in_bytes,
+    }
+    reason = refusal(parts, devices, when="by XLA's memory analysis of the compiled training step")
+    if reason:
+        raise ValueError(
+            f"this run {reason}: lower the batch size or trainer.steps_per_call, make the model smaller (model.args) "
+            "or split the batch over more devices; nothing was written"
+        )
 
 
 def nbytes(spec) -> int:
