@@ -194,7 +194,6 @@ def load_state(args, config: dict, run, resume_dir: Path | None):
         execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
     )
     trainer.check_memory()
-    trainer.check_compiled_memory()  # waits for the compiled step: its own memory figures, before any allocation
     if args.resume:
         trainer.restore(Path(args.resume))
         check_position(trainer, Path(args.resume), config["trainer"]["epochs"])
@@ -203,6 +202,7 @@ def load_state(args, config: dict, run, resume_dir: Path | None):
         trainer.init_state()
         if args.weights:
             trainer.load_weights(Path(args.weights), exclude=tuple(args.exclude))
+    trainer.check_compiled_memory()  # the step compiled beside the state's loading: its own figures, before a write
     return trainer
 
 

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 
-from training.devices import mesh, peaks, platform
+from training.devices import compilation_cache, mesh, peaks, platform
 from training.devices.packing import Packing
 from training.devices.placement import Placement
 from training.precision import policy_of
@@ -60,6 +60,7 @@ class Compiled:
         )
         self.compiling: dict[int, Future] = {}  # steps per call -> its compilation (``start``)
         self.seconds: dict[int, float] = {}  # steps per call -> seconds its compilation took
+        self.origins: dict[int, str] = {}  # steps per call -> where its program came from (compilation_cache.origin)
         self.train_kind = "train"  # the XLA options' kind the training step was compiled with (platform.train_kind)
         self.stats_template = None
         self.eval_step = jax.jit(
@@ -108,7 +109,8 @@ class Compiled:
         stack = self.placement.stack_spec(k * self.accumulate)  # loader batches per call
         lowered = self.train.trace(state_spec, self.empty_stats(state_spec), stack).lower()
         self.train_kind = platform.train_kind(lowered, jax.default_backend())
-        compiled = lowered.compile(platform.xla_options(self.train_kind, jax.default_backend()) or None)
+        options = platform.xla_options(self.train_kind, jax.default_backend()) or None
+        compiled, self.origins[k] = compilation_cache.origin(lambda: lowered.compile(options))
         self.seconds[k] = time.perf_counter() - start
         return compiled
 
@@ -125,7 +127,7 @@ class Compiled:
         # the scan over a call's steps (and over accumulated batches) counts once: one step's FLOPs
         self.flops_per_example = None if flops is None else flops / examples_per_step
         flops = f", ~{self.flops_per_example / 1e6:.1f} MFLOP per training example" if self.flops_per_example else ""
-        log.info(f"compiled the training step ({how}) in {self.seconds[k]:.1f}s{flops}")
+        log.info(f"compiled the training step ({how}) in {self.seconds[k]:.1f}s{self.origins[k]}{flops}")
 
     def memory_analysis(self, k: int):
         """XLA's memory figures of the compiled call of `k` steps, per device (arguments, outputs, aliased,
@@ -188,10 +190,10 @@ class Compiled:
         spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), loader.spec)
         batch_spec = mesh.with_shardings(spec, self.placement.batch_sharding(spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
-        params, state = train_state["params"], train_state["state"]
-        self.compiled_eval = self.eval_step.lower(params, state, self.empty_stats(train_state), batch_spec).compile(
-            options
-        )
+        params, state, start = train_state["params"], train_state["state"], time.perf_counter()
+        lowered = self.eval_step.lower(params, state, self.empty_stats(train_state), batch_spec)
+        self.compiled_eval, where = compilation_cache.origin(lambda: lowered.compile(options))
+        log.info(f"compiled the evaluation step (batches of {rows}) in {time.perf_counter() - start:.1f}s{where}")
 
     def evaluate(self, train_state: dict, loader, epoch: int = 0) -> dict:
         """Summed statistics of `loader`'s batches (its order of `epoch`) under the evaluated parameters."""

@@ -207,13 +207,11 @@ class Trainer:
         memory.check_fits(self.template(), shardings, f"{batches} stacked batch(es)", stack_bytes, local)
 
     def check_compiled_memory(self) -> None:
-        """Refuses, before the state is allocated, a run whose compiled training call (compiled now, for the state's
-        shapes and shardings, then reused by ``init_state`` or ``restore``) needs more memory than the devices have
-        free by XLA's own figures: arguments, outputs and the temporaries ``check_memory`` cannot know. Start-up
-        waits for the compilation here instead of overlapping it with the state's initialisation."""
-        sharding = self.compiled.state_sharding
-        shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
-        self.compiled.start(self.steps_per_call.k, mesh.with_shardings(self.template(), shardings))
+        """Refuses, before the run writes anything, a run whose compiled training call (compiling since
+        ``init_state`` or ``restore`` started it, beside the state's loading) needs more memory than the devices have
+        free by XLA's own figures: arguments, outputs and the temporaries ``check_memory`` cannot know. Waits for
+        that compilation, which the first call would wait for anyway."""
+        self.compiled.start(self.steps_per_call.k, spec_of(self.train_state))  # started already: the same one
         stats = self.compiled.memory_analysis(self.steps_per_call.k)
         memory.check_compiled(stats, self.placement.local_devices())
 
@@ -358,9 +356,12 @@ class Trainer:
             self.compiled.start(per_call.chosen, spec_of(self.train_state))
             if wait or jax.process_count() > 1 or self.compiled.ready(per_call.chosen):
                 self.compiled.train_call(per_call.chosen)
+                seconds, where = (
+                    self.compiled.seconds.get(per_call.chosen, 0.0),
+                    self.compiled.origins.get(per_call.chosen),
+                )
                 log.info(
-                    f"compiled the training step ({per_call.chosen} step(s) per call) in "
-                    f"{self.compiled.seconds.get(per_call.chosen, 0.0):.1f}s"
+                    f"compiled the training step ({per_call.chosen} step(s) per call) in {seconds:.1f}s{where or ''}"
                 )
                 per_call.k = per_call.chosen
         return per_call.k

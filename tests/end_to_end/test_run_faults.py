@@ -510,7 +510,7 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_is_allocated(tmp_path,
 
 def test_a_compiled_step_whose_temporaries_exceed_the_memory_is_refused(tmp_path, data_dir, capsys, monkeypatch):
     """Issue 58: the state and batches fit, but the compiled step's own temporaries (a wide convolution's
-    activations, ~125 MiB for 270 images) do not: refused by XLA's memory analysis before the state is allocated,
+    activations, ~125 MiB for 270 images) do not: refused by XLA's memory analysis before the run writes anything,
     in one line naming the figures and the limit (a cgroup's, made small here), nothing written."""
     import train
 
@@ -528,8 +528,8 @@ def test_a_compiled_step_whose_temporaries_exceed_the_memory_is_refused(tmp_path
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert re.fullmatch(
-        r"error: this run needs [\d.]+ MiB by XLA's memory analysis of the compiled training step \(arguments "
-        r"[\d.]+ MiB, outputs \d+ B, temporaries [\d.]+ MiB\), more than the 10.0 MiB of the memory limit of this "
+        r"error: this run needs [\d.]+ MiB by XLA's memory analysis of the compiled training step \(outputs "
+        r"\d+ B, temporaries [\d.]+ MiB\), more than the 10.0 MiB of the memory limit of this "
         r"process's cgroup \(x\): lower the batch size .*; nothing was written",
         lines[0],
     ), lines[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -30,6 +31,9 @@ def test_a_second_run_of_the_same_config_compiles_nothing_and_starts_at_auto_s_c
     choices = json.loads((cache / "steps_per_call.json").read_text())
     (chosen,) = choices.values()
     assert "steps per call (auto): " in first.stderr + first.stdout
+    said = first.stderr + first.stdout  # where each program came from: compiled, then kept
+    assert re.search(r"compiled the training step \(1 step per call[^)]*\) in [\d.]+s \(compiled; kept in the", said)
+    assert re.search(r"compiled the evaluation step \(batches of 40\) in [\d.]+s \(compiled; kept in the", said)
 
     second = run("train.py", "-c", str(config), env={"JAX_COMPILATION_CACHE_DIR": str(cache)})
     assert second.returncode == 0, second.stderr[-3000:]
@@ -37,6 +41,10 @@ def test_a_second_run_of_the_same_config_compiles_nothing_and_starts_at_auto_s_c
     assert entries(cache) == kept  # every program of the second run came from the cache
     assert f'{chosen} step(s) per call, as "auto" chose for this step on these devices' in said
     assert "steps per call (auto): " not in said  # not timed again
+    assert re.search(
+        r"compiled the training step \(\d+ step\(s\) per call, as \"auto\" chose[^\n]*\(from the compil", said
+    )
+    assert re.search(r"compiled the evaluation step \(batches of 40\) in [\d.]+s \(from the compilation cache\)", said)
 
 
 def test_no_cache_when_switched_off_or_unusable_and_a_config_cannot_choose_one(tmp_path, data_dir):
@@ -45,7 +53,7 @@ def test_no_cache_when_switched_off_or_unusable_and_a_config_cannot_choose_one(t
     off = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_ENABLE_COMPILATION_CACHE": "false"}
     done = run("train.py", "-c", str(config), env=off)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert not cache.exists()
+    assert not cache.exists() and "compilation cache" not in done.stdout + done.stderr
     done = run("train.py", "-c", str(config), env={"JAX_COMPILATION_CACHE_DIR": "/proc/no-such-cache"})
     assert done.returncode == 0, done.stderr[-3000:]
     said = done.stdout + done.stderr

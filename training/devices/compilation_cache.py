@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("train")
@@ -45,10 +47,33 @@ def use() -> Path | None:
     if problem:
         log.warning(f"compilation cache off: {path}: {problem}")
         return None
+    if not _seen.__dict__.get("listening"):
+        jax.monitoring.register_event_listener(_heard)  # once: which compilations the cache answered (``origin``)
+        _seen.listening = True
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: any size (0 asks for a minimum)
     return path
+
+
+_seen = threading.local()  # what this thread's compilation asked of the cache and got: JAX records it there
+
+
+def _heard(event: str, **_) -> None:
+    if event == "/jax/compilation_cache/compile_requests_use_cache":
+        _seen.asked = True
+    elif event == "/jax/compilation_cache/cache_hits":
+        _seen.hit = True
+
+
+def origin(compile_fn: Callable):
+    """``compile_fn()`` (one compilation, in this thread) and where its program came from, as the log says it:
+    " (from the compilation cache)", " (compiled; kept in the compilation cache)", or "" with the cache off."""
+    _seen.asked = _seen.hit = False
+    result = compile_fn()
+    if _seen.hit:
+        return result, " (from the compilation cache)"
+    return result, " (compiled; kept in the compilation cache)" if _seen.asked else ""
 
 
 def folder() -> Path | None:

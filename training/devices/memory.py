@@ -155,11 +155,12 @@ def check_compiled(stats, devices) -> None:
     """A ValueError naming the figures when the compiled training call's own memory (XLA's analysis of the
     executable, per device: `stats` from ``Compiled.memory_analysis()``) exceeds what the `devices` have free. Unlike
     ``check_fits`` this counts the step's temporaries (activations kept for the backward pass, gradients), known only
-    once it compiled; outputs written over donated arguments (aliased) are not counted twice. None: no figures."""
+    once it compiled; outputs written over donated arguments (aliased) are not counted twice, nor the arguments
+    themselves: the state is in memory by now (what is free no longer holds it), and ``check_fits`` counted it and
+    the batches before it was. None: no figures."""
     if stats is None:
         return
     parts = {
-        "arguments": stats.argument_size_in_bytes,
         "outputs": max(stats.output_size_in_bytes - stats.alias_size_in_bytes, 0),
         "temporaries": stats.temp_size_in_bytes,
         "code": stats.generated_code_size_in_bytes,
