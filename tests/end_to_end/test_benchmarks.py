@@ -166,3 +166,26 @@ def test_the_cpu_step_benchmark_switches_each_kernel_form_off():
     row = next(line for line in done.stdout.splitlines() if line.startswith("| configs/shakespeare_char.json"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == 3 and float(cells[1].replace(",", "")) > 0 and float(cells[2]) > 0, row
+
+
+@pytest.mark.slow
+def test_startup_benchmark_times_every_phase_and_the_second_run_reads_the_cache(tmp_path):
+    import subprocess
+
+    from benchmarks.startup_benchmark import PHASES
+    from tests.conftest import make_idx_dataset
+    from tests.end_to_end.test_train import make_config
+
+    make_idx_dataset(tmp_path / "mnist", n_train=120, n_test=40)
+    config = make_config(tmp_path, tmp_path / "mnist")
+    done = subprocess.run(
+        [sys.executable, "benchmarks/startup_benchmark.py", "--configs", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert set(rows) == {phase.split()[0] for phase in PHASES} | {"total"}, done.stdout
+    assert "(compiled; kept in the compilation cache / from the compilation cache)" in rows["compile"]
