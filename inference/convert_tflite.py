@@ -113,8 +113,29 @@ def parse_args(argv=None):
         default=None,
         help="validation examples to check (default: the whole split; 0: random inputs only)",
     )
+    parser.add_argument(
+        "--outputs",
+        metavar="NAME,...",
+        help="a model of named outputs: export these alone (a GAN's image without its discriminator's score)",
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing <output-dir>/<name>")
     return parser.parse_args(argv)
+
+
+def chosen_outputs(asked: str | None, forward, spec) -> list[str] | None:
+    """``--outputs``: the named outputs to export, each one the model gives (None: every output)."""
+    if asked is None:
+        return None
+    import jax
+
+    names = [n.strip() for n in asked.split(",") if n.strip()]
+    given = jax.eval_shape(forward, spec)
+    if not isinstance(given, dict):
+        fail(f"--outputs {asked}: the model gives one output, not named ones; leave --outputs out")
+    unknown = [n for n in names if n not in given]
+    if not names or unknown:
+        fail(f"--outputs {asked}: expected names of the model's outputs: {', '.join(sorted(given))}")
+    return names
 
 
 def resolve_run(args) -> tuple[Path, Path]:
@@ -378,11 +399,17 @@ def main(argv=None) -> int:
     params, state = jax.device_put((loaded.params, loaded.state))
     single = not isinstance(spec, dict)
 
-    def fn(x):
+    def whole(x):
         if masked:
             x, mask = without_mask(x, single)
             return model(params, state, x, mask=mask, train=False)[0]
         return model(params, state, x, train=False)[0]
+
+    kept = chosen_outputs(args.outputs, whole, export_spec)
+
+    def fn(x):  # what is not kept is never computed: the export holds only what the kept outputs need
+        out = whole(x)
+        return out if kept is None else {name: out[name] for name in kept}
 
     if data_spec is not None and not same_examples(spec, data_spec):  # --input of another shape, --val-examples 0
         try:

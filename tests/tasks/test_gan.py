@@ -137,6 +137,35 @@ def test_gan_sample_end_to_end(tmp_path):
     image = session.run(None, {session.get_inputs()[0].name: z})[names.index("image")]
     np.testing.assert_allclose(image, load_run(run_dir)(z)["image"], atol=1e-5)
 
+    # the generator alone: the discriminator's score, and its weights, left out of the export
+    exported = run(
+        "inference/convert_tflite.py",
+        "--run",
+        run_dir,
+        "--name",
+        "g",
+        "--output-dir",
+        out,
+        "--formats",
+        "onnx,jax",
+        "--outputs",
+        "image",
+    )
+    assert exported.returncode == 0, exported.stderr
+    report = json.loads((out / "g" / "report.json").read_text())
+    assert all([o["name"] for o in entry["outputs"]] == ["image"] for entry in report["formats"])
+    session = onnxruntime.InferenceSession(str(out / "g" / "g.onnx"))
+    (alone,) = session.run(None, {session.get_inputs()[0].name: z})
+    np.testing.assert_allclose(alone, image, atol=1e-5)
+    assert (out / "g" / "g.onnx").stat().st_size < 0.7 * (out / "gan" / "gan.onnx").stat().st_size
+    refused = run(
+        "inference/convert_tflite.py", "--run", run_dir, "--name", "h", "--output-dir", out, "--outputs", "images"
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: --outputs images: expected names of the model's outputs: image, score"
+    ]
+    assert not (out / "h").exists()
+
 
 def test_the_gan_step_without_its_optimizer_groups_is_one_line_and_writes_nothing(tmp_path):
     data_dir = tmp_path / "mnist"
