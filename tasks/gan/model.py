@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 
 from model.modules.activations import Activation
 from model.modules.flatten import Flatten
@@ -41,7 +42,7 @@ def discriminator_of(hidden: tuple) -> Sequential:
         layers[f"fc{i}"] = Linear(width)
         layers[f"act{i}"] = Lambda(leaky_relu, "leaky_relu")  # the generator learns through these gradients
     layers["out"] = Linear(1)
-    layers["score"] = Lambda(lambda x: x[:, 0], "squeeze")
+    layers["score"] = Lambda(lambda x: jnp.squeeze(x, axis=-1), "squeeze")
     return Sequential(layers)
 
 

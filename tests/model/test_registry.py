@@ -101,8 +101,8 @@ def test_a_kind_misspelt_is_named_not_skipped(own_package):
     with pytest.raises(ConfigError) as error:
         available("model")  # whichever kind is looked up first: the file would never be imported for its own
     assert str(error.value) == (
-        f"{name}/losses.py: @register('losses'): unknown kind of component. Did you mean 'loss'? Kinds: model, loss, "
-        "metrics, optimizer, transforms, schedule, data_loader, augment, callbacks"
+        f"{name}/losses.py: @register('losses'): unknown kind of component. Did you mean 'loss'? Kinds: "
+        f"{', '.join(registry.KINDS)}"
     )
 
 
