@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from training.config.components import build, build_optimizer
 from training.config.file import ConfigError
 from training.config.schema import DEFAULT_STEP
@@ -110,15 +112,23 @@ class Run:
 
 
 def check_batch_size(split: str, loader, where: str) -> None:
-    """A train batch larger than the whole split is refused before its first batch is read: the loader would pad
-    the epoch into one batch of batch_size rows (1,000,000 rows for 3,000 examples), allocated whole on the host
-    and the devices, only to mask the padding out again. An evaluation split may be smaller than its batch (one
-    padded batch, no gradients): it is not refused."""
+    """A batch larger than its split is padded to its size: the epoch is one batch of batch_size rows, allocated whole
+    on the host for each batch the loader prefetches (1,000,000 rows for 3,000 examples was killed for memory). Before
+    any batch is read, one example's bytes say whether those rows fit in what the host has free: refused in one line
+    where they do not; a small split in a larger batch (96 examples in 128) trains as one padded batch."""
+    from training.devices import memory  # JAX: config errors are reported before it loads
+
     examples = len(loader.dataset)
-    if split == "train" and loader.batch_size > examples:
+    available = memory.host_available()
+    if loader.batch_size <= examples or available is None:
+        return
+    one = memory.nbytes(loader.dataset.get_batch(np.arange(1)))
+    need = one * loader.batch_size * (loader.prefetch + 1)  # the batch the loop holds, and those prefetched
+    if need > available[0]:
         raise ConfigError(
-            f"{where}.args.batch_size: {loader.batch_size:,} is more than the {examples:,} examples of the {split} "
-            f"split (one batch of it would be mostly padding); at most {examples:,}"
+            f"{where}.args.batch_size: {loader.batch_size:,} rows of {memory.show_bytes(one)} take "
+            f"{memory.show_bytes(need)} with the batches prefetched, more than the {memory.show_bytes(available[0])} "
+            f"of {available[1]}, for a {split} split of {examples:,} examples: at most {examples:,}"
         )
 
 

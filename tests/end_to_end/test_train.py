@@ -279,15 +279,27 @@ def test_a_resume_on_fewer_devices_names_the_mesh_setting_that_fits_them(tmp_pat
     assert resumed.returncode == 0, resumed.stderr  # the setting named works
 
 
-def test_a_train_batch_larger_than_the_split_is_one_line_and_nothing_written(tmp_path, data_dir):
-    # issue 58: one padded batch of 1,000,000 rows for 3,000 examples was OOM-killed; refused before a batch is read
+def test_a_batch_padded_past_the_memory_is_one_line_and_nothing_written(tmp_path, data_dir, capsys, monkeypatch):
+    """Issue 58: one padded batch of 1,000,000 rows for 3,000 examples was OOM-killed: the rows one example's bytes
+    make are checked against what the host has free (made 100 MiB here) before any batch is read. A small split in
+    a larger batch (270 examples in 300) trains, as one padded batch."""
+    import train
+    from training.devices import memory
+
+    monkeypatch.setattr(memory, "host_available", lambda: (100 * 2**20, "the memory limit (test)"))
+    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)  # dictConfig would close pytest's handlers
     config = make_config(tmp_path, data_dir, data_loader__train__args__batch_size=1_000_000)
-    line = refused(run("train.py", "-c", config))
-    assert line == (
-        "error: config.json: data_loader.train.args.batch_size: 1,000,000 is more than the 270 examples of the "
-        "train split (one batch of it would be mostly padding); at most 270"
-    )
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["-c", str(config)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: config.json: data_loader.train.args.batch_size: 1,000,000 rows of 3.1 KiB take 8.8 GiB with the "
+        "batches prefetched, more than the 100.0 MiB of the memory limit (test), for a train split of 270 "
+        "examples: at most 270"
+    ]
     assert not (tmp_path / "saved").exists()
+    padded = make_config(tmp_path, data_dir, data_loader__train__args__batch_size=300, trainer__epochs=1)
+    assert train.main(["-c", str(padded)]) == 0
 
 
 def test_an_mlp_of_100000_layers_is_one_line_and_nothing_written(tmp_path, data_dir):
