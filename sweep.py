@@ -40,6 +40,7 @@ from training.sweeps.folder import JOURNAL, LinkedFolder, check_folder
 from training.sweeps.results import FAIL, PRUNED, RUNNING, WAITING, attempts, best_of, curve_of, ended, report, run_of
 from training.sweeps.space import SweepError, check_key, overrides, parse, probes
 from training.sweeps.storage import (
+    DATABASE_WAIT_SECONDS,
     GOES_ON,
     REFUSED,
     DatabaseLost,
@@ -82,6 +83,12 @@ def parse_args(argv=None):
         "--study", help="the study's name in the storage, and the folder's sweep-<study> (default: a hash of the sweep)"
     )
     add("--heartbeat", type=int, default=10, help="seconds between a worker's heartbeats; 3 missed fail its trial")
+    add(
+        "--database-wait",
+        type=int,
+        default=DATABASE_WAIT_SECONDS,
+        help=f"seconds a worker waits for --storage's database to answer again (default {DATABASE_WAIT_SECONDS})",
+    )
     add("--retry-failed", action="store_true", help="run the trials that failed for their values again")
     add("--worker", type=int, default=0, help=SUPPRESS)  # which of --parallel's processes: its seed
     return parser.parse_args(argv)
@@ -133,6 +140,7 @@ def define(args) -> Sweep:
             f"--seed {args.seed}: expected 0 to {top_seed}"
             + (f" (worker k of --parallel {args.parallel} adds {SEED_STEP} k)" if args.parallel > 1 else ""),
         ),
+        (not 0 <= args.database_wait <= 86_400, f"--database-wait {args.database_wait}: expected 0 to 86400 seconds"),
         (sampler not in SAMPLERS, f"--sampler {sampler}: expected one of {', '.join(SAMPLERS)}"),
         (
             sampler == "grid" and not gridded,
@@ -259,7 +267,8 @@ def open_study(args, sweep: Sweep):
         rdb = partial(RDBStorage, url, heartbeat_interval=beat, grace_period=3 * beat)
         rdb = partial(rdb, engine_kwargs={"pool_pre_ping": True})  # a connection the server dropped: replaced
         storage = connect(partial(rdb, heartbeat_stale_trial_callback=requeue), args.storage)
-        wait_for_database(storage.engine, args.storage)  # from now on; a URL that never answered is refused at once
+        # from now on; a URL that never answered is refused at once
+        wait_for_database(storage.engine, args.storage, args.database_wait)
     else:
         path = sweep.folder / JOURNAL
         lock = JournalFileOpenLock(str(path))
@@ -481,7 +490,7 @@ def workers(argv: list[str], parallel: int) -> list[subprocess.Popen]:
 
 def main(argv=None) -> int:
     """Exit status: 0 the study has its trials (some may have failed or been pruned), 1 none finished, 2 bad
-    arguments or a database that did not answer for DATABASE_WAIT_SECONDS, 130/143 stopped by SIGINT/SIGTERM (the
+    arguments or a database that did not answer for --database-wait seconds, 130/143 stopped by SIGINT/SIGTERM (the
     same command continues)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)

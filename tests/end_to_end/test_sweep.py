@@ -21,7 +21,6 @@ import pytest
 import sweep
 from tests.conftest import make_idx_dataset
 from tests.end_to_end.test_train import ROOT, make_config, run
-from training.sweeps.storage import DATABASE_WAIT_SECONDS
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +94,7 @@ def wait_for(condition, what: str, timeout: float = 120):
         (["--grid", "optimizer.args.lr=[0.1]", "--seed", "-1"], "--seed -1: expected 0 to 4294967295"),
         (["--grid", "optimizer.args.lr=[0.1]", "--seed", str(2**64)], f"--seed {2**64}: expected 0 to 4294967295"),
         (["--sample", "optimizer.args.lr=uniform:0:1", "--seed", str(2**32)], f"--seed {2**32}: expected 0 to"),
+        (["--grid", "optimizer.args.lr=[0.1]", "--database-wait", "-1"], "--database-wait -1: expected 0 to 86400"),
         ([], "nothing to sweep"),
     ],
 )
@@ -206,7 +206,8 @@ def test_a_sweep_waits_for_its_database_and_stops_in_one_line_when_it_stays_away
     """Before, PostgreSQL stopped for a few seconds mid-sweep was a StorageInternalError traceback and exit 1."""
     url, ctl = postgres_server
     config = make_config(tmp_path, data_dir, trainer__epochs=3)
-    args = ["-c", config, "--grid", "optimizer.args.lr=[0.003,0.001]", "--storage", url]
+    wait = 15  # seconds: past the 5 s outage below, and short for the test (the default is DATABASE_WAIT_SECONDS)
+    args = ["-c", config, "--grid", "optimizer.args.lr=[0.003,0.001]", "--database-wait", wait, "--storage", url]
     worker = start_sweep(*args, "--study", "outage")
     folder = tmp_path / "saved" / "tiny" / "sweep-outage"
     try:
@@ -229,7 +230,7 @@ def test_a_sweep_waits_for_its_database_and_stops_in_one_line_when_it_stays_away
     try:
         wait_for(lambda: epoch_ended(tmp_path / "saved" / "tiny" / "sweep-lost" / "trial-000"), "epoch 1")
         ctl("stop")
-        out, err = worker.communicate(timeout=DATABASE_WAIT_SECONDS + 60)
+        out, err = worker.communicate(timeout=wait + 60)
     finally:
         ctl("start")
     assert worker.returncode == 2 and "Traceback" not in err and "S3cr3t" not in out + err, out + err
@@ -237,7 +238,7 @@ def test_a_sweep_waits_for_its_database_and_stops_in_one_line_when_it_stays_away
     assert warning.startswith("warning: --storage holds a password"), err
     assert error.startswith(
         f"error: --storage {args[-1].replace('S3cr3t-pw', '***')}: the database did not answer for "
-        f"{DATABASE_WAIT_SECONDS} s (OperationalError: connection failed: "
+        f"{wait} s (OperationalError: connection failed: "
     ), err
     assert error.endswith("; the trials keep their checkpoints: the same command goes on once it is back"), err
 

@@ -147,7 +147,7 @@ def test_gan_sample_end_to_end(tmp_path):
         "--output-dir",
         out,
         "--formats",
-        "onnx,jax",
+        "onnx",
         "--outputs",
         "image",
     )

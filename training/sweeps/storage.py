@@ -79,13 +79,13 @@ def error_text(error: BaseException, url: str | None) -> str:
 
 
 class DatabaseLost(Exception):
-    """A database that did not answer for DATABASE_WAIT_SECONDS: one line naming it, its password masked."""
+    """A database that did not answer for sweep.py's --database-wait: one line naming it, its password masked."""
 
 
-def wait_for_database(engine, url: str) -> None:
+def wait_for_database(engine, url: str, seconds: float = DATABASE_WAIT_SECONDS) -> None:
     """Every new connection of `engine` (a SQLAlchemy engine made with pool_pre_ping, so a pooled connection the
-    server dropped is replaced by a new one) tried again with backoff while the server refuses it, until
-    DATABASE_WAIT_SECONDS after the first refusal; then DatabaseLost. The time counts from the first refusal of
+    server dropped is replaced by a new one) tried again with backoff while the server refuses it, until `seconds`
+    after the first refusal; then DatabaseLost. The time counts from the first refusal of
     any call, so a worker whose calls each wait in turn still stops within the bound."""
     from sqlalchemy import event
 
@@ -98,10 +98,10 @@ def wait_for_database(engine, url: str) -> None:
                 connection = dialect.connect(*cargs, **cparams)
             except dialect.dbapi.OperationalError as error:  # the driver's: refused, shutting down, starting up
                 down_since[:] = down_since or [time.monotonic()]
-                left = DATABASE_WAIT_SECONDS - (time.monotonic() - down_since[0])
+                left = seconds - (time.monotonic() - down_since[0])
                 if left <= 0:
                     raise DatabaseLost(
-                        f"--storage {masked_url(url)}: the database did not answer for {DATABASE_WAIT_SECONDS} s "
+                        f"--storage {masked_url(url)}: the database did not answer for {seconds:g} s "
                         f"({error_text(error, url)}); {GOES_ON}"
                     ) from None
                 time.sleep(min(wait, left))
