@@ -131,9 +131,9 @@ class Compiled:
 
     def memory_analysis(self, k: int):
         """XLA's memory figures of the compiled call of `k` steps, per device (arguments, outputs, aliased,
-        temporaries, code); waits for its compilation. None where nothing is compiled ahead of time or the backend
-        gives none."""
-        if self.execution != "aot":
+        temporaries, code); waits for its compilation (``start``ed by init_state or restore). None where nothing is
+        compiled ahead of time, nothing was started, or the backend gives none."""
+        if self.execution != "aot" or k not in self.compiling:
             return None
         try:
             return self.train_call(k).memory_analysis()

@@ -211,9 +211,6 @@ class Trainer:
         ``init_state`` or ``restore`` started it, beside the state's loading) needs more memory than the devices have
         free by XLA's own figures: arguments, outputs and the temporaries ``check_memory`` cannot know. Waits for
         that compilation, which the first call would wait for anyway."""
-        sharding = self.compiled.state_sharding  # init_state or restore started it already: this is that one
-        shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
-        self.compiled.start(self.steps_per_call.k, mesh.with_shardings(self.template(), shardings))
         stats = self.compiled.memory_analysis(self.steps_per_call.k)
         memory.check_compiled(stats, self.placement.local_devices())
 

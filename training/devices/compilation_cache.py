@@ -47,15 +47,16 @@ def use() -> Path | None:
     if problem:
         log.warning(f"compilation cache off: {path}: {problem}")
         return None
-    if not _seen.__dict__.get("listening"):
+    if not _LISTENING:
         jax.monitoring.register_event_listener(_heard)  # once: which compilations the cache answered (``origin``)
-        _seen.listening = True
+        _LISTENING.append(_heard)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: any size (0 asks for a minimum)
     return path
 
 
+_LISTENING: list = []  # the listener, once registered with JAX (a process-wide registration)
 _seen = threading.local()  # what this thread's compilation asked of the cache and got: JAX records it there
 
 
