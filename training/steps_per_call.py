@@ -2,10 +2,12 @@
 
 "auto" runs the first calls at one step, times them (``before_call`` / ``after_call``, which the loop's progress calls
 around each call while it measures) and chooses the fewest steps per call that keep the loop's host work per call
-within AUTO_HOST_SHARE of the call's device time (``auto_steps_per_call``); the loop then switches to it, on one line,
-once it has compiled. K steps per call give the numbers of one step per call, so where the switch falls changes
-nothing. The choice is remembered beside the compilation cache, keyed by the step and the devices, so a later run of
-the same step starts at it and compiles one program (which the cache then holds).
+within AUTO_HOST_SHARE of the call's device time (``auto_steps_per_call``). Where the host work it saves over the
+run's steps left repays its compile (``worth_compiling``), the loop switches to it, on one line, once it has compiled
+in the background; else the run stays at one step per call and compiles its step once. K steps per call give the
+numbers of one step per call, so where the switch falls changes nothing. The choice is remembered beside the
+compilation cache, keyed by the step and the devices, so a later run of the same step starts at it and compiles one
+program (which the cache then holds).
 """
 
 from __future__ import annotations
@@ -69,14 +71,27 @@ def auto_steps_per_call(
     return k, why + (f" ({k}: the epoch's last call padded least)" if k != needed else "")
 
 
+def worth_compiling(k: int, steps_left: int, host_s: float, compile_s: float) -> tuple[bool, str]:
+    """Whether `k` steps per call repay their compile (about the `compile_s` the calls run now took) within the run's
+    `steps_left`: each call of k steps saves the per-call `host_s` of k - 1 calls of one step; and why not."""
+    saved = steps_left * host_s * (1 - 1 / k)
+    if saved >= compile_s:
+        return True, ""
+    return False, (
+        f"; {k} would save about {saved:.1f}s over the {steps_left} step(s) left, less than compiling it (about "
+        f"{compile_s:.1f}s): this run stays at one step per call, the next starts at {k}"
+    )
+
+
 class StepsPerCall:
-    def __init__(self, setting: int | str, steps_per_epoch: int, batch_bytes: int):
+    def __init__(self, setting: int | str, steps_per_epoch: int, batch_bytes: int, run_steps: int | None = None):
         """``setting``: trainer.steps_per_call; ``batch_bytes``: one step's loader batches (the stack's size per
-        step). ``k``: the steps per call of the calls made now; ``chosen``: the steps per call the loop switches to
+        step); ``run_steps``: the run's optimizer steps (every epoch's), which a switch must repay. ``k``: the steps per call of the calls made now; ``chosen``: the steps per call the loop switches to
         once that has compiled (``k`` until "auto" decides otherwise)."""
         self.auto = setting == "auto"
         self.k = self.chosen = 1 if self.auto else setting
         self.steps_per_epoch, self.batch_bytes = steps_per_epoch, batch_bytes
+        self.run_steps = steps_per_epoch if run_steps is None else run_steps
         self.measuring = False  # timing the calls: "auto" with the calls compiled ahead of time, until it decides
         self.timings: list[tuple[float, float]] = []  # (host s, device s) of each timed call
         self.clock: dict = {}
@@ -114,8 +129,8 @@ class StepsPerCall:
         self.clock["cpu"], self.clock["start"] = time.thread_time(), time.perf_counter()
         self.clock.setdefault("cycle", self.clock["cpu"])
 
-    def after_call(self, call_logs) -> None:
-        """Records the call just made: the loop's host work (this thread's CPU time over one call of the loop, the
+    def after_call(self, call_logs, step: int, compile_s: float) -> None:
+        """Records the call just made (the run at `step` after it; its calls compiled in `compile_s`): the loop's host work (this thread's CPU time over one call of the loop, the
         wait for the results excepted: the next stack, the dispatch, the logs, the callbacks) and the call's device
         time (dispatch to results, less the dispatch's own CPU time); decides once enough are timed."""
         dispatched = time.thread_time()
@@ -126,30 +141,32 @@ class StepsPerCall:
         self.timings.append((now - self.clock["cycle"] - waited, device))
         self.clock["cycle"] = now
         if len(self.timings) >= AUTO_WARMUP_CALLS + AUTO_MEASURED_CALLS:
-            self.decide()
+            self.decide(step, compile_s)
 
-    def decide(self) -> None:
+    def decide(self, step: int, compile_s: float) -> None:
         self.measuring = False
         measured = self.timings[AUTO_WARMUP_CALLS:]
         host = sorted(h for h, _ in measured)[len(measured) // 2]  # CPU time: another process's load barely moves it
         device = min(d for _, d in measured)  # a wall time: only ever lengthened by the host being busy elsewhere
         call = AUTO_CPU_CALL_S if jax.default_backend() == "cpu" else 0.0
         k, why = auto_steps_per_call(self.steps_per_epoch, self.batch_bytes, host, device / self.k, call)
-        # every process runs the same calls: the largest choice, agreed at the same call (one small collective, once)
-        (agreed,) = mesh.max_over_processes(k)
+        worth, why_not = worth_compiling(k, self.run_steps - step, host + call, compile_s)
+        # every process runs the same calls: the largest choice, and a switch where any process finds it repaid,
+        # agreed at the same call (one small collective, once)
+        agreed, switch = mesh.max_over_processes(k, int(worth or k == 1))
         why += f"; {agreed} agreed by the {jax.process_count()} processes" if agreed != k else ""
-        log.info(f"steps per call (auto): {agreed}; {why}")
-        self.chosen = agreed
-        self.remember()
+        log.info(f"steps per call (auto): {agreed}; {why}{'' if switch else why_not}")
+        self.remember(agreed)
+        self.chosen = agreed if switch else self.k
 
-    def remember(self) -> None:
+    def remember(self, k: int) -> None:
         """Keeps the choice for the next run of the same step on the same devices (process 0; a lost race between
         two runs loses one of their choices, which the next run makes again)."""
         if self.remembered_in is None or self.key is None or not mesh.is_main():
             return
         try:
             choices = remembered(self.remembered_in)
-            choices[self.key] = self.chosen
+            choices[self.key] = k
             self.remembered_in.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.remembered_in, json.dumps(choices, indent=1).encode())
         except (OSError, ValueError) as error:  # a cache is an optimisation: a folder it cannot write is no error

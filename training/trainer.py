@@ -104,7 +104,10 @@ class Trainer:
         self.placement.check_batch_size(self.train_loader.batch_size)
         self.placement.share(self.train_loader, self.valid_loader)
         self.steps_per_call = StepsPerCall(
-            settings.steps_per_call, self.steps_per_epoch, self.accumulate * memory.nbytes(self.train_loader.spec)
+            settings.steps_per_call,
+            self.steps_per_epoch,
+            self.accumulate * memory.nbytes(self.train_loader.spec),
+            settings.epochs * self.steps_per_epoch,
         )
         aot = execution == "aot"  # "auto" starts at a choice remembered beside the compilation cache, else measures
         key = key_of(run.config, self.train_loader.spec)
@@ -562,7 +565,7 @@ class Progress:
         """The call's place, for ``check``: (steps of the epoch before it, its real steps). While "auto" measures,
         the call is timed (waited for)."""
         if self.steps_per_call.measuring:
-            self.steps_per_call.after_call(call_logs)
+            self.steps_per_call.after_call(call_logs, self.step + real_steps, self.compile_seconds)
         before, self.steps_done = self.steps_done, self.steps_done + real_steps
         if self.trace:
             self.trace.after(self.step, train_state)

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from training.steps_per_call import AUTO_MAX_STEPS, REMEMBERED, StepsPerCall, key_of, remembered
+from training.steps_per_call import AUTO_MAX_STEPS, REMEMBERED, StepsPerCall, key_of, remembered, worth_compiling
 
 
 def policy(setting="auto", steps_per_epoch=100) -> StepsPerCall:
@@ -33,9 +33,15 @@ def test_a_remembered_choice_is_where_auto_starts_and_a_new_one_is_kept_beside_t
     assert auto.k == auto.chosen == 8 and not auto.measuring
     fresh = policy()
     fresh.start("new", tmp_path)
-    fresh.chosen = 5
-    fresh.remember()
+    fresh.remember(5)
     assert json.loads((tmp_path / REMEMBERED).read_text()) == {"other": 3, "key": 8, "new": 5}
+
+
+def test_a_switch_must_repay_its_compile_within_the_steps_left():
+    """8 steps per call save 7/8 of each step's 10 ms of host work: 100 steps left repay 0.8 s of compile, 10 do not."""
+    assert worth_compiling(8, 100, 0.01, 0.8) == (True, "")
+    worth, why = worth_compiling(8, 10, 0.01, 0.8)
+    assert not worth and "8 would save about 0.1s over the 10 step(s) left, less than compiling it (about 0.8s)" in why
 
 
 @pytest.mark.parametrize("value", [0, -1, AUTO_MAX_STEPS + 1, 101, 2.5, "8", None, True])
