@@ -86,8 +86,9 @@ def worth_compiling(k: int, steps_left: int, host_s: float, compile_s: float) ->
 class StepsPerCall:
     def __init__(self, setting: int | str, steps_per_epoch: int, batch_bytes: int, run_steps: int | None = None):
         """``setting``: trainer.steps_per_call; ``batch_bytes``: one step's loader batches (the stack's size per
-        step); ``run_steps``: the run's optimizer steps (every epoch's), which a switch must repay. ``k``: the steps per call of the calls made now; ``chosen``: the steps per call the loop switches to
-        once that has compiled (``k`` until "auto" decides otherwise)."""
+        step); ``run_steps``: the run's optimizer steps (every epoch's), which a switch must repay. ``k``: the steps
+        per call of the calls made now; ``chosen``: the steps per call the loop switches to once that has compiled
+        (``k`` until "auto" decides otherwise)."""
         self.auto = setting == "auto"
         self.k = self.chosen = 1 if self.auto else setting
         self.steps_per_epoch, self.batch_bytes = steps_per_epoch, batch_bytes
@@ -130,9 +131,10 @@ class StepsPerCall:
         self.clock.setdefault("cycle", self.clock["cpu"])
 
     def after_call(self, call_logs, step: int, compile_s: float) -> None:
-        """Records the call just made (the run at `step` after it; its calls compiled in `compile_s`): the loop's host work (this thread's CPU time over one call of the loop, the
-        wait for the results excepted: the next stack, the dispatch, the logs, the callbacks) and the call's device
-        time (dispatch to results, less the dispatch's own CPU time); decides once enough are timed."""
+        """Records the call just made (the run at `step` after it; its calls compiled in `compile_s`): the loop's host
+        work (this thread's CPU time over one call of the loop, the wait for the results excepted: the next stack, the
+        dispatch, the logs, the callbacks) and the call's device time (dispatch to results, less the dispatch's own
+        CPU time); decides once enough are timed."""
         dispatched = time.thread_time()
         jax.block_until_ready(call_logs)  # the logs: the call's last results
         device = time.perf_counter() - self.clock["start"] - (dispatched - self.clock["cpu"])
