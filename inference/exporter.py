@@ -24,6 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from data_loader.sources import csv_cells
 from files import writes
 from inference import verify
 from inference.inputs import Inputs, Outputs, random_inputs, shape_text
@@ -369,7 +370,8 @@ def export_folder(
     outputs: Outputs | None = None,
 ) -> dict:
     """Writes `target` (<output-dir>/<name>): each of `formats` exported, reloaded and checked (`export_format`),
-    then config.json, a copy of model/, predict.py, preprocessing.json, report.json and report.md. Returns the report.
+    then config.json, a copy of model/, predict.py and csv_cells.py, preprocessing.json, report.json and report.md.
+    Returns the report.
 
     The folder is built as a hidden sibling and renamed into place (``replace``: swapped with an existing `target` in
     one step, writes.replace_folder) only once every format has passed, under a lock on the name (a second export of
@@ -528,13 +530,14 @@ def distribution_version(package: str) -> str:
 def write_extras(
     folder: Path, report: dict, inputs: Inputs, task: str, source: Source, outputs: Outputs | None = None
 ) -> None:
-    """What makes the folder a deployable unit: config.json, model/, predict.py and preprocessing.json (the data's
-    preprocessing, plus the inputs, the output (or each named output and its task) and the task that predict.py
-    reads), and the report."""
+    """What makes the folder a deployable unit: config.json, model/, predict.py with the csv_cells.py it imports,
+    preprocessing.json (the data's preprocessing, plus the inputs, the output (or each named output and its task)
+    and the task that predict.py reads), and the report."""
     (folder / CONFIG).write_text(json.dumps(source.config, indent=2) + "\n")
     for code in model_code(source.config):  # model/, and a model's own folder where a file of your own defines it
         shutil.copytree(REPO / code, folder / code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy2(Path(__file__).with_name("predict.py"), folder / "predict.py")
+    shutil.copy2(csv_cells.__file__, folder / "csv_cells.py")  # the CSV cell rules predict.py imports from beside it
     named = (
         {"output_name": OUTPUT_NAME}
         if outputs is None or outputs.single

@@ -30,8 +30,9 @@ Inputs far outside the range the model was trained on (`input_range` in preproce
 to a model trained on 0..1 arrays) get one `warning:` line on stderr.
 
 This file imports only numpy, Pillow (for images) and the runtime the model needs, onnxruntime or ai-edge-litert:
-no JAX, no TensorFlow. Copied with the export folder, it is all a deployment machine needs. The converter runs its
-parity checks through the same two runner classes.
+no JAX, no TensorFlow; and the CSV loader's cell rules (data_loader/sources/csv_cells.py, numpy only), which the
+export copies beside it. Copied with the export folder, the two are all a deployment machine needs. The converter runs
+its parity checks through the same two runner classes.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+try:  # in an export folder, the copy beside this file (exporter.write_extras): the script's folder is on sys.path
+    import csv_cells
+except ModuleNotFoundError:  # in the template: imported as inference.predict, or run as inference/predict.py
+    if not __package__:  # a script: the template's root is not on sys.path
+        sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from data_loader.sources import csv_cells
 
 # The export folder's files next to the model (exporter.write_extras writes them under these names). Named here,
 # not imported from training/, because this file ships alone; they are the run folder's names
@@ -319,9 +327,10 @@ def from_raw(x: np.ndarray, preprocessing: dict) -> np.ndarray:
 
 def load_rows(path: Path, preprocessing: dict, warnings: list | None = None) -> np.ndarray:
     """A CSV file of raw rows (with the training data's column names as its header; other columns are ignored)
-    prepared as the CSV loader prepared the training data (data_loader/sources/tabular.py): each declared column's
-    empty cells filled with the value learned in training (and its indicator column), a categorical column one-hot
-    over the training categories (one it never had: a row of zeros, named in ``warnings``), then standardised."""
+    prepared as the CSV loader prepared the training data, by its own encoding (csv_cells.encode): each declared
+    column's empty cells filled with the value learned in training (and its indicator column), a categorical column
+    one-hot over the training categories (one it never had: a row of zeros, named in ``warnings``), then
+    standardised."""
     import csv
     import io
 
@@ -344,54 +353,19 @@ def load_rows(path: Path, preprocessing: dict, warnings: list | None = None) -> 
     encoded = []
     for name in features:
         cells = [row[header.index(name)].strip() for row in body]
-        encoded.append(encode_column(name, cells, declared.get(name) or {}, path, warnings))
-    values = np.concatenate(encoded, axis=1) if encoded else np.zeros((len(body), 0))
-    return normalised(values.astype(np.float32), preprocessing)
-
-
-def encode_column(name: str, cells: list[str], learned: dict, path: Path, warnings: list | None) -> np.ndarray:
-    """One raw column as the training data's encoded columns (N, k): the CSV loader's encoding (repeated here, as this
-    file ships alone; a test holds the two equal)."""
-    empty = np.array([not cell for cell in cells], bool)
-    fill = learned.get("fill")
-    if "fill" not in learned and empty.any():
-        r = int(np.argmax(empty))
-        raise ValueError(f"{path}: row {r + 1}, column {name!r}: an empty cell, which training never filled")
-    if "categories" in learned:
-        index = {category: k for k, category in enumerate(learned["categories"])}
-        values = np.zeros((len(cells), len(index)))
-        unseen = set()
-        for r, cell in enumerate(cells):
-            cell = fill if empty[r] else cell
-            if cell in index:
-                values[r, index[cell]] = 1.0
-            else:  # as in training: a category the train split never had is a row of zeros
-                unseen.add(cell)
+        values, bad, unseen = csv_cells.encode(cells, declared.get(name) or {})
+        if bad is not None:  # "nan", "inf", "1e400" too, as training refused them
+            cell = cells[bad]
+            what = f"{cell!r}, not a finite number" if cell else "an empty cell, which training never filled"
+            raise ValueError(f"{path}: row {bad + 1}, column {name!r}: {what}")
         if unseen and warnings is not None:
             warnings.append(
-                f"{path}: column {name!r}: {', '.join(map(repr, sorted(unseen)))} not among the training categories "
-                f"({', '.join(learned['categories'])}): encoded as none of them"
+                f"{path}: column {name!r}: {', '.join(map(repr, unseen))} not among the training categories "
+                f"({', '.join(declared[name]['categories'])}): encoded as none of them"
             )
-    else:
-        values = np.empty((len(cells), 1))
-        for r, cell in enumerate(cells):
-            value = fill if empty[r] else finite(cell)
-            if value is None:  # "nan", "inf", "1e400" too, as training refused them
-                raise ValueError(f"{path}: row {r + 1}, column {name!r}: {cell!r}, not a finite number")
-            values[r, 0] = value
-    if learned.get("indicator"):
-        values = np.column_stack([values, empty.astype(np.float64)])
-    return values
-
-
-def finite(cell: str) -> float | None:
-    """A cell's number, or None where it holds no finite one: the CSV loader's ``finite`` (data_loader/sources/
-    tabular.py), repeated as this file ships alone; a test holds the two equal."""
-    try:
-        value = float(cell)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
+        encoded.append(values)
+    values = np.concatenate(encoded, axis=1) if encoded else np.zeros((len(body), 0))
+    return normalised(values.astype(np.float32), preprocessing)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

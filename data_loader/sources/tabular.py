@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_loader.sources.csv_cells import encode, finite
 from data_loader.sources.download import checksum
 from files.reads import open_regular
 
@@ -175,16 +176,6 @@ def _most_frequent(values: list):
     return min(value for value, count in counts.items() if count == top)
 
 
-def finite(cell: str) -> float | None:
-    """A cell's number, or None where it holds no finite one (words, "nan", "inf", "1e400"): the one rule for every
-    numeric cell, of features and targets; inference/predict.py repeats it for raw rows, a test holds the two equal."""
-    try:
-        value = float(cell)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _cell_error(path: Path, header, column: int, r: int, lines, cell: str, hint: str = "") -> ValueError:
     what = "an empty cell (a missing value)" if not cell.strip() else f"{cell!r}, not a finite number"
     return ValueError(f"{path}: data row {r + 1} (line {lines[r]}), column {header[column]!r}: {what}{hint}")
@@ -205,17 +196,18 @@ def _words_hint(name: str, cells: list[str]) -> str:
 
 def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: np.ndarray):
     """One feature column as encoded columns: (values float64 (N, k), their names, whether each is standardised,
-    what was learned for predict.py)."""
+    what was learned for predict.py). What is learned comes from the train split; every row is then encoded by it
+    through csv_cells.encode, as predict.py encodes raw rows."""
     name = header[column]
     cells = [row[column].strip() for row in rows]
     empty = np.array([not cell for cell in cells])
     missing = spec.get("missing")
     fill_hint = f'; declare columns.{name}.missing ("mean", "median", "most_frequent" or "constant") to fill it'
-    if missing is None and spec.get("categorical") and empty.any():
+    if missing is None and spec.get("categorical") and empty.any():  # before its categories are counted
         r = int(np.argmax(empty))
         raise _cell_error(path, header, column, r, lines, cells[r], fill_hint)
     learned: dict = {}
-    seen = [i for i in train if not empty[i]]
+    seen = train[~empty[train]].tolist()  # the train split's rows holding a value
     if missing not in (None, "constant") and not seen:
         raise ValueError(
             f"{path}: column {name!r}: every cell of the train split is empty, nothing to take the {missing} of"
@@ -224,52 +216,40 @@ def _encode_feature(path, header, rows, lines, column: int, spec: dict, train: n
         fill = (
             spec.get("fill") if missing == "constant" else _most_frequent([cells[i] for i in seen]) if missing else None
         )
-        filled = [fill if e else cell for cell, e in zip(cells, empty)]
-        categories = sorted({filled[i] for i in train})
+        categories = sorted({fill if empty[i] else cells[i] for i in train})
         if len(categories) > MAX_CATEGORIES:  # refused before the one-hot array is allocated
             raise ValueError(
                 f"{path}: column {name!r}: {len(categories):,} categories in the train split, more than the "
                 f"{MAX_CATEGORIES:,} a categorical column may have; leave it out of features"
             )
-        index = {category: k for k, category in enumerate(categories)}
-        values = np.zeros((len(rows), len(categories)))
-        for r, cell in enumerate(filled):
-            if cell in index:  # a category the train split never had: all zeros
-                values[r, index[cell]] = 1.0
         names = [f"{name}={category}" for category in categories]
         scaled = [False] * len(categories)
         learned["categories"] = categories
     else:
-        values = np.full(len(rows), np.nan)
-        for r, cell in enumerate(cells):
-            if empty[r] and missing:
-                continue
-            value = finite(cell)
-            if value is None:
-                try:  # "nan" and "1e400" are numbers, refused as they are; an empty cell or words get a hint
-                    float(cell)
-                    hint = ""
-                except ValueError:
-                    hint = fill_hint if not cell else _words_hint(name, cells)
-                raise _cell_error(path, header, column, r, lines, cell, hint)
-            values[r] = value
-        if missing:
-            known = values[seen]
+        if missing:  # a cell that is no number is NaN here, and reported by encode below
+            known = np.array([finite(cells[i]) for i in seen], np.float64)
             fill = {
                 "mean": lambda: float(known.mean()),
                 "median": lambda: float(np.median(known)),
                 "most_frequent": lambda: float(_most_frequent(list(known))),
                 "constant": lambda: float(spec["fill"]),
             }[missing]()
-            values[empty] = fill
-        values, names, scaled = values[:, None], [name], [True]
+        names, scaled = [name], [True]
     if missing:
         learned.update(missing=missing, fill=fill)
     if spec.get("indicator"):
-        values = np.column_stack([values, empty.astype(np.float64)])
         names.append(f"{name} missing")
         scaled.append(False)
         learned["indicator"] = True
+    values, bad, _ = encode(cells, learned)  # a category the train split never had: a row of zeros
+    if bad is not None:
+        cell = cells[bad]
+        try:  # "nan" and "1e400" are numbers, refused as they are; an empty cell or words get a hint
+            float(cell)
+            hint = ""
+        except ValueError:
+            hint = fill_hint if not cell else _words_hint(name, cells)
+        raise _cell_error(path, header, column, bad, lines, cell, hint)
     return values, names, scaled, learned
 
 

@@ -99,6 +99,7 @@ def test_writes_every_format_and_report(exported, run_dir):
         "model",
         "report.json",
         "predict.py",
+        "csv_cells.py",
         "preprocessing.json",
     } <= files
     assert (exported / "model" / "model.py").is_file()

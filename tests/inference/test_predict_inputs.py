@@ -136,14 +136,6 @@ def test_a_file_the_model_cannot_take_is_one_line_naming_what_it_takes(export, c
     )
 
 
-CELLS = ["1", " -2.5 ", "1e3", "nan", "NaN", "inf", "-Infinity", "1e400", "-1e400", "old", "", "0x1", "1_000"]
-
-
-def test_predict_reads_a_numeric_cell_as_training_did():
-    """One rule for a CSV's numeric cells, repeated in predict.py (which ships alone): held equal cell by cell."""
-    assert [predict.finite(cell) for cell in CELLS] == [tabular.finite(cell) for cell in CELLS]
-
-
 @pytest.mark.parametrize("cell", ["nan", "inf", "1e400"])
 def test_a_cell_training_refuses_is_refused_by_predict_too(export, capsys, cell):  # noqa: F811
     """Before: predict.py read it (NaN outputs and a warning) where the training loader refused it in one line."""

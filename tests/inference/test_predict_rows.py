@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
-from inference.exporter import agreement, quality
+from data_loader.sources.tabular import CsvDataset, split_rows
+from inference.exporter import Source, agreement, quality, write_extras
+from inference.inputs import Inputs
 from inference.predict import decision_threshold, load_rows, read_preprocessing, write_outputs
+from inference.routes import OUTPUT_NAME
 
 RECORDED = {
     "features": ["plan", "age"],
@@ -52,6 +60,69 @@ def test_bad_rows_are_one_error(tmp_path, text, message):
     path.write_text("plan,age\npro,\n")
     with pytest.raises(ValueError, match="row 1, column 'age': an empty cell, which training never filled"):
         load_rows(path, unfilled)
+
+
+def identity_onnx(path: Path, width: int) -> Path:
+    """An ONNX model whose outputs are its inputs: what predict.py prints and writes is what it fed the model."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input"], [OUTPUT_NAME])],
+        "identity",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", width])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_an_export_folder_alone_encodes_raw_rows_exactly_as_the_loader(tmp_path):
+    """The export's predict.py and the csv_cells.py beside it, in a folder outside the template run by an interpreter
+    that cannot import the template: the loader's test split from raw rows (empty cells filled, categories one-hot,
+    one the train split never had, indicators), bit for bit. Unstandardised: predict.py standardises in float32,
+    the loader in float64 (equal to 1e-6, test_samples_churn.py)."""
+    rng = np.random.default_rng(0)
+    lines = ["plan,age,fee,y"]
+    for i in range(60):
+        plan = ["basic", "pro", "", "family"][i % 4]
+        age = "" if i % 5 == 0 else f"{rng.normal(40, 10):.4f}"
+        lines.append(f"{plan},{age},{rng.normal():.6e},{i % 3}")
+    test_rows = split_rows(60, 0.2, 0.3, 0)["test"]
+    lines[1 + test_rows[0]] = "gold,,1.5,1"  # a category the train split never had, an empty number
+    path = tmp_path / "data.csv"
+    path.write_text("\n".join(lines) + "\n")
+    columns = {
+        "plan": {"categorical": True, "missing": "most_frequent", "indicator": True},
+        "age": {"missing": "median", "indicator": True},
+    }
+    data = CsvDataset(
+        path, "y", split="test", validation_fraction=0.2, test_fraction=0.3, standardize=False, columns=columns
+    )
+    folder = tmp_path / "elsewhere" / "export"
+    folder.mkdir(parents=True)
+    width = data.inputs.shape[1]
+    report = {"formats": [], "task": "regression", "validation": None, "validation_skipped": "a test", "fixed_axes": {}}
+    inputs = Inputs(jax.ShapeDtypeStruct((1, width), np.float32), 1)
+    write_extras(folder, report, inputs, "regression", Source({}, Path("unused"), data.preprocessing))
+    identity_onnx(folder / "identity.onnx", width)
+    raw = tmp_path / "elsewhere" / "raw.csv"
+    raw.write_text("\n".join([lines[0]] + [lines[1 + i] for i in test_rows]) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, folder / "predict.py", folder / "identity.onnx", raw, "--out", "out.npy"],
+        cwd=folder.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "'gold' not among the training categories" in done.stderr
+    got = np.load(folder.parent / "out.npy")
+    assert got.dtype == data.inputs.dtype and got.tobytes() == data.inputs.tobytes()
 
 
 def test_a_bad_columns_record_is_refused(tmp_path):
