@@ -1,0 +1,129 @@
+"""Run folders in a bucket (training/buckets): train.py, a kill and ``-r auto`` from the bucket, test.py and
+load_run from a URL, two processes sharing only the bucket, against a real S3 server (moto's, on localhost)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import make_idx_dataset
+from tests.end_to_end.test_train import ROOT, make_config, run
+from training.run import checkpoint
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+BUCKET = "runs"
+SECRET = "not-a-real-secret-0123456789"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free localhost port, its bucket made; the environment that points botocore at it."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing-key",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    client.create_bucket(Bucket=BUCKET)
+    yield client, env
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data") / "mnist"
+    make_idx_dataset(folder, n_train=160, n_test=40)
+    return folder
+
+
+def objects(client, prefix: str) -> dict[str, bytes]:
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return {
+        o["Key"].removeprefix(prefix): client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed
+    }
+
+
+def staged(tmp_path, env: dict, name: str) -> dict:
+    """The environment of a train.py on a machine of its own: its staging folder under tmp_path/name."""
+    return {**env, "TRAIN_STAGING_DIR": str(tmp_path / name)}
+
+
+def test_a_run_trains_into_the_bucket_resumes_from_it_and_test_py_reads_it(tmp_path, s3, data_dir):
+    """train.py with save_dir s3://runs/exp writes its run folder there (config, metrics, log, checkpoints, the
+    index last); killed mid-run, ``-r auto`` on another 'machine' (an empty staging folder) continues from the
+    bucket's latest checkpoint; test.py and load_run read the run from its URL; the secret is never printed."""
+    client, env = s3
+    config = make_config(
+        tmp_path, data_dir, trainer__save_dir=f"s3://{BUCKET}/exp", trainer__epochs=3, trainer__monitor="min val/loss"
+    )
+    result = run("train.py", "-c", config, "--run-id", "one", "--epochs", "1", env=staged(tmp_path, env, "a"))
+    assert result.returncode == 0, result.stderr
+    got = objects(client, "exp/tiny/one/")
+    assert {"config.json", "metrics.jsonl", "train.log", "checkpoint-latest.params", "model_best.params"} <= set(got)
+    assert ".lock" not in got and SECRET not in result.stdout + result.stderr
+    assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1]
+    assert json.loads(got["config.json"])["trainer"]["epochs"] == 1
+
+    # another machine: nothing staged; -r auto finds the run in the bucket, trains epochs 2 and 3
+    second = subprocess.Popen(
+        [sys.executable, "train.py", "-c", str(config), "--run-id", "one", "-r", "auto"],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **staged(tmp_path, env, "b")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    got = objects(client, "exp/tiny/one/")
+    assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2, 3]
+    url = f"s3://{BUCKET}/exp/tiny/one/checkpoint-latest.params"
+
+    result = run("test.py", "--run", url, env=staged(tmp_path, env, "c"))
+    assert result.returncode == 0, result.stderr
+    assert "accuracy" in result.stdout + result.stderr and SECRET not in result.stdout + result.stderr
+    local = tmp_path / "c/process_0/s3/runs/exp/tiny/one/checkpoint-latest.params"
+    assert checkpoint.read(local)[1]["epoch"] == 3
+
+
+def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir):
+    """A missing bucket, and an endpoint nobody answers on: one line, exit status 2, the secret not in it."""
+    _, env = s3
+    config = make_config(tmp_path, data_dir, trainer__save_dir="s3://no-such-bucket/exp")
+    result = run("train.py", "-c", config, env=staged(tmp_path, env, "a"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: trainer.save_dir: s3://no-such-bucket/exp: cannot write there")
+    assert len(result.stderr.strip().splitlines()) == 1 and SECRET not in result.stderr
+    dead = {**staged(tmp_path, env, "a"), "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    started = time.monotonic()
+    result = run("train.py", "-c", make_config(tmp_path, data_dir, trainer__save_dir="s3://runs/x"), env=dead)
+    assert result.returncode == 2 and "cannot write there" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and time.monotonic() - started < 60
+    result = run("test.py", "--run", "s3://runs/nothing-here/checkpoint-latest.params", env=staged(tmp_path, env, "a"))
+    assert result.returncode == 2 and "no such run folder in the bucket" in result.stderr, result.stderr
+
+
+__all__ = ["signal"]
