@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -64,6 +63,11 @@ def objects(client, prefix: str) -> dict[str, bytes]:
     return {
         o["Key"].removeprefix(prefix): client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed
     }
+
+
+def header_of(path, data: bytes) -> dict:
+    path.write_bytes(data)
+    return checkpoint.read(path, lazy=True)[1]  # an index: its shards are not read
 
 
 def staged(tmp_path, env: dict, name: str) -> dict:
@@ -126,4 +130,48 @@ def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir
     assert result.returncode == 2 and "no such run folder in the bucket" in result.stderr, result.stderr
 
 
-__all__ = ["signal"]
+def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir):
+    """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
+    index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
+    uploaded; one process on another 'machine' goes on from the bucket with -r auto; test.py reads its URL."""
+    from tests.training.processes.test_runs import finish, free_port
+    from tests.training.test_mesh import devices_env, tiny_config
+
+    client, env = s3
+    config = tiny_config(
+        tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=f"s3://{BUCKET}/multi"
+    )
+    port = free_port()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "train.py", "-c", str(config), "--run-id", "two"]
+            + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+            cwd=ROOT,
+            env={**os.environ, **devices_env(1), **staged(tmp_path, env, "a")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for status, _out, err in finish(processes):
+        assert status == 0, err
+    got = objects(client, "multi/tiny/two/")
+    indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
+    assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
+    named = {f for header in indexes.values() for f in header["shards"]["files"]}
+    assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4
+    assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-latest.params"]["shards"]["files"]] == ["0", "1"]
+    assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
+
+    resumed = run("train.py", "-c", config, "--run-id", "two", "-r", "auto", "--epochs", 3, "--set",
+                  'mesh={"data": 1, "fsdp": 1}', env={**devices_env(1), **staged(tmp_path, env, "b")})  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    got = objects(client, "multi/tiny/two/")
+    assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2, 3]
+    test_split = {"name": "mnist", "args": {"data_dir": str(data_dir), "verify": False, "split": "test"}}
+    tested = run(
+        "test.py", "--run", f"s3://{BUCKET}/multi/tiny/two/checkpoint-epoch_2.params",
+        "--set", f"data_loader.test={json.dumps(test_split)}", env=staged(tmp_path, env, "c"),
+    )  # fmt: skip
+    assert tested.returncode == 0 and "accuracy" in tested.stdout, tested.stderr
