@@ -128,6 +128,10 @@ def path_of(url: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ a run's folder copied
+class Conflict(OSError):
+    """A conditional write the bucket refused: the object is not the one this run last wrote or read."""
+
+
 class Mirror:
     """What this process has put into the bucket of one staged run folder: each file's (size, mtime) when uploaded,
     and the ETag of the latest checkpoint, which the next commit must still find there."""
@@ -150,7 +154,9 @@ class Mirror:
             else:
                 out = self.fs.pipe_file(self.object(name), data, chunksize=SINGLE_PUT, **condition)
         except Exception as error:  # noqa: BLE001 (botocore's, s3fs's and aiohttp's errors alike: one line)
-            raise OSError(f"{self.url}/{name}: {error_line(error)}") from None
+            text = f"{error} {getattr(error, '__cause__', '')}"
+            failed = isinstance(error, FileExistsError) or "PreconditionFailed" in text or "pre-condition" in text
+            raise (Conflict if condition and failed else OSError)(f"{self.url}/{name}: {error_line(error)}") from None
         self.uploaded[name] = (info.st_size, info.st_mtime_ns)
         return out or {}
 
@@ -166,17 +172,17 @@ class Mirror:
     def commit(self, run_dir: Path, names: list[str]) -> None:
         """Process 0, once a save is committed locally: its index (the commit, conditional), then the rest."""
         first = names[0]
-        condition = {"IfMatch": self.etag} if self.etag and first == LATEST else {"mode": "create"}
-        if first != LATEST:
-            condition = None
+        condition = None  # every save's first name is the latest checkpoint: the one a resume starts from
+        if first == LATEST:
+            condition = {"IfMatch": self.etag} if self.etag else {"mode": "create"}
         try:
             out = self.put(first, condition)
+        except Conflict:
+            raise RunFolderError(
+                f"{self.url}/{first}: changed in the bucket since this run last wrote it (another job writing "
+                f"the same run folder?); this checkpoint was not committed there"
+            ) from None
         except OSError as error:
-            if "PreconditionFailed" in str(error) or "412" in str(error):
-                raise RunFolderError(
-                    f"{self.url}/{first}: changed in the bucket since this run last wrote it (another job writing "
-                    f"the same run folder?); this checkpoint was not committed there"
-                ) from None
             raise RunFolderError(f"cannot write {error}; the bucket keeps its previous checkpoint") from None
         if first == LATEST:
             self.etag = out.get("ETag") or self.fs.info(self.object(first)).get("ETag")
@@ -289,6 +295,7 @@ def local_copy(text: str | None) -> str | None:
 def check_writable(url: str) -> None:
     """The bucket answers and takes a write under `url`: an object written and removed, before anything else."""
     fs = filesystem(url)
+    fs.retries = 2  # an endpoint nobody answers on: said in seconds (a save's uploads keep s3fs's five tries)
     probe = f"{path_of(url)}/.write-check-{os.getpid()}"
     try:
         fs.pipe_file(probe, b"")

@@ -113,7 +113,7 @@ def test_a_run_trains_into_the_bucket_resumes_from_it_and_test_py_reads_it(tmp_p
     assert checkpoint.read(local)[1]["epoch"] == 3
 
 
-def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir):
+def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir, monkeypatch):
     """A missing bucket, and an endpoint nobody answers on: one line, exit status 2, the secret not in it."""
     _, env = s3
     config = make_config(tmp_path, data_dir, trainer__save_dir="s3://no-such-bucket/exp")
@@ -121,21 +121,28 @@ def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: trainer.save_dir: s3://no-such-bucket/exp: cannot write there")
     assert len(result.stderr.strip().splitlines()) == 1 and SECRET not in result.stderr
-    dead = {**staged(tmp_path, env, "a"), "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    # the same checks in this process: an endpoint nobody answers on; a run folder the bucket does not have
+    from training.buckets import store
+    from training.config.file import ConfigError
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "b"))
     started = time.monotonic()
-    result = run("train.py", "-c", make_config(tmp_path, data_dir, trainer__save_dir="s3://runs/x"), env=dead)
-    assert result.returncode == 2 and "cannot write there" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and time.monotonic() - started < 60
-    result = run("test.py", "--run", "s3://runs/nothing-here/checkpoint-latest.params", env=staged(tmp_path, env, "a"))
-    assert result.returncode == 2 and "no such run folder in the bucket" in result.stderr, result.stderr
+    with monkeypatch.context() as dead:
+        dead.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        with pytest.raises(ConfigError, match=r"^trainer.save_dir: s3://runs/x: cannot write there \(") as error:
+            store.check_writable("s3://runs/x")
+    assert time.monotonic() - started < 60 and "\n" not in str(error.value) and SECRET not in str(error.value)
+    with pytest.raises(ConfigError, match="s3://runs/nothing-here: no such run folder in the bucket"):
+        store.fetched("s3://runs/nothing-here/checkpoint-latest.params")
 
 
-def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir):
+def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch):
     """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
     index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
-    uploaded; one process on another 'machine' goes on from the bucket with -r auto; test.py reads its URL."""
+    uploaded; test.py reads the run from its URL, and a shard object changed or missing is refused as on disk."""
     from tests.training.processes.test_runs import finish, free_port
     from tests.training.test_mesh import devices_env, tiny_config
+    from training.buckets import store
 
     client, env = s3
     config = tiny_config(
@@ -164,14 +171,68 @@ def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir):
     assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-latest.params"]["shards"]["files"]] == ["0", "1"]
     assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
 
-    resumed = run("train.py", "-c", config, "--run-id", "two", "-r", "auto", "--epochs", 3, "--set",
-                  'mesh={"data": 1, "fsdp": 1}', env={**devices_env(1), **staged(tmp_path, env, "b")})  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr
-    got = objects(client, "multi/tiny/two/")
-    assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2, 3]
     test_split = {"name": "mnist", "args": {"data_dir": str(data_dir), "verify": False, "split": "test"}}
-    tested = run(
-        "test.py", "--run", f"s3://{BUCKET}/multi/tiny/two/checkpoint-epoch_2.params",
-        "--set", f"data_loader.test={json.dumps(test_split)}", env=staged(tmp_path, env, "c"),
-    )  # fmt: skip
+    url = f"s3://{BUCKET}/multi/tiny/two/checkpoint-latest.params"
+    tested = run("test.py", "--run", url, "--set", f"data_loader.test={json.dumps(test_split)}",
+                 env=staged(tmp_path, env, "c"))  # fmt: skip
     assert tested.returncode == 0 and "accuracy" in tested.stdout, tested.stderr
+
+    # the checks of a local run folder, on its copy: a shard object changed, or missing, is refused in one line
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
+    shard = "multi/tiny/two/" + indexes["checkpoint-latest.params"]["shards"]["files"][1]
+    data = bytearray(got[shard.removeprefix("multi/tiny/two/")])
+    data[-1] ^= 1
+    client.put_object(Bucket=BUCKET, Key=shard, Body=bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match="fails its checksum"):
+        checkpoint.read(store.fetched(url))
+    client.delete_object(Bucket=BUCKET, Key=shard)
+    with pytest.raises(checkpoint.CheckpointError, match="missing, a shard file of"):
+        checkpoint.read(store.fetched(url))
+
+
+def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, s3, monkeypatch):
+    """The index is put with If-None-Match: * (a run's first) or If-Match: the ETag this run last wrote: a second
+    job writing the same run folder is refused, its checkpoint not committed. After a commit the shard objects no
+    index names (a save a kill cut short) and the objects of files removed locally are deleted."""
+    from training.buckets import store
+    from training.run.folder import RunFolderError
+
+    client, _ = s3
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "staging"))
+    url = f"s3://{BUCKET}/unit/run"
+    run_dir = store.local_of(url)
+    (run_dir / "shards").mkdir(parents=True)
+    checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [1.0]}, {"epoch": 1, "step": 1})
+    (run_dir / "checkpoint-step_1.params").write_bytes(b"a numbered one")
+    first = store.Mirror(run_dir, url)
+    first.commit(run_dir, ["checkpoint-latest.params"])
+    assert first.etag and client.head_object(Bucket=BUCKET, Key="unit/run/checkpoint-latest.params")
+    client.put_object(Bucket=BUCKET, Key="unit/run/shards/step_9-dead.1.shard", Body=b"cut short")
+    (run_dir / "checkpoint-step_1.params").unlink()
+    checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [2.0]}, {"epoch": 2, "step": 2})
+    first.commit(run_dir, ["checkpoint-latest.params"])  # If-Match: its own ETag
+    assert set(objects(client, "unit/run/")) == {"checkpoint-latest.params"}
+
+    second = store.Mirror(run_dir, url)  # another job, which never read this run's checkpoint
+    with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
+        second.commit(run_dir, ["checkpoint-latest.params"])
+    client.put_object(Bucket=BUCKET, Key="unit/run/checkpoint-latest.params", Body=b"another job's")
+    with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
+        first.commit(run_dir, ["checkpoint-latest.params"])
+    assert objects(client, "unit/run/")["checkpoint-latest.params"] == b"another job's"
+
+
+def test_urls_and_messages():
+    """Only s3:// is a bucket; a secret of the environment or of a URL is never in a message."""
+    from training.buckets import store
+    from training.config.file import ConfigError
+
+    assert store.parse("s3://b/a/b/") == ("s3", "b", "a/b") and not store.is_url("file:///x") and store.is_url("s3://b")
+    for bad in ("gs://b/x", "s3://b/../x", "s3:///x"):
+        with pytest.raises(ConfigError):
+            store.parse(bad)
+    os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET
+    try:
+        assert SECRET not in store.masked(f"denied for {SECRET}") and "***" in store.masked("s3://k:pw@b/x")
+    finally:
+        os.environ.pop("AWS_SECRET_ACCESS_KEY")
