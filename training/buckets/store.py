@@ -295,7 +295,6 @@ def local_copy(text: str | None) -> str | None:
 def check_writable(url: str) -> None:
     """The bucket answers and takes a write under `url`: an object written and removed, before anything else."""
     fs = filesystem(url)
-    fs.retries = 2  # an endpoint nobody answers on: said in seconds (a save's uploads keep s3fs's five tries)
     probe = f"{path_of(url)}/.write-check-{os.getpid()}"
     try:
         fs.pipe_file(probe, b"")
