@@ -140,6 +140,7 @@ def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch
     """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
     index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
     uploaded; test.py reads the run from its URL, and a shard object changed or missing is refused as on disk."""
+    pytest.importorskip("training.processes")  # a project without several processes has no --coordinator
     from tests.training.processes.test_runs import finish, free_port
     from tests.training.test_mesh import devices_env, tiny_config
     from training.buckets import store
