@@ -52,9 +52,9 @@ def opened(
     held while `load_state` loads the checkpoint `resume`, and changed only once it loaded (a failure leaves it as
     it was); process 0 then creates a new folder under trainer.save_dir (``exact``: the name itself, ``-r auto``)
     or marks and reconciles the resumed one, `write`s the run's files in it and logs there; the other processes
-    learn where it is (``here``: process 0's folder as this process writes it: a bucket's run folder is
-    staged by each process on its own disk). A failure up to there is one line and exit status 2, with a new folder removed again; a run
-    that ``discard``s its folder has it removed when the block ends."""
+    learn where it is (``here``: process 0's folder as this process writes it: a bucket's run folder is staged by
+    each process on its own disk). A failure up to there is one line and exit status 2, with a new folder removed
+    again; a run that ``discard``s its folder has it removed when the block ends."""
     try:
         lock = folder.hold(resume_dir, mark=False) if resume_dir and mesh.is_main() else None
         trainer = load_state()

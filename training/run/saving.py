@@ -111,9 +111,9 @@ class Checkpoints:
         self.last_save = (0, time.monotonic())  # (step, time) of the last checkpoint, for checkpoint_every
         self.writer = run_folder.Writer(background=settings.async_checkpoints)
         self.saves = 0  # this process's saves so far: several processes count alike, naming each save's shared tag
-        # a copy of the run folder elsewhere (a bucket's objects, where save_dir is one): ``publish(path)``, each shard
-        # file this process wrote, before it is reported; ``committed(run_dir, names)``, process 0 once a save is
-        # committed in the run folder (its index first)
+        # a copy of the run folder elsewhere (a bucket's objects, where save_dir is one): ``publish(path)``, each
+        # shard file this process wrote, before it is reported; ``committed(run_dir, names)``, process 0 once a save
+        # is committed in the run folder (its index first)
         self.publish, self.committed = None, None
 
     def resume(self, header: dict, path: Path, state_step: int) -> list[str]:

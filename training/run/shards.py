@@ -78,8 +78,8 @@ def write(run_dir: Path, tag: str, part: tuple[dict, dict], header: dict, publis
     """Writes this process's file of the save `tag` and reports it; on process 0, once every process has, returns
     the index's bytes (None on the others). A process that could not write says so in its report, and process 0
     raises an OSError naming it: the index is not written, the previous checkpoint stays the latest. ``publish``:
-    called with the file once written, before it is reported (a bucket's run folder uploads it; an OSError is reported
-    as a failed write)."""
+    called with the file once written, before it is reported (a bucket's run folder uploads it; an OSError is
+    reported as a failed write)."""
     pieces, leaves = part
     name = f"{SHARDS}/{tag}.{jax.process_index()}.shard"
     try:
