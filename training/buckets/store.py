@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from files.writes import LATEST, LOCK_NAME, TEMP_NAME
@@ -69,12 +68,15 @@ def parse(url: str) -> tuple[str, str, str]:
 
 
 def staging_base() -> Path:
-    return Path(os.environ.get("TRAIN_STAGING_DIR") or Path(tempfile.gettempdir()) / f"train-staging-{os.getuid()}")
+    """``TRAIN_STAGING_DIR``, else the user's cache folder (not a shared temporary one, where another user could
+    have made the folder first)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(os.environ.get("TRAIN_STAGING_DIR") or Path(cache) / "train-staging")
 
 
 def staging_root(process: int | None = None) -> Path:
     """Where this process stages the run folders of bucket URLs: one folder per process, the bucket being the only
-    place they share (``TRAIN_STAGING_DIR``, default the temporary folder)."""
+    place they share."""
     if process is None:
         import jax
 
@@ -315,6 +317,16 @@ def stage(config: dict) -> None:
     parse(save_dir)
     check_writable(save_dir)
     config["trainer"]["save_dir"] = str(local_of(save_dir))
+
+
+def local_only(config: dict, who: str) -> None:
+    """A ConfigError where `who` (``utils.fit``) is given a bucket URL for save_dir: only train.py copies a run into
+    a bucket."""
+    if is_url(config["trainer"]["save_dir"]):
+        raise ConfigError(
+            f"{who}: trainer.save_dir {masked(config['trainer']['save_dir'])}: a run folder in a bucket is written by "
+            f"train.py (docs/buckets.md); give a local folder"
+        )
 
 
 def fetch_named(config: dict) -> None:
