@@ -79,11 +79,11 @@ def staged(tmp_path, env: dict, name: str) -> dict:
     return {**env, "TRAIN_STAGING_DIR": str(tmp_path / name)}
 
 
-def test_a_run_killed_goes_on_from_the_bucket_and_load_run_reads_it(tmp_path, s3, data_dir, monkeypatch):
+def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3, data_dir, monkeypatch):
     """train.py with save_dir s3://runs/exp writes its run folder there (config, metrics, log, checkpoints, the
     index last); killed (-9) once a checkpoint is committed, ``-r auto`` on another 'machine' (an empty staging
-    folder) continues from the bucket's latest checkpoint to the end; load_run reads the run from its URL; the
-    secret is never printed."""
+    folder) continues from the bucket's latest checkpoint to the end; test.py and load_run read the run from its URL;
+    the secret is never printed."""
     client, env = s3
     config = make_config(tmp_path, data_dir, trainer__save_dir=f"s3://{BUCKET}/exp", trainer__epochs=50)
     first = subprocess.Popen(
@@ -115,13 +115,18 @@ def test_a_run_killed_goes_on_from_the_bucket_and_load_run_reads_it(tmp_path, s3
     assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [*range(1, epochs + 1)]
     assert json.loads(got["config.json"])["trainer"]["epochs"] == epochs
 
-    # load_run from the URL, in this process (test.py from a URL: the test of two processes)
+    result = run("test.py", "--run", f"s3://{BUCKET}/exp/tiny/one/checkpoint-latest.params",
+                 env=staged(tmp_path, env, "c"))  # fmt: skip
+    assert result.returncode == 0 and "accuracy" in result.stdout, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+
+    # load_run from the URL, in this process: the run folder's best checkpoint
     from inference.trained_run import load_run
 
-    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
     loaded = load_run(f"s3://{BUCKET}/exp/tiny/one")
     assert loaded.header["epoch"] == latest_epoch(got["model_best.params"], tmp_path)
-    assert loaded.checkpoint == tmp_path / "c/process_0/s3/runs/exp/tiny/one/model_best.params"
+    assert loaded.checkpoint == tmp_path / "d/process_0/s3/runs/exp/tiny/one/model_best.params"
 
 
 def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir, monkeypatch):
@@ -150,7 +155,8 @@ def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir
 def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch):
     """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
     index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
-    uploaded; test.py reads the run from its URL, and a shard object changed or missing is refused as on disk."""
+    uploaded; two processes on other machines go on from the bucket (-r auto); a shard object changed or missing is
+    refused as on disk."""
     pytest.importorskip("training.processes")  # a project without several processes has no --coordinator
     from tests.training.processes.test_runs import finish, free_port
     from tests.training.test_mesh import devices_env, tiny_config
@@ -160,34 +166,35 @@ def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch
     config = tiny_config(
         tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=f"s3://{BUCKET}/multi"
     )
-    port = free_port()
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "train.py", "-c", str(config), "--run-id", "two"]
-            + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-            cwd=ROOT,
-            env={**os.environ, **devices_env(1), **staged(tmp_path, env, "a")},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    for status, _out, err in finish(processes):
-        assert status == 0, err
+
+    def two_processes(machine: str, *args) -> None:
+        port = free_port()
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "train.py", "-c", str(config), "--run-id", "two", *map(str, args)]
+                + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+                cwd=ROOT,
+                env={**os.environ, **devices_env(1), **staged(tmp_path, env, machine)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(2)
+        ]
+        for status, _out, err in finish(processes):
+            assert status == 0, err
+
+    two_processes("a", "--epochs", 1)
+    two_processes("b", "-r", "auto")  # other machines: each process downloads the run, epoch 2 goes on from it
     got = objects(client, "multi/tiny/two/")
+    assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2]
     indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
     assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
     named = {f for header in indexes.values() for f in header["shards"]["files"]}
     assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4
     assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-latest.params"]["shards"]["files"]] == ["0", "1"]
     assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
-
-    test_split = {"name": "mnist", "args": {"data_dir": str(data_dir), "verify": False, "split": "test"}}
     url = f"s3://{BUCKET}/multi/tiny/two/checkpoint-latest.params"
-    tested = run("test.py", "--run", url, "--set", f"data_loader.test={json.dumps(test_split)}",
-                 env=staged(tmp_path, env, "c"))  # fmt: skip
-    assert tested.returncode == 0 and "accuracy" in tested.stdout, tested.stderr
 
     # the checks of a local run folder, on its copy: a shard object changed, or missing, is refused in one line
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
