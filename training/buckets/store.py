@@ -272,6 +272,8 @@ MIRRORS: dict[Path, Mirror] = {}  # this process's, by staged run folder
 def fetched(text: str | None) -> str | None:
     """A checkpoint or run folder named by a bucket URL, downloaded with its run folder: its local path (as
     text); anything else as it is. A ConfigError, one line, when the bucket cannot give it."""
+    if isinstance(text, str) and text.startswith("file://"):
+        return text.removeprefix("file://")
     if not is_url(text):
         return text
     scheme, bucket, key = parse(text)

@@ -247,6 +247,7 @@ def test_urls_and_messages():
     from training.config.file import ConfigError
 
     assert store.parse("s3://b/a/b/") == ("s3", "b", "a/b") and not store.is_url("file:///x") and store.is_url("s3://b")
+    assert store.fetched("file:///x/run") == "/x/run" and store.fetched("saved/x") == "saved/x"
     for bad in ("gs://b/x", "s3://b/../x", "s3:///x"):
         with pytest.raises(ConfigError):
             store.parse(bad)
