@@ -148,13 +148,12 @@ class Mirror:
 
     def put(self, name: str, condition: dict | None = None) -> dict:
         path = self.run_dir / name
-        data = path.read_bytes()
         info = os.stat(path)
         try:
-            if condition is None:
-                out = self.fs.pipe_file(self.object(name), data)
-            else:
-                out = self.fs.pipe_file(self.object(name), data, chunksize=SINGLE_PUT, **condition)
+            if condition is None:  # streamed, in parts when large
+                out = self.fs.put_file(str(path), self.object(name))
+            else:  # one PUT (up to 5 GB), the condition on it: read whole
+                out = self.fs.pipe_file(self.object(name), path.read_bytes(), chunksize=SINGLE_PUT, **condition)
         except Exception as error:  # noqa: BLE001 (botocore's, s3fs's and aiohttp's errors alike: one line)
             text = f"{error} {getattr(error, '__cause__', '')}"
             failed = isinstance(error, FileExistsError) or "PreconditionFailed" in text or "pre-condition" in text
@@ -251,7 +250,7 @@ def download(url: str, local: Path) -> Mirror:
         target = local / name
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            target.write_bytes(fs.cat_file(f"{root}/{name}"))
+            fs.get_file(f"{root}/{name}", str(target))
         except Exception as error:  # noqa: BLE001
             raise ConfigError(f"{masked(url)}/{name}: cannot read it ({error_line(error)})") from None
         info = target.stat()
