@@ -123,7 +123,7 @@ def train(args) -> int:
         exact=getattr(args, "exact_run_dir", False),
         here=buckets.here,  # [feature: buckets] each process stages its own copy of a bucket's run folder
     ) as (trainer, folder):
-        buckets.attach(trainer.checkpoints, folder.path)  # [feature: buckets] saves copied into the bucket
+        buckets.attach(trainer.checkpoints, folder.path, folder.existed is not None)  # [feature: buckets] saves copied
         trackers = describe_run(args, config, run, trainer, folder)
         status = 1
         try:

@@ -20,6 +20,7 @@ against its shards). Credentials and the endpoint come from the environment as b
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -346,10 +347,13 @@ def fetch_named(config: dict) -> None:
         fetched(run_url)
 
 
-def attach(checkpoints, run_dir: Path) -> Mirror | None:
+def attach(checkpoints, run_dir: Path, new: bool) -> Mirror | None:
     """Copies the run's saves into the bucket when its folder is a staged one: the hooks of ``Checkpoints`` set,
-    and on process 0 what the folder holds already (config, model code) uploaded now."""
+    and on process 0 what the folder holds already (config, model code) uploaded now. ``new``: a folder this run
+    made, which the bucket must not hold a checkpoint of (another machine's run of that name)."""
     import jax
+
+    from training.run.cli import fail
 
     url = url_of(run_dir)
     if url is None:
@@ -358,13 +362,18 @@ def attach(checkpoints, run_dir: Path) -> Mirror | None:
     MIRRORS[Path(run_dir).resolve()] = mirror
     checkpoints.publish = mirror.publish
     if jax.process_index() == 0:
+        logging.getLogger("train").info(f"run folder in the bucket: {masked(url)} (staged in {run_dir})")
         checkpoints.committed = lambda folder, names: mirror.commit(folder, names)
         try:
+            if new and mirror.fs.exists(mirror.object(LATEST)):
+                shutil.rmtree(run_dir, ignore_errors=True)  # made by this run: nothing of it stays
+                fail(
+                    f"{masked(url)}: holds a run with a checkpoint already (another machine's?): continue it with "
+                    f"-r auto or -r {masked(url)}/{LATEST}, or choose another --run-id"
+                )
             mirror.sync()
-        except OSError as error:
-            from training.run.cli import fail
-
-            fail(f"cannot write {error}; the run did not start")
+        except Exception as error:  # noqa: BLE001 (an OSError of ours, or botocore's from exists)
+            fail(f"cannot write {masked(url)}: {error_line(error)}; the run did not start")
     return mirror
 
 

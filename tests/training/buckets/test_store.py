@@ -241,6 +241,32 @@ def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, s3, monkeypat
     assert objects(client, "unit/run/")["checkpoint-latest.params"] == b"another job's"
 
 
+def test_a_new_run_is_refused_where_the_bucket_has_a_checkpoint_of_its_name(tmp_path, s3, monkeypatch, capsys):
+    """Another machine's run of the same name, with a checkpoint in the bucket: a new run there stops before it
+    trains, in one line, its staged folder removed; an attempt without a checkpoint there is taken over."""
+    from types import SimpleNamespace
+
+    from training.buckets import store
+
+    client, _ = s3
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    client.put_object(Bucket=BUCKET, Key="taken/tiny/r/checkpoint-latest.params", Body=b"another machine's")
+    run_dir = store.local_of(f"s3://{BUCKET}/taken/tiny/r")
+    run_dir.mkdir(parents=True)
+    with pytest.raises(SystemExit) as stop:
+        store.attach(SimpleNamespace(), run_dir, new=True)
+    assert stop.value.code == 2 and not run_dir.exists()
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("error: s3://runs/taken/tiny/r: holds a run with a checkpoint already") and "\n" not in said
+    run_dir = store.local_of(f"s3://{BUCKET}/taken/tiny/attempt")
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    client.put_object(Bucket=BUCKET, Key="taken/tiny/attempt/config.json", Body=b"{}")
+    checkpoints = SimpleNamespace()
+    store.attach(checkpoints, run_dir, new=True)
+    assert checkpoints.committed and objects(client, "taken/tiny/attempt/") == {"config.json": b"{}"}
+
+
 def test_urls_and_messages():
     """Only s3:// is a bucket; a secret of the environment or of a URL is never in a message."""
     from training.buckets import store
