@@ -114,12 +114,14 @@ def train(args) -> int:
     stops.safe_point()
     loaders = load_data(args, config, run)
     stops.safe_point()
+    recorded = config  # what config.json holds
+    recorded = buckets.as_given(config)  # [feature: buckets] the bucket's URL as save_dir, not its staging folder
     with lifecycle.opened(
         config,
         Path(args.resume) if args.resume else None,
         resume_dir,
         load_state=lambda: load_state(args, config, run, resume_dir),
-        write=lambda run_dir: write_run_files(run_dir, config, run, new=not resume_dir),
+        write=lambda run_dir: write_run_files(run_dir, recorded, run, new=not resume_dir),
         exact=getattr(args, "exact_run_dir", False),
         here=buckets.here,  # [feature: buckets] each process stages its own copy of a bucket's run folder
     ) as (trainer, folder):

@@ -33,6 +33,7 @@ from training.run.folder import RunFolderError
 
 SCHEMES = ("s3",)
 URL = re.compile(r"(?P<scheme>[a-z0-9]+)://(?P<bucket>[^/?#]+)(?P<key>/[^?#]*)?")
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 HIDDEN = "***"
 SINGLE_PUT = 5 * 2**30  # S3's largest PUT: a commit up to this size is one conditional request
@@ -62,6 +63,9 @@ def parse(url: str) -> tuple[str, str, str]:
     found = URL.fullmatch(url)
     if not found or found["scheme"] not in SCHEMES:
         raise ConfigError(f"{masked(url)}: expected s3://BUCKET/PREFIX (the object stores this project writes to)")
+    if not BUCKET_NAME.fullmatch(found["bucket"]):
+        raise ConfigError(f"{masked(url)}: a bucket name is 3 to 63 of a-z, 0-9, '.' and '-' (credentials go in the "
+                          f"environment, never in the URL)")  # fmt: skip
     key = (found["key"] or "").strip("/")
     if any(part in ("", ".", "..") for part in key.split("/")) and key:
         raise ConfigError(f"{masked(url)}: a key with an empty, '.' or '..' part")
@@ -319,6 +323,12 @@ def stage(config: dict) -> None:
     parse(save_dir)
     check_writable(save_dir)
     config["trainer"]["save_dir"] = str(local_of(save_dir))
+
+
+def as_given(config: dict) -> dict:
+    """`config` as the run folder's config.json records it: a staged save_dir as the bucket's URL it stands for."""
+    url = url_of(Path(config["trainer"]["save_dir"]))
+    return config if url is None else {**config, "trainer": {**config["trainer"], "save_dir": url}}
 
 
 def local_only(config: dict, who: str) -> None:

@@ -114,6 +114,7 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
     assert ".lock" not in got and SECRET not in second.stdout + second.stderr
     assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [*range(1, epochs + 1)]
     assert json.loads(got["config.json"])["trainer"]["epochs"] == epochs
+    assert json.loads(got["config.json"])["trainer"]["save_dir"] == f"s3://{BUCKET}/exp"  # the URL, not a staging
 
     result = run("test.py", "--run", f"s3://{BUCKET}/exp/tiny/one/checkpoint-latest.params",
                  env=staged(tmp_path, env, "c"))  # fmt: skip
@@ -272,11 +273,16 @@ def test_urls_and_messages():
     from training.buckets import store
     from training.config.file import ConfigError
 
-    assert store.parse("s3://b/a/b/") == ("s3", "b", "a/b") and not store.is_url("file:///x") and store.is_url("s3://b")
+    assert (
+        store.parse("s3://b-1/a/b/") == ("s3", "b-1", "a/b")
+        and not store.is_url("file:///x")
+        and store.is_url("s3://b")
+    )
     assert store.fetched("file:///x/run") == "/x/run" and store.fetched("saved/x") == "saved/x"
-    for bad in ("gs://b/x", "s3://b/../x", "s3:///x"):
-        with pytest.raises(ConfigError):
+    for bad in ("gs://bucket/x", "s3://bucket/../x", "s3:///x", "s3://key:secret@bucket/x"):
+        with pytest.raises(ConfigError) as error:
             store.parse(bad)
+        assert "secret" not in str(error.value)
     os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET
     try:
         assert SECRET not in store.masked(f"denied for {SECRET}") and "***" in store.masked("s3://k:pw@b/x")
