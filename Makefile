@@ -55,7 +55,8 @@ $(VENV)/.installed: requirements.txt $(wildcard requirements-litert.txt) $(REQUI
 	$(if $(wildcard requirements-litert.txt),$(BIN)/pip install --quiet --no-deps -r requirements-litert.txt)
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt requirements.txt $(wildcard requirements-sweeps-postgres.txt requirements-litert.txt) \
+$(VENV)/.installed-dev: requirements-dev.txt requirements.txt \
+		$(wildcard requirements-sweeps-postgres.txt requirements-buckets.txt requirements-litert.txt) \
 		$(REQUIREMENTS) | $(BIN)/python
 	$(SAY_ACCEL)
 	$(BIN)/pip install --quiet -r requirements-dev.txt$(if $(filter-out cpu,$(ACCEL)), -r $(REQUIREMENTS))

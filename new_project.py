@@ -1,7 +1,7 @@
 """Start a project of your own from this template:
 
     python new_project.py ../my_project [--name my_project] [--samples mnist,shakespeare_char,...]
-                                        [--without sweeps,tracking,plots,kernels,processes,tflite]
+                                        [--without sweeps,tracking,plots,kernels,processes,tflite,buckets]
 
 A copy of the template, less what the tables below leave out: the samples not named (their configs, data and
 end-to-end tests), the optional features named in --without (each a folder, its tests, its entry script and its
@@ -74,6 +74,8 @@ FEATURES = {
     "processes": ("training/processes", "tests/training/processes"),
     # the TFLite route: without it the export writes ONNX (by jax2onnx) and the JAX artifact
     "tflite": ("inference/formats/tflite", "tests/inference/tflite", "requirements-litert.txt"),
+    # trainer.save_dir in an S3 bucket (fsspec, s3fs), and runs read from their URL
+    "buckets": ("training/buckets", "tests/training/buckets", "requirements-buckets.txt", "docs/buckets.md"),
 }
 # `[feature: plots, sweeps]`: a line both need, dropped only when both are left out
 MARK = re.compile(r"\[feature: (\w+(?:, \w+)*)\]( begin| end)?")

@@ -16,6 +16,7 @@ from files.writes import CONFIG, PREPROCESSING
 from inference.predict import read_preprocessing
 from inference.trained_run import load_run
 from training.assembly import assemble
+from training.buckets import store as buckets  # [feature: buckets]
 from training.config.file import ConfigError
 from training.config.validation import load_config
 from training.devices import compilation_cache
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     compilation_cache.use()  # the machine's: what training compiled, this reads
     from training.run.checkpoint import of_run
 
+    args.run = buckets.local_copy(args.run)  # [feature: buckets] a run in a bucket, read from a local copy
     checkpoint_path = of_run(args.run)
     run_dir = checkpoint_path.parent
     try:

@@ -32,6 +32,7 @@ import numpy as np
 from files.writes import CONFIG, UnsafeFile, refuse_unsafe, write_atomic
 from inference.trained_run import load_run
 from training.assembly import assemble
+from training.buckets import store as buckets  # [feature: buckets]
 from training.config.file import ConfigError
 from training.config.validation import load_config
 from training.devices import compilation_cache
@@ -80,6 +81,7 @@ def main(argv=None) -> int:
     from data_loader.augment.pipeline import Prepared
     from training.run.checkpoint import of_run
 
+    args.run = buckets.local_copy(args.run)  # [feature: buckets] a run in a bucket, read from a local copy
     checkpoint_path = of_run(args.run)
     config_path = Path(args.config) if args.config else checkpoint_path.parent / CONFIG
     out = Path(args.out) if args.out else checkpoint_path.parent

@@ -21,6 +21,7 @@ from pathlib import Path
 from files.writes import CONFIG, LATEST, METRICS
 from signals import stops
 from training.assembly import assemble
+from training.buckets import store as buckets  # [feature: buckets]
 from training.config.components import components_text
 from training.config.file import ConfigError, config_hash
 from training.config.validation import load_config
@@ -113,14 +114,18 @@ def train(args) -> int:
     stops.safe_point()
     loaders = load_data(args, config, run)
     stops.safe_point()
+    recorded = config  # what config.json holds
+    recorded = buckets.as_given(config)  # [feature: buckets] the bucket's URL as save_dir, not its staging folder
     with lifecycle.opened(
         config,
         Path(args.resume) if args.resume else None,
         resume_dir,
         load_state=lambda: load_state(args, config, run, resume_dir),
-        write=lambda run_dir: write_run_files(run_dir, config, run, new=not resume_dir),
+        write=lambda run_dir: write_run_files(run_dir, recorded, run, new=not resume_dir),
         exact=getattr(args, "exact_run_dir", False),
+        here=buckets.here,  # [feature: buckets] each process stages its own copy of a bucket's run folder
     ) as (trainer, folder):
+        buckets.attach(trainer.checkpoints, folder.path, folder.existed is not None)  # [feature: buckets] saves copied
         trackers = describe_run(args, config, run, trainer, folder)
         status = 1
         try:
@@ -128,6 +133,7 @@ def train(args) -> int:
         finally:
             if mesh.is_main():  # a --fast-dev-run's folder goes at the end: no curves to point into it
                 finish(folder.path, trackers, status, trainer.lr_fn, curves=not args.fast_dev_run)
+                buckets.finish(folder.path)  # [feature: buckets] the log's last lines, the figures
             if args.fast_dev_run:
                 shutil.rmtree(config["trainer"]["save_dir"], ignore_errors=True)
     mesh.finish_processes()  # several processes: each waits here until all are done
@@ -279,6 +285,7 @@ def resolve_config(args) -> tuple[dict, Path | None]:
         raise ConfigError("--fast-dev-run checks a config on a fresh run; it does not take -r")
     if args.resume == "auto":
         return resolve_auto(args)
+    args.resume, args.weights = buckets.fetched(args.resume), buckets.fetched(args.weights)  # [feature: buckets]
     if args.resume:
         resume = Path(args.resume)
         check_checkpoint_file(resume, "-r")
@@ -302,6 +309,7 @@ def resolve_config(args) -> tuple[dict, Path | None]:
             value = getattr(args, flag)
             raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
     config = load_config(config_path, overrides, source=Path(config_path).name)
+    buckets.stage(config)  # [feature: buckets] an s3:// save_dir checked, and staged in a local folder
     if resume_dir and not args.config:  # the run folder's own config: where it may write is checked
         location.check_config_writes(config, resume_dir)
     if args.exclude and not args.weights:
@@ -321,6 +329,7 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
         raise ConfigError("-r auto: give the config with -c (and the run's name with --run-id)")
     args.resume = None
     config, _ = resolve_config(args)
+    buckets.fetch_named(config)  # [feature: buckets] the run in the bucket, if it is there
     run_dir = location.named_run(config)
     args.exact_run_dir = True
     if (run_dir / LATEST).is_file():

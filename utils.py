@@ -20,6 +20,7 @@ from pathlib import Path
 
 from files.writes import LATEST
 from training.assembly import assemble
+from training.buckets import store as buckets  # [feature: buckets]
 from training.config.file import ConfigError, config_hash
 from training.config.validation import validate
 from training.devices import compilation_cache
@@ -42,6 +43,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
     in the notebook itself is recorded (notebook.json): the command-line tools refuse the run in one line, since only
     this kernel knows that component."""
     config = validate(config, source)
+    buckets.local_only(config, "fit")  # [feature: buckets] a bucket's run folder is train.py's
     check_run_dir(run_dir, resume)
     compilation_cache.use()  # the machine's, where nothing has compiled yet in this kernel
     run = assemble(config, source)

@@ -55,6 +55,7 @@ from inference.routes import FORMATS as DECLARED  # noqa: E402
 from inference.routes import OUTPUT_NAME, routes_of  # noqa: E402
 from inference.trained_run import ModelInputError, load_run  # noqa: E402
 from training.assembly import assemble  # noqa: E402
+from training.buckets import store as buckets  # noqa: E402 [feature: buckets]
 from training.config.file import ConfigError  # noqa: E402
 from training.config.schema import MAX_BATCH  # noqa: E402
 from training.config.validation import load_config  # noqa: E402
@@ -141,6 +142,7 @@ def chosen_outputs(asked: str | None, forward, spec) -> list[str] | None:
 def resolve_run(args) -> tuple[Path, Path]:
     """(config path, checkpoint path) from --run, or -c/-w."""
     if args.run:
+        args.run = buckets.fetched(args.run)  # [feature: buckets] a run in a bucket, read from a local copy
         checkpoint = of_run(args.run)
         if checkpoint.name == LATEST and Path(args.run).is_dir():
             print(f"{args.run}: no {BEST} (monitor off?); using {LATEST}")

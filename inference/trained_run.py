@@ -18,6 +18,7 @@ from typing import Any
 from files.reads import read_json
 from files.writes import CONFIG, PREPROCESSING
 from training.assembly import Run, assemble
+from training.buckets import store as buckets  # [feature: buckets]
 from training.config.file import ConfigError
 from training.config.validation import load_config
 from training.run import checkpoint
@@ -118,6 +119,7 @@ def load_run(path: str | Path, config: dict | None = None, input_spec=None) -> L
     a checkpoint that does not fit the model ``training.run.checkpoint.CheckpointError``; both carry one line."""
     import jax
 
+    path = buckets.fetched(path)  # [feature: buckets] a run in a bucket, read from a local copy
     checkpoint_path = checkpoint.of_run(path)
     checkpoint.check_checkpoint_file(checkpoint_path)
     if config is None:

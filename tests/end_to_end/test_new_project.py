@@ -385,6 +385,7 @@ TRACES = {
     ),
     "plots": Traces(r"training/plots|python -m training\.plots|confusion_matrix\.png"),  # matplotlib: SHARED
     "kernels": Traces(r"model/kernels|model\.kernels"),
+    "buckets": Traces(r"training/buckets|docs/buckets\.md|requirements-buckets|s3://", ("s3fs", "moto")),
 }
 SHARED = {"matplotlib": ("plots", "sweeps")}  # a package that goes with the last feature that needs it
 

@@ -46,13 +46,15 @@ def opened(
     load_state: Callable,
     write: Callable[[Path], None],
     exact: bool = False,
+    here: Callable[[str], Path] = Path,
 ) -> Iterator[tuple[object, RunFolder]]:
     """Yields (the trainer `load_state` made, its run folder). In order: a resumed run's folder (`resume_dir`) is
     held while `load_state` loads the checkpoint `resume`, and changed only once it loaded (a failure leaves it as
     it was); process 0 then creates a new folder under trainer.save_dir (``exact``: the name itself, ``-r auto``)
     or marks and reconciles the resumed one, `write`s the run's files in it and logs there; the other processes
-    learn where it is. A failure up to there is one line and exit status 2, with a new folder removed again; a run
-    that ``discard``s its folder has it removed when the block ends."""
+    learn where it is (``here``: process 0's folder as this process writes it: a bucket's run folder is staged by
+    each process on its own disk). A failure up to there is one line and exit status 2, with a new folder removed
+    again; a run that ``discard``s its folder has it removed when the block ends."""
     try:
         lock = folder.hold(resume_dir, mark=False) if resume_dir and mesh.is_main() else None
         trainer = load_state()
@@ -64,7 +66,7 @@ def opened(
     existed, run_dir = None, None
     try:
         if not mesh.is_main():  # process 0 writes the folder; the others only learn where it is
-            run_dir, repaired = Path(mesh.share_text("run_dir")), []
+            run_dir, repaired = here(mesh.share_text("run_dir")), []
         elif resume_dir:
             run_dir = resume_dir
             if lock is None:  # a folder without a lock file: made now that its checkpoint loaded

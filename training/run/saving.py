@@ -111,6 +111,10 @@ class Checkpoints:
         self.last_save = (0, time.monotonic())  # (step, time) of the last checkpoint, for checkpoint_every
         self.writer = run_folder.Writer(background=settings.async_checkpoints)
         self.saves = 0  # this process's saves so far: several processes count alike, naming each save's shared tag
+        # a copy of the run folder elsewhere (a bucket's objects, where save_dir is one): ``publish(path)``, each
+        # shard file this process wrote, before it is reported; ``committed(run_dir, names)``, process 0 once a save
+        # is committed in the run folder (its index first)
+        self.publish, self.committed = None, None
 
     def resume(self, header: dict, path: Path, state_step: int) -> list[str]:
         """Continues the best value and early-stopping count of the checkpoint `path` a run resumes from (its
@@ -207,7 +211,7 @@ class Checkpoints:
             # every process copies the distinct shards it holds and writes them (training/run/shards.py): nothing
             # is gathered to one host; process 0 commits the index once all have written
             tag, part = shards.new_tag(header["step"], self.saves), shards.take(tree)
-            encode = lambda: shards.write(run_dir, tag, part, header)  # noqa: E731
+            encode = lambda: shards.write(run_dir, tag, part, header, self.publish)  # noqa: E731
         else:
             host = mesh.to_host(tree)  # copies: the device buffers go on to the next step
             encode = lambda: checkpoint.encode(host, header)  # noqa: E731
@@ -240,6 +244,8 @@ class Checkpoints:
             except OSError as error:
                 kept = "nothing was changed" if path.name == names[0] else f"{names[0]} holds step {header['step']}"
                 raise run_folder.RunFolderError(f"cannot write {path}: {error.strerror or error}; {kept}") from None
+            if self.committed is not None:
+                self.committed(run_dir, names)
 
         if mesh.is_main() or jax.process_count() > 1:  # one file: written by process 0 alone
             self.writer.submit(write)

@@ -74,10 +74,12 @@ def gather(name: str, text: str) -> list[str] | None:
     return mesh.team.gather_texts(name, text)
 
 
-def write(run_dir: Path, tag: str, part: tuple[dict, dict], header: dict) -> bytes | None:
+def write(run_dir: Path, tag: str, part: tuple[dict, dict], header: dict, publish=None) -> bytes | None:
     """Writes this process's file of the save `tag` and reports it; on process 0, once every process has, returns
     the index's bytes (None on the others). A process that could not write says so in its report, and process 0
-    raises an OSError naming it: the index is not written, the previous checkpoint stays the latest."""
+    raises an OSError naming it: the index is not written, the previous checkpoint stays the latest. ``publish``:
+    called with the file once written, before it is reported (a bucket's run folder uploads it; an OSError is
+    reported as a failed write)."""
     pieces, leaves = part
     name = f"{SHARDS}/{tag}.{jax.process_index()}.shard"
     try:
@@ -90,6 +92,8 @@ def write(run_dir: Path, tag: str, part: tuple[dict, dict], header: dict) -> byt
         if arrays:  # none: every shard this process holds is a replica of another process's
             folder.mkdir(exist_ok=True)
             checkpoint.save(run_dir / name, arrays, {"epoch": header["epoch"], "step": header["step"], "tag": tag})
+            if publish is not None:
+                publish(run_dir / name)
         report = json.dumps({"file": name if arrays else None, "pieces": described})
     except OSError as error:
         report = json.dumps({"error": f"{error.filename or name}: {error.strerror or error}"})

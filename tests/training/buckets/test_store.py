@@ -1,0 +1,290 @@
+"""Run folders in a bucket (training/buckets): train.py, a kill and ``-r auto`` from the bucket, test.py and
+load_run from a URL, two processes sharing only the bucket, against a real S3 server (moto's, on localhost)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import make_idx_dataset
+from tests.end_to_end.test_train import ROOT, make_config, run
+from training.run import checkpoint
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+BUCKET = "runs"
+SECRET = "not-a-real-secret-0123456789"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free localhost port, its bucket made; the environment that points botocore at it."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing-key",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    client.create_bucket(Bucket=BUCKET)
+    yield client, env
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data") / "mnist"
+    make_idx_dataset(folder, n_train=160, n_test=40)
+    return folder
+
+
+def objects(client, prefix: str) -> dict[str, bytes]:
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return {
+        o["Key"].removeprefix(prefix): client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed
+    }
+
+
+def header_of(path, data: bytes) -> dict:
+    path.write_bytes(data)
+    return checkpoint.read(path, lazy=True)[1]  # an index: its shards are not read
+
+
+def latest_epoch(data: bytes, tmp_path) -> int:
+    return header_of(tmp_path / "header.params", data)["epoch"]
+
+
+def staged(tmp_path, env: dict, name: str) -> dict:
+    """The environment of a train.py on a machine of its own: its staging folder under tmp_path/name."""
+    return {**env, "TRAIN_STAGING_DIR": str(tmp_path / name)}
+
+
+def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3, data_dir, monkeypatch):
+    """train.py with save_dir s3://runs/exp writes its run folder there (config, metrics, log, checkpoints, the
+    index last); killed (-9) once a checkpoint is committed, ``-r auto`` on another 'machine' (an empty staging
+    folder) continues from the bucket's latest checkpoint to the end; test.py and load_run read the run from its URL;
+    the secret is never printed."""
+    client, env = s3
+    config = make_config(tmp_path, data_dir, trainer__save_dir=f"s3://{BUCKET}/exp", trainer__epochs=50)
+    first = subprocess.Popen(
+        [sys.executable, "train.py", "-c", str(config), "--run-id", "one"],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **staged(tmp_path, env, "a")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while "checkpoint-latest.params" not in objects(client, "exp/tiny/one/") and first.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint reached the bucket in 120 s"
+        time.sleep(0.1)
+    first.kill()
+    assert first.wait() == -9, first.stderr.read()
+    first.stderr.close()
+    latest = header_of(tmp_path / "latest.params", objects(client, "exp/tiny/one/")["checkpoint-latest.params"])
+    epochs = latest["epoch"] + 1
+
+    # another machine: nothing staged; -r auto finds the run in the bucket and trains one more epoch
+    second = run("train.py", "-c", config, "--run-id", "one", "-r", "auto", "--epochs", epochs,
+                 env=staged(tmp_path, env, "b"))  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert f"epoch {epochs - 1}" in second.stdout + second.stderr
+    got = objects(client, "exp/tiny/one/")
+    assert {"config.json", "metrics.jsonl", "train.log", "checkpoint-latest.params", "model_best.params"} <= set(got)
+    assert ".lock" not in got and SECRET not in second.stdout + second.stderr
+    assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [*range(1, epochs + 1)]
+    assert json.loads(got["config.json"])["trainer"]["epochs"] == epochs
+    assert json.loads(got["config.json"])["trainer"]["save_dir"] == f"s3://{BUCKET}/exp"  # the URL, not a staging
+
+    result = run("test.py", "--run", f"s3://{BUCKET}/exp/tiny/one/checkpoint-latest.params",
+                 env=staged(tmp_path, env, "c"))  # fmt: skip
+    assert result.returncode == 0 and "accuracy" in result.stdout, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+
+    # load_run from the URL, in this process: the run folder's best checkpoint
+    from inference.trained_run import load_run
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
+    loaded = load_run(f"s3://{BUCKET}/exp/tiny/one")
+    assert loaded.header["epoch"] == latest_epoch(got["model_best.params"], tmp_path)
+    assert loaded.checkpoint == tmp_path / "d/process_0/s3/runs/exp/tiny/one/model_best.params"
+
+
+def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir, monkeypatch):
+    """A missing bucket, and an endpoint nobody answers on: one line, exit status 2, the secret not in it."""
+    _, env = s3
+    config = make_config(tmp_path, data_dir, trainer__save_dir="s3://no-such-bucket/exp")
+    result = run("train.py", "-c", config, env=staged(tmp_path, env, "a"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: trainer.save_dir: s3://no-such-bucket/exp: cannot write there")
+    assert len(result.stderr.strip().splitlines()) == 1 and SECRET not in result.stderr
+    # the same checks in this process: an endpoint nobody answers on; a run folder the bucket does not have
+    from training.buckets import store
+    from training.config.file import ConfigError
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "b"))
+    started = time.monotonic()
+    with monkeypatch.context() as dead:
+        dead.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        with pytest.raises(ConfigError, match=r"^trainer.save_dir: s3://runs/x: cannot write there \(") as error:
+            store.check_writable("s3://runs/x")
+    assert time.monotonic() - started < 60 and "\n" not in str(error.value) and SECRET not in str(error.value)
+    with pytest.raises(ConfigError, match="s3://runs/nothing-here: no such run folder in the bucket"):
+        store.fetched("s3://runs/nothing-here/checkpoint-latest.params")
+
+
+def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch):
+    """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
+    index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
+    uploaded; two processes on other machines go on from the bucket (-r auto); a shard object changed or missing is
+    refused as on disk."""
+    pytest.importorskip("training.processes")  # a project without several processes has no --coordinator
+    from tests.training.processes.test_runs import finish, free_port
+    from tests.training.test_mesh import devices_env, tiny_config
+    from training.buckets import store
+
+    client, env = s3
+    config = tiny_config(
+        tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=f"s3://{BUCKET}/multi"
+    )
+
+    def two_processes(machine: str, *args) -> None:
+        port = free_port()
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "train.py", "-c", str(config), "--run-id", "two", *map(str, args)]
+                + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+                cwd=ROOT,
+                env={**os.environ, **devices_env(1), **staged(tmp_path, env, machine)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(2)
+        ]
+        for status, _out, err in finish(processes):
+            assert status == 0, err
+
+    two_processes("a", "--epochs", 1)
+    two_processes("b", "-r", "auto")  # other machines: each process downloads the run, epoch 2 goes on from it
+    got = objects(client, "multi/tiny/two/")
+    assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2]
+    indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
+    assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
+    named = {f for header in indexes.values() for f in header["shards"]["files"]}
+    assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4
+    assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-latest.params"]["shards"]["files"]] == ["0", "1"]
+    assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
+    url = f"s3://{BUCKET}/multi/tiny/two/checkpoint-latest.params"
+
+    # the checks of a local run folder, on its copy: a shard object changed, or missing, is refused in one line
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
+    shard = "multi/tiny/two/" + indexes["checkpoint-latest.params"]["shards"]["files"][1]
+    data = bytearray(got[shard.removeprefix("multi/tiny/two/")])
+    data[-1] ^= 1
+    client.put_object(Bucket=BUCKET, Key=shard, Body=bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match="fails its checksum"):
+        checkpoint.read(store.fetched(url))
+    client.delete_object(Bucket=BUCKET, Key=shard)
+    with pytest.raises(checkpoint.CheckpointError, match="missing, a shard file of"):
+        checkpoint.read(store.fetched(url))
+
+
+def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, s3, monkeypatch):
+    """The index is put with If-None-Match: * (a run's first) or If-Match: the ETag this run last wrote: a second
+    job writing the same run folder is refused, its checkpoint not committed. After a commit the shard objects no
+    index names (a save a kill cut short) and the objects of files removed locally are deleted."""
+    from training.buckets import store
+    from training.run.folder import RunFolderError
+
+    client, _ = s3
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "staging"))
+    url = f"s3://{BUCKET}/unit/run"
+    run_dir = store.local_of(url)
+    (run_dir / "shards").mkdir(parents=True)
+    checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [1.0]}, {"epoch": 1, "step": 1})
+    (run_dir / "checkpoint-step_1.params").write_bytes(b"a numbered one")
+    first = store.Mirror(run_dir, url)
+    first.commit(run_dir, ["checkpoint-latest.params"])
+    assert first.etag and client.head_object(Bucket=BUCKET, Key="unit/run/checkpoint-latest.params")
+    client.put_object(Bucket=BUCKET, Key="unit/run/shards/step_9-dead.1.shard", Body=b"cut short")
+    (run_dir / "checkpoint-step_1.params").unlink()
+    checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [2.0]}, {"epoch": 2, "step": 2})
+    first.commit(run_dir, ["checkpoint-latest.params"])  # If-Match: its own ETag
+    assert set(objects(client, "unit/run/")) == {"checkpoint-latest.params"}
+
+    second = store.Mirror(run_dir, url)  # another job, which never read this run's checkpoint
+    with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
+        second.commit(run_dir, ["checkpoint-latest.params"])
+    client.put_object(Bucket=BUCKET, Key="unit/run/checkpoint-latest.params", Body=b"another job's")
+    with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
+        first.commit(run_dir, ["checkpoint-latest.params"])
+    assert objects(client, "unit/run/")["checkpoint-latest.params"] == b"another job's"
+
+
+def test_a_new_run_is_refused_where_the_bucket_has_a_checkpoint_of_its_name(tmp_path, s3, monkeypatch, capsys):
+    """Another machine's run of the same name, with a checkpoint in the bucket: a new run there stops before it
+    trains, in one line, its staged folder removed; an attempt without a checkpoint there is taken over."""
+    from types import SimpleNamespace
+
+    from training.buckets import store
+
+    client, _ = s3
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    client.put_object(Bucket=BUCKET, Key="taken/tiny/r/checkpoint-latest.params", Body=b"another machine's")
+    run_dir = store.local_of(f"s3://{BUCKET}/taken/tiny/r")
+    run_dir.mkdir(parents=True)
+    with pytest.raises(SystemExit) as stop:
+        store.attach(SimpleNamespace(), run_dir, new=True)
+    assert stop.value.code == 2 and not run_dir.exists()
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("error: s3://runs/taken/tiny/r: holds a run with a checkpoint already") and "\n" not in said
+    run_dir = store.local_of(f"s3://{BUCKET}/taken/tiny/attempt")
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    client.put_object(Bucket=BUCKET, Key="taken/tiny/attempt/config.json", Body=b"{}")
+    checkpoints = SimpleNamespace()
+    store.attach(checkpoints, run_dir, new=True)
+    assert checkpoints.committed and objects(client, "taken/tiny/attempt/") == {"config.json": b"{}"}
+
+
+def test_urls_and_messages():
+    """Only s3:// is a bucket; a secret of the environment or of a URL is never in a message."""
+    from training.buckets import store
+    from training.config.file import ConfigError
+
+    assert (
+        store.parse("s3://b-1/a/b/") == ("s3", "b-1", "a/b")
+        and not store.is_url("file:///x")
+        and store.is_url("s3://b")
+    )
+    assert store.fetched("file:///x/run") == "/x/run" and store.fetched("saved/x") == "saved/x"
+    for bad in ("gs://bucket/x", "s3://bucket/../x", "s3:///x", "s3://key:secret@bucket/x"):
+        with pytest.raises(ConfigError) as error:
+            store.parse(bad)
+        assert "secret" not in str(error.value)
+    os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET
+    try:
+        assert SECRET not in store.masked(f"denied for {SECRET}") and "***" in store.masked("s3://k:pw@b/x")
+    finally:
+        os.environ.pop("AWS_SECRET_ACCESS_KEY")
