@@ -233,8 +233,8 @@ def test_distillation_sample_end_to_end(tmp_path):
     tested = run("test.py", "--run", run_dir)
     assert tested.returncode == 0, tested.stderr
     assert "task: classification" in tested.stdout and "confusion matrix" in tested.stdout
-    matrix = [line for line in tested.stdout.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
-    assert sum(int(v) for line in matrix[:10] for v in line.split()[1:]) == 40  # every test example, by true class
+    rows = (run_dir / "per_class.csv").read_text().splitlines()
+    assert len(rows) == 11 and sum(int(row.split(",")[-1]) for row in rows[1:]) == 40  # every example, by its label
 
     # the export is judged as a classifier's and predict.py names classes, not raw logits
     exported = run(
