@@ -202,7 +202,7 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str, los
         if isinstance(target, dict) and entry is not None and entry.task is not None:
             names = ", ".join(sorted(target))
             route = (
-                f'a model of one output whose loss takes them all (labels and a teacher\'s logits) is a classifier '
+                f"a model of one output whose loss takes them all (labels and a teacher's logits) is a classifier "
                 f'when the loss names the target of its class ids: "loss": {{"name": "{config["loss"]["name"]}", '
                 f'"labels": "<one of {names}>"}}'
                 if not isinstance(outputs, dict)

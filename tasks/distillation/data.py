@@ -16,10 +16,9 @@ import numpy as np
 
 from data_loader.loader import DataLoader
 from model.registry import register
+from tasks.distillation.losses import LABEL, TEACHER
 from training.config.components import build, check_component
 from training.config.file import ConfigError
-
-from tasks.distillation.losses import LABEL, TEACHER
 
 TEACHER_BATCH = 1024  # examples per call of the teacher while its outputs are computed
 

@@ -56,9 +56,7 @@ def softened_kl(logits: jax.Array, teacher_logits: jax.Array, temperature: float
 
 
 @register("loss", task="classification", check=_check_distillation)
-def distillation(
-    logits: jax.Array, targets, *, temperature: float = 4.0, alpha: float = 0.5, mask=None
-) -> jax.Array:
+def distillation(logits: jax.Array, targets, *, temperature: float = 4.0, alpha: float = 0.5, mask=None) -> jax.Array:
     """Per example (B,): ``alpha * CE(logits, label) + (1 - alpha) * T^2 KL`` of targets ``{"label": class ids,
     "teacher": the teacher's logits}`` (name the labels beside the loss: ``"labels": "label"``); the teacher's
     logits (B, C) alone give the KL term, class ids (B,) alone the cross-entropy."""
