@@ -16,11 +16,11 @@ import numpy as np
 
 from data_loader.loader import DataLoader
 from model.registry import register
-from tasks.distillation.losses import LABEL, TEACHER
 from training.config.components import build, check_component
 from training.config.file import ConfigError
 
 TEACHER_BATCH = 1024  # examples per call of the teacher while its outputs are computed
+LABEL, TEACHER = "label", "teacher"  # the names of a batch's targets (the loss distillation takes them so)
 
 
 class TeacherTargets:

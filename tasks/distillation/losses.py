@@ -19,9 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from model.registry import register
-
-# The names of the loss's targets (the loader teacher_outputs makes a batch's target so).
-LABEL, TEACHER = "label", "teacher"
+from tasks.distillation.data import LABEL, TEACHER  # the names of its targets, as the loader gives them
 
 
 def _check_distillation(temperature: float = 4.0, alpha: float = 0.5) -> None:
