@@ -11,6 +11,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.test_util import check_grads
 
@@ -32,6 +33,10 @@ def numpy_log_softmax(x):
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+def soft(logits, temperature):
+    return jax.nn.softmax(jnp.asarray(logits) / temperature)
+
+
 def numpy_distillation(student, labels, teacher, temperature, alpha):
     """alpha CE(labels) + (1 - alpha) T^2 KL(p || q), in float64 (Hinton et al., 2015)."""
     log_p, log_q = numpy_log_softmax(teacher / temperature), numpy_log_softmax(student / temperature)
@@ -51,6 +56,10 @@ def test_distillation_matches_numpy(temperature, alpha):
         got = distillation(student, targets, temperature=temperature, alpha=alpha)
         want = numpy_distillation(student, labels, teacher, temperature, alpha)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        # and optax's own two terms, an implementation of neither this file nor the sample
+        ce = optax.softmax_cross_entropy_with_integer_labels(student, labels)
+        kl = optax.losses.kl_divergence(jax.nn.log_softmax(student / temperature), soft(teacher, temperature))
+        np.testing.assert_allclose(got, alpha * ce + (1 - alpha) * temperature**2 * kl, rtol=1e-4, atol=1e-5)
         # the student's gradient: alpha (softmax(s) - onehot) + (1 - alpha) T (q - p) (Hinton et al., eq. 2 times T^2)
         grad = jax.grad(lambda s: distillation(s, targets, temperature=temperature, alpha=alpha).sum())(student)
         p, q = np.exp(numpy_log_softmax(teacher / temperature)), np.exp(numpy_log_softmax(student / temperature))
