@@ -7,6 +7,7 @@ end on tiny MNIST-format files."""
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ import optax
 import pytest
 from jax.test_util import check_grads
 
-from data_loader.loader import DataLoader
+from data_loader.loader import DataLoader, check_values
 from tasks.distillation.data import TeacherTargets
 from tasks.distillation.losses import distillation
 from tests.conftest import make_idx_dataset
@@ -152,6 +153,20 @@ def test_a_classification_loss_of_named_targets_names_the_route_in_one_line():
         check_component(weighted, "loss", "loss")
 
 
+def test_the_labels_among_named_targets_are_checked_as_class_ids():
+    with pytest.raises(ValueError, match=r"^example 0: class label 4 is outside \[0, 4\)$"):
+        check_values(Shifted(), 4, labels="target.label")
+    check_values(Shifted(), 5, labels="target.label")
+    check_values(Shifted(), 4)  # the named targets: no one array of class ids unless the labels are named
+
+
+class Shifted(Named):
+    def get_batch(self, indices):
+        batch = super().get_batch(indices)
+        batch["target"]["label"] = batch["target"]["label"] + 4 * (np.asarray(indices) == 0)
+        return batch
+
+
 def test_a_metric_of_named_targets_scores_the_labels():
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(8, 4)), jnp.float32)
     labels = jnp.asarray([0, 1, 2, 3, 0, 1, 2, 3])
@@ -256,6 +271,7 @@ def test_distillation_sample_end_to_end(tmp_path):
     predicted = run("inference/predict.py", tmp_path / "out" / "s" / "s.onnx", tmp_path / "x.npy", "--top", "2")
     assert predicted.returncode == 0, predicted.stderr
     assert "task classification" in predicted.stdout, predicted.stdout
+    assert re.search(r"x\.npy\[1\]: \d \(\d\.\d{3}\), \d \(\d\.\d{3}\)$", predicted.stdout, re.M), predicted.stdout
 
     # the loader's targets are the labels beside the teacher's outputs, as load_run gives them
     from inference.trained_run import load_run
