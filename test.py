@@ -126,14 +126,14 @@ def main(argv=None) -> int:
     import jax
 
     from inference.predict import decision_threshold
-    from training.config.components import of_output
+    from training.config.components import of_labels, of_output
     from training.metrics import accuracy, confusion_matrix, metric_results, multilabel_confusion_matrix
     from training.run import checkpoint
     from training.step import empty_stats, make_eval_step
     from training.tasks import output_preprocessing, output_tasks, task_of
 
     preprocessing = loader.preprocessing
-    task = task_of(config["loss"]["name"], spec, preprocessing)
+    task = task_of(config["loss"], spec, preprocessing)
     # each output of a model of several named outputs is reported by its own task, under its name
     tasks = output_tasks(config["loss"], spec, preprocessing)
     heads = (
@@ -156,7 +156,11 @@ def main(argv=None) -> int:
     names = {m.name for m in metrics}
     for output, each, _ in heads:
         prefix = "" if output is None else f"{output}/"
-        named = (lambda m: m) if output is None else (lambda m, output=output: of_output(m, output))
+        named = (
+            (lambda m: of_labels(m, config["loss"].get("labels")))  # named targets: the class ids the loss names
+            if output is None
+            else (lambda m, output=output: of_output(m, output))
+        )
         if each == "classification" and f"{prefix}confusion_matrix" not in names:
             metrics = [*metrics, named(confusion_matrix())]
         if each == "sequence" and f"{prefix}accuracy" not in names:

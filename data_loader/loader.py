@@ -100,9 +100,12 @@ def check_batch(batch: Any, batch_size: int) -> None:
 CHECK_BYTES = 8 << 20  # what check_values reads at once: enough rows to be vectorised, little memory
 
 
-def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: bool = False) -> None:
+def check_values(
+    dataset: Dataset, classes: int | None = None, allow_nonfinite: bool = False, labels: str = "target"
+) -> None:
     """Every example of `dataset`, read once in blocks through its own ``get_batch``, as the loop would receive it:
-    integer targets are class ids in [0, classes) when `classes` is given (the loss's gather would wrap -1 to the
+    integer targets (``labels``: the batch's entry holding them, ``target.label`` among named targets) are class ids
+    in [0, classes) when `classes` is given (the loss's gather would wrap -1 to the
     last class, and read past the end for an id too large), and floating-point inputs and targets are finite unless
     `allow_nonfinite` (a NaN input makes every later loss NaN). ValueError naming the first bad example by its index
     in the split; the caller adds which split. Checked where a data set is loaded, never in the step."""
@@ -125,7 +128,7 @@ def check_values(dataset: Dataset, classes: int | None = None, allow_nonfinite: 
                         f"example {indices[row]}: {path} holds {value} (non-finite values are refused; "
                         "allow_nonfinite: true beside the loader's name lets them through)"
                     )
-            if path == "target" and classes is not None and leaf.dtype.kind in "iu":
+            if path == labels and classes is not None and leaf.dtype.kind in "iu":
                 flat = leaf.reshape(len(leaf), -1)
                 bad = ((flat < 0) | (flat >= classes)).any(axis=1)
                 if bad.any():

@@ -56,6 +56,7 @@ from inference.routes import OUTPUT_NAME, routes_of  # noqa: E402
 from inference.trained_run import ModelInputError, load_run  # noqa: E402
 from training.assembly import assemble  # noqa: E402
 from training.buckets import store as buckets  # noqa: E402 [feature: buckets]
+from training.config.components import labels_of  # noqa: E402
 from training.config.file import ConfigError  # noqa: E402
 from training.config.schema import MAX_BATCH  # noqa: E402
 from training.config.validation import load_config  # noqa: E402
@@ -263,7 +264,7 @@ def export_tasks(config: dict, batch_spec: dict, preprocessing: dict, where: str
     from training.tasks import output_tasks, task_of
 
     try:
-        task = task_of(config["loss"]["name"], batch_spec, preprocessing)
+        task = task_of(config["loss"], batch_spec, preprocessing)
         return task, output_tasks(config["loss"], batch_spec, preprocessing) or task
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
@@ -449,6 +450,8 @@ def main(argv=None) -> int:
     else:
         try:
             validation = exporter.collect_validation(loader, forward, inputs, args.val_examples, model_input)
+            # named targets of a classifier of one output (the loss's "labels"): judged on its class ids
+            validation.targets = labels_of(validation.targets, config["loss"].get("labels"))
         except ExportError as error:
             fail(f"config.json: data_loader.{split}: {error}")
     if skipped:

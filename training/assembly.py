@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from training.config.components import build, build_optimizer
+from training.config.components import build, build_optimizer, of_labels
 from training.config.file import ConfigError
 from training.config.schema import DEFAULT_STEP
 from training.config.settings import Monitor
@@ -140,7 +140,11 @@ def assemble(config: dict, source: str = "config.json") -> Run:
         source,
         model=build(config["model"], "model", f"{source}: model"),
         loss_fn=build(config["loss"], "loss", f"{source}: loss"),
-        metrics=[build(m, "metrics", f"{source}: metrics.{i}") for i, m in enumerate(config["metrics"])],
+        # a loss's "labels" (named targets, one output): every metric scores the class ids of that target
+        metrics=[
+            of_labels(build(m, "metrics", f"{source}: metrics.{i}"), config["loss"].get("labels"))
+            for i, m in enumerate(config["metrics"])
+        ],
         callbacks=[build(c, "callbacks", f"{source}: callbacks.{i}") for i, c in enumerate(config["callbacks"])],
         augment=build_augment(config, source),
         monitor=monitor_of(config),

@@ -12,6 +12,11 @@ how to judge agreement with the JAX model.
 
 A dataset may override the derived task with ``preprocessing["task"]``.
 
+Named targets and a model of one output (a distillation's ``{"label": class ids, "teacher": logits}``): the loss's
+``"labels": "label"`` in the config says which target holds the class ids. The loss takes every target; the task is
+judged on that one as a classifier's (classification, or sequence for a class per position), whatever task the loss
+registered with, and every metric, ``test.py``'s confusion matrix and the export's classes take it.
+
 A model of several named outputs (a ``weighted_sum`` loss: one loss per output) has a task per output, each
 derived as above from that output's loss and target (``output_tasks``); ``preprocessing["outputs"][name]`` is that
 output's own preprocessing (its class names, say).
@@ -29,23 +34,25 @@ from data_loader.loader import check_values
 from model.modules.attention import FusedAttentionUnavailable
 from model.registry import TASKS
 from model.summary import describe_batch
-from training.config.components import CLASS_COUNT_ARGUMENTS, available, entries, output_losses
+from training.config.components import CLASS_COUNT_ARGUMENTS, available, entries, labels_of, output_losses
 from training.config.file import ConfigError
 from training.precision import policy_of
 
 
-def task_of(loss_name: str, batch_spec: dict, preprocessing: dict | None = None) -> str:
-    """The task of a run from its loss's config name (the task it registered with) and its loader's ``spec`` (see
-    the table above)."""
+def task_of(loss: str | dict, batch_spec: dict, preprocessing: dict | None = None) -> str:
+    """The task of a run from its loss's config (or name: the task it registered with; its ``labels``, the target
+    of named ones holding the class ids) and its loader's ``spec`` (see the table above)."""
+    loss = {"name": loss} if isinstance(loss, str) else loss
+    labels = loss.get("labels")
     declared = (preprocessing or {}).get("task")
     if declared is not None:
         if declared not in TASKS:
             raise ValueError(f"preprocessing task {declared!r}: expected one of {', '.join(TASKS)}")
         return declared
-    entry = entries("loss").get(loss_name)
-    task = (entry.task if entry else None) or "other"
+    entry = entries("loss").get(loss["name"])
+    task = "classification" if labels is not None else (entry.task if entry else None) or "other"
     if task == "classification":
-        target = batch_spec.get("target", batch_spec["input"])
+        target = labels_of(batch_spec.get("target", batch_spec["input"]), labels)
         if not hasattr(target, "dtype"):  # named targets (a dict): no one class per example or position to count
             return "other"
         ids = np.issubdtype(np.dtype(target.dtype), np.integer)
@@ -135,10 +142,10 @@ def model_outputs(config: dict, model, spec: dict, source: str):
 def takes_class_ids(config: dict, loader) -> bool:
     """Whether the loader's targets are integer class ids a classifier or language model gathers its outputs by
     (a model of several outputs: each head is checked on its own, ``check_model_fits_data``)."""
-    target = loader.spec.get("target")
+    target = labels_of(loader.spec.get("target"), config["loss"].get("labels"))
     if per_output_losses(config["loss"]) is not None or target is None or isinstance(target, dict):
         return False
-    task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+    task = task_of(config["loss"], loader.spec, loader.preprocessing)
     return task in ("classification", "sequence") and np.issubdtype(np.dtype(target.dtype), np.integer)
 
 
@@ -161,8 +168,11 @@ def check_split(run, split: str, loader) -> None:
     the split and the example."""
     spec = run.config["data_loader"].get(split, {})
     allow = isinstance(spec, dict) and spec.get("allow_nonfinite", False)
+    labels = run.config["loss"].get("labels")
     try:
-        check_values(loader.dataset, label_bound(run.config, run.model, loader, run.augment, run.source), allow)
+        named = isinstance(loader.spec.get("target"), dict) and labels is not None
+        bound = label_bound(run.config, run.model, loader, run.augment, run.source)
+        check_values(loader.dataset, bound, allow, f"target.{labels}" if named else "target")
     except ValueError as error:
         raise ConfigError(f"{run.source}: data_loader.{split}: {error}") from None
 
@@ -179,16 +189,30 @@ def check_model_fits_data(config: dict, model, loader, augment, source: str, los
     tasks = output_tasks(config["loss"], loader.spec, loader.preprocessing)
     width = None
     if tasks is None:
-        target = loader.spec.get("target")
-        # named targets and one loss: a loss that declares a task takes one array (its task is judged on it); one
-        # that declares none (a loss of your own) may take them all, traced on them below
+        target, labels = loader.spec.get("target"), config["loss"].get("labels")
+        if labels is not None:  # the class ids among named targets, for a model of one output
+            if not isinstance(target, dict) or labels not in target:
+                has = f"targets {', '.join(sorted(target))}" if isinstance(target, dict) else "one target, not named"
+                raise ConfigError(f"{source}: loss.labels: the data has no target {labels!r}; it has {has}")
+            target = target[labels]
+        # named targets and one loss: a loss that declares a task takes one array (its task is judged on it), unless
+        # the config names the target of its labels; one that declares none (a loss of your own) may take them all,
+        # traced on them below
         entry = entries("loss").get(config["loss"]["name"])
         if isinstance(target, dict) and entry is not None and entry.task is not None:
+            names = ", ".join(sorted(target))
+            route = (
+                f"a model of one output whose loss takes them all (labels and a teacher's logits) is a classifier "
+                f'when the loss names the target of its class ids: "loss": {{"name": "{config["loss"]["name"]}", '
+                f'"labels": "<one of {names}>"}}'
+                if not isinstance(outputs, dict)
+                else "give each output its own loss (weighted_sum with args.losses per name)"
+            )
             raise ConfigError(
                 f"{source}: loss: {config['loss']['name']} takes one target, but the data has named targets "
-                f"{', '.join(sorted(target))}: give each its own loss (weighted_sum with args.losses per name)"
+                f"{names}: {route}"
             )
-        task = task_of(config["loss"]["name"], loader.spec, loader.preprocessing)
+        task = task_of(config["loss"], loader.spec, loader.preprocessing)
         width = check_class_width(config, task, outputs, target, loader.preprocessing, loader, source)
     for output, task in (tasks or {}).items():  # each classifier head against its own target's classes
         target = loader.spec.get("target", {})
@@ -239,8 +263,9 @@ def check_class_width(
     if task in ("classification", "sequence") and isinstance(target, dict):  # a loader's declared task (task_of)
         raise ConfigError(
             f"{source}: the data declares the task {task!r}, but its targets are named ({', '.join(sorted(target))}): "
-            f"a classifier is reported on one array of class ids; declare it on data whose target is the labels, or "
-            f'leave the task out (the run is then reported as "other")'
+            f"a classifier is reported on one array of class ids; name the target that holds them beside the loss's "
+            f'name ("loss": {{"name": ..., "labels": "<one of them>"}}), or leave the task out (the run is then '
+            f'reported as "other")'
         )
     if (
         task not in ("classification", "sequence")
@@ -249,7 +274,8 @@ def check_class_width(
         or not hasattr(outputs, "shape")
     ):
         return None
-    pick = (lambda batch: batch["target"]) if output is None else (lambda batch: batch["target"][output])
+    labels = config["loss"].get("labels")
+    pick = (lambda b: labels_of(b["target"], labels)) if output is None else (lambda b: b["target"][output])
     classes, origin = class_count(preprocessing, lambda: pick(next(loader.batches(whole=True))))
     width = outputs.shape[-1]
     if width < classes:

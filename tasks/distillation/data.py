@@ -1,5 +1,7 @@
 """The loader ``teacher_outputs``: the examples of any loader (``data``, a loader's config), each with the teacher's
-outputs as its target, the teacher a trained run loaded with ``inference.trained_run.load_run``. The teacher runs
+outputs beside its labels as its target, ``{"label": the loader's target, "teacher": the teacher's logits}`` (the
+teacher's logits alone where ``data`` has no targets), the teacher a trained run loaded with
+``inference.trained_run.load_run``. The teacher runs
 once over the data when the loader is built (in inference mode, its own preprocessing first, as test.py runs it),
 and its logits are kept in memory, (examples, classes) float32: 2.4 MB for MNIST's 60,000 images. The loss
 ``distillation`` softens them at its temperature.
@@ -18,10 +20,12 @@ from training.config.components import build, check_component
 from training.config.file import ConfigError
 
 TEACHER_BATCH = 1024  # examples per call of the teacher while its outputs are computed
+LABEL, TEACHER = "label", "teacher"  # the names of a batch's targets (the loss distillation takes them so)
 
 
 class TeacherTargets:
-    """A data set's examples with ``target`` the teacher's logits of the same examples."""
+    """A data set's examples with ``target`` ``{"label": its target, "teacher": the teacher's logits of the same
+    examples}``, or those logits alone where the data set has no target."""
 
     def __init__(self, dataset, logits: np.ndarray, teacher: str):
         self.dataset, self.logits = dataset, logits
@@ -33,7 +37,8 @@ class TeacherTargets:
 
     def get_batch(self, indices):
         batch = dict(self.dataset.get_batch(indices))
-        batch["target"] = self.logits[indices]
+        teacher = self.logits[indices]
+        batch["target"] = {LABEL: batch["target"], TEACHER: teacher} if "target" in batch else teacher
         return batch
 
 
@@ -64,7 +69,8 @@ def _check(teacher=None, data=None, prefetch=2, **_) -> None:
 @register("data_loader", check=_check)
 def teacher_outputs(teacher, data, batch_size=128, shuffle=False, drop_last=False, prefetch=2, seed=0):
     """The examples of the loader ``data`` (``{"name": ..., "args": {...}}``, e.g. the teacher's own training
-    loader) with the outputs of the trained run ``teacher`` (a run folder or a checkpoint) as their targets."""
+    loader) with the outputs of the trained run ``teacher`` (a run folder or a checkpoint) beside their labels:
+    targets ``{"label", "teacher"}`` (the loss's ``"labels": "label"`` names the class ids)."""
     from inference.trained_run import load_run  # JAX and the teacher's run: only once this loader is built
     from training.run.checkpoint import CheckpointError
 

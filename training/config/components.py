@@ -23,8 +23,11 @@ COMPONENT_MODULES = KINDS
 
 
 # Keys besides "name" and "args" that a kind of component may have (a loader's "augment": the train split only).
-# A metric's "output": the named output (and target) of a model of several outputs that it scores.
+# A metric's "output": the named output (and target) of a model of several outputs that it scores. A loss's "labels":
+# the entry of the data's named targets that holds the class ids of a model of one output (a distillation's labels
+# beside the teacher's logits): the loss takes every target, the task, the metrics and test.py take that one.
 EXTRA_KEYS = {
+    "loss": ("labels",),
     "optimizer": ("schedule", "transforms", "frozen"),
     "data_loader": ("augment", "allow_nonfinite"),
     "metrics": ("output",),
@@ -207,6 +210,8 @@ def check_component(spec: Any, kind: str, where: str, supplied: tuple[str, ...] 
         raise ConfigError(f"{where}.args: missing argument {missing[0]!r}. Accepted: {signature_text(name, fn)}")
     if "output" in spec:
         check_output_name(spec["output"], f"{where}.output")
+    if "labels" in spec:
+        check_labels(spec["labels"], fn, f"{where}.labels")
     check = entries(kind)[name].check
     if check is not None:
         try:
@@ -305,6 +310,39 @@ def check_output_name(name: Any, where: str) -> None:
         raise ConfigError(
             f'{where}: expected the name of one of the model\'s outputs such as "digit", got {show(name)}'
         )
+
+
+def check_labels(name: Any, fn: Callable, where: str) -> None:
+    """A loss's ``labels``: the name of the data's target entry holding the class ids, for a loss of one output."""
+    if not isinstance(name, str) or not name or "/" in name or name != name.strip():
+        raise ConfigError(f'{where}: expected the name of one of the data\'s targets such as "label", got {show(name)}')
+    if any(output_losses(fn, key) for key in inspect.signature(fn).parameters):
+        raise ConfigError(
+            f"{where}: a loss of one loss per output gives each output its own target; labels names the class ids "
+            "of a model of one output"
+        )
+
+
+def of_labels(metric, labels: str | None):
+    """``metric`` scoring the data's class ids ``targets[labels]`` where the targets are named (a loss's
+    ``labels``: the run is a classifier of those); a target that is one array is scored as it is. Logged under its
+    own name (``val/accuracy``)."""
+    if labels is None:
+        return metric
+
+    def stats(outputs, targets, mask=None):
+        return metric.stats(outputs, labels_of(targets, labels), mask)
+
+    return type(metric)(metric.name, stats, metric.result)
+
+
+def labels_of(target, labels: str | None):
+    """The class ids of a batch's (or spec's) target: ``target[labels]`` of named targets, else the target itself."""
+    if labels is None or not isinstance(target, dict):
+        return target
+    if labels not in target:
+        raise ValueError(f"loss.labels: the data has no target {labels!r}; its targets are {', '.join(sorted(target))}")
+    return target[labels]
 
 
 def check_output_losses(value: Any, where: str) -> None:
