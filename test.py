@@ -3,7 +3,7 @@ checkpoint-latest.params when the run monitors nothing) or --run a checkpoint fi
 [--split test|validation] [--out DIR]; the split is the config's test split, or its validation split when it has none.
 
 Prints the loss and every configured metric, then what fits the task (derived from the loss and the data, see
-training/tasks.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
+training/task_kinds.py): for classification the confusion matrix and a per-class table (confusion_matrix.png,
 per_class.csv); for binary and multi-label outputs (B, L) a per-label table and confusion counts at the
 decision threshold (per_label.csv; the first threshold the config's metrics name, else 0.5, as predict.py decides;
 `--set metrics.N.args.threshold=0.3` re-scores at another, whatever trainer.monitor names); for a language model
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     from training.metrics import accuracy, confusion_matrix, metric_results, multilabel_confusion_matrix
     from training.run import checkpoint
     from training.step import empty_stats, make_eval_step
-    from training.tasks import output_preprocessing, output_tasks, task_of
+    from training.task_kinds import output_preprocessing, output_tasks, task_of
 
     preprocessing = loader.preprocessing
     task = task_of(config["loss"], spec, preprocessing)

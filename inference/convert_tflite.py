@@ -261,7 +261,7 @@ def check_batch_fits(args, export_spec, batch: int) -> None:
 def export_tasks(config: dict, batch_spec: dict, preprocessing: dict, where: str) -> tuple[str, str | dict]:
     """(the task, each named output's task or the one task): what judges each format, known from the data and
     preprocessing.json before anything is loaded, so a task preprocessing.json names wrongly is one line up front."""
-    from training.tasks import output_tasks, task_of
+    from training.task_kinds import output_tasks, task_of
 
     try:
         task = task_of(config["loss"], batch_spec, preprocessing)
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         loader, split, problem = split_loader(run)
         spec_loader = loader or split_loader(run, ("train",))[0]  # a spec needs one batch of any split
         spec, batch = input_spec(args, spec_loader, problem)
-        preprocessing, where = run_preprocessing(checkpoint_path, spec_loader)
+        preprocessing, where = saved_preprocessing(checkpoint_path, spec_loader)
         data_spec = spec_loader.spec["input"] if spec_loader is not None else None
         check_input_against_data(args, spec, data_spec, args.val_examples != 0 and loader is not None, split)
         masked = declares_mask(model)
@@ -509,7 +509,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_preprocessing(checkpoint_path: Path, loader) -> tuple[dict, str]:
+def saved_preprocessing(checkpoint_path: Path, loader) -> tuple[dict, str]:
     """The run's preprocessing.json (written by train.py from the training data), else the data's own; with where
     it came from, for messages."""
     saved = checkpoint_path.parent / PREPROCESSING

@@ -3,7 +3,7 @@
 Each file is exported by its route (`inference/routes.py`), reloaded in its own runtime and compared with the JAX
 model on random inputs (`inference/inputs.py`; floats: normal noise; integers: uniform ids below the largest id the
 data holds, or the vocabulary's size) and on real validation examples, with an agreement that fits the task
-(`training/tasks.py`): top-1 per example for classification, top-1 per unmasked position for sequences, the sign of
+(`training/task_kinds.py`): top-1 per example for classification, top-1 per unmasked position for sequences, the sign of
 each logit for multi-label outputs; regression is judged by the tolerance alone.
 
 `export_folder` puts it together for the command: every format (with the other ONNX route when one fails), the files a

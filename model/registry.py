@@ -10,7 +10,7 @@ in the decorator:
 - ``check``: a function taking the component's config arguments that raises ``ValueError`` for impossible values;
   for what is not built before the data exists (a loss) or whose building reads files (a data loader);
 - ``task`` (losses): the kind of problem a run with this loss solves, one of ``TASKS``; it decides what ``test.py``
-  reports and how the export judges agreement (``training/tasks.py``). A loss without one is "other".
+  reports and how the export judges agreement (``training/task_kinds.py``). A loss without one is "other".
 - ``example`` (models): ``(args, sample shape, input kind)``, a small configuration of the model, the shape of one
   example without the batch (a dict of shapes for named inputs) and ``"normal"`` (float inputs) or ``"ids"`` (int32
   token ids): the export-parity check (tests/inference/test_export_parity.py) runs every export route on it. A model

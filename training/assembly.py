@@ -44,7 +44,7 @@ class Run:
     def load_data(self, splits=None) -> dict:
         """Builds the loaders of ``splits`` (default: every split of the config) and reads each one's first batch
         now (its ``spec``: every shape and dtype the run compiles for), not mid-run; then every example once."""
-        from training.tasks import check_split  # JAX: config errors are reported before it loads
+        from training.task_kinds import check_split  # JAX: config errors are reported before it loads
 
         loaders = {}
         for split in splits or self.config["data_loader"]:
@@ -70,7 +70,7 @@ class Run:
     def check_data(self) -> None:
         """The train data against the run before anything compiles (a ConfigError naming what to change): a model
         that cannot take its input or has fewer outputs than it has classes, more accumulated batches than it has."""
-        from training.tasks import check_model_fits_data  # JAX: config errors are reported before it loads
+        from training.task_kinds import check_model_fits_data  # JAX: config errors are reported before it loads
 
         loader = self.loaders["train"]
         check_model_fits_data(self.config, self.model, loader, self.augment, self.source, self.loss_fn, self.metrics)

@@ -12,7 +12,7 @@ zeros, at predict time too), and a column's empty cells are filled by a rule ("m
 "constant" with ``fill``) whose value is learned on the train split, with an optional 0/1 column saying which cells
 were filled. A single categorical target becomes class ids (int32) named by its categories. What was learned goes
 into ``preprocessing`` (``columns``, ``encoded``, ``mean``, ``std`` per encoded column) for predict.py to apply to
-raw rows. The task is not the loader's to say: it follows from the loss and the targets (training/tasks.py).
+raw rows. The task is not the loader's to say: it follows from the loss and the targets (training/task_kinds.py).
 """
 
 from __future__ import annotations

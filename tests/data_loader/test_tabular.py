@@ -40,7 +40,7 @@ def test_columns_shapes_dtypes_and_preprocessing(table):
     rows = split_rows(50, 0.1, 0.1, 0)["train"]
     np.testing.assert_allclose(batch["input"], x[rows], rtol=1e-6)
     np.testing.assert_allclose(batch["target"], y[rows], rtol=1e-6)
-    assert data.preprocessing == {  # no task: the loss and the targets say it (training/tasks.py)
+    assert data.preprocessing == {  # no task: the loss and the targets say it (training/task_kinds.py)
         "features": ["a", "b", "c"],
         "targets": ["y", "z"],
         "mean": [0.0, 0.0, 0.0],

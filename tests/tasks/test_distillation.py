@@ -25,7 +25,7 @@ from tests.end_to_end.test_train import ROOT, run, write_config
 from training.config.components import build, check_component, of_labels
 from training.config.file import ConfigError
 from training.metrics import accuracy, compute
-from training.tasks import check_model_fits_data, task_of
+from training.task_kinds import check_model_fits_data, task_of
 
 
 def numpy_log_softmax(x):

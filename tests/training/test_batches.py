@@ -21,7 +21,7 @@ from training.config.components import build_optimizer
 from training.config.file import ConfigError
 from training.config.validation import validate
 from training.run import checkpoint
-from training.tasks import task_of
+from training.task_kinds import task_of
 from training.trainer import Trainer
 
 

@@ -25,7 +25,7 @@ from training.config.file import ConfigError
 from training.config.validation import validate
 from training.metrics import metric_results
 from training.step import empty_stats, make_eval_step
-from training.tasks import check_outputs_named, output_tasks
+from training.task_kinds import check_outputs_named, output_tasks
 
 LOSS = {
     "name": "weighted_sum",
@@ -265,7 +265,7 @@ def test_a_classifier_head_narrower_than_its_targets_classes_is_refused(tmp_path
 def test_a_declared_classification_with_named_targets_is_one_line_not_a_traceback():
     """A data set declaring task classification (preprocessing["task"]) whose targets are named ({label, teacher}: a
     distillation's) cannot be reported as one classifier: one ConfigError, before anything compiles."""
-    from training.tasks import check_model_fits_data
+    from training.task_kinds import check_model_fits_data
 
     class Named:
         preprocessing = {"task": "classification"}
