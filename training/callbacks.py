@@ -113,7 +113,7 @@ class LRFinder(Callback):
         return self.min_lr * (self.max_lr / self.min_lr) ** (step / max(self.steps - 1, 1))
 
     def on_train_start(self, trainer) -> None:
-        if trainer.epoch > 0 or trainer.position:  # a resumed run has already chosen
+        if trainer.epoch > 0 or trainer.start.position:  # a resumed run has already chosen
             return
         optimizer, _ = trainer.run.optimizer(self.lr)  # the config's, with the range test's learning rate
         call = jax.jit(trainer.compiled.call_with(optimizer))
