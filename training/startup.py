@@ -39,7 +39,7 @@ def from_seed(trainer) -> Start:
     sharding = trainer.compiled.state_sharding  # one for the whole state, or a tree of them
     abstract = trainer.abstract_state
     shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
-    trainer.compiled.start(trainer.steps_per_call.k, mesh.with_shardings(abstract, shardings))
+    trainer.compiled.start_compiling(trainer.steps_per_call.k, mesh.with_shardings(abstract, shardings))
     seed = trainer.settings.seed
     train_state = state.init(trainer.run, trainer.optimizer, trainer.precision, seed, sharding)
     return Start(train_state, f"fresh state from seed {seed}")
@@ -55,7 +55,7 @@ def from_checkpoint(trainer, path: Path) -> Start:
     if length is not None:
         trainer.run.epochs, trainer.run.steps_per_epoch = length["epochs"], length["steps_per_epoch"]
         trainer.build_calls()
-    trainer.compiled.start(trainer.steps_per_call.k, mesh.spec_of(train_state))
+    trainer.compiled.start_compiling(trainer.steps_per_call.k, mesh.spec_of(train_state))
     notes = trainer.checkpoints.resume(header, path, int(train_state["step"]))
     if header.get("monitor") not in (None, trainer.settings.monitor):
         train_state, restarted = restart_plateau(train_state)

@@ -6,10 +6,11 @@ loader's stacks, their logs read in groups and never the call just dispatched: `
 ``Trainer.train_epoch`` -> the compiled call of ``step.train_call`` -> ``step.train_step`` -> ``step.micro_step``
 -> ``step.objective``.
 What it builds on, each in its own module: the assembled run (``training/assembly.py``: model, loss, metrics, optimizer,
-loaders, callbacks), its typed settings (``training/config/settings.py``), the training state (``training/state.py``),
-where arrays live (``training/devices/placement.py``), the compiled calls (``training/compiled.py``), how many steps
-each call runs (``training/steps_per_call.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the
-best value, metrics rows).
+loaders, callbacks), its typed settings (``training/config/settings.py``), the state it starts from
+(``training/startup.py``: fresh, resumed or fine-tuned, handed to ``Trainer.begin``), where arrays live
+(``training/devices/placement.py``), the compiled calls (``training/compiled.py``), how many steps each call runs
+(``training/steps_per_call.py``), when it stops or saves inside an epoch (``training/run/stops.py``), and what the run
+keeps (``training/run/saving.py``: checkpoints, the best value, metrics rows).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class Trainer:
         self.placement = Placement(self.run.config.get("mesh"), self.train_loader.spec, host_arrays)
         self.build_calls()
         if self.train_state is not None:
-            self.compiled.start(self.steps_per_call.k, mesh.spec_of(self.train_state))
+            self.compiled.start_compiling(self.steps_per_call.k, mesh.spec_of(self.train_state))
 
     def begin(self, start) -> None:
         """Takes the state training starts from (a ``training.startup.Start``: fresh, resumed or fine-tuned)."""
@@ -259,7 +260,7 @@ class Trainer:
         it has; several processes all wait, so that they switch at the same call), else the calls' until now."""
         per_call = self.steps_per_call
         if per_call.chosen != per_call.k:
-            self.compiled.start(per_call.chosen, mesh.spec_of(self.train_state))
+            self.compiled.start_compiling(per_call.chosen, mesh.spec_of(self.train_state))
             if wait or jax.process_count() > 1 or self.compiled.ready(per_call.chosen):
                 self.compiled.train_call(per_call.chosen)
                 seconds, where = (
