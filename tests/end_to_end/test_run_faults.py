@@ -72,8 +72,10 @@ elif kind == "step":
     trainer.Progress.check_losses = check_losses
 elif kind == "init":
     from training import startup
+    real_from_seed = startup.from_seed
     def from_seed(trainer):
         hit(spec[0])
+        return real_from_seed(trainer)
     startup.from_seed = from_seed
 import train
 sys.exit(train.main(sys.argv[1:]))
