@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     SIGINT/SIGTERM/SIGUSR1 after saving the position (continue with -r)."""
     with stops.noted_until_safe_points():
         try:
-            return train(parse_args(argv))
+            return start_to_finish(parse_args(argv))
         except (Exception, KeyboardInterrupt, stops.Interrupted) as error:
             stop = stops.signal_in(error)
             if stop is None:
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
             return 128 + signum
 
 
-def train(args) -> int:
+def start_to_finish(args) -> int:
     """The run in order: config, data, state, run folder, training, exit status. Between phases a stop signal
     ends the start-up (``stops.safe_point``); nothing is loaded or compiled before the config passed."""
     if args.list is not None:
@@ -191,6 +191,7 @@ def load_data(args, config: dict, run) -> dict:
 
 def load_state(args, config: dict, run, resume_dir: Path | None):
     """The trainer with its state: fresh, resumed, or initialised from another run's weights."""
+    from training import startup
     from training.trainer import Trainer
 
     trainer = Trainer(
@@ -199,16 +200,16 @@ def load_state(args, config: dict, run, resume_dir: Path | None):
         config_hash=config_hash(config),
         execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
     )
-    trainer.check_memory()
+    startup.check_memory(trainer)
     if args.resume:
-        trainer.restore(Path(args.resume))
-        check_position(trainer, Path(args.resume), config["trainer"]["epochs"])
+        trainer.begin(startup.from_checkpoint(trainer, Path(args.resume)))
+        check_position(trainer.start, Path(args.resume), config["trainer"]["epochs"])
         check_extension(trainer, Path(args.resume), config)
+    elif args.weights:
+        trainer.begin(startup.from_weights(trainer, Path(args.weights), exclude=tuple(args.exclude)))
     else:
-        trainer.init_state()
-        if args.weights:
-            trainer.load_weights(Path(args.weights), exclude=tuple(args.exclude))
-    trainer.check_compiled_memory()  # the step compiled beside the state's loading: its own figures, before a write
+        trainer.begin(startup.from_seed(trainer))
+    startup.check_compiled_memory(trainer)  # the step compiled beside the state's loading: its figures, before a write
     return trainer
 
 
@@ -216,14 +217,16 @@ def describe_run(args, config: dict, run, trainer, folder) -> list:
     """The run's first log lines, and its trackers (process 0's)."""
     import jax
 
+    from training import startup
+
     temporary = " (a temporary one, removed at the end)" if args.fast_dev_run else ""
     log.info(f"run folder: {folder.path}{temporary}")
-    for line in folder.repaired + trainer.resume_notes:
+    for line in folder.repaired + trainer.start.notes:
         log.info(f"resume: {line}")
     ignored = platform.unused_accelerator({d.platform for d in jax.devices()})
     if ignored:
         log.warning(ignored)
-    for line in trainer.describe():
+    for line in startup.describe(trainer):
         log.info(line)
     monitored = run.monitor.name if run.monitor else None
     trackers: list = []  # the optional feature's trackers, on process 0 only
@@ -241,7 +244,7 @@ def run_loop(args, config: dict, loaders: dict, trainer, folder) -> int:
     from training.run.folder import RunFolderError
     from training.trainer import Stopped, TrainingDiverged
 
-    stops.stop_at_next_step(trainer)
+    stops.stop_at_next_step(trainer.stops)
     try:
         jax.config.update("jax_debug_nans", args.detect_nans)
         with jax.disable_jit(args.no_jit):
@@ -338,20 +341,21 @@ def resolve_auto(args) -> tuple[dict, Path | None]:
     return config, None
 
 
-def check_position(trainer, path: Path, epochs: int) -> None:
+def check_position(start, path: Path, epochs: int) -> None:
     """A checkpoint past the configured end (a later epoch, or inside one) would train and write epochs the config
-    never asked for; one at the end itself has nothing left to train and ends at once."""
+    never asked for; one at the end itself has nothing left to train and ends at once. `start`: the run's
+    (``training.startup.Start``)."""
     from training.run.checkpoint import CheckpointError
 
-    if trainer.epoch + bool(trainer.position) > epochs:
+    if start.epoch + bool(start.position) > epochs:
         where = (
-            f"{trainer.position} step(s) into epoch {trainer.epoch + 1}"
-            if trainer.position
-            else f"the end of epoch {trainer.epoch}"
+            f"{start.position} step(s) into epoch {start.epoch + 1}"
+            if start.position
+            else f"the end of epoch {start.epoch}"
         )
         raise CheckpointError(
             f"{path}: saved at {where}, past trainer.epochs {epochs}: nothing to train; continue "
-            f"it with --epochs N, N > {trainer.epoch}"
+            f"it with --epochs N, N > {start.epoch}"
         )
 
 

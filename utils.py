@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from files.writes import LATEST
+from training import startup
 from training.assembly import assemble
 from training.buckets import store as buckets  # [feature: buckets]
 from training.config.file import ConfigError, config_hash
@@ -63,10 +64,7 @@ def fit(config: dict, run_dir: str | Path | None = None, source: str = "config",
         with console_lines():
             history = History()
             trainer = Trainer(run, run_dir, trackers=[history], config_hash=config_hash(config))
-            if resume:
-                trainer.restore(run_dir / LATEST)
-            else:
-                trainer.init_state()
+            trainer.begin(startup.from_checkpoint(trainer, run_dir / LATEST) if resume else startup.from_seed(trainer))
             run_folder.write_run_files(run_dir, config, run, new=not resume)
             logging.getLogger("train").info(f"run folder: {run_dir}")
             trainer.train()

@@ -95,7 +95,7 @@ def failed(command: list[str], label: str = "") -> dict | None:
     return None
 
 
-def train(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
+def train_py_run(name: str, config: Path, overrides: list[str], limit: int | None, save_dir: Path) -> dict:
     """One `train.py` run in a fresh process; its last metrics row, or {"error": its last line of stderr}."""
     from files.reads import read_metrics
     from training.config.validation import load_config
@@ -234,11 +234,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="accelerator-run-") as tmp:
         for config in sample_configs() if "samples" in groups else []:
             name = config.stem if config.parent.name == "configs" else "config"
-            add(name, train(name, config, [], limit, Path(tmp)))
+            add(name, train_py_run(name, config, [], limit, Path(tmp)))
         if "gpt2" in groups:
             gpt2 = "gpt2-small" + (" (toy)" if args.smoke else "")
             overrides = gpt2_overrides(args.smoke)
-            add(gpt2, train("gpt2-small", LM_SAMPLE, overrides, limit or args.limit_batches, Path(tmp)))
+            add(gpt2, train_py_run("gpt2-small", LM_SAMPLE, overrides, limit or args.limit_batches, Path(tmp)))
         # nanoGPT as its train.py runs by default: compiled, and in bfloat16 where the template computes in it
         nanogpt = ["--nanogpt", args.nanogpt, "--compile"] if args.nanogpt else []
         if "lm" in groups:

@@ -215,7 +215,7 @@ def lm(args, attention: str, variants: str, folder: str) -> dict:
 
 
 def graphs(args, folder: str) -> dict:
-    from benchmarks.accelerator_run import train
+    from benchmarks.accelerator_run import train_py_run
 
     rows = {}
     for config in GRAPH_SAMPLES:
@@ -223,7 +223,7 @@ def graphs(args, folder: str) -> dict:
             os.environ["XLA_FLAGS"] = flags
             name = f"{Path(config).stem}-{len(rows)}"
             print(f"[{time.strftime('%H:%M:%S')}] graphs {config}: {label}", flush=True)
-            rows[f"{config}, {label}"] = train(name, REPO / config, [], args.limit_batches, Path(folder))
+            rows[f"{config}, {label}"] = train_py_run(name, REPO / config, [], args.limit_batches, Path(folder))
     os.environ.pop("XLA_FLAGS", None)
     return rows
 

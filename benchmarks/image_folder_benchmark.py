@@ -163,6 +163,7 @@ def device_normalize():
 
 
 def compiled_trainer(loader, augment=None):
+    from training import startup
     from training.assembly import assemble
     from training.config.validation import load_config
     from training.trainer import Trainer
@@ -172,7 +173,7 @@ def compiled_trainer(loader, augment=None):
     run.augment = augment  # the benchmark's own list, not the sample's
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.log_compile()
     trainer.first_call_logged = True
     return trainer

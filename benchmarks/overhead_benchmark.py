@@ -96,6 +96,7 @@ def data(steps: int):
 def trainer_for(steps_per_call, log_every: int, steps: int):
     """The Trainer as train.py makes it (console and train.log logging), state initialised, step compiled."""
     from data_loader.loader import ArrayDataset, DataLoader
+    from training import startup
     from training.assembly import assemble
     from training.run.cli import setup_logging
     from training.trainer import Trainer
@@ -106,7 +107,7 @@ def trainer_for(steps_per_call, log_every: int, steps: int):
     run.use_data({"train": DataLoader(ArrayDataset(input=x, target=y), BATCH, shuffle=True, seed=0)})
     setup_logging(run_dir)
     trainer = Trainer(run, run_dir)
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.log_compile()
     return trainer
 

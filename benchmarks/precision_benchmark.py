@@ -28,6 +28,7 @@ POLICIES = ("float32", "bfloat16", "float16")
 
 
 def one_run(compute: str, steps: int) -> dict:
+    from training import startup
     from training.assembly import assemble
     from training.config.validation import load_config
     from training.metrics import metric_results
@@ -47,7 +48,7 @@ def one_run(compute: str, steps: int) -> dict:
         run.use_data({"train": loaders["train"]})  # the schedule over the steps measured
     train = loaders["train"]
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.log_compile()
     trainer.first_call_logged = True
     import jax

@@ -61,6 +61,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     import numpy as np
 
     from data_loader.loader import ArrayDataset, DataLoader
+    from training import startup
     from training.assembly import assemble
     from training.config.validation import validate
     from training.trainer import Trainer
@@ -88,7 +89,7 @@ def child(processes: int, process_id: int, port: int, fsdp: int, steps: int, hid
     run = assemble(config)
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()))
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.log_compile()
     held = mesh.device_bytes({name: trainer.train_state[name] for name in ("params", "opt_state")})
     k = trainer.steps_per_call.k

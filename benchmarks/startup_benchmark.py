@@ -63,7 +63,7 @@ def child(config_path: str) -> dict:
     lap("data")
     trainer = Trainer(run, None, count_flops=False)
     lap("trainer")
-    # as Trainer.init_state initialises it, without starting the training call's compilation beside it
+    # as startup.from_seed initialises it, without starting the training call's compilation beside it
     state = jax.block_until_ready(
         states.init(run, trainer.optimizer, trainer.precision, trainer.settings.seed, trainer.compiled.state_sharding)
     )

@@ -232,13 +232,14 @@ class FirstExamples:
 def compiled_trainer(config: dict, loader):
     """The template's Trainer for `config` on `loader`, state initialised and training step compiled (its FLOPs
     counted, for the reports' FLOP rates)."""
+    from training import startup
     from training.assembly import assemble
     from training.trainer import Trainer
 
     run = assemble(config)
     run.use_data({"train": loader})
     trainer = Trainer(run, Path(tempfile.mkdtemp()), count_flops=True)
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.log_compile()
     trainer.first_call_logged = True
     return trainer

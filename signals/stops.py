@@ -78,19 +78,20 @@ def signal_in(error: BaseException | None) -> BaseException | None:
     return None
 
 
-def stop_at_next_step(trainer) -> None:
-    """Training: the trainer saves at the next step boundary and stops (every finished epoch or saved step is kept
-    either way); a signal noted during start-up asks it to at once."""
+def stop_at_next_step(loop_stops) -> None:
+    """Training: the loop saves at the next step boundary and stops (every finished epoch or saved step is kept
+    either way); a signal noted during start-up asks it to at once. `loop_stops`: the loop's (``signal``, the one
+    asked for; ``request_stop(signum)``: training/run/stops.py)."""
 
     def handler(signum, frame):
-        if signum == signal.SIGINT and trainer.stop_signal is not None:
+        if signum == signal.SIGINT and loop_stops.signal is not None:
             raise KeyboardInterrupt
-        trainer.request_stop(signum)
+        loop_stops.request_stop(signum)
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, handler)
     if RECEIVED:  # while the run folder was being written
-        trainer.request_stop(RECEIVED[0])
+        loop_stops.request_stop(RECEIVED[0])
 
 
 # ------------------------------------------------------------------------------------- commands that stop at once

@@ -19,7 +19,7 @@ of the data says there what is missing.
 
 What a callback may read of the trainer: ``trainer.train_state`` (the training state), ``trainer.run`` (model, loss,
 metrics, loaders), ``trainer.compiled`` (the compiled calls), ``trainer.placement`` (how batches reach the devices),
-``trainer.run_dir``, ``trainer.epoch``.
+``trainer.run_dir``, ``trainer.epoch``, ``trainer.start`` (where training started: ``training/startup.py``).
 Add one by writing a function here that returns a ``Callback``, decorated with ``@register("callbacks")``.
 """
 
@@ -113,7 +113,7 @@ class LRFinder(Callback):
         return self.min_lr * (self.max_lr / self.min_lr) ** (step / max(self.steps - 1, 1))
 
     def on_train_start(self, trainer) -> None:
-        if trainer.epoch > 0 or trainer.position:  # a resumed run has already chosen
+        if trainer.epoch > 0 or trainer.start.position:  # a resumed run has already chosen
             return
         optimizer, _ = trainer.run.optimizer(self.lr)  # the config's, with the range test's learning rate
         call = jax.jit(trainer.compiled.call_with(optimizer))
@@ -212,8 +212,8 @@ class GenerateText(Callback):
     def on_epoch_end(self, trainer, epoch: int, row: dict) -> None:
         if epoch % self.every:
             return
-        params, state = eval_params(trainer.train_state, trainer.compiled.evaluated), trainer.train_state["state"]
-        text = self.generator(params, state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
+        params, model_state = eval_params(trainer.train_state, trainer.compiled.evaluated), trainer.train_state["state"]
+        text = self.generator(params, model_state, self.prompt, self.tokens, self.temperature, seed=self.seed + epoch)
         log.info(f"generate_text after epoch {epoch}:\n{text}")
         with open_append(trainer.run_dir / SAMPLES_TEXT) as file:
             file.write(f"--- epoch {epoch}, step {row['step']}\n{text}\n")

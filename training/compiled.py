@@ -58,7 +58,7 @@ class Compiled:
         self.train = jax.jit(
             self.call_fn, donate_argnums=(0, 1), out_shardings=(state_sharding, replicated, replicated)
         )
-        self.compiling: dict[int, Future] = {}  # steps per call -> its compilation (``start``)
+        self.compiling: dict[int, Future] = {}  # steps per call -> its compilation (``start_compiling``)
         self.seconds: dict[int, float] = {}  # steps per call -> seconds its compilation took
         self.origins: dict[int, str] = {}  # steps per call -> where its program came from (compilation_cache.origin)
         self.train_kind = "train"  # the XLA options' kind the training step was compiled with (platform.train_kind)
@@ -82,7 +82,7 @@ class Compiled:
         return call if packing is None else functools.partial(unpacked, call, packing)
 
     # ------------------------------------------------------------------------------------------------ training
-    def start(self, k: int, state_spec) -> None:
+    def start_compiling(self, k: int, state_spec) -> None:
         """Starts compiling the call of `k` steps for a state of `state_spec`'s shapes and shardings on a worker
         thread (once per `k`); ``train_call(k)`` waits for it. The first also starts MFU's FLOP count, if wanted."""
         if self.execution == "aot" and k not in self.compiling:
@@ -105,13 +105,13 @@ class Compiled:
             raise ValueError(f"{self.run.source}: step: {self.run.config['step']['name']}: {reason}") from None
 
     def compile_train(self, state_spec, k: int):
-        start = time.perf_counter()
+        started = time.perf_counter()
         stack = self.placement.stack_spec(k * self.accumulate)  # loader batches per call
         lowered = self.train.trace(state_spec, self.empty_stats(state_spec), stack).lower()
         self.train_kind = platform.train_kind(lowered, jax.default_backend())
         options = platform.xla_options(self.train_kind, jax.default_backend()) or None
         compiled, self.origins[k] = compilation_cache.origin(lambda: lowered.compile(options))
-        self.seconds[k] = time.perf_counter() - start
+        self.seconds[k] = time.perf_counter() - started
         return compiled
 
     def report(self, k: int, examples_per_step: int, how: str) -> None:
@@ -131,8 +131,8 @@ class Compiled:
 
     def memory_analysis(self, k: int):
         """XLA's memory figures of the compiled call of `k` steps, per device (arguments, outputs, aliased,
-        temporaries, code); waits for its compilation (``start``ed by init_state or restore). None where nothing is
-        compiled ahead of time, nothing was started, or the backend gives none."""
+        temporaries, code); waits for its compilation (started with the state: training/startup.py). None where
+        nothing is compiled ahead of time, nothing was started, or the backend gives none."""
         if self.execution != "aot" or k not in self.compiling:
             return None
         try:
@@ -146,7 +146,7 @@ class Compiled:
 
     def train_call(self, k: int) -> Callable:
         """The training call of `k` steps: ``(train_state, totals, stack) -> (train_state, totals, logs)``, compiled
-        ahead of time (waits for ``start``'s compilation); the jitted function itself where it is not."""
+        ahead of time (waits for ``start_compiling``'s compilation); the jitted function itself where it is not."""
         if self.execution == "eager":
             return self.train
         if self.execution == "jit":
@@ -168,14 +168,15 @@ class Compiled:
 
         return call
 
-    def empty_stats(self, state=None):
-        """Zeroed epoch statistics on the device; ``state``: a training state or its abstract value (the first
+    def empty_stats(self, train_state=None):
+        """Zeroed epoch statistics on the device; ``train_state``: a training state or its abstract value (the first
         call only: the model is traced once, not every epoch)."""
         if self.stats_template is None:
             run, spec = self.run, self.placement.batch_spec
-            state = template(run, self.optimizer, self.policy) if state is None else state
+            train_state = template(run, self.optimizer, self.policy) if train_state is None else train_state
+            params, model_state = train_state["params"], train_state["state"]
             self.stats_template = jax.device_get(
-                empty_stats(run.model, run.loss_fn, run.metrics, state["params"], state["state"], spec, run.augment)
+                empty_stats(run.model, run.loss_fn, run.metrics, params, model_state, spec, run.augment)
             )
         return jax.device_put(self.stats_template, self.placement.replicated)
 
@@ -190,18 +191,18 @@ class Compiled:
         spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), loader.spec)
         batch_spec = mesh.with_shardings(spec, self.placement.batch_sharding(spec))
         options = platform.xla_options("eval", jax.default_backend()) or None
-        params, state, start = train_state["params"], train_state["state"], time.perf_counter()
-        lowered = self.eval_step.lower(params, state, self.empty_stats(train_state), batch_spec)
+        params, model_state, started = train_state["params"], train_state["state"], time.perf_counter()
+        lowered = self.eval_step.lower(params, model_state, self.empty_stats(train_state), batch_spec)
         self.compiled_eval, where = compilation_cache.origin(lambda: lowered.compile(options))
-        log.info(f"compiled the evaluation step (batches of {rows}) in {time.perf_counter() - start:.1f}s{where}")
+        log.info(f"compiled the evaluation step (batches of {rows}) in {time.perf_counter() - started:.1f}s{where}")
 
     def evaluate(self, train_state: dict, loader, epoch: int = 0) -> dict:
         """Summed statistics of `loader`'s batches (its order of `epoch`) under the evaluated parameters."""
         if self.eval_batch_size != loader.batch_size:
             self.compile_eval(train_state, loader)
         totals = self.empty_stats(train_state)
-        params, state = eval_params(train_state, self.evaluated), train_state["state"]
+        params, model_state = eval_params(train_state, self.evaluated), train_state["state"]
         # prefetched as training's stacks are; this process's share of each batch, padded
         for batch in loader.placed(epoch, self.placement.put_batch, self.eval_rows // jax.process_count()):
-            totals = self.compiled_eval(params, state, totals, batch)
+            totals = self.compiled_eval(params, model_state, totals, batch)
         return totals

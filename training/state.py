@@ -21,10 +21,10 @@ from training.run import checkpoint
 def fresh(run, optimizer, policy: Policy, seed) -> dict:
     """The state a run starts from: init and dropout keys both derive from `seed`."""
     init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
-    params, state = run.model.init(init_key, run.model_input_spec())
+    params, model_state = run.model.init(init_key, run.model_input_spec())
     train_state = {
         "params": params,
-        "state": state,
+        "state": model_state,
         "opt_state": optimizer.init(params),
         "step": jnp.zeros((), jnp.int32),
         "rng": rng,

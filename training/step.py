@@ -80,15 +80,15 @@ AUGMENT_STREAM = 0x61756700  # augmentation draws from the run's key folded with
 LOGS = ("loss", "grad_norm", "lr", "skipped")
 
 
-def output_spec(model, params, state, batch: dict, augment=None):
+def output_spec(model, params, model_state, batch: dict, augment=None):
     """The model's abstract output for `batch` (as evaluation would prepare it), computed without running it."""
 
-    def forward(params, state, batch):
+    def forward(params, model_state, batch):
         if augment is not None:
             batch = augment(batch, None, train=False, outputs=None)
-        return model(params, state, batch["input"], train=False, **model_kwargs(model, batch))[0]
+        return model(params, model_state, batch["input"], train=False, **model_kwargs(model, batch))[0]
 
-    return jax.eval_shape(forward, params, state, batch)
+    return jax.eval_shape(forward, params, model_state, batch)
 
 
 @dataclass(frozen=True)
@@ -153,19 +153,18 @@ def train_step(update: Update, train_state: dict, batch: dict):
     scale = train_state["loss_scale"]["scale"] if policy.scaled else jnp.float32(1.0)
     params = train_state["params"]
     if accumulate == 1:
-        new_state, grads, stats = micro_step(update, params, train_state["state"], batch, key, augment_key, scale)
+        new_model_state, grads, stats = micro_step(update, params, train_state["state"], batch, key, augment_key, scale)
     else:
 
         def body(carry, xs):
-            state, total = carry
+            model_state, total = carry
             micro, i = xs
-            state, grads, stats = micro_step(
-                update, params, state, micro, jax.random.fold_in(key, i), jax.random.fold_in(augment_key, i), scale
-            )
-            return (state, jax.tree.map(jnp.add, total, grads)), stats
+            keys = jax.random.fold_in(key, i), jax.random.fold_in(augment_key, i)
+            model_state, grads, stats = micro_step(update, params, model_state, micro, *keys, scale)
+            return (model_state, jax.tree.map(jnp.add, total, grads)), stats
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        (new_state, grads), stats = jax.lax.scan(body, (train_state["state"], zeros), (batch, jnp.arange(accumulate)))
+        zeros, micro_batches = jax.tree.map(jnp.zeros_like, params), (batch, jnp.arange(accumulate))
+        (new_model_state, grads), stats = jax.lax.scan(body, (train_state["state"], zeros), micro_batches)
         stats = jax.tree.map(lambda s: s.sum(axis=0), stats)
     # the mean over every unmasked example of the update, whatever the micro-batches held
     count = jnp.maximum(stats["count"], jnp.finfo(jnp.float32).tiny)
@@ -176,7 +175,7 @@ def train_step(update: Update, train_state: dict, batch: dict):
     updated = {
         **train_state,
         "params": apply_updates(params, updates),
-        "state": new_state,
+        "state": new_model_state,
         "opt_state": opt_state,
         "step": train_state["step"] + 1,
     }
@@ -211,27 +210,27 @@ def supervised() -> Callable:
     return train_step
 
 
-def micro_step(update: Update, params, state, batch: dict, key, augment_key, scale):
+def micro_step(update: Update, params, model_state, batch: dict, key, augment_key, scale):
     """(new model state, gradients of the weighted loss sum, the micro-batch's statistics)."""
     model, augment = update.model, update.augment
     if augment is not None:
-        outputs = output_spec(model, params, state, batch, augment)
+        outputs = output_spec(model, params, model_state, batch, augment)
         batch = augment(batch, augment_key, train=True, outputs=outputs)
-    (_, (outputs, new_state, per_example, weights)), grads = jax.value_and_grad(objective, argnums=1, has_aux=True)(
-        update, params, state, batch, key, scale
-    )
-    return new_state, grads, batch_stats(update.metrics, outputs, batch, per_example, weights)
+    (_, (outputs, new_model_state, per_example, weights)), grads = jax.value_and_grad(
+        objective, argnums=1, has_aux=True
+    )(update, params, model_state, batch, key, scale)
+    return new_model_state, grads, batch_stats(update.metrics, outputs, batch, per_example, weights)
 
 
-def objective(update: Update, params, state, batch: dict, key, scale):
+def objective(update: Update, params, model_state, batch: dict, key, scale):
     """The micro-batch's weighted loss sum (times the loss scale), its gradient taken in float32."""
     model = update.model
-    outputs, new_state = update.policy.apply(
-        model, params, state, batch["input"], train=True, key=key, **model_kwargs(model, batch)
+    outputs, new_model_state = update.policy.apply(
+        model, params, model_state, batch["input"], train=True, key=key, **model_kwargs(model, batch)
     )
     per_example, weights = example_losses(update.loss_fn, outputs, batch)
     total = jnp.sum(jnp.where(weights > 0, per_example * weights, 0.0))
-    return total * scale, (outputs, new_state, per_example, weights)
+    return total * scale, (outputs, new_model_state, per_example, weights)
 
 
 def make_train_step(*parts, **named) -> Callable:
@@ -248,10 +247,10 @@ def make_eval_stats(model, loss_fn: Callable, metrics: Sequence, augment=None, p
     """(params, model state, batch) -> the batch's statistics, the model in evaluation mode (``augment`` applies
     only its deterministic part, e.g. normalisation)."""
 
-    def eval_stats(params, state, batch):
+    def eval_stats(params, model_state, batch):
         if augment is not None:
-            batch = augment(batch, None, train=False, outputs=output_spec(model, params, state, batch, augment))
-        outputs, _ = policy.apply(model, params, state, batch["input"], train=False, **model_kwargs(model, batch))
+            batch = augment(batch, None, train=False, outputs=output_spec(model, params, model_state, batch, augment))
+        outputs, _ = policy.apply(model, params, model_state, batch["input"], train=False, **model_kwargs(model, batch))
         return batch_stats(metrics, outputs, batch, *example_losses(loss_fn, outputs, batch))
 
     return eval_stats
@@ -261,13 +260,13 @@ def make_eval_step(model, loss_fn: Callable, metrics: Sequence, augment=None, po
     """(params, model state, epoch_stats, batch) -> epoch_stats with the batch added."""
     eval_stats = make_eval_stats(model, loss_fn, metrics, augment, policy)
 
-    def eval_step(params, state, totals, batch):
-        return merge(totals, eval_stats(params, state, batch))
+    def eval_step(params, model_state, totals, batch):
+        return merge(totals, eval_stats(params, model_state, batch))
 
     return eval_step
 
 
-def empty_stats(model, loss_fn, metrics, params, state, batch_spec: dict, augment=None) -> dict:
+def empty_stats(model, loss_fn, metrics, params, model_state, batch_spec: dict, augment=None) -> dict:
     """Zeros shaped like one batch's statistics (computed abstractly, no compile)."""
-    shapes = jax.eval_shape(make_eval_stats(model, loss_fn, metrics, augment), params, state, batch_spec)
+    shapes = jax.eval_shape(make_eval_stats(model, loss_fn, metrics, augment), params, model_state, batch_spec)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

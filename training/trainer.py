@@ -6,15 +6,15 @@ loader's stacks, their logs read in groups and never the call just dispatched: `
 ``Trainer.train_epoch`` -> the compiled call of ``step.train_call`` -> ``step.train_step`` -> ``step.micro_step``
 -> ``step.objective``.
 What it builds on, each in its own module: the assembled run (``training/assembly.py``: model, loss, metrics, optimizer,
-loaders, callbacks), its typed settings (``training/config/settings.py``), the training state (``training/state.py``),
-where arrays live (``training/devices/placement.py``), the compiled calls (``training/compiled.py``), how many steps
-each call runs (``training/steps_per_call.py``), and what the run keeps (``training/run/saving.py``: checkpoints, the
-best value, metrics rows).
+loaders, callbacks), its typed settings (``training/config/settings.py``), the state it starts from
+(``training/startup.py``: fresh, resumed or fine-tuned, handed to ``Trainer.begin``), where arrays live
+(``training/devices/placement.py``), the compiled calls (``training/compiled.py``), how many steps each call runs
+(``training/steps_per_call.py``), when it stops or saves inside an epoch (``training/run/stops.py``), and what the run
+keeps (``training/run/saving.py``: checkpoints, the best value, metrics rows).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import resource
@@ -27,9 +27,8 @@ import jax
 import numpy as np
 
 from training import state
-from training.callbacks import of_schedule, restart_plateau
+from training.callbacks import of_schedule
 from training.compiled import Compiled
-from training.config.components import schedule_length_note
 from training.config.settings import Settings
 from training.devices import compilation_cache, memory, mesh, peaks, platform
 from training.devices.placement import Placement
@@ -37,15 +36,13 @@ from training.metrics import metric_results
 from training.precision import policy_of
 from training.run.history import StepTrace
 from training.run.saving import Checkpoints
+from training.run.stops import Stops
 from training.step import log_columns
 from training.steps_per_call import StepsPerCall, key_of
 
 log = logging.getLogger("train")
 
 
-# Several processes agree on a stop signal or a timed checkpoint (one blocking collective) about every this many
-# steps, and at each epoch's end: agreeing at every call would make each call wait for the slowest process.
-AGREE_EVERY_STEPS = 64
 # The loop reads the calls' logs (the divergence check, the step lines, trackers and callbacks, the live bar) every
 # READ_EVERY_S or READ_EVERY_STEPS steps, whichever comes first, whatever trainer.log_every, and takes every call
 # since the last read together: a read costs the host a fixed part (numpy over the group, a log record, the bar) that
@@ -92,7 +89,7 @@ class Trainer:
     ):
         """``run``: the assembled run (``training.assembly.assemble``) with its data loaded: its config, components,
         loaders and optimizer are the only source of what is trained and how; ``settings``: its config's, unless
-        given. ``execution`` and ``count_flops``: see ``Compiled``."""
+        given. ``execution`` and ``count_flops``: see ``Compiled``. The state comes next (``begin``)."""
         self.run = run
         self.settings = settings = settings or Settings.of(run.config)
         self.execution, self.count_flops = execution, count_flops
@@ -117,25 +114,21 @@ class Trainer:
         self.checkpoints = Checkpoints(
             run_dir, settings, run.monitor, config_hash, self.compiled.evaluated, run.config, len(self.train_loader)
         )
+        self.stops = Stops(self.checkpoints, self.steps_per_call)
         self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.lr_fn), list(trackers)
-        self.train_state = None  # the training state: made by init_state(), restore() or load_weights()
-        self.origin = None  # where the state came from, for the log
+        self.start = self.train_state = None  # where training starts (``begin``), and the training state
         self.epoch = 0  # epochs completed
-        self.position, self.resumed_totals = 0, None  # loader batches of the epoch under way done before a resume
-        self.resumed_header = None
-        self.resume_notes = []  # what changed since the checkpoint a run resumed from, for the log
         self.min_loss = math.inf  # the lowest step loss so far, for trainer.divergence_factor
         self.stop_training = None  # a reason set by a callback: the run ends before its next epoch
-        self.stop_signal = None  # set by request_stop (a signal handler); honoured at the next step boundary
         self.first_call_seconds = None  # from the command's start to the first call's steps done, once logged
         self.data_wait, self.trace = 0.0, None
         self.lr_scale = 1.0  # reduce_on_plateau's factor of the lr, kept on the host (callbacks.ReduceOnPlateau)
 
     def build_calls(self) -> None:
         """The optimizer (``Run.optimizer``: its schedule counts the run's steps) and the compiled calls made with it;
-        again after a resume, whose checkpoint's schedule length the run keeps (``restore``)."""
+        again after a resume, whose checkpoint's schedule length the run keeps (``startup.from_checkpoint``)."""
         self.optimizer, self.lr_fn = self.run.optimizer()  # the one learning rate: the step's and the logged
-        # the state's abstract value, traced once per optimizer: start-up asks for it several times
+        # the state's abstract value (read-only), traced once per optimizer: start-up asks for it several times
         self.abstract_state = state.template(self.run, self.optimizer, self.precision)
         sharding = self.placement.state_sharding(self.abstract_state)
         parts = (self.placement, self.optimizer, self.lr_fn, sharding, self.execution, self.count_flops)
@@ -146,7 +139,11 @@ class Trainer:
         self.placement = Placement(self.run.config.get("mesh"), self.train_loader.spec, host_arrays)
         self.build_calls()
         if self.train_state is not None:
-            self.compiled.start(self.steps_per_call.k, spec_of(self.train_state))
+            self.compiled.start_compiling(self.steps_per_call.k, mesh.spec_of(self.train_state))
+
+    def begin(self, start) -> None:
+        """Takes the state training starts from (a ``training.startup.Start``: fresh, resumed or fine-tuned)."""
+        self.start, self.train_state, self.epoch, self.min_loss = start, start.train_state, start.epoch, start.min_loss
 
     @property
     def run_dir(self) -> Path | None:
@@ -156,105 +153,9 @@ class Trainer:
     def run_dir(self, path: Path) -> None:
         self.checkpoints.run_dir = path
 
-    # ------------------------------------------------------------------------------------ where the state comes from
-    def template(self) -> dict:
-        """The training state's abstract value (shapes and dtypes, nothing computed; read-only)."""
-        return self.abstract_state
-
-    def init_state(self) -> dict:
-        """A fresh state from the config's seed (the training call compiles on another thread meanwhile)."""
-        sharding = self.compiled.state_sharding  # one for the whole state, or a tree of them
-        shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, self.template())
-        self.compiled.start(self.steps_per_call.k, mesh.with_shardings(self.template(), shardings))
-        seed = self.settings.seed
-        self.train_state = state.init(self.run, self.optimizer, self.precision, seed, sharding)
-        self.origin = f"fresh state from seed {seed}"
-        return self.train_state
-
-    def restore(self, path: Path) -> None:
-        """Continues from a checkpoint (``Checkpoints.resume``: what it refuses): state, epoch, position, best value;
-        the schedules keep counting the checkpoint's run length."""
-        abstract, mesh_ = self.template(), self.placement.mesh
-        self.train_state, header, self.resumed_totals = state.restore(path, abstract, self.compiled.empty_stats, mesh_)
-        length = header.get("schedule_length")
-        if length is not None:
-            self.run.epochs, self.run.steps_per_epoch = length["epochs"], length["steps_per_epoch"]
-            self.build_calls()
-        self.compiled.start(self.steps_per_call.k, spec_of(self.train_state))
-        self.resume_notes = self.checkpoints.resume(header, path, int(self.train_state["step"]))
-        if header.get("monitor") not in (None, self.settings.monitor):
-            self.train_state, notes = restart_plateau(self.train_state)
-            self.resume_notes += notes
-        self.epoch, self.position = header["epoch"], header.get("position", 0)
-        self.min_loss = header.get("min_loss") if isinstance(header.get("min_loss"), float) else math.inf
-        self.resumed_header = header
-        self.origin = f"resumed from {path}: epoch {self.epoch}, step {header['step']}" + (
-            f" ({self.position} step(s) into epoch {self.epoch + 1})" if self.position else ""
-        )
-        self.origin += schedule_length_note(self.run.config, header.get("schedule_length"), self.settings.epochs)
-
-    def load_weights(self, path: Path, exclude: Sequence[str] = ()) -> None:
-        """Fine-tuning: params and model state from another checkpoint; optimizer and counters start fresh."""
-        self.train_state = state.load_weights(self.train_state, path, self.placement.mesh, exclude)
-        kept = f" (kept fresh: {', '.join(exclude)})" if exclude else ""
-        self.origin = f"params and model state from {path}{kept}, optimizer fresh"
-
-    def check_memory(self) -> None:
-        """Refuses, before anything is allocated, a run whose state and one call's stacked batches alone exceed the
-        memory of the devices (a ValueError naming the numbers): it would otherwise stall or be killed mid-compile."""
-        sharding = self.compiled.state_sharding
-        shardings = sharding if isinstance(sharding, dict) else dict.fromkeys(self.template(), sharding)
-        batches = self.steps_per_call.k * self.accumulate  # one call's stack, split over every device
-        stack_bytes = -(-batches * memory.nbytes(self.train_loader.spec) // self.placement.mesh.size)
-        local = self.placement.local_devices()
-        memory.check_fits(self.template(), shardings, f"{batches} stacked batch(es)", stack_bytes, local)
-
-    def check_compiled_memory(self) -> None:
-        """Refuses, before the run writes anything, a run whose compiled training call (compiling since
-        ``init_state`` or ``restore`` started it, beside the state's loading) needs more memory than the devices have
-        free by XLA's own figures: arguments, outputs and the temporaries ``check_memory`` cannot know. Waits for
-        that compilation, which the first call would wait for anyway."""
-        stats = self.compiled.memory_analysis(self.steps_per_call.k)
-        memory.check_compiled(stats, self.placement.local_devices())
-
     def applied_lr(self, step: int) -> float:
         """The learning rate at `step`: the schedule's (``lr_fn``), times reduce_on_plateau's scale."""
         return float(self.lr_fn(step)) * self.lr_scale
-
-    def describe(self) -> list[str]:
-        """What the log says of the run before it trains: the devices and mesh, a batch, where the state came from,
-        the model."""
-        from model.summary import describe_batch, summary
-
-        params = self.train_state["params"]
-        devices = ", ".join(str(d) for d in jax.devices())
-        trainable = self.optimizer.trainable  # None unless optimizer.frozen names some parameters
-        return [
-            f"devices: {devices}; {mesh.describe_processes()}, mesh {dict(self.placement.mesh.shape)}",
-            f"batch: {describe_batch(self.train_loader.spec)}",
-            f"step: {self.train_loader.batch_size * self.accumulate} examples per optimizer update"
-            + (
-                f" ({self.accumulate} batches of {self.train_loader.batch_size} accumulated)"
-                if self.accumulate > 1
-                else ""
-            )
-            + f"; precision: {self.precision.describe()}"
-            + (f"; the update: {json.dumps(self.run.config['step'])}" if "step" in self.run.config else ""),
-            f"state: {self.origin}",
-            *[  # what is evaluated and saved is not what the optimizer updates: said once, here
-                f"weights: evaluation, model_best, test.py and the export use {callback.name}'s parameters "
-                f"(callbacks: {json.dumps(spec)}), not the trained ones"
-                for spec, callback in zip(self.run.config["callbacks"], self.run.callbacks)
-                if callback.evaluated
-            ],
-            summary(
-                self.run.model,
-                params,
-                self.train_state["state"],
-                self.run.model_input_spec(),
-                trainable and trainable(params),
-            ),
-        ]
 
     # ------------------------------------------------------------------------------------------------------ the loop
     def train(self) -> dict | None:
@@ -268,11 +169,15 @@ class Trainer:
             if self.stop_training:
                 log.info(self.stop_training)
                 return self.checkpoints.best
+            # the first epoch goes on from a resumed position, with the statistics gathered before it
+            position, gathered = (
+                (self.start.position, self.start.totals) if self.epoch == self.start.epoch else (0, None)
+            )
             while self.epoch < self.settings.epochs:
                 started = time.perf_counter()
-                ran = 1 - self.position / len(self.train_loader)  # the share of the epoch this process trains
-                totals = self.train_epoch(self.epoch + 1, self.position, self.resumed_totals)
-                self.position, self.resumed_totals = 0, None
+                ran = 1 - position / len(self.train_loader)  # the share of the epoch this process trains
+                totals = self.train_epoch(self.epoch + 1, position, gathered)
+                position, gathered = 0, None
                 if self.end_epoch(totals, started, ran):
                     break
             for callback in self.callbacks:
@@ -283,18 +188,16 @@ class Trainer:
             self.trace.stop(self.train_state)
         return self.checkpoints.best
 
-    def train_epoch(self, epoch: int, start: int = 0, totals=None) -> dict:
-        """One epoch's training steps from loader batch `start` of its order on (a resumed position, with the
-        statistics `totals` it had gathered); saves the position when checkpoint_every says so or a stop was asked
-        for. Positions count loader batches; steps count optimizer updates (trainer.accumulate_steps batches).
-
-        The calls run ``steps_per_call.k`` steps each, over stacks of as many steps' batches; where "auto" chooses
-        another K mid-epoch, the epoch goes on at it from the batch reached, once its call has compiled."""
+    def train_epoch(self, epoch: int, position: int = 0, totals=None) -> dict:
+        """One epoch's training steps from loader batch `position` of its order on (a resumed position, with the
+        statistics `totals` it had gathered); saves the position when ``stops`` says so. Positions count loader
+        batches; steps count optimizer updates (trainer.accumulate_steps batches). The calls run
+        ``steps_per_call.k`` steps each; where "auto" chooses another K mid-epoch, the epoch goes on at it."""
         n, batches = self.accumulate, len(self.train_loader)
         totals = self.compiled.empty_stats() if totals is None else jax.device_put(totals, self.placement.replicated)
-        progress = self.progress(epoch, skipped=start // n)
+        progress = self.progress(epoch, skipped=position // n)
         logs = OneCallLate(progress.check, progress.due)
-        done, calls = start, 0  # loader batches of the epoch done; calls made by this train_epoch
+        done, calls = position, 0  # loader batches of the epoch done; calls made by this train_epoch
         try:
             while done < batches:
                 k = self.switch_steps_per_call(wait=True)
@@ -307,20 +210,14 @@ class Trainer:
                         self.train_state, totals, call_logs = call(self.train_state, totals, stack)
                         logs.add(call_logs, *progress.after_call(real_steps, call_logs, self.train_state))
                         done, calls = done + real, calls + 1
-                        if done < batches and self.position_save_due(progress.step, calls):
+                        if done < batches and self.stops.due(progress.step, calls):
                             logs.flush()  # a diverged state is never saved
                             self.min_loss = progress.min_loss
                             self.save_position(done, totals)
-                            if self.stop_signal is not None:
-                                where = f"{done} of {batches} into epoch {epoch}"
-                                raise Stopped(self.stop_signal, f"saved at step {progress.step} ({where})")
                         if self.switch_steps_per_call(wait=False) != k:
                             break
-                finally:
-                    # an error or a signal ends the epoch: the prefetch thread is joined and the dispatched steps
-                    # finish, so the process never exits with work in flight (which aborts it instead of returning
-                    # its status)
-                    stacks.close()
+                finally:  # the prefetch thread joined, the steps dispatched done: a process exiting with work in
+                    stacks.close()  # flight aborts instead of returning its status
             logs.flush()
             self.switch_steps_per_call(wait=True)  # chosen in this epoch's last calls: the next epoch starts at it
         finally:
@@ -329,6 +226,17 @@ class Trainer:
             self.min_loss, self.data_wait = progress.min_loss, progress.data_wait
             self.first_call_seconds = progress.first_call_seconds
         return totals
+
+    def save_position(self, position: int, totals) -> None:
+        """A checkpoint `position` loader batches into the epoch under way (``Stops.save``); then the stop asked
+        for, if one was."""
+        header = {**self.header(), "position": position}
+        names = self.stops.save(self.train_state, totals, header, len(self.train_loader))
+        for callback in self.callbacks:
+            callback.on_checkpoint(self, names)
+        if self.stops.signal is not None:
+            where = f"{position} of {len(self.train_loader)} into epoch {self.epoch + 1}"
+            raise Stopped(self.stops.signal, f"saved at step {header['step']} ({where})")
 
     def progress(self, epoch: int, skipped: int) -> Progress:
         """The epoch's ``Progress``, given everything it reads and reports to."""
@@ -355,7 +263,7 @@ class Trainer:
         it has; several processes all wait, so that they switch at the same call), else the calls' until now."""
         per_call = self.steps_per_call
         if per_call.chosen != per_call.k:
-            self.compiled.start(per_call.chosen, spec_of(self.train_state))
+            self.compiled.start_compiling(per_call.chosen, mesh.spec_of(self.train_state))
             if wait or jax.process_count() > 1 or self.compiled.ready(per_call.chosen):
                 self.compiled.train_call(per_call.chosen)
                 seconds, where = (
@@ -414,8 +322,8 @@ class Trainer:
             callback.on_checkpoint(self, names)
         for tracker in self.trackers:
             tracker.log_epoch(epoch, row, checkpoints.best)
-        if self.agreed_stop() is not None and self.epoch < epochs:
-            raise Stopped(self.stop_signal, f"saved at the end of epoch {epoch}")
+        if self.stops.agreed_stop() is not None and self.epoch < epochs:  # every process agrees, then compares
+            raise Stopped(self.stops.signal, f"saved at the end of epoch {epoch}")
         if checkpoints.early_stop_due():
             monitor, bad, best = checkpoints.monitor.name, checkpoints.bad_epochs, checkpoints.best
             log.info(f"early stop: {monitor} has not improved for {bad} epochs (best {best:.4f})")
@@ -430,46 +338,10 @@ class Trainer:
         """The loss and metrics of `loader`'s batches under the evaluated parameters."""
         return metric_results(self.run.metrics, self.compiled.evaluate(self.train_state, loader, epoch))
 
-    # ------------------------------------------------------------------------------------ stopping and saving midway
     def header(self) -> dict:
+        """What a checkpoint records besides the state (``Checkpoints.header``), with the length the schedules count."""
         header = self.checkpoints.header(self.epoch, int(self.train_state["step"]), self.min_loss)
         return {**header, "schedule_length": {"epochs": self.run.epochs, "steps_per_epoch": self.run.steps_per_epoch}}
-
-    def request_stop(self, signum: int) -> None:
-        """Called from a signal handler: the loop saves and stops at the next step boundary."""
-        self.stop_signal = signum
-
-    def position_save_due(self, step: int, calls: int) -> bool:
-        """Whether to save the position now, at `step`, after this epoch's `calls`-th call: a stop was asked for, or
-        trainer.checkpoint_every says so. Several processes must agree (a signal or a clock seen by some processes
-        only must not make them save, a collective, or stop alone), and agreeing is a blocking collective: they
-        agree every ``AGREE_EVERY_STEPS`` steps' worth of calls (a count every process keeps alike), and at a save
-        that checkpoint_every's steps make due for all. A stop asked of any process becomes every process's."""
-        if jax.process_count() == 1:
-            return self.stop_signal is not None or self.checkpoints.save_due(step)
-        every = max(1, AGREE_EVERY_STEPS // self.steps_per_call.k)
-        if calls % every and not self.checkpoints.save_due(step, clock=False):
-            return False
-        signum, due = mesh.max_over_processes(self.stop_signal or 0, int(self.checkpoints.save_due(step)))
-        self.stop_signal = self.stop_signal or signum or None
-        return bool(signum or due)
-
-    def agreed_stop(self) -> int | None:
-        """The stop signal any process received (every process then stops at the same boundary), or None."""
-        (signum,) = mesh.max_over_processes(self.stop_signal or 0)
-        self.stop_signal = self.stop_signal or signum or None
-        return self.stop_signal
-
-    def save_position(self, position: int, totals) -> None:
-        """A checkpoint in the middle of an epoch (``Checkpoints.save_position``)."""
-        header = {**self.header(), "position": position}
-        names, pause = self.checkpoints.save_position(self.train_state, totals, header)
-        log.info(
-            f"checkpoint at step {header['step']} ({position} of {len(self.train_loader)} into epoch "
-            f"{self.epoch + 1}); the loop paused {1000 * pause:.0f} ms"
-        )
-        for callback in self.callbacks:
-            callback.on_checkpoint(self, names)
 
 
 class OneCallLate:
@@ -667,11 +539,6 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def spec_of(tree):
-    """The abstract value of a tree of arrays, their shardings included: what a call is compiled for."""
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
 
 def settle(tree) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
+from training import startup
 from training.assembly import assemble
 from training.config.file import ConfigError
 from training.config.validation import validate
@@ -90,7 +91,7 @@ def make_trainer(tmp_path, model, steps_per_call, run, n=7 * 16 + 5, epochs=2):
     assembled = assemble(config)
     assembled.use_data({"train": train, "validation": valid})
     trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()], count_flops=True)
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     return trainer
 
 
@@ -151,7 +152,7 @@ def test_no_flop_count_where_no_peak_is_known_unless_asked(tmp_path):
     "unknown" for both figures."""
     asked = make_trainer(tmp_path, MLP, 1, "asked")
     plain = Trainer(asked.run, tmp_path / "asked", trackers=[StepLosses()])
-    plain.init_state()
+    plain.begin(startup.from_seed(plain))
     plain.log_compile()
     assert asked.compiled.counting is not None and plain.compiled.counting is None
     assert plain.compiled.flops_per_example is None
@@ -348,7 +349,7 @@ def auto_trainer(tmp_path, hidden: list, batch: int, n: int, epochs: int = 1, st
     assembled = assemble(config)
     assembled.use_data({"train": DataLoader(ArrayDataset(input=x, target=y), batch, shuffle=True, seed=1)})
     trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()])
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     return trainer
 
 

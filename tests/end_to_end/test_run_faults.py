@@ -71,10 +71,12 @@ elif kind == "step":
             hit(spec[1])
     trainer.Progress.check_losses = check_losses
 elif kind == "init":
-    from training import trainer
-    def init_state(self):
+    from training import startup
+    real_from_seed = startup.from_seed
+    def from_seed(trainer):
         hit(spec[0])
-    trainer.Trainer.init_state = init_state
+        return real_from_seed(trainer)
+    startup.from_seed = from_seed
 import train
 sys.exit(train.main(sys.argv[1:]))
 """

@@ -23,6 +23,7 @@ from inference import convert_tflite, exporter, predict
 from tests.end_to_end.test_train import make_config
 from tests.inference.test_export_cli import run_dir  # noqa: F401 (a tiny run folder: config.json, model_best.params, data)
 from tests.training.test_resume_changes import make_trainer
+from training import startup
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = 3
@@ -212,7 +213,7 @@ def test_a_step_checkpoint_kept_by_hand_survives_the_rotation(tmp_path):
     of "good" raised in the checkpoint writer and stopped the run."""
     trainer = make_trainer(tmp_path, "run")
     (trainer.run_dir / "checkpoint-step_good.params").write_bytes(b"kept")
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.train()
     assert (trainer.run_dir / "checkpoint-step_good.params").read_bytes() == b"kept"
     assert sorted(p.name for p in trainer.run_dir.glob("checkpoint-step_*.params")) == [

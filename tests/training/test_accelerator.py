@@ -166,7 +166,7 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
         trainer = sample_trainer(path, tmp_path, compute)
         trainer.place_stacks(host_arrays=False)  # as on an accelerator: each stack one packed array
         assert trainer.placement.packing is not None
-        template, compiled = trainer.template(), trainer.compiled
+        template, compiled = trainer.abstract_state, trainer.compiled
         stack = trainer.placement.stack_spec(trainer.accumulate)
         traced = compiled.train.trace(template, compiled.empty_stats(template), stack)
         for target in ("cuda", "tpu"):

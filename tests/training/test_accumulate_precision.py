@@ -13,6 +13,7 @@ from model.modules.flatten import Flatten
 from model.modules.linear import Linear
 from model.modules.normalization import BatchNorm
 from model.modules.sequential import Sequential
+from training import startup
 from training.assembly import assemble
 from training.config.components import build
 from training.config.file import ConfigError
@@ -56,7 +57,7 @@ def make_trainer(tmp_path, run, batch, accumulate=1, n=160, optimizer=None, prec
     assembled.model = model or assembled.model
     assembled.use_data({"train": train})
     trainer = Trainer(assembled, tmp_path / run)
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     return trainer
 
 
@@ -227,7 +228,7 @@ def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path, monkey
     class StopAt(Callback):
         def on_step(self, trainer, step, values):
             if step == 6:
-                trainer.request_stop(signal.SIGTERM)
+                trainer.stops.request_stop(signal.SIGTERM)
 
     dropout = lambda: build({"name": "mlp", "args": {"num_classes": 5, "hidden": [16], "dropout": 0.2}}, "model")
     whole = make_trainer(tmp_path, "whole", 16, accumulate=2, model=dropout(), epochs=3)
@@ -241,7 +242,7 @@ def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path, monkey
     header = checkpoint.read(stopped.run_dir / "checkpoint-latest.params")[1]
     assert header["epoch"] == 1 and header["position"] in (4, 8) and header["step"] == 5 + header["position"] // 2
     resumed = make_trainer(tmp_path, "resumed", 16, accumulate=2, model=dropout(), epochs=3)
-    resumed.restore(stopped.run_dir / "checkpoint-latest.params")
+    resumed.begin(startup.from_checkpoint(resumed, stopped.run_dir / "checkpoint-latest.params"))
     resumed.train()
     for (path, a), b in zip(
         jax.tree_util.tree_leaves_with_path(whole.train_state), jax.tree.leaves(resumed.train_state)
@@ -264,4 +265,4 @@ def test_stop_mid_epoch_with_accumulation_resumes_bit_identical(tmp_path, monkey
 )
 def test_the_start_up_lines_say_the_effective_batch_and_the_precision(tmp_path, accumulate, precision, line):
     trainer = make_trainer(tmp_path, "said", 32, accumulate=accumulate, precision=precision)
-    assert line in trainer.describe()
+    assert line in startup.describe(trainer)

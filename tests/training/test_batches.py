@@ -15,7 +15,7 @@ from data_loader.loader import ArrayDataset, DataLoader
 from model.modules.embedding import Embedding
 from model.modules.linear import Linear
 from model.modules.module import Module
-from training import losses
+from training import losses, startup
 from training.assembly import assemble
 from training.config.components import build_optimizer
 from training.config.file import ConfigError
@@ -95,7 +95,7 @@ def fit(tmp_path, config, model, train, valid, run="r"):
     assembled.model = model
     assembled.use_data({"train": train, "validation": valid} if valid is not None else {"train": train})
     trainer = Trainer(assembled, tmp_path / run)
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.train()
     return trainer
 

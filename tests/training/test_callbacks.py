@@ -12,6 +12,7 @@ import pytest
 
 from data_loader.data_loaders import char_text
 from data_loader.loader import ArrayDataset, DataLoader
+from training import startup
 from training.assembly import assemble
 from training.callbacks import ema
 from training.config.components import available, build
@@ -76,11 +77,11 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
     are the average; a run stopped after epoch 1 and resumed ends bit-identical."""
     spec = {"name": "ema", "args": {"decay": 0.8}}
     trainer = make_trainer(tmp_path, "ema", [spec])
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.train()
 
     plain = make_trainer(tmp_path, "plain", steps_per_call=1)
-    plain.init_state()
+    plain.begin(startup.from_seed(plain))
     step = plain.compiled.train_call(1)
     ts, average = plain.train_state, jax.tree.map(np.asarray, plain.train_state["params"])
     for epoch in (1, 2):
@@ -106,10 +107,10 @@ def test_ema_follows_every_step_is_evaluated_exported_and_resumed_exactly(tmp_pa
                 np.testing.assert_array_equal(a, np.asarray(b))
 
     first = make_trainer(tmp_path, "first", [spec], epochs=1)
-    first.init_state()
+    first.begin(startup.from_seed(first))
     first.train()
     resumed = make_trainer(tmp_path, "resumed", [spec])
-    resumed.restore(first.run_dir / "checkpoint-latest.params")
+    resumed.begin(startup.from_checkpoint(resumed, first.run_dir / "checkpoint-latest.params"))
     resumed.train()
     for (path, a), b in zip(
         jax.tree_util.tree_leaves_with_path(trainer.train_state), jax.tree.leaves(resumed.train_state)
@@ -122,7 +123,7 @@ def test_lr_finder_sweeps_writes_and_leaves_the_state_untouched(tmp_path):
     the untouched initial state and ends exactly where a run without the finder ends."""
     finder = {"name": "lr_finder", "args": {"min_lr": 1e-5, "max_lr": 1.0, "steps": 12}}
     stopped = make_trainer(tmp_path, "stop", [finder])
-    stopped.init_state()
+    stopped.begin(startup.from_seed(stopped))
     start = jax.tree.map(np.asarray, stopped.train_state)
     stopped.train()
     assert stopped.epoch == 0 and not (stopped.run_dir / "metrics.jsonl").exists()
@@ -137,10 +138,10 @@ def test_lr_finder_sweeps_writes_and_leaves_the_state_untouched(tmp_path):
     assert stopped.callbacks[0].suggestion is None or 1e-5 <= stopped.callbacks[0].suggestion <= 1.0
 
     goes_on = make_trainer(tmp_path, "on", [{**finder, "args": {**finder["args"], "stop": False}}])
-    goes_on.init_state()
+    goes_on.begin(startup.from_seed(goes_on))
     goes_on.train()
     plain = make_trainer(tmp_path, "plain")
-    plain.init_state()
+    plain.begin(startup.from_seed(plain))
     plain.train()
     for a, b in zip(jax.tree.leaves(goes_on.train_state), jax.tree.leaves(plain.train_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -157,7 +158,7 @@ def test_generate_text_writes_a_sample_each_epoch(tmp_path):
     spec = {"name": "generate_text", "args": {"prompt": "to ", "tokens": 12, "temperature": 0}}
     trainer = make_trainer(tmp_path, "lm", [spec], epochs=2, train=train, model=model)
     trainer.callbacks[0].check(train)
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.train()
     samples = (trainer.run_dir / "samples.txt").read_text().split("--- epoch ")[1:]
     assert [s.split(",")[0] for s in samples] == ["1", "2"]

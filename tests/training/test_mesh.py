@@ -199,6 +199,7 @@ FSDP_CHILD = textwrap.dedent("""
     import numpy as np
     from training.run import checkpoint
     from training.devices import mesh
+    from training import startup
     from training.trainer import Trainer
     from training.assembly import assemble
     from training.config.validation import load_config
@@ -212,7 +213,7 @@ FSDP_CHILD = textwrap.dedent("""
         run_dir = folder / f"fsdp{fsdp}"
         run_dir.mkdir()
         trainer = Trainer(run, run_dir)
-        trainer.init_state()
+        trainer.begin(startup.from_seed(trainer))
         held = mesh.device_bytes({k: trainer.train_state[k] for k in ("params", "opt_state")})
         specs = {k: list(v.sharding.spec) for k, v in trainer.train_state["params"]["fc0"].items()}
         trainer.train()
@@ -262,6 +263,7 @@ EVALUATE = textwrap.dedent(
     import json, sys
     import numpy as np
     from data_loader.loader import ArrayDataset, DataLoader
+    from training import startup
     from training.trainer import Trainer
     from training.assembly import assemble
     from training.config.validation import validate
@@ -288,7 +290,7 @@ EVALUATE = textwrap.dedent(
     except ValueError as error:
         print("refused:", error)
     t = trainer(8)
-    t.init_state()
+    t.begin(startup.from_seed(t))
     print(json.dumps(t.evaluate(t.valid_loader)))
     """
 )

@@ -13,7 +13,7 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from tests.end_to_end.test_train import make_config, run
 from tests.training.test_checkpoint_integrity import rewrite
-from training import optimizers
+from training import optimizers, startup
 from training.assembly import assemble
 from training.config.validation import validate
 from training.run import checkpoint
@@ -56,7 +56,7 @@ def trained(tmp_path):
     """One epoch of 10 batches with step checkpoints every 2 steps (the last two kept): checkpoint-step_8.params is
     saved 8 batches into epoch 1, checkpoint-latest.params at its end."""
     trainer = make_trainer(tmp_path, "first")
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     trainer.train()
     assert checkpoint.read(trainer.run_dir / "checkpoint-step_8.params")[1]["position"] == 8
     return trainer.run_dir
@@ -73,15 +73,15 @@ def trained(tmp_path):
 def test_a_mid_epoch_position_under_other_data_settings_is_refused(tmp_path, trained, change, named):
     resumed = make_trainer(tmp_path, "resumed", **change)
     with pytest.raises(CheckpointError) as error:
-        resumed.restore(trained / "checkpoint-step_8.params")
+        resumed.begin(startup.from_checkpoint(resumed, trained / "checkpoint-step_8.params"))
     assert named in str(error.value), error.value
     assert str(error.value).startswith(str(trained / "checkpoint-step_8.params"))
 
 
 def test_at_an_epoch_end_the_same_changes_are_allowed_and_listed(tmp_path, trained):
     resumed = make_trainer(tmp_path, "resumed", batch=32, epochs=2)
-    resumed.restore(trained / "checkpoint-latest.params")
-    (notes,) = resumed.resume_notes
+    resumed.begin(startup.from_checkpoint(resumed, trained / "checkpoint-latest.params"))
+    (notes,) = resumed.start.notes
     assert notes.startswith("config changed since the checkpoint: ")
     assert "data_loader.train.args.batch_size 16 -> 32" in notes and "trainer.epochs 1 -> 2" in notes
     assert "trainer.save_dir" not in notes  # the same folder: unchanged keys are not listed
@@ -93,10 +93,10 @@ def test_a_changed_monitor_starts_its_best_value_afresh_saying_so(tmp_path, trai
     before = checkpoint.read(trained / "checkpoint-latest.params")[1]
     assert before["best"] is not None and before["monitor"] == "min train/loss"
     resumed = make_trainer(tmp_path, "resumed", epochs=2, monitor="max train/accuracy")
-    resumed.restore(trained / "checkpoint-latest.params")
+    resumed.begin(startup.from_checkpoint(resumed, trained / "checkpoint-latest.params"))
     assert resumed.checkpoints.best is None and resumed.checkpoints.bad_epochs == 0
     assert any(
-        "trainer.monitor changed from 'min train/loss' to 'max train/accuracy'" in n for n in resumed.resume_notes
+        "trainer.monitor changed from 'min train/loss' to 'max train/accuracy'" in n for n in resumed.start.notes
     )
     resumed.train()
     after = checkpoint.read(resumed.run_dir / "model_best.params")[1]
@@ -135,7 +135,7 @@ def test_a_lying_header_is_refused_against_the_run_it_resumes(trained, tmp_path,
     rewrite(path, arrays, json.dumps(header))
     resumed = make_trainer(tmp_path, "resumed")
     with pytest.raises(CheckpointError, match=message):
-        resumed.restore(path)
+        resumed.begin(startup.from_checkpoint(resumed, path))
 
 
 @pytest.mark.slow
@@ -184,18 +184,18 @@ PLATEAU_SGD = {
 
 def test_a_changed_monitor_starts_reduce_on_plateaus_best_afresh_saying_so(tmp_path):
     first = make_trainer(tmp_path, "first", n=64, monitor="max train/accuracy", optimizer=PLATEAU_SGD)
-    first.init_state()
+    first.begin(startup.from_seed(first))
     first.train()
     saved = optimizers.plateau_state(first.train_state["opt_state"])
     assert float(saved.best) < 0  # an accuracy, stored negated ("max": lower is better inside)
 
     resumed = make_trainer(tmp_path, "resumed", n=64, epochs=2, optimizer=PLATEAU_SGD)
-    resumed.restore(first.run_dir / "checkpoint-latest.params")
+    resumed.begin(startup.from_checkpoint(resumed, first.run_dir / "checkpoint-latest.params"))
     fresh = optimizers.plateau_state(resumed.train_state["opt_state"])
     assert math.isinf(float(fresh.best)) and int(fresh.bad_epochs) == 0
     assert float(fresh.scale) == float(saved.scale)  # the rate reached so far is kept
-    said = [n for n in resumed.resume_notes if "reduce_on_plateau" in n]
-    assert len(said) == 1 and "start afresh" in said[0], resumed.resume_notes
+    said = [n for n in resumed.start.notes if "reduce_on_plateau" in n]
+    assert len(said) == 1 and "start afresh" in said[0], resumed.start.notes
     resumed.train()  # the new metric's first value is its best: no reduction for it
     after = optimizers.plateau_state(resumed.train_state["opt_state"])
     assert float(after.scale) == float(saved.scale) and float(after.best) > 0
@@ -203,10 +203,10 @@ def test_a_changed_monitor_starts_reduce_on_plateaus_best_afresh_saying_so(tmp_p
 
 def test_the_same_monitor_keeps_reduce_on_plateaus_state(tmp_path):
     first = make_trainer(tmp_path, "first", n=64, optimizer=PLATEAU_SGD)
-    first.init_state()
+    first.begin(startup.from_seed(first))
     first.train()
     saved = optimizers.plateau_state(first.train_state["opt_state"])
     resumed = make_trainer(tmp_path, "resumed", n=64, epochs=2, optimizer=PLATEAU_SGD)
-    resumed.restore(first.run_dir / "checkpoint-latest.params")
+    resumed.begin(startup.from_checkpoint(resumed, first.run_dir / "checkpoint-latest.params"))
     kept = optimizers.plateau_state(resumed.train_state["opt_state"])
-    assert float(kept.best) == float(saved.best) and not any("reduce_on_plateau" in n for n in resumed.resume_notes)
+    assert float(kept.best) == float(saved.best) and not any("reduce_on_plateau" in n for n in resumed.start.notes)

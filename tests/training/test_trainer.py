@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
+from training import startup
 from training.assembly import assemble
 from training.config.validation import validate
 from training.trainer import Trainer
@@ -36,7 +37,7 @@ def make_trainer(tmp_path, steps_per_call=1, epochs=2, n=150, batch=32, model=No
     assembled = assemble(config)
     assembled.use_data({"train": train, "validation": valid})
     trainer = Trainer(assembled, tmp_path / run)
-    trainer.init_state()
+    trainer.begin(startup.from_seed(trainer))
     return trainer
 
 

@@ -191,6 +191,13 @@ def with_shardings(spec, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), spec, shardings)
 
 
+def spec_of(tree):
+    """The abstract value of a tree of arrays, their shardings included: what a call is compiled for."""
+    import jax
+
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+
+
 # -------------------------------------------------------------------------------------------- the run's processes
 def is_main() -> bool:
     """Whether this process writes the run folder, logs and trackers (process 0; the only one when alone)."""

@@ -37,7 +37,7 @@ def fast_dev_checks(trainer, loaders: dict, run_dir: Path) -> None:
         results = trainer.evaluate(loaders["test"])
         log.info("test (1 batch): " + "  ".join(f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float)))
     if mesh.is_main():  # the writer; the others may run on other machines
-        checkpoint.restore(run_dir / LATEST, trainer.template())
+        checkpoint.restore(run_dir / LATEST, trainer.abstract_state)
     log.info(
         f"fast dev run passed: config, data ({', '.join(loaders)}), model, a training step, evaluation and a "
         f"checkpoint written and read back (in {run_dir.parent.parent}, removed at the end)"

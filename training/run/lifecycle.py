@@ -73,7 +73,7 @@ def opened(
                 folder.hold(run_dir)
             else:
                 folder.mark_holder(lock)
-            repaired = folder.reconcile(run_dir, resume, trainer.resumed_header, config["trainer"]["save_period"])
+            repaired = folder.reconcile(run_dir, resume, trainer.start.header, config["trainer"]["save_period"])
         else:
             parent, run_id = Path(config["trainer"]["save_dir"]) / config["name"], location.run_id_of(config)
             existed = folder.first_existing(parent / run_id)  # what a failed start leaves as it was

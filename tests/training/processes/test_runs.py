@@ -262,7 +262,7 @@ def test_processes_agree_at_each_epoch_end_not_at_every_call(tmp_path, data_dir)
     """Agreeing on a stop or a timed save is a blocking collective: two processes agree at each epoch's end and
     every ``AGREE_EVERY_STEPS`` steps' worth of calls (here more than an epoch), not at every call. 2 epochs of 16
     one-step calls: 2 collectives per process (agreeing at every call made 32)."""
-    from training.trainer import AGREE_EVERY_STEPS
+    from training.run.stops import AGREE_EVERY_STEPS
 
     config = tiny_config(
         tmp_path, data_dir, validation=False, trainer__steps_per_call=1, data_loader__train__args__batch_size=8
