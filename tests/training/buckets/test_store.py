@@ -334,6 +334,17 @@ def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monke
         first.commit(run_dir, ["checkpoint-latest.params"])
     assert bucket.objects("unit/run/")["checkpoint-latest.params"] == b"another job's"
 
+    resumed = store.download(url, tmp_path / "resumed")  # a job that read the run there: it may write after it
+    assert resumed.version and resumed.version != first.version
+    checkpoint.save(resumed.run_dir / "checkpoint-latest.params", {"w": [3.0]}, {"epoch": 3, "step": 3})
+    resumed.commit(resumed.run_dir, ["checkpoint-latest.params"])
+    assert (
+        checkpoint.read(header_path(tmp_path / "got.params", bucket.objects("unit/run/")["checkpoint-latest.params"]))[
+            1
+        ]["epoch"]
+        == 3
+    )
+
 
 def test_a_new_run_is_refused_where_the_bucket_has_a_checkpoint_of_its_name(tmp_path, bucket, monkeypatch, capsys):
     """Another machine's run of the same name, with a checkpoint in the bucket: a new run there stops before it
