@@ -2,8 +2,9 @@
 (docs/buckets.md).
 
 A run writes its folder on the local disk as it always does, in a staging folder that stands for the URL
-(``staging_root()/s3/bucket/prefix/...``: one per process, so several processes share nothing but the bucket), and
-this module copies what each save committed there into the bucket in the order a kill cannot make inconsistent:
+(``staging_root()/s3/bucket/prefix/...``, ``.../gs/...``: one per process, so several processes share nothing but
+the bucket), and this module copies what each save committed there into the bucket in the order a kill cannot make
+inconsistent:
 
 1. every process uploads the shard files it wrote *before* it reports them to process 0 (``publish``), so process 0
    writes an index only once every shard it names is in the bucket;
@@ -135,8 +136,8 @@ def parse(url: str) -> tuple[str, str, str]:
         raise ConfigError(f"{masked(url)}: expected s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (the object stores "
                           f"this project writes to)")  # fmt: skip
     if not BUCKET_NAME.fullmatch(found["bucket"]):
-        raise ConfigError(f"{masked(url)}: a bucket name is 3 to 63 of a-z, 0-9, '.' and '-' (credentials go in the "
-                          f"environment, never in the URL)")  # fmt: skip
+        raise ConfigError(f"{masked(url)}: a bucket name is 3 to 63 of a-z, 0-9, '.', '-' and '_' (credentials go "
+                          f"in the environment, never in the URL)")  # fmt: skip
     key = (found["key"] or "").strip("/")
     if any(part in ("", ".", "..") for part in key.split("/")) and key:
         raise ConfigError(f"{masked(url)}: a key with an empty, '.' or '..' part")
@@ -257,7 +258,8 @@ class Mirror:
         except OSError as error:
             raise RunFolderError(f"cannot write {error}; the bucket keeps its previous checkpoint") from None
         if first == LATEST:
-            self.version = str(out.get(self.store.version) or self.fs.info(self.object(first))[self.store.version])
+            version = out.get(self.store.version) or self.fs.info(self.object(first)).get(self.store.version)
+            self.version = None if version is None else str(version)
         try:
             self.sync()
         except OSError as error:
