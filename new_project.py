@@ -74,7 +74,7 @@ FEATURES = {
     "processes": ("training/processes", "tests/training/processes"),
     # the TFLite route: without it the export writes ONNX (by jax2onnx) and the JAX artifact
     "tflite": ("inference/formats/tflite", "tests/inference/tflite", "requirements-litert.txt"),
-    # trainer.save_dir in an S3 bucket (fsspec, s3fs), and runs read from their URL
+    # trainer.save_dir in an S3 or GCS bucket (fsspec, s3fs, gcsfs), and runs read from their URL
     "buckets": ("training/buckets", "tests/training/buckets", "requirements-buckets.txt", "docs/buckets.md"),
 }
 # `[feature: plots, sweeps]`: a line both need, dropped only when both are left out

@@ -312,7 +312,7 @@ def resolve_config(args) -> tuple[dict, Path | None]:
             value = getattr(args, flag)
             raise ConfigError(f"--{flag.replace('_', '-')}: expected a number of batches >= 1, got {value}")
     config = load_config(config_path, overrides, source=Path(config_path).name)
-    buckets.stage(config)  # [feature: buckets] an s3:// save_dir checked, and staged in a local folder
+    buckets.stage(config)  # [feature: buckets] an s3:// or gs:// save_dir checked, and staged in a local folder
     if resume_dir and not args.config:  # the run folder's own config: where it may write is checked
         location.check_config_writes(config, resume_dir)
     if args.exclude and not args.weights:

@@ -189,3 +189,20 @@ def test_startup_benchmark_times_every_phase_and_the_second_run_reads_the_cache(
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
     assert set(rows) == {phase.split()[0] for phase in PHASES} | {"total"}, done.stdout
     assert "(compiled; kept in the compilation cache / from the compilation cache)" in rows["compile"]
+
+
+def test_the_bucket_benchmark_saves_each_layout_locally_and_into_s3(capsys):
+    """benchmarks/bucket_benchmark.py --smoke (a 1 MB state, in this process, moto's S3 server on localhost): a row
+    for each layout and target, so that it keeps working between measurements."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bucket_benchmark", REPO / "benchmarks/bucket_benchmark.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--smoke"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| one file", "| sharded"))]
+    assert [r.split(" | ")[:2] for r in rows] == [
+        ["| one file", "local disk"], ["| one file", "s3 (moto)"], ["| sharded", "local disk"], ["| sharded", "s3 (moto)"]
+    ]  # fmt: skip

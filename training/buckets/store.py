@@ -1,29 +1,38 @@
-"""Run folders on object storage: ``trainer.save_dir`` as ``s3://bucket/prefix`` (docs/buckets.md).
+"""Run folders on object storage: ``trainer.save_dir`` as ``s3://bucket/prefix`` or ``gs://bucket/prefix``
+(docs/buckets.md).
 
 A run writes its folder on the local disk as it always does, in a staging folder that stands for the URL
-(``staging_root()/s3/bucket/prefix/...``: one per process, so several processes share nothing but the bucket), and
-this module copies what each save committed there into the bucket in the order a kill cannot make inconsistent:
+(``staging_root()/s3/bucket/prefix/...``, ``.../gs/...``: one per process, so several processes share nothing but
+the bucket), and this module copies what each save committed there into the bucket in the order a kill cannot make
+inconsistent:
 
 1. every process uploads the shard files it wrote *before* it reports them to process 0 (``publish``), so process 0
    writes an index only once every shard it names is in the bucket;
 2. process 0 uploads the index (``checkpoint-latest.params``; a one-file checkpoint alone) in one PUT: that write is
-   the commit. It is a conditional write: ``If-None-Match: *`` for a run's first, ``If-Match: <ETag>`` of the one
-   this run last wrote or read after it, so a second job writing the same run folder is refused rather than mixed;
+   the commit. It is a conditional write, on the object's version (S3's ETag, GCS's generation): only if there is
+   none for a run's first, only if it is still the one this run last wrote or read after it, so a second job
+   writing the same run folder is refused rather than mixed (``STORES``: all that differs between S3 and GCS);
 3. then the rest that changed (best, numbered checkpoints, ``metrics.jsonl``, ``train.log``, config, figures), the
    objects of local files that were removed (rotated step checkpoints), and the shard objects no index names.
 
 Reading a run from its URL (``fetched``) downloads its folder, with the shard objects its indexes name, into the
 staging folder, and everything after reads the local copy with the usual checks (crc32 of every piece, the index
 against its shards). Credentials and the endpoint come from the environment as botocore reads them
-(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ...); messages never show their values.
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ...), or as Google's libraries do
+(``GOOGLE_APPLICATION_CREDENTIALS``, the metadata server of a Cloud VM, ``STORAGE_EMULATOR_HOST``); messages never
+show their values.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from files.writes import LATEST, LOCK_NAME, TEMP_NAME
@@ -31,13 +40,75 @@ from training.config.file import ConfigError
 from training.run import shards
 from training.run.folder import RunFolderError
 
-SCHEMES = ("s3",)
 URL = re.compile(r"(?P<scheme>[a-z0-9]+)://(?P<bucket>[^/?#]+)(?P<key>/[^?#]*)?")
-BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 HIDDEN = "***"
 SINGLE_PUT = 5 * 2**30  # S3's largest PUT: a commit up to this size is one conditional request
 INSTALL = "pip install -r requirements-buckets.txt"
+
+
+# ------------------------------------------------------------------------------------- what differs, S3 and GCS
+def s3_filesystem():
+    import s3fs
+
+    options = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}
+    return s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=options)
+
+
+def s3_put_if(fs, path: str, data: bytes, version: str | None) -> dict:
+    """One PUT of `data`, with ``If-Match: <ETag>`` (``If-None-Match: *`` for no version)."""
+    condition = {"IfMatch": version} if version else {"mode": "create"}
+    return fs.pipe_file(path, data, chunksize=SINGLE_PUT, **condition) or {}
+
+
+def gcs_filesystem():
+    """gcsfs's JSON-API file system (its default class also asks gRPC for each bucket's layout). Credentials as
+    Google's libraries find them; none with ``STORAGE_EMULATOR_HOST`` (an emulator), as google-cloud-storage does."""
+    from gcsfs.core import GCSFileSystem
+
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its traceback when out of retries: ours is one line
+    anonymous = {"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST") else {}
+    return GCSFileSystem(skip_instance_cache=True, use_listings_cache=False, requests_timeout=60, **anonymous)
+
+
+def gcs_put_if(fs, path: str, data: bytes, version: str | None) -> dict:
+    """One multipart upload of `data` with ``ifGenerationMatch`` (0 for no version: only if there is no object);
+    gcsfs's own uploads take only the 0."""
+    bucket, key, _ = fs.split_path(path)
+    boundary = uuid.uuid4().hex
+    body = b"".join([
+        f"--{boundary}\r\nContent-Type: application/json\r\n\r\n{json.dumps({'name': key})}\r\n".encode(),
+        f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(), data,
+        f"\r\n--{boundary}--".encode(),
+    ])  # fmt: skip
+    return fs.call(
+        "POST",
+        f"{fs._location}/upload/storage/v1/b/{bucket}/o",
+        uploadType="multipart",
+        ifGenerationMatch=version or "0",
+        headers={"Content-Type": f"multipart/related; boundary={boundary}"},
+        data=body,
+        json_out=True,
+    )
+
+
+@dataclass(frozen=True)
+class Store:
+    """All that differs between the object stores; the rest of this module is the same for each. A refused
+    condition is a FileExistsError from both (s3fs's create, gcsfs's HTTP 412) or botocore's PreconditionFailed."""
+
+    package: str  # the fsspec file system's, in requirements-buckets.txt
+    version: str  # the field of an object's metadata that changes with every write of it: the commit's condition
+    filesystem: Callable  # () -> a new file system (no listing cached from before)
+    put_if: Callable  # (fs, path, data, version or None) -> the written object's metadata, or {}
+
+
+STORES = {
+    "s3": Store("s3fs", "ETag", s3_filesystem, s3_put_if),
+    "gs": Store("gcsfs", "generation", gcs_filesystem, gcs_put_if),
+}
+SCHEMES = tuple(STORES)
 
 
 def is_url(text) -> bool:
@@ -62,10 +133,11 @@ def parse(url: str) -> tuple[str, str, str]:
     """(scheme, bucket, key without slashes at its ends) of a bucket URL; a ConfigError for anything else."""
     found = URL.fullmatch(url)
     if not found or found["scheme"] not in SCHEMES:
-        raise ConfigError(f"{masked(url)}: expected s3://BUCKET/PREFIX (the object stores this project writes to)")
+        raise ConfigError(f"{masked(url)}: expected s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (the object stores "
+                          f"this project writes to)")  # fmt: skip
     if not BUCKET_NAME.fullmatch(found["bucket"]):
-        raise ConfigError(f"{masked(url)}: a bucket name is 3 to 63 of a-z, 0-9, '.' and '-' (credentials go in the "
-                          f"environment, never in the URL)")  # fmt: skip
+        raise ConfigError(f"{masked(url)}: a bucket name is 3 to 63 of a-z, 0-9, '.', '-' and '_' (credentials go "
+                          f"in the environment, never in the URL)")  # fmt: skip
     key = (found["key"] or "").strip("/")
     if any(part in ("", ".", "..") for part in key.split("/")) and key:
         raise ConfigError(f"{masked(url)}: a key with an empty, '.' or '..' part")
@@ -115,21 +187,16 @@ def here(path: str | Path) -> Path:
 
 
 def filesystem(url: str):
-    """The fsspec file system of `url` (s3fs), new for this call: no listing cached from before."""
+    """The fsspec file system of `url` (s3fs, gcsfs), new for this call: no listing cached from before."""
+    store = STORES[parse(url)[0]]
     try:
-        import fsspec
-        import s3fs  # noqa: F401 (fsspec finds it by the scheme; imported to say what is missing)
+        return store.filesystem()
     except ImportError as error:
-        raise ConfigError(f"{masked(url)}: needs {error.name} ({INSTALL})") from None
-    return fsspec.filesystem(
-        parse(url)[0],
-        skip_instance_cache=True,
-        config_kwargs={"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}},
-    )
+        raise ConfigError(f"{masked(url)}: needs {error.name or store.package} ({INSTALL})") from None
 
 
 def path_of(url: str) -> str:
-    """`url` as fsspec's s3fs names it (bucket/key)."""
+    """`url` as fsspec names it (bucket/key)."""
     _, bucket, key = parse(url)
     return f"{bucket}/{key}".rstrip("/")
 
@@ -141,28 +208,31 @@ class Conflict(OSError):
 
 class Mirror:
     """What this process has put into the bucket of one staged run folder: each file's (size, mtime) when uploaded,
-    and the ETag of the latest checkpoint, which the next commit must still find there."""
+    and the version (S3's ETag, GCS's generation) of the latest checkpoint, which the next commit must still find
+    there."""
 
     def __init__(self, run_dir: Path, url: str):
         self.run_dir, self.url, self.fs = Path(run_dir), url, filesystem(url)
+        self.store = STORES[parse(url)[0]]
         self.uploaded: dict[str, tuple[int, int]] = {}
-        self.etag: str | None = None
+        self.version: str | None = None
 
     def object(self, name: str) -> str:
         return f"{path_of(self.url)}/{name}"
 
-    def put(self, name: str, condition: dict | None = None) -> dict:
+    def put(self, name: str, conditional: bool = False) -> dict:
+        """`name` uploaded; `conditional`: in one request, only if the object is still at ``self.version``."""
         path = self.run_dir / name
         info = os.stat(path)
         try:
-            if condition is None:  # streamed, in parts when large
+            if not conditional:  # streamed, in parts when large
                 out = self.fs.put_file(str(path), self.object(name))
-            else:  # one PUT (up to 5 GB), the condition on it: read whole
-                out = self.fs.pipe_file(self.object(name), path.read_bytes(), chunksize=SINGLE_PUT, **condition)
-        except Exception as error:  # noqa: BLE001 (botocore's, s3fs's and aiohttp's errors alike: one line)
+            else:  # one request (up to 5 GB), the condition on it: read whole
+                out = self.store.put_if(self.fs, self.object(name), path.read_bytes(), self.version)
+        except Exception as error:  # noqa: BLE001 (botocore's, s3fs's, gcsfs's and aiohttp's errors alike: one line)
             text = f"{error} {getattr(error, '__cause__', '')}"
             failed = isinstance(error, FileExistsError) or "PreconditionFailed" in text or "pre-condition" in text
-            raise (Conflict if condition and failed else OSError)(f"{self.url}/{name}: {error_line(error)}") from None
+            raise (Conflict if conditional and failed else OSError)(f"{self.url}/{name}: {error_line(error)}") from None
         self.uploaded[name] = (info.st_size, info.st_mtime_ns)
         return out or {}
 
@@ -177,12 +247,9 @@ class Mirror:
 
     def commit(self, run_dir: Path, names: list[str]) -> None:
         """Process 0, once a save is committed locally: its index (the commit, conditional), then the rest."""
-        first = names[0]
-        condition = None  # every save's first name is the latest checkpoint: the one a resume starts from
-        if first == LATEST:
-            condition = {"IfMatch": self.etag} if self.etag else {"mode": "create"}
+        first = names[0]  # every save's first name is the latest checkpoint: the one a resume starts from
         try:
-            out = self.put(first, condition)
+            out = self.put(first, conditional=first == LATEST)
         except Conflict:
             raise RunFolderError(
                 f"{self.url}/{first}: changed in the bucket since this run last wrote it (another job writing "
@@ -191,7 +258,8 @@ class Mirror:
         except OSError as error:
             raise RunFolderError(f"cannot write {error}; the bucket keeps its previous checkpoint") from None
         if first == LATEST:
-            self.etag = out.get("ETag") or self.fs.info(self.object(first)).get("ETag")
+            version = out.get(self.store.version) or self.fs.info(self.object(first)).get(self.store.version)
+            self.version = None if version is None else str(version)
         try:
             self.sync()
         except OSError as error:
@@ -266,7 +334,7 @@ def download(url: str, local: Path) -> Mirror:
     for name in sorted(shards.referenced(local) & names.keys()):  # a missing one is refused when read
         get(name)
     if LATEST in names:
-        mirror.etag = names[LATEST].get("ETag")
+        mirror.version = names[LATEST].get(mirror.store.version)
     return mirror
 
 

