@@ -73,13 +73,13 @@ lint: $(VENV)/.installed-dev
 	PYTHONPATH=. $(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest -q -n 2 tests
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
 
 test-stress: $(VENV)/.installed-dev
-	taskset -c 0 $(BIN)/python -m pytest -q -n 2 tests
+	taskset -c 0 $(BIN)/python -m pytest -q -n 2 --dist worksteal tests
 
 clean:
 	rm -rf $(VENV)

@@ -441,8 +441,7 @@ def test_a_project_without_a_feature_has_none_of_its_doc_lines_packages_or_confi
 # (test_export_cli), the convolution without model/kernels (test_conv), several devices without training/processes'
 # team (test_mesh). The rest of its suite is the template's own tests of code that does not change with the features,
 # which this suite runs already: running them all again in the project cost a third of the suite's time.
-MEETS_AN_ABSENT_FEATURE = [
-    "tests/end_to_end/test_train.py",
+MEETS_AN_ABSENT_FEATURE = [  # train.py's runs without the features: test_a_project_without_one_feature_imports_and_trains
     "tests/end_to_end/test_eval_faults.py",
     "tests/end_to_end/test_docs.py",
     "tests/training/test_outputs.py",
