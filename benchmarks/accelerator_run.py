@@ -58,6 +58,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--only", default=",".join(GROUPS), help=f"a comma-separated subset of {', '.join(GROUPS)} (default: all)"
     )
+    parser.add_argument("--samples", help="with the samples group: these samples only (config, configs/ names)")
     args = parser.parse_args(argv)
     if args.limit_batches < 1:
         parser.error(f"--limit-batches: expected a positive number of batches, got {args.limit_batches}")
@@ -65,11 +66,17 @@ def parse_args(argv=None):
     unknown = [g for g in args.only if g not in GROUPS]
     if unknown or not args.only:
         parser.error(f"--only: expected some of {', '.join(GROUPS)}, got {', '.join(unknown) or 'nothing'}")
+    known = [c.stem if c.parent.name == "configs" else "config" for c in sample_configs()]
+    if args.samples is not None and not set(args.samples.split(",")) <= set(known):
+        parser.error(f"--samples: expected some of {', '.join(known)}, got {args.samples}")
     return args
 
 
-def sample_configs() -> list[Path]:
-    return [REPO / "config.json", *sorted((REPO / "configs").glob("*.json"))]
+def sample_configs(names: str | None = None) -> list[Path]:
+    """config.json ("config") and configs/*.json, or those of `names` (comma-separated)."""
+    every = [REPO / "config.json", *sorted((REPO / "configs").glob("*.json"))]
+    chosen = names.split(",") if names else None
+    return [c for c in every if chosen is None or (c.stem if c.parent.name == "configs" else "config") in chosen]
 
 
 def gpt2_overrides(smoke: bool) -> list[str]:
@@ -232,7 +239,7 @@ def main(argv=None) -> int:
 
     groups = [g for g in args.only if not (args.smoke and g in PEERS)]
     with tempfile.TemporaryDirectory(prefix="accelerator-run-") as tmp:
-        for config in sample_configs() if "samples" in groups else []:
+        for config in sample_configs(args.samples) if "samples" in groups else []:
             name = config.stem if config.parent.name == "configs" else "config"
             add(name, train_py_run(name, config, [], limit, Path(tmp)))
         if "gpt2" in groups:

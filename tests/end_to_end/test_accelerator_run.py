@@ -11,14 +11,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_smoke_run_writes_a_row_per_sample_with_its_throughput(tmp_path):
+def test_smoke_run_writes_a_row_per_sample_asked_for_with_its_throughput(tmp_path):
     out = tmp_path / "table.md"
     script = ROOT / "benchmarks" / "accelerator_run.py"
-    done = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], capture_output=True, text=True)
+    # two samples (every sample trains in test_samples_devices.py): an image classifier and the language model
+    command = [sys.executable, str(script), "--smoke", "--samples", "config,shakespeare_char", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.read_text().splitlines()[3:]}
-    configs = [ROOT / "config.json", *sorted((ROOT / "configs").glob("*.json"))]
-    for config in configs:
+    others = {c.stem for c in (ROOT / "configs").glob("*.json")} - {"shakespeare_char"}
+    assert {"config", "shakespeare_char", "gpt2-small (toy)"} <= set(rows) and not others & set(rows), rows
+    for config in [ROOT / "config.json", ROOT / "configs" / "shakespeare_char.json"]:
         name = "config" if config.parent == ROOT else config.stem
         assert name in rows, f"{name}: no row in\n{out.read_text()}"
         # a sample whose data is downloaded (CIFAR-10) may have no network here; every other must have trained
@@ -36,6 +39,8 @@ def test_only_names_its_groups_and_refuses_others():
         done.returncode == 2
         and "--only: expected some of samples, gpt2, lm, resnet, overhead, got bogus" in done.stderr
     )
+    done = subprocess.run([sys.executable, str(script), "--samples", "config,bogus"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--samples: expected some of config, " in done.stderr
 
 
 @pytest.mark.slow

@@ -222,6 +222,7 @@ def test_a_sweep_waits_for_its_database_and_stops_in_one_line_when_it_stays_away
     assert_once_each(folder, 2, 3, study)
 
     # stopped for good: a line once the bound has passed, the password nowhere (trust: the server never asks for it)
+    wait = args[args.index("--database-wait") + 1] = 4  # nothing to outlast: the bound alone
     args[-1] = url.replace("postgres@", "postgres:S3cr3t-pw@")
     config.write_text(config.read_text().replace('"epochs": 3', '"epochs": 100'))  # still training when it stops
     io = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
