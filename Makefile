@@ -73,7 +73,7 @@ lint: $(VENV)/.installed-dev
 	PYTHONPATH=. $(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal tests
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
