@@ -1,5 +1,6 @@
-"""The training state: a dict ``{"params", "state", "opt_state", "step", "rng"}``, plus ``loss_scale`` for float16 and
-``callbacks`` for the callbacks that update inside the step (an average of the parameters, say). A run starts from a
+"""The training state: a dict ``{"params", "state", "opt_state", "step", "rng"}``, plus ``loss_scale`` for float16,
+``callbacks`` for the callbacks that update inside the step (an average of the parameters, say) and ``step_state``
+for a step that keeps state of its own (its ``init``: docs/steps.md). A run starts from a
 fresh one (``init``), continues from a checkpoint's (``restore``) or takes another run's weights (``load_weights``);
 each is a function of the assembled run, its optimizer and where the state lives (``training/devices/placement.py``).
 """
@@ -21,7 +22,8 @@ from training.run import checkpoint
 def fresh(run, optimizer, policy: Policy, seed) -> dict:
     """The state a run starts from: init and dropout keys both derive from `seed`."""
     init_key, rng = jax.random.split(jax.random.PRNGKey(seed))
-    params, model_state = run.model.init(init_key, run.model_input_spec())
+    inputs = run.model_input_spec()
+    params, model_state = run.model.init(init_key, inputs)
     train_state = {
         "params": params,
         "state": model_state,
@@ -34,6 +36,9 @@ def fresh(run, optimizer, policy: Policy, seed) -> dict:
     in_step = run.in_step_callbacks()
     if in_step:
         train_state["callbacks"] = {c.name: c.init(params) for c in in_step}
+    own = getattr(run.step, "init", None)
+    if own is not None:
+        train_state["step_state"] = own(run.model, train_state, inputs)
     return train_state
 
 

@@ -6,8 +6,9 @@ input, as an autoencoder does) and ``mask`` (0 on padding; (B,) per example or p
 also returns the batch's metric statistics (sums and counts), so epoch metrics are exact whatever the batch sizes.
 
 The update step is a component (``"step"`` in the config; ``supervised``, ``train_step``, by default): a step of
-your own receives the ``Update`` and ``(train_state, batch)`` and returns what ``train_step`` returns
-(docs/steps.md: the contract, and what the loop keeps for it).
+your own receives the ``Update`` and ``(train_state, batch)`` and returns what ``train_step`` returns; one with an
+``init`` keeps state of its own in ``train_state["step_state"]`` (docs/steps.md: the contract, and what the loop
+keeps for it).
 
 ``train_call`` runs K steps in one `lax.scan` over a stack of K batches: one dispatch for K steps removes the
 fixed cost each jitted call pays on CPU. Stack entries with ``active`` = 0 (completing an epoch's last stack) leave

@@ -253,6 +253,7 @@ class Trainer:
             on_step=self.on_step if self.callbacks else None,
             kept=self.checkpoints.kept,
             lr_scale=self.lr_scale,  # reduce_on_plateau changes it at an epoch's end only
+            group_lrs=getattr(self.lr_fn, "groups", {}),
             min_loss=self.min_loss,
             first_call_seconds=self.first_call_seconds,
             compile_seconds=self.compiled.seconds.get(self.steps_per_call.k, 0.0),
@@ -388,6 +389,7 @@ class Progress:
         on_step: Callable[[int, dict], None] | None,
         kept: Callable[[], str],
         lr_scale: float,
+        group_lrs: dict[str, Callable],
         min_loss: float,
         first_call_seconds: float | None,
         compile_seconds: float,
@@ -398,6 +400,7 @@ class Progress:
         self.examples_per_step, self.settings = examples_per_step, settings
         self.steps_per_call, self.trace = steps_per_call, trace
         self.trackers, self.on_step, self.kept, self.lr_scale = trackers, on_step, kept, lr_scale
+        self.group_lrs = group_lrs  # optimizer.groups: each group's rate, logged beside "lr" (the first group's)
         self.min_loss, self.first_call_seconds, self.compile_seconds = min_loss, first_call_seconds, compile_seconds
         self.data_wait = 0.0
         self.steps_done = 0  # steps run by this epoch's calls so far
@@ -513,15 +516,26 @@ class Progress:
         numbers = (first + 1 + index).tolist()  # the steps' numbers
         loss, grad_norm = logs["loss"][index].tolist(), logs["grad_norm"][index].tolist()
         lr = (logs["lr"][index].astype(np.float64) * self.lr_scale).tolist()
+        # a schedule is a function of the step: each group's rates at these steps in one call of it
+        steps = np.asarray(numbers) - 1
+        groups = {
+            name: (np.broadcast_to(np.asarray(lr_fn(steps), np.float64), steps.shape) * self.lr_scale).tolist()
+            for name, lr_fn in self.group_lrs.items()
+        }
+        rates = [
+            "  ".join(f"lr/{name} {rate[i]:.3g}" for name, rate in groups.items()) or f"lr {lr[i]:.3g}"
+            for i in range(len(numbers))
+        ]
         tail = f"  {examples_per_s:.0f} ex/s  eta {int(eta) // 60}:{int(eta) % 60:02d}"
         lines = [
-            f"epoch {self.epoch} step {s}: loss {a:.6f}  lr {b:.3g}  grad_norm {c:.3f}{tail}"
-            for s, a, b, c in zip(numbers, loss, lr, grad_norm)
+            f"epoch {self.epoch} step {s}: loss {a:.6f}  {r}  grad_norm {c:.3f}{tail}"
+            for s, a, r, c in zip(numbers, loss, rates, grad_norm)
         ]
         log.log(logging.INFO if console else logging.DEBUG, "\n".join(lines))
         if self.trackers or self.on_step:
-            for step, *values in zip(numbers, loss, lr, grad_norm):
+            for i, (step, *values) in enumerate(zip(numbers, loss, lr, grad_norm)):
                 values = dict(zip(("train/step_loss", "train/lr", "train/grad_norm"), values))
+                values.update({f"train/lr/{name}": rate[i] for name, rate in groups.items()})
                 for tracker in self.trackers:
                     tracker.log_step(step, values)
                 if self.on_step:

@@ -181,7 +181,8 @@ def test_run_length_schedules_are_found_in_groups():
 def test_two_groups_with_frozen_ema_accumulation_and_bf16_train_and_resume_bitwise(tmp_path, data_dir):  # noqa: F811
     """train.py with two groups (the hidden layer at a tenth of the head's rate, with a cosine over 2 epochs), a frozen
     bias, an EMA, 2 accumulated batches per step and bfloat16 compute: it trains, logs each group's rate, and a run
-    stopped after epoch 1 and resumed ends bit for bit where an uninterrupted one does. A leaf in no group: exit 2."""
+    stopped after epoch 1 and resumed ends bit for bit where an uninterrupted one does; each step's line names every
+    group's rate. A leaf in no group: exit 2."""
     # in epochs, not "all": a run started with --epochs 1 keeps the length it started with when resumed for more
     cosine = {"name": "cosine_decay", "args": {"init_value": 0.003, "decay_steps": {"epochs": 2}}}
     optimizer = {
@@ -211,6 +212,10 @@ def test_two_groups_with_frozen_ema_accumulation_and_bf16_train_and_resume_bitwi
     rows = [json.loads(line) for line in (tmp_path / "saved/tiny/straight/metrics.jsonl").read_text().splitlines()]
     assert rows[0]["lr/hidden"] == pytest.approx(0.0003) and rows[0]["lr"] == rows[0]["lr/hidden"]
     assert rows[1]["lr/head"] < rows[0]["lr/head"] < 0.003
+    log = (tmp_path / "saved/tiny/straight/train.log").read_text()
+    steps = [line for line in log.splitlines() if re.search(r"epoch \d+ step \d+: ", line)]
+    assert "epoch 1 step 1: " in steps[0] and "lr/hidden 0.0003  lr/head 0.003  grad_norm" in steps[0]
+    assert all("lr/hidden 0.0003  lr/head " in line for line in steps), steps
 
     optimizer["groups"]["head"]["params"] = ["params.head.weight"]
     bad = run("train.py", "-c", make_config(tmp_path, data_dir, optimizer=optimizer), "--fast-dev-run")
