@@ -64,9 +64,10 @@ def child(config_path: str) -> dict:
     trainer = Trainer(run, None, count_flops=False)
     lap("trainer")
     # as startup.from_seed initialises it, without starting the training call's compilation beside it
-    state = jax.block_until_ready(
-        states.init(run, trainer.optimizer, trainer.precision, trainer.settings.seed, trainer.compiled.state_sharding)
+    state, origins["state"] = states.init(
+        run, trainer.optimizer, trainer.precision, trainer.settings.seed, trainer.compiled.state_sharding
     )
+    state = jax.block_until_ready(state)
     lap("state")
     compiled = trainer.compiled
     spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)

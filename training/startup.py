@@ -41,8 +41,8 @@ def from_seed(trainer) -> Start:
     shardings = sharding if isinstance(sharding, dict) else jax.tree.map(lambda _: sharding, abstract)
     trainer.compiled.start_compiling(trainer.steps_per_call.k, mesh.with_shardings(abstract, shardings))
     seed = trainer.settings.seed
-    train_state = state.init(trainer.run, trainer.optimizer, trainer.precision, seed, sharding)
-    return Start(train_state, f"fresh state from seed {seed}")
+    train_state, where = state.init(trainer.run, trainer.optimizer, trainer.precision, seed, sharding)
+    return Start(train_state, f"fresh state from seed {seed}{where}")
 
 
 def from_checkpoint(trainer, path: Path) -> Start:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training.devices import mesh, platform
+from training.devices import compilation_cache, mesh, platform
 from training.precision import Policy
 from training.run import checkpoint
 
@@ -47,10 +47,13 @@ def template(run, optimizer, policy: Policy) -> dict:
     return jax.eval_shape(lambda: fresh(run, optimizer, policy, 0))
 
 
-def init(run, optimizer, policy: Policy, seed: int, sharding) -> dict:
-    """A fresh state from `seed` on the mesh, built by one jitted call (no eager per-layer work)."""
-    jitted = jax.jit(lambda s: fresh(run, optimizer, policy, s), out_shardings=sharding)
-    return jitted.trace(seed).lower().compile(platform.xla_options("init", jax.default_backend()) or None)(seed)
+def init(run, optimizer, policy: Policy, seed: int, sharding) -> tuple[dict, str]:
+    """A fresh state from `seed` on the mesh, built by one jitted call (no eager per-layer work), and where that
+    call's program came from (``compilation_cache.origin``)."""
+    lowered = jax.jit(lambda s: fresh(run, optimizer, policy, s), out_shardings=sharding).trace(seed).lower()
+    options = platform.xla_options("init", jax.default_backend()) or None
+    compiled, where = compilation_cache.origin(lambda: lowered.compile(options))
+    return compiled(seed), where
 
 
 def restore(path: Path, abstract: dict, empty_stats: Callable, mesh_) -> tuple[dict, dict, dict | None]:

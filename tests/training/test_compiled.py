@@ -37,6 +37,7 @@ def test_a_second_run_of_the_same_config_compiles_only_auto_s_choice_and_starts_
     assert "this run stays at one step per call" in said
     assert re.search(r"compiled the training step \(1 step per call[^)]*\) in [\d.]+s \(compiled; kept in the", said)
     assert re.search(r"compiled the evaluation step \(batches of 40\) in [\d.]+s \(compiled; kept in the", said)
+    assert "state: fresh state from seed 1 (compiled; kept in the compilation cache)" in said
 
     second = run("train.py", "-c", str(config), env={"JAX_COMPILATION_CACHE_DIR": str(cache)})
     assert second.returncode == 0, second.stderr[-3000:]
@@ -46,6 +47,7 @@ def test_a_second_run_of_the_same_config_compiles_only_auto_s_choice_and_starts_
     assert f'{chosen} step(s) per call, as "auto" chose for this step on these devices' in said
     assert "steps per call (auto): " not in said  # not timed again
     assert re.search(r"compiled the evaluation step \(batches of 40\) in [\d.]+s \(from the compilation cache\)", said)
+    assert "state: fresh state from seed 1 (from the compilation cache)" in said
 
 
 def test_no_cache_when_switched_off_or_unusable_and_a_config_cannot_choose_one(tmp_path, data_dir):
