@@ -15,15 +15,16 @@ Parts (--only picks some; each in a fresh process, so JAX and PyTorch never shar
   gpt2     lm_benchmark.py at GPT-2 small's shapes (accelerator_run.py's), computing in bfloat16: the template with
            model.args.attention "auto" and "plain", and nanoGPT with torch.compile and bf16 autocast (--nanogpt);
            then a template row ("auto") for each of --gpt2-options (GPT2_OPTIONS: a vocabulary padded to 128, XLA's
-           effort level O3, Triton's matrix products for all, only, or none of the products)
+           effort level O3, and XLA's Triton matrix products tried for every product, used alone, or switched off)
   profile  the template's GPT-2-small step ("auto" attention) under jax.profiler: the ten kernels that take the most
            device time, their share of it, the device's busy time against the wall time of a step, and what each
            kernel computes, from the compiled program's HLO: a fusion's kind, result and the ops it fuses (on a CPU,
            XLA's thunks stand for the kernels)
-  profile-config  the same for config.json's ConvNeXt, 64 steps
-  resnet   train_benchmark.py's ResNet-20 (an epoch of random CIFAR-shaped images) against PyTorch at its best
-           (torch.compile, channels-last, cuDNN's autotuner), in float32 and in bfloat16 (its autocast), the template
-           and its peer in one call for each
+  profile-config  the same for config.json's ConvNeXt, 64 steps, and profile-lm for the language-model sample at
+           its own size, 256 steps: small steps, where the wall time over the kernels' time is the host's share
+  resnet   train_benchmark.py's ResNet-20 (--resnet-steps batches of random CIFAR-shaped images; default: an epoch)
+           against PyTorch at its best (torch.compile, channels-last, cuDNN's autotuner), in float32 and in bfloat16
+           (its autocast), the template and its peer in one call for each
   graphs   config.json and shakespeare_char through train.py (two epochs of --limit-batches batches; the second
            is the row), as XLA compiles by default and with the step's while loop captured as one CUDA graph
            (XLA's command buffers, WHILE and CONDITIONAL added to the default types)
@@ -45,7 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PARTS = ("parity", "gpt2", "profile", "profile-config", "resnet", "graphs")
+PARTS = ("parity", "gpt2", "profile", "profile-config", "profile-lm", "resnet", "graphs")
 # the profiled steps: (config, overrides, steps) from the arguments
 PROFILED = {
     "profile": lambda args: (
@@ -54,6 +55,11 @@ PROFILED = {
         args.steps,
     ),
     "profile-config": lambda args: ("config.json", [], 64),
+    "profile-lm": lambda args: (
+        "configs/shakespeare_char.json",
+        ['optimizer.schedule.args.warmup_steps={"epochs": 0.05}'],
+        256,
+    ),
 }
 # XLA's command buffers: the default types plus the step's loop (the K steps of a call) and its conditionals
 GRAPH_FLAGS = {"XLA default": "", "loop captured": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"}
@@ -87,6 +93,9 @@ def parse_args(argv=None):
         help=f"the gpt2 part's other rows, attention auto: some of {', '.join(GPT2_OPTIONS)} ('' for none)",
     )
     parser.add_argument("--steps", type=int, default=100, help="timed training steps of GPT-2 small")
+    parser.add_argument(
+        "--resnet-steps", type=int, default=0, help="the resnet part's timed batches (default: 0, a whole epoch, 390)"
+    )
     parser.add_argument("--limit-batches", type=int, default=200, help="the graphs part's batches per epoch")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device, no peers (a CPU check)")
     parser.add_argument("--out", default="gpu_step.md", help="where the tables go (default: %(default)s)")
@@ -330,13 +339,20 @@ def lm(args, attention: str, variants: str, folder: str, option: str = "") -> di
     return found if "error" in found else found["results"]
 
 
-def resnet(folder: str) -> dict:
-    """train_benchmark.py's ResNet-20 (the CIFAR sample on random images, a whole epoch of 390 batches of 128): for
+def resnet(steps: int, folder: str) -> dict:
+    """train_benchmark.py's ResNet-20 (the CIFAR sample on random images, `steps` batches of 128; 0: an epoch): for
     each precision of RESNET_PAIRS, the template and PyTorch at its best in one call (one round, each in a process
     of its own), so that their ratio is of one card in one run; a pair that fails says why in its rows."""
     rows = {}
     for precision, pair in RESNET_PAIRS.items():
-        command = [sys.executable, str(REPO / "benchmarks" / "train_benchmark.py"), "--rounds", "1", "--steps", "0"]
+        command = [
+            sys.executable,
+            str(REPO / "benchmarks" / "train_benchmark.py"),
+            "--rounds",
+            "1",
+            "--steps",
+            str(steps),
+        ]
         command += ["--models", "cifar_resnet", "--variants", ",".join(pair)]
         found = run_json(command, Path(folder) / f"resnet-{precision}.json", f"resnet {precision} ({', '.join(pair)})")
         rows[precision] = found if "error" in found else found["results"]["cifar_resnet"]
@@ -409,7 +425,7 @@ def tables(found: dict, steps: int) -> str:
                     f"{k['calls']:.0f} | {k['hlo'][:300] or '-'} |"
                 )
     if "resnet" in found:
-        out.append("\nResNet-20, batch 128, an epoch of CIFAR-shaped random images (train_benchmark.py, one round):\n")
+        out.append("\nResNet-20, batch 128, CIFAR-shaped random images (train_benchmark.py, one round):\n")
         out.append(
             "| precision | template, images/s | PyTorch at its best, images/s | template / PyTorch | template K | "
             "PyTorch's warm-up s |\n| --- | --- | --- | --- | --- | --- |"
@@ -464,7 +480,7 @@ def main(argv=None) -> int:
                 for option in args.gpt2_options:
                     found["gpt2"][f"auto, {option}"] = lm(args, "auto", "template", folder, option)
             elif part == "resnet" and not args.smoke:
-                found["resnet"] = resnet(folder)
+                found["resnet"] = resnet(args.resnet_steps, folder)
             elif part == "graphs" and not args.smoke:
                 found["graphs"] = graphs(args, folder)
             text = header + "\n" + tables(found, args.steps)
