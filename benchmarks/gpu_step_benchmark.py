@@ -5,7 +5,7 @@ and without their loop captured into one CUDA graph.
 
     python benchmarks/gpu_step_benchmark.py --nanogpt ~/src/nanoGPT --out gpu_step.md
     python benchmarks/gpu_step_benchmark.py --only parity,profile --steps 20
-    python benchmarks/gpu_step_benchmark.py --only gpt2 --attentions auto --gpt2-options O3,triton-gemm-any
+    python benchmarks/gpu_step_benchmark.py --only gpt2-options --gpt2-options O3,triton-gemm-any
     python benchmarks/gpu_step_benchmark.py --smoke      # on the CPU: tiny shapes, no peers, no resnet, no graphs
 
 Parts (--only picks some; each in a fresh process, so JAX and PyTorch never share the card):
@@ -13,9 +13,7 @@ Parts (--only picks some; each in a fresh process, so JAX and PyTorch never shar
            positions, causal), in bfloat16: the forward pass and the gradients of q, k and v, each against the plain
            math in float32 (relative norm of the difference, and the largest difference)
   gpt2     lm_benchmark.py at GPT-2 small's shapes (accelerator_run.py's), computing in bfloat16: the template with
-           model.args.attention "auto" and "plain", and nanoGPT with torch.compile and bf16 autocast (--nanogpt);
-           then a template row ("auto") for each of --gpt2-options (GPT2_OPTIONS: a vocabulary padded to 128, XLA's
-           effort level O3, and XLA's Triton matrix products tried for every product, used alone, or switched off)
+           model.args.attention "auto" and "plain", and nanoGPT with torch.compile and bf16 autocast (--nanogpt)
   profile  the template's GPT-2-small step ("auto" attention) under jax.profiler: the ten kernels that take the most
            device time, their share of it, the device's busy time against the wall time of a step, and what each
            kernel computes, from the compiled program's HLO: a fusion's kind, result and the ops it fuses (on a CPU,
@@ -25,6 +23,9 @@ Parts (--only picks some; each in a fresh process, so JAX and PyTorch never shar
   resnet   train_benchmark.py's ResNet-20 (--resnet-steps batches of random CIFAR-shaped images; default: an epoch)
            against PyTorch at its best (torch.compile, channels-last, cuDNN's autotuner), in float32 and in bfloat16
            (its autocast), the template and its peer in one call for each
+  gpt2-options  a template row of gpt2 ("auto") for each of --gpt2-options (GPT2_OPTIONS: a vocabulary padded
+           to 128, XLA's effort level O3, and XLA's Triton matrix products tried for every product, used alone, or
+           switched off), each written to --out as it is measured
   graphs   config.json and shakespeare_char through train.py (two epochs of --limit-batches batches; the second
            is the row), as XLA compiles by default and with the step's while loop captured as one CUDA graph
            (XLA's command buffers, WHILE and CONDITIONAL added to the default types)
@@ -46,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PARTS = ("parity", "gpt2", "profile", "profile-config", "profile-lm", "resnet", "graphs")
+PARTS = ("parity", "gpt2", "profile", "profile-config", "profile-lm", "resnet", "gpt2-options", "graphs")
 # the profiled steps: (config, overrides, steps) from the arguments
 PROFILED = {
     "profile": lambda args: (
@@ -64,19 +65,20 @@ PROFILED = {
 # XLA's command buffers: the default types plus the step's loop (the K steps of a call) and its conditionals
 GRAPH_FLAGS = {"XLA default": "", "loop captured": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"}
 GRAPH_SAMPLES = ("config.json", "configs/shakespeare_char.json")
-# the gpt2 part's settings not yet tried on a GPU, each a template row of its own: (--set overrides, environment).
-# The XLA flags are those of the XLA that jax 0.12 ships (an unknown one aborts the process: that row fails alone).
+# the settings not yet tried on a GPU, each a template row of GPT-2 small (--set overrides, environment), in the order
+# they run: those that add no autotuning first. The XLA flags are those of the XLA that jax 0.12 ships (an unknown
+# one aborts the process: that row fails alone).
 GPT2_OPTIONS = {
     # nanoGPT's padding of GPT-2's 50257 tokens to 50304: the head's and the embedding's rows a multiple of 64
     "vocab-128": (["model.args.vocab_size=128"], {}),
     # XLA's effort level; on a GPU, O1 and above add while-loop double buffering (the steps of a call are a loop)
     "O3": ([], {"JAX_OPTIMIZATION_LEVEL": "O3"}),
-    # XLA tries Triton for a matrix product only where it fuses something; this: for every one it can take
+    # what Triton's products add today: cuBLAS for every one
+    "no-triton-gemm": ([], {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"}),
+    # XLA keeps Triton for the products it expects it to win (those with ops fused in); this: every one it can take
     "triton-gemm-any": ([], {"XLA_FLAGS": "--xla_gpu_triton_gemm_any=true"}),
     # and without cuBLAS to fall back to where the autotuner finds it faster
     "triton-gemm-only": ([], {"XLA_FLAGS": "--xla_gpu_triton_gemm_any=true --xla_gpu_cublas_fallback=false"}),
-    # what Triton's products add today: cuBLAS for every one
-    "no-triton-gemm": ([], {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"}),
 }
 # the resnet part: the template and PyTorch at its best at each precision (train_benchmark.py's variants)
 RESNET_PAIRS = {"float32": ("template", "torch-best"), "bfloat16": ("bf16", "torch-best-bf16")}
@@ -90,7 +92,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--gpt2-options",
         default=",".join(GPT2_OPTIONS),
-        help=f"the gpt2 part's other rows, attention auto: some of {', '.join(GPT2_OPTIONS)} ('' for none)",
+        help=f"the gpt2-options part's rows: some of {', '.join(GPT2_OPTIONS)} ('' for none)",
     )
     parser.add_argument("--steps", type=int, default=100, help="timed training steps of GPT-2 small")
     parser.add_argument(
@@ -392,10 +394,11 @@ def tables(found: dict, steps: int) -> str:
                 continue
             for part, v in r.items():
                 out.append(f"| {name} | {part} | {v['relative']:.2e} | {v['max_abs']:.2e} | {v['finite']} |")
-    if "gpt2" in found:
+    if "gpt2" in found or "gpt2-options" in found:
         out.append("\nGPT-2 small, bfloat16 (lm_benchmark.py, one round):\n")
         out.append("| variant | tokens/s | ms/step | steps per call | compile s |\n| --- | --- | --- | --- | --- |")
-        for row, results in found["gpt2"].items():  # row: the attention, and the option where there is one
+        rows = {**found.get("gpt2", {}), **found.get("gpt2-options", {})}
+        for row, results in rows.items():  # row: the attention, and the option where there is one
             if "error" in results:
                 out.append(f"| template, attention {row} | failed: {results['error']} | | | |")
                 continue
@@ -468,6 +471,12 @@ def main(argv=None) -> int:
     found_devices = devices()  # asked of a child: JAX here would hold the card's memory for the whole run
     header = f"{found_devices['kind']}, jax {found_devices['jax']}, {time.strftime('%Y-%m-%d %H:%M')}\n"
     found: dict = {}
+
+    def save() -> str:  # after each part and each option's row: a run cut short keeps what it measured
+        text = header + "\n" + tables(found, args.steps)
+        Path(args.out).write_text(text + "\n<!--\n" + json.dumps(found, indent=1) + "\n-->\n")
+        return text
+
     with tempfile.TemporaryDirectory(prefix="gpu-step-") as folder:
         for part in args.only:
             if part == "parity" or part in PROFILED:
@@ -477,16 +486,18 @@ def main(argv=None) -> int:
                 found["gpt2"] = {}
                 for i, attention in enumerate(args.attentions.split(",")):
                     found["gpt2"][attention] = lm(args, attention, "template" + (peer if i == 0 else ""), folder)
+            elif part == "gpt2-options":
+                found["gpt2-options"] = {}
                 for option in args.gpt2_options:
-                    found["gpt2"][f"auto, {option}"] = lm(args, "auto", "template", folder, option)
+                    found["gpt2-options"][f"auto, {option}"] = lm(args, "auto", "template", folder, option)
+                    save()
             elif part == "resnet" and not args.smoke:
                 found["resnet"] = resnet(args.resnet_steps, folder)
             elif part == "graphs" and not args.smoke:
                 found["graphs"] = graphs(args, folder)
-            text = header + "\n" + tables(found, args.steps)
-            Path(args.out).write_text(text + "\n<!--\n" + json.dumps(found, indent=1) + "\n-->\n")
+            save()
             print(tables({part: found[part]}, args.steps) if part in found else "", flush=True)
-    print("\n" + text)
+    print("\n" + save())
     return 0
 
 
