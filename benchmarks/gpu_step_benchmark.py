@@ -191,7 +191,12 @@ def profile(config_path: str, overrides: list[str], steps: int, folder: str) -> 
     jax.profiler.stop_trace()
     (path,) = Path(folder).rglob("*.xplane.pb")
     data = jax.profiler.ProfileData.from_file(str(path))
-    text = trainer.compiled.train_call(trainer.steps_per_call.k).as_text()
+    try:
+        text = trainer.compiled.train_call(trainer.steps_per_call.k).as_text() or ""
+    except Exception as error:  # a program without its HLO (one read back from a cache, say): kernels still listed
+        text, hlo_error = "", f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+    else:
+        hlo_error = "" if text else "the compiled program gave no HLO text"
     instructions, computations = hlo_instructions(text)
     module = text.split(",", 1)[0].removeprefix("HloModule").strip()
     lines = [line for plane in data.planes for line in plane.lines]
@@ -224,6 +229,7 @@ def profile(config_path: str, overrides: list[str], steps: int, folder: str) -> 
         "busy_ms_per_step": busy / 1e6 / steps,
         "kernels_per_step": sum(e[1] for e in kernels.values()) / steps,
         "lines": lines_seen,
+        "hlo_error": hlo_error,
         "top": [
             {
                 "name": n,
@@ -416,7 +422,9 @@ def tables(found: dict, steps: int) -> str:
         else:
             out.append(
                 f"\nprofile of {p['config']}'s step (K = {p['steps_per_call']}): {p['wall_ms_per_step']:.2f} ms wall, "
-                f"{p['busy_ms_per_step']:.2f} ms of kernels, {p['kernels_per_step']:.0f} kernels a step\n"
+                f"{p['busy_ms_per_step']:.2f} ms of kernels, {p['kernels_per_step']:.0f} kernels a step"
+                + (f" (no HLO: {p['hlo_error']})" if p.get("hlo_error") else "")
+                + "\n"
             )
             out.append(
                 "| kernel | HLO op | ms/step | share | calls/step | what it computes (HLO) |\n"
