@@ -205,13 +205,13 @@ def profile(config_path: str, overrides: list[str], steps: int, folder: str) -> 
     if gpu:  # the streams' kernels; the derived lines (XLA modules, ops, steps) repeat them
         events = [(event, dict(event.stats)) for line in gpu if line.name.startswith("Stream") for event in line.events]
     else:  # a CPU: the step program's thunks, each an event naming its HLO op; its loops hold the others
+
+        def own_work(stats: dict) -> bool:  # an op of the step's program, not a loop or call around others
+            op = instructions.get(str(stats.get("hlo_op")))
+            return stats.get("hlo_module") == module and op is not None and op[0] not in HLO_CONTAINERS
+
         events = [(event, dict(event.stats)) for line in lines for event in line.events]
-        events = [
-            (event, stats)
-            for event, stats in events
-            if stats.get("hlo_module") == module
-            and instructions.get(str(stats.get("hlo_op")), ("while",))[0] not in HLO_CONTAINERS
-        ]
+        events = [(event, stats) for event, stats in events if own_work(stats)]
     kernels: dict[str, list] = {}
     for event, stats in events:
         entry = kernels.setdefault(event.name, [0.0, 0, str(stats.get("hlo_op", stats.get("tf_op", "")))])

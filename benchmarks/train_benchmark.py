@@ -899,8 +899,8 @@ def report(model_name: str, results: dict[str, list[dict]], peak: float | None =
     for variant in ("torch-best", "torch-best-bf16"):
         if variant in results:
             lines.append(
-                f"{variant}: PyTorch {results[variant][0]['torch']} on {results[variant][0]['device']}, compiled in "
-                f"its ten warm-up steps ({median(results[variant], 'warm_up_s'):.1f} s)"
+                f"{variant}: PyTorch {results[variant][0]['torch']} on {results[variant][0]['device']}, ten warm-up "
+                f"steps with the compilation {median(results[variant], 'warm_up_s'):.1f} s"
             )
     if "startup" in results:
         runs = results["startup"]
