@@ -23,9 +23,9 @@ Variants (each in a fresh process, interleaved round by round; medians over roun
             `dtype = 'bfloat16'` does
 Each process compiles and warms up (template/fused: one timed-length run; flax/nanogpt: ten steps), then times
 --steps steps of the config's batch. Each round starts with a process that measures the machine's matmul peak
-(4096 x 4096 float32, best of 5, JAX/NumPy/PyTorch); the CPU model, core count and load average are printed with
-every result, and each throughput also as a fraction of the JAX matmul peak (tokens/s x XLA's FLOP count per
-training token).
+(4096 x 4096 float32, best of 5, JAX/NumPy/PyTorch; --no-peak: none); the CPU model, core count and load average
+are printed with every result, and each throughput also as a fraction of the JAX matmul peak (tokens/s x XLA's FLOP
+count per training token).
 """
 
 from __future__ import annotations
@@ -71,6 +71,12 @@ def parse_args(argv=None):
         default=[],
         metavar="KEY.PATH=VALUE",
         help="override the sample config for every variant (another model size; VALUE is JSON)",
+    )
+    parser.add_argument(
+        "--no-peak",
+        dest="peak",
+        action="store_false",
+        help="skip each round's matmul peak, for runs that read only the rates ('of matmul peak' is then '-')",
     )
     parser.add_argument("--out", help="also write the raw results here (JSON)")
     parser.add_argument("--child", metavar="VARIANT", help=argparse.SUPPRESS)
@@ -355,9 +361,12 @@ def main(argv=None) -> int:
     results, peaks = {v: [] for v in variants}, []
     load = [os.getloadavg()]
     for round_ in range(args.rounds):
-        peaks.append(measure("peak", args))
-        shown = ", ".join(f"{k} {v:.0f}" for k, v in peaks[-1].items())
-        print(f"round {round_ + 1}/{args.rounds}  matmul peak GFLOP/s: {shown}  (load {load_average()})", flush=True)
+        if args.peak:
+            peaks.append(measure("peak", args))
+            shown = ", ".join(f"{k} {v:.0f}" for k, v in peaks[-1].items())
+            print(
+                f"round {round_ + 1}/{args.rounds}  matmul peak GFLOP/s: {shown}  (load {load_average()})", flush=True
+            )
         for variant in variants:
             result = measure(variant, args)
             results[variant].append(result)
@@ -375,8 +384,8 @@ def main(argv=None) -> int:
         f"load average (1 min) during the rounds: {', '.join(f'{l[0]:.1f}' for l in load)}; "
         f"{args.steps} steps per timed run, medians of {args.rounds} runs"
     )
-    print(peak_line(peaks) + "\n")
-    peak = max(p["jax"] for p in peaks)
+    print((peak_line(peaks) if peaks else "matmul peak: not measured (--no-peak)") + "\n")
+    peak = max(p["jax"] for p in peaks) if peaks else None
     counted = [r["flop_per_token"] for runs in results.values() for r in runs if r.get("flop_per_token")]
     print(
         "| variant | tokens/s (median) | ms per step | template / variant | variant / fused | of matmul peak | params |"
@@ -387,7 +396,7 @@ def main(argv=None) -> int:
     for variant, rate in median.items():
         ratio = f"{median['template'] / rate:.2f}" if "template" in median else "-"
         bound = f"{rate / median['fused']:.2f}" if "fused" in median else "-"
-        share = f"{100 * fraction_of_peak(rate, counted[0], peak):.0f}%" if counted else "-"
+        share = f"{100 * fraction_of_peak(rate, counted[0], peak):.0f}%" if counted and peak else "-"
         params = results[variant][0].get("params", "-")
         params = f"{params:,}" if isinstance(params, int) else "-"
         print(f"| {variant} | {rate:,.0f} | {1000 * tokens / rate:.1f} | {ratio} | {bound} | {share} | {params} |")

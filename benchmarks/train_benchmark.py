@@ -34,6 +34,9 @@ Variants (each measured in a fresh process, since platform defaults are per proc
   bf16          template computing in bfloat16 (`trainer.precision`: float32 parameters, bfloat16 products), for
                 CPUs with native bfloat16 (avx512_bf16, AMX); compare it with torch-bf16, not the float32 peers
   torch-bf16    the PyTorch peer under CPU autocast to bfloat16 (forward and loss; float32 parameters)
+  torch-best    the PyTorch peer at its best: torch.compile, channels-last tensors, cuDNN's autotuner, TF32 matrix
+                products (JAX's default on a GPU); compare it with template on the same card (`torch_step`)
+  torch-best-bf16  torch-best under autocast to bfloat16 (forward and loss); compare it with bf16
   A+B           template with both ablations, e.g. K=1+no-hugetlb (a per-step loop without the malloc default)
   startup       `python train.py`: seconds from the command to its first call's steps done, and the compile time
 
@@ -121,7 +124,7 @@ VARIANTS = {
 BATCH = 128
 SLOW = {"autodiff-conv", "lax-depthwise"}  # 10-20x slower: timed on at most 30 steps after one warm-up call
 SLOW_STEPS = 30
-TORCH = ("torch", "torch-bf16")  # the variants that need PyTorch
+TORCH = ("torch", "torch-bf16", "torch-best", "torch-best-bf16")  # the variants that need PyTorch
 PEERS = ("flax", *TORCH, "peak")  # run as their users would: no platform defaults
 
 
@@ -624,12 +627,11 @@ def torch_model(model_name: str):
     return ConvNeXt()
 
 
-def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
-    """PyTorch eager on the GPU where CUDA is there, else on all cores: the same network and optimizer (AdamW with
-    the config's schedule and clipping; for the CIFAR sample SGD with Nesterov momentum and weight decay), batch 128;
-    ``bf16``: the forward pass and the loss under autocast to bfloat16."""
-    import contextlib
-
+def torch_run(model_name: str, steps: int, bf16: bool = False, best: bool = False) -> dict:
+    """PyTorch on the GPU where CUDA is there, else on all cores: the same network and optimizer (AdamW with the
+    config's schedule and clipping; for the CIFAR sample SGD with Nesterov momentum and weight decay), batch 128;
+    eager, or with ``best`` as PyTorch's own performance guides have it (``torch_step``); ``bf16``: the forward pass
+    and the loss under autocast to bfloat16."""
     import torch
 
     from training.config.components import build
@@ -640,8 +642,9 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
     config = bench_config(model_name, steps)
     loader = build(config["data_loader"]["train"], "data_loader", seed=config["seed"])
     loader.dataset = FirstExamples(loader.dataset, steps * BATCH)
-    normalize = host_normalize(config)
-    net = torch_model(model_name).to(device).train()
+    # channels-last weights before the optimizer holds them: cuDNN's NHWC kernels, no layout transposes
+    layout = torch.channels_last if best else torch.preserve_format
+    net = torch_model(model_name).to(device, memory_format=layout).train()
     sgd = peer_is_sgd(config)
     if sgd:
         optimizer = torch.optim.SGD(
@@ -650,23 +653,11 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
     else:
         optimizer = torch.optim.AdamW(net.parameters(), lr=1.0, weight_decay=0.05)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, peer_schedule(config, len(loader)))
-
-    def step(batch):
-        x = torch.from_numpy(normalize(batch["input"])).permute(0, 3, 1, 2).contiguous().to(device)
-        y = torch.from_numpy(batch["target"]).long().to(device)
-        with torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-            logits = net(x)
-            loss = torch.nn.functional.cross_entropy(logits, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if not sgd:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        return torch.stack([loss.detach(), (logits.detach().argmax(1) == y).float().mean()])
-
-    for _, batch in zip(range(10), loader.batches(0)):  # warm up
+    step = torch_step(net, optimizer, schedule, host_normalize(config), device, clip=not sgd, bf16=bf16, best=best)
+    start = time.perf_counter()
+    for _, batch in zip(range(10), loader.batches(0)):  # warm up (best: compiles the forward and backward)
         step(batch)
+    warm_up_s = time.perf_counter() - start
     start = time.perf_counter()
     total = torch.zeros(2, device=device)
     for batch in loader.batches(1):
@@ -676,11 +667,48 @@ def torch_run(model_name: str, steps: int, bf16: bool = False) -> dict:
     return {
         "images_per_s": loader.num_examples / seconds,
         "seconds": seconds,
+        "warm_up_s": warm_up_s,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": device,
         "params": sum(p.numel() for p in net.parameters()),
     }
+
+
+def torch_step(net, optimizer, schedule, normalize, device: str, clip: bool, bf16: bool = False, best: bool = False):
+    """One training step of the PyTorch peer on a batch of NHWC arrays: the loss and accuracy on the device.
+
+    ``best``: what PyTorch's performance guides ask of a convolutional network on a GPU, so that the ratio is to
+    PyTorch at its best: ``torch.compile`` (its default mode), channels-last inputs (with `net`'s weights made
+    channels-last by the caller), cuDNN's autotuner, and TF32 matrix products, as JAX's default precision uses on
+    the GPU (cuDNN's convolutions take TF32 by default in both)."""
+    import contextlib
+
+    import torch
+
+    layout = torch.channels_last if best else torch.contiguous_format
+    forward = net
+    if best:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        forward = torch.compile(net)
+
+    def step(batch):
+        # NHWC to NCHW as a view: channels-last strides, which `layout` keeps or makes contiguous
+        x = torch.from_numpy(normalize(batch["input"])).permute(0, 3, 1, 2).contiguous(memory_format=layout)
+        x, y = x.to(device), torch.from_numpy(batch["target"]).long().to(device)
+        with torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            logits = forward(x)
+            loss = torch.nn.functional.cross_entropy(logits, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        return torch.stack([loss.detach(), (logits.detach().argmax(1) == y).float().mean()])
+
+    return step
 
 
 def peak_run() -> dict:
@@ -745,7 +773,7 @@ def child(model_name: str, variant: str, steps: int) -> dict:
     if variant == "flax":
         return flax_run(model_name, steps)
     if variant in TORCH:
-        return torch_run(model_name, steps, bf16=variant == "torch-bf16")
+        return torch_run(model_name, steps, bf16=variant.endswith("-bf16"), best=variant.startswith("torch-best"))
     if variant == "peak":
         return peak_run()
     if variant == "startup":
@@ -868,6 +896,12 @@ def report(model_name: str, results: dict[str, list[dict]], peak: float | None =
             f"torch: PyTorch {results['torch'][0]['torch']} eager, {results['torch'][0]['threads']} "
             f"threads, {results['torch'][0]['params']:,} parameters"
         )
+    for variant in ("torch-best", "torch-best-bf16"):
+        if variant in results:
+            lines.append(
+                f"{variant}: PyTorch {results[variant][0]['torch']} on {results[variant][0]['device']}, ten warm-up "
+                f"steps with the compilation {median(results[variant], 'warm_up_s'):.1f} s"
+            )
     if "startup" in results:
         runs = results["startup"]
         first, compile_s = median(runs, "first_call_s"), median(runs, "compile_s")

@@ -42,7 +42,7 @@ def test_torch_variant_is_skipped_with_a_note_without_torch(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
-    variants, notes = train_benchmark.available(["template", "torch", "flax", "torch-bf16", "bf16"])
+    variants, notes = train_benchmark.available(["template", "torch", "flax", "torch-bf16", "bf16", "torch-best"])
     assert variants == ["template", "flax", "bf16"] and len(notes) == 1 and "PyTorch is not installed" in notes[0]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     assert train_benchmark.available(["template", "torch"]) == (["template", "torch"], [])
@@ -65,10 +65,13 @@ def test_report_gives_every_variant_its_fraction_of_the_peak():
             }
         ],
         "torch": [{"images_per_s": 1000.0, "torch": "2", "threads": 2, "params": 3}],
+        "torch-best": [{"images_per_s": 4000.0, "torch": "2", "device": "cuda", "warm_up_s": 30.0}],
     }
     table = train_benchmark.report("mnist_cnn", runs, peak=100.0)
     assert "| template | 2,000 | 2,000-2,000 | 1 | 1.00 | - | 50% |" in table
     assert "| torch | 1,000 | 1,000-1,000 | 1 | 2.00 | - | 25% |" in table
+    assert "| torch-best | 4,000 | 4,000-4,000 | 1 | 0.50 | - | 100% |" in table
+    assert "torch-best: PyTorch 2 on cuda, ten warm-up steps with the compilation 30.0 s" in table
 
 
 def test_cifar_benchmark_peers_see_what_the_template_sees(tmp_path, monkeypatch):
