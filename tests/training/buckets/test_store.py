@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -239,6 +240,42 @@ def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
     assert "\n" not in str(error.value) and SECRET not in str(error.value)
     with pytest.raises(ConfigError, match=f"{bucket.scheme}://runs/nothing-here: no such run folder in the bucket"):
         store.fetched(f"{bucket.scheme}://runs/nothing-here/checkpoint-latest.params")
+
+
+def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
+    """A run read from a bucket downloads the objects directly in its folder and the shards its indexes name, no
+    other; an object larger than a local read of it takes (a JSON file past its bound), or more bytes than the
+    staging disk has free, is refused from the listing in one line (exit status 2), nothing downloaded."""
+    from training.buckets import store
+    from training.config.file import MAX_CONFIG_BYTES
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    url = f"{bucket.scheme}://{BUCKET}/hostile/run"
+    bucket.put("hostile/run/config.json", b"{}")
+    bucket.put("hostile/run/junk/big.bin", b"x" * 1000)
+    bucket.put("hostile/run/shards/unnamed.0.shard", b"x" * 1000)
+    store.fetched(url)
+    assert sorted(p.name for p in store.local_of(url).rglob("*")) == ["config.json"]
+
+    full = shutil.disk_usage(tmp_path)._replace(free=1)  # a disk with one byte free
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda _: full)
+    with pytest.raises(SystemExit) as stop:
+        store.local_copy(url)
+    said = capsys.readouterr().err
+    assert (
+        stop.value.code == 2
+        and said == f"error: {url}: 2 B to download, more than the 1 B free in {store.local_of(url)}; not downloaded\n"
+    )
+    assert not store.local_of(url).exists()
+    monkeypatch.undo()
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    bucket.put("hostile/run/config.json", b" " * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(SystemExit) as stop:
+        store.local_copy(url)
+    said = capsys.readouterr().err
+    assert stop.value.code == 2 and said.startswith(f"error: {url}/config.json: 16.0 MiB, more than the 16.0 MiB of")
+    assert "\n" not in said.strip() and not store.local_of(url).exists()
 
 
 def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, monkeypatch):
