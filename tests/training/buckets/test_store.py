@@ -176,6 +176,10 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
                  env=staged(tmp_path, env, "b"))  # fmt: skip
     assert second.returncode == 0, second.stderr
     assert f"epoch {epochs - 1}" in second.stdout + second.stderr
+    # the headers record save_dir as given, the URL: another machine's staging folder is no change of the config
+    assert latest["config"]["trainer"]["save_dir"] == f"s3://{BUCKET}/exp"
+    assert "config changed since the checkpoint: trainer.epochs" in second.stdout + second.stderr
+    assert "trainer.save_dir" not in second.stdout + second.stderr
     got = s3.objects("exp/tiny/one/")
     assert {"config.json", "metrics.jsonl", "train.log", "checkpoint-latest.params", "model_best.params"} <= set(got)
     assert ".lock" not in got and SECRET not in second.stdout + second.stderr
