@@ -49,6 +49,9 @@ HIDDEN = "***"
 SINGLE_PUT = 5 * 2**30  # S3's largest PUT: a commit up to this size is one conditional request
 INSTALL = "pip install -r requirements-buckets.txt"
 COPY_CHUNK = 8 << 20  # bytes an object is downloaded in
+# the start's write check, retries included (gcsfs retries a refused connection for ~33 s): an empty object's write
+# and delete take well under a second where the bucket answers, a VM's first token a few more
+PROBE_SECONDS = 15
 
 
 # ------------------------------------------------------------------------------------- what differs, S3 and GCS
@@ -420,11 +423,12 @@ def check_writable(url: str) -> None:
     """The bucket answers and takes a write under `url`: an object written and removed, before anything else."""
     fs = filesystem(url)
     probe = f"{path_of(url)}/.write-check-{os.getpid()}"
-    try:
-        fs.pipe_file(probe, b"")
-        fs.rm_file(probe)
+    try:  # fsspec's timeout: the whole call, its retries with it
+        fs.pipe_file(probe, b"", timeout=PROBE_SECONDS)
+        fs.rm_file(probe, timeout=PROBE_SECONDS)
     except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"trainer.save_dir: {masked(url)}: cannot write there ({error_line(error)})") from None
+        reason = f"no answer in {PROBE_SECONDS} s" if isinstance(error, TimeoutError) else error_line(error)
+        raise ConfigError(f"trainer.save_dir: {masked(url)}: cannot write there ({reason})") from None
 
 
 def stage(config: dict) -> None:

@@ -211,29 +211,19 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
     assert loaded.checkpoint == tmp_path / "d/process_0/s3/runs/exp/tiny/one/model_best.params"
 
 
-def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir, monkeypatch):
-    """A missing bucket, and an endpoint nobody answers on: one line, exit status 2, the secret not in it."""
+def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir):
+    """A missing bucket: one line, exit status 2, the secret not in it."""
     env = s3.env
     config = make_config(tmp_path, data_dir, trainer__save_dir="s3://no-such-bucket/exp")
     result = run("train.py", "-c", config, env=staged(tmp_path, env, "a"))
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: trainer.save_dir: s3://no-such-bucket/exp: cannot write there")
     assert len(result.stderr.strip().splitlines()) == 1 and SECRET not in result.stderr
-    # the same checks in this process: an endpoint nobody answers on; a run folder the bucket does not have
-    from training.buckets import store
-    from training.config.file import ConfigError
-
-    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "b"))
-    started = time.monotonic()
-    with monkeypatch.context() as dead:
-        dead.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-        with pytest.raises(ConfigError, match=r"^trainer.save_dir: s3://runs/x: cannot write there \(") as error:
-            store.check_writable("s3://runs/x")
-    assert time.monotonic() - started < 60 and "\n" not in str(error.value) and SECRET not in str(error.value)
 
 
 def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
-    """A bucket that does not exist, a run folder the bucket does not have: one line each."""
+    """A bucket that does not exist, a run folder the bucket does not have, an endpoint nobody answers on (within
+    the write check's bound, retries included): one line each."""
     from training.buckets import store
     from training.config.file import ConfigError
 
@@ -244,6 +234,14 @@ def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
     assert "\n" not in str(error.value) and SECRET not in str(error.value)
     with pytest.raises(ConfigError, match=f"{bucket.scheme}://runs/nothing-here: no such run folder in the bucket"):
         store.fetched(f"{bucket.scheme}://runs/nothing-here/checkpoint-latest.params")
+    monkeypatch.setattr(store, "PROBE_SECONDS", 2)  # the bound shortened: the test waits it out
+    monkeypatch.setenv({"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST"}[bucket.scheme], "http://127.0.0.1:9")
+    started = time.monotonic()
+    with pytest.raises(
+        ConfigError, match=rf"^trainer.save_dir: {bucket.scheme}://runs/x: cannot write there \("
+    ) as error:
+        store.check_writable(f"{bucket.scheme}://runs/x")
+    assert time.monotonic() - started < 2 + 3 and "\n" not in str(error.value) and SECRET not in str(error.value)
 
 
 def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
