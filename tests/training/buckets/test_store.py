@@ -247,9 +247,10 @@ def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
 def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
     """A run read from a bucket downloads the objects directly in its folder and the shards its indexes name, no
     other; an object larger than a local read of it takes (a JSON file past its bound), or more bytes than the
-    staging disk has free, is refused from the listing in one line (exit status 2), nothing downloaded."""
+    staging disk has free, is refused from the listing in one line (exit status 2), nothing downloaded; one that
+    turns out larger than its listing said (written again meanwhile) is refused once past it, nothing of it kept."""
     from training.buckets import store
-    from training.config.file import MAX_CONFIG_BYTES
+    from training.config.file import MAX_CONFIG_BYTES, ConfigError
 
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
     url = f"{bucket.scheme}://{BUCKET}/hostile/run"
@@ -278,6 +279,13 @@ def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
     said = capsys.readouterr().err
     assert stop.value.code == 2 and said.startswith(f"error: {url}/config.json: 16.0 MiB, more than the 16.0 MiB of")
     assert "\n" not in said.strip() and not store.local_of(url).exists()
+
+    listed = store.listing
+    monkeypatch.setattr(store, "listing", lambda *a: {n: {**i, "size": 1} for n, i in listed(*a).items()})
+    bucket.put("hostile/run/config.json", b"{}")
+    with pytest.raises(ConfigError, match=rf"^{url}/config.json: cannot read it \(OSError: larger than the listing"):
+        store.fetched(url)
+    assert not store.local_of(url).exists()
 
 
 def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, monkeypatch):
