@@ -71,9 +71,9 @@ def s3_put_if(fs, path: str, data: bytes, version: str | None) -> dict:
 def gcs_filesystem():
     """gcsfs's JSON-API file system (its default class also asks gRPC for each bucket's layout). Credentials as
     Google's libraries find them; none with ``STORAGE_EMULATOR_HOST`` (an emulator), as google-cloud-storage does."""
-    from gcsfs.core import GCSFileSystem
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its traceback when out of retries (ours is one line),
+    from gcsfs.core import GCSFileSystem  # and the line its import logs
 
-    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its traceback when out of retries: ours is one line
     anonymous = {"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST") else {}
     return GCSFileSystem(skip_instance_cache=True, use_listings_cache=False, requests_timeout=60, **anonymous)
 
@@ -131,7 +131,10 @@ def masked(text: str) -> str:
     return text
 
 
-def error_line(error: BaseException) -> str:
+def error_line(error: BaseException, timeout: float | None = None) -> str:
+    """`error` in one line; ``timeout``: the bound fsspec put on the call that raised it (its error says nothing)."""
+    if timeout and isinstance(error, TimeoutError):
+        return f"no answer in {timeout} s"
     return masked(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
 
 
@@ -306,15 +309,15 @@ class Mirror:
             raise OSError(f"{self.url}: {error_line(error)}") from None
 
 
-def listing(url: str, fs, folder: str) -> dict[str, dict]:
+def listing(url: str, fs, folder: str, timeout: float | None = None) -> dict[str, dict]:
     """The objects directly in `folder` (a bucket path, not its subfolders), by name: what the listing says of
-    each (its size, its version)."""
+    each (its size, its version). ``timeout``: the bound of the whole call, retries included."""
     try:
-        found = fs.ls(folder, detail=True)
+        found = fs.ls(folder, detail=True, timeout=timeout)
     except FileNotFoundError:
         return {}
     except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"{masked(url)}: cannot list it ({error_line(error)})") from None
+        raise ConfigError(f"{masked(url)}: cannot list it ({error_line(error, timeout)})") from None
     return {info["name"].rstrip("/").rsplit("/", 1)[-1]: info for info in found if info.get("type") == "file"}
 
 
@@ -349,7 +352,7 @@ def download(url: str, local: Path) -> Mirror:
     is there."""
     mirror = Mirror(local, url)
     fs, root = mirror.fs, path_of(url)
-    top = listing(url, fs, root)
+    top = listing(url, fs, root, timeout=PROBE_SECONDS)  # a command's first request: an endpoint that is not there
     if not top:
         raise ConfigError(f"{masked(url)}: no such run folder in the bucket")
     if local.is_symlink():
@@ -427,8 +430,9 @@ def check_writable(url: str) -> None:
         fs.pipe_file(probe, b"", timeout=PROBE_SECONDS)
         fs.rm_file(probe, timeout=PROBE_SECONDS)
     except Exception as error:  # noqa: BLE001
-        reason = f"no answer in {PROBE_SECONDS} s" if isinstance(error, TimeoutError) else error_line(error)
-        raise ConfigError(f"trainer.save_dir: {masked(url)}: cannot write there ({reason})") from None
+        raise ConfigError(
+            f"trainer.save_dir: {masked(url)}: cannot write there ({error_line(error, PROBE_SECONDS)})"
+        ) from None
 
 
 def stage(config: dict) -> None:

@@ -223,7 +223,8 @@ def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir
 
 def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
     """A bucket that does not exist, a run folder the bucket does not have, an endpoint nobody answers on (within
-    the write check's bound, retries included): one line each."""
+    the bound of a command's first request, retries included: train.py's write check, a reader's listing): one line
+    each."""
     from training.buckets import store
     from training.config.file import ConfigError
 
@@ -234,14 +235,15 @@ def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
     assert "\n" not in str(error.value) and SECRET not in str(error.value)
     with pytest.raises(ConfigError, match=f"{bucket.scheme}://runs/nothing-here: no such run folder in the bucket"):
         store.fetched(f"{bucket.scheme}://runs/nothing-here/checkpoint-latest.params")
-    monkeypatch.setattr(store, "PROBE_SECONDS", 2)  # the bound shortened: the test waits it out
+    monkeypatch.setattr(store, "PROBE_SECONDS", 1)  # the bound shortened: the test waits it out
     monkeypatch.setenv({"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST"}[bucket.scheme], "http://127.0.0.1:9")
-    started = time.monotonic()
-    with pytest.raises(
-        ConfigError, match=rf"^trainer.save_dir: {bucket.scheme}://runs/x: cannot write there \("
-    ) as error:
-        store.check_writable(f"{bucket.scheme}://runs/x")
-    assert time.monotonic() - started < 2 + 3 and "\n" not in str(error.value) and SECRET not in str(error.value)
+    url, started = f"{bucket.scheme}://runs/x", time.monotonic()
+    with pytest.raises(ConfigError, match=rf"^trainer.save_dir: {url}: cannot write there \(") as writing:
+        store.check_writable(url)
+    with pytest.raises(ConfigError, match=rf"^{url}: cannot list it \(") as reading:
+        store.fetched(url)
+    assert time.monotonic() - started < 2 * (1 + 2)
+    assert all("\n" not in str(e.value) and SECRET not in str(e.value) for e in (writing, reading))
 
 
 def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
@@ -281,7 +283,7 @@ def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
     assert "\n" not in said.strip() and not store.local_of(url).exists()
 
     listed = store.listing
-    monkeypatch.setattr(store, "listing", lambda *a: {n: {**i, "size": 1} for n, i in listed(*a).items()})
+    monkeypatch.setattr(store, "listing", lambda *a, **k: {n: {**i, "size": 1} for n, i in listed(*a, **k).items()})
     bucket.put("hostile/run/config.json", b"{}")
     with pytest.raises(ConfigError, match=rf"^{url}/config.json: cannot read it \(OSError: larger than the listing"):
         store.fetched(url)
