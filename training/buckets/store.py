@@ -49,8 +49,9 @@ HIDDEN = "***"
 SINGLE_PUT = 5 * 2**30  # S3's largest PUT: a commit up to this size is one conditional request
 INSTALL = "pip install -r requirements-buckets.txt"
 COPY_CHUNK = 8 << 20  # bytes an object is downloaded in
-# the start's write check, retries included (gcsfs retries a refused connection for ~33 s): an empty object's write
-# and delete take well under a second where the bucket answers, a VM's first token a few more
+# a command's first request to a bucket (train.py's write check, a reader's listing), retries included (gcsfs
+# retries a refused connection for ~33 s): it takes well under a second where the bucket answers, a VM's first token
+# a few more
 PROBE_SECONDS = 15
 
 
