@@ -114,13 +114,13 @@ def start_to_finish(args) -> int:
     stops.safe_point()
     loaders = load_data(args, config, run)
     stops.safe_point()
-    recorded = config  # what config.json holds
+    recorded = config  # what config.json and every checkpoint's header hold
     recorded = buckets.as_given(config)  # [feature: buckets] the bucket's URL as save_dir, not its staging folder
     with lifecycle.opened(
         config,
         Path(args.resume) if args.resume else None,
         resume_dir,
-        load_state=lambda: load_state(args, config, run, resume_dir),
+        load_state=lambda: load_state(args, config, run, resume_dir, recorded),
         write=lambda run_dir: write_run_files(run_dir, recorded, run, new=not resume_dir),
         exact=getattr(args, "exact_run_dir", False),
         here=buckets.here,  # [feature: buckets] each process stages its own copy of a bucket's run folder
@@ -189,8 +189,9 @@ def load_data(args, config: dict, run) -> dict:
     return loaders
 
 
-def load_state(args, config: dict, run, resume_dir: Path | None):
-    """The trainer with its state: fresh, resumed, or initialised from another run's weights."""
+def load_state(args, config: dict, run, resume_dir: Path | None, recorded: dict):
+    """The trainer with its state: fresh, resumed, or initialised from another run's weights. ``recorded``: the
+    config as the run folder records it."""
     from training import startup
     from training.trainer import Trainer
 
@@ -198,6 +199,7 @@ def load_state(args, config: dict, run, resume_dir: Path | None):
         run,
         resume_dir,
         config_hash=config_hash(config),
+        recorded=recorded,
         execution="eager" if args.no_jit else "jit" if args.detect_nans else "aot",
     )
     startup.check_memory(trainer)

@@ -86,11 +86,15 @@ class Trainer:
         execution: str = "aot",
         settings: Settings | None = None,
         count_flops: bool | None = None,
+        recorded: dict | None = None,
     ):
         """``run``: the assembled run (``training.assembly.assemble``) with its data loaded: its config, components,
         loaders and optimizer are the only source of what is trained and how; ``settings``: its config's, unless
-        given. ``execution`` and ``count_flops``: see ``Compiled``. The state comes next (``begin``)."""
+        given. ``execution`` and ``count_flops``: see ``Compiled``. ``recorded``: the config as every checkpoint's
+        header records it, as the run folder's config.json does (run.config unless given). The state comes next
+        (``begin``)."""
         self.run = run
+        recorded = recorded or run.config
         self.settings = settings = settings or Settings.of(run.config)
         self.execution, self.count_flops = execution, count_flops
         self.train_loader, self.valid_loader = run.loaders["train"], run.loaders.get("validation")
@@ -112,7 +116,7 @@ class Trainer:
         self.build_calls()
         self.compiled.check_step(self.abstract_state)
         self.checkpoints = Checkpoints(
-            run_dir, settings, run.monitor, config_hash, self.compiled.evaluated, run.config, len(self.train_loader)
+            run_dir, settings, run.monitor, config_hash, self.compiled.evaluated, recorded, len(self.train_loader)
         )
         self.stops = Stops(self.checkpoints, self.steps_per_call)
         self.callbacks, self.trackers = list(run.callbacks) + of_schedule(self.lr_fn), list(trackers)

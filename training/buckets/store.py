@@ -15,8 +15,9 @@ inconsistent:
 3. then the rest that changed (best, numbered checkpoints, ``metrics.jsonl``, ``train.log``, config, figures), the
    objects of local files that were removed (rotated step checkpoints), and the shard objects no index names.
 
-Reading a run from its URL (``fetched``) downloads its folder, with the shard objects its indexes name, into the
-staging folder, and everything after reads the local copy with the usual checks (crc32 of every piece, the index
+Reading a run from its URL (``fetched``) downloads the objects directly in its folder and the shard objects its
+indexes name into the staging folder, each checked against what the local reads take before it is downloaded
+(``check_sizes``), and everything after reads the local copy with the usual checks (crc32 of every piece, the index
 against its shards). Credentials and the endpoint come from the environment as botocore reads them
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ...), or as Google's libraries do
 (``GOOGLE_APPLICATION_CREDENTIALS``, the metadata server of a Cloud VM, ``STORAGE_EMULATOR_HOST``); messages never
@@ -36,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from files.writes import LATEST, LOCK_NAME, TEMP_NAME
-from training.config.file import ConfigError
+from training.config.file import MAX_CONFIG_BYTES, ConfigError
+from training.devices.memory import host_available, show_bytes
 from training.run import shards
 from training.run.folder import RunFolderError
 
@@ -46,6 +48,11 @@ SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KE
 HIDDEN = "***"
 SINGLE_PUT = 5 * 2**30  # S3's largest PUT: a commit up to this size is one conditional request
 INSTALL = "pip install -r requirements-buckets.txt"
+COPY_CHUNK = 8 << 20  # bytes an object is downloaded in
+# a command's first request to a bucket (train.py's write check, a reader's listing), retries included (gcsfs
+# retries a refused connection for ~33 s): it takes well under a second where the bucket answers, a VM's first token
+# a few more
+PROBE_SECONDS = 15
 
 
 # ------------------------------------------------------------------------------------- what differs, S3 and GCS
@@ -65,9 +72,9 @@ def s3_put_if(fs, path: str, data: bytes, version: str | None) -> dict:
 def gcs_filesystem():
     """gcsfs's JSON-API file system (its default class also asks gRPC for each bucket's layout). Credentials as
     Google's libraries find them; none with ``STORAGE_EMULATOR_HOST`` (an emulator), as google-cloud-storage does."""
-    from gcsfs.core import GCSFileSystem
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its traceback when out of retries (ours is one line),
+    from gcsfs.core import GCSFileSystem  # and the line its import logs
 
-    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its traceback when out of retries: ours is one line
     anonymous = {"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST") else {}
     return GCSFileSystem(skip_instance_cache=True, use_listings_cache=False, requests_timeout=60, **anonymous)
 
@@ -125,7 +132,10 @@ def masked(text: str) -> str:
     return text
 
 
-def error_line(error: BaseException) -> str:
+def error_line(error: BaseException, timeout: float | None = None) -> str:
+    """`error` in one line; ``timeout``: the bound fsspec put on the call that raised it (its error says nothing)."""
+    if timeout and isinstance(error, TimeoutError):
+        return f"no answer in {timeout} s"
     return masked(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
 
 
@@ -300,41 +310,86 @@ class Mirror:
             raise OSError(f"{self.url}: {error_line(error)}") from None
 
 
+def listing(url: str, fs, folder: str, timeout: float | None = None) -> dict[str, dict]:
+    """The objects directly in `folder` (a bucket path, not its subfolders), by name: what the listing says of
+    each (its size, its version). ``timeout``: the bound of the whole call, retries included."""
+    try:
+        found = fs.ls(folder, detail=True, timeout=timeout)
+    except FileNotFoundError:
+        return {}
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"{masked(url)}: cannot list it ({error_line(error, timeout)})") from None
+    return {info["name"].rstrip("/").rsplit("/", 1)[-1]: info for info in found if info.get("type") == "file"}
+
+
+def size_limit(name: str) -> tuple[int, str] | None:
+    """The most bytes the local reads of a run folder take of file `name`, and what sets it: a JSON file's bound,
+    a checkpoint file read whole into memory; None for the files read piece by piece (shards) or line by line."""
+    if name.endswith(".json"):
+        return MAX_CONFIG_BYTES, "a JSON file's bound"
+    if name.endswith(".params"):
+        return host_available()
+    return None
+
+
+def check_sizes(url: str, local: Path, sizes: dict[str, int]) -> None:
+    """Objects larger than a local read of them would take, or more bytes than the staging disk has free: refused
+    in one line, before a byte is downloaded (a bucket someone else can write must not fill the disk)."""
+    for name, size in sizes.items():
+        limit = size_limit(name)
+        if limit and size > limit[0]:
+            raise ConfigError(f"{masked(url)}/{name}: {show_bytes(size)}, more than the {show_bytes(limit[0])} of "
+                              f"{limit[1]}; not downloaded")  # fmt: skip
+    free = shutil.disk_usage(local).free
+    if sum(sizes.values()) > free:
+        raise ConfigError(f"{masked(url)}: {show_bytes(sum(sizes.values()))} to download, more than the "
+                          f"{show_bytes(free)} free in {local}; not downloaded")  # fmt: skip
+
+
 def download(url: str, local: Path) -> Mirror:
-    """The run folder at `url` into `local` (emptied first: the bucket is the run's truth), its shard objects only
-    those its indexes name. Returns its Mirror, knowing what is there."""
+    """The run folder at `url` into `local` (emptied first: the bucket is the run's truth): the objects directly in
+    it and the shard objects its indexes name, nothing else (the model's code, a profile, anything a bucket's other
+    writers put there stay in the bucket), each at most the size its listing gave. Returns its Mirror, knowing what
+    is there."""
     mirror = Mirror(local, url)
     fs, root = mirror.fs, path_of(url)
-    try:
-        found = fs.find(root, detail=True)
-    except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"{masked(url)}: cannot list it ({error_line(error)})") from None
-    if not found:
+    top = listing(url, fs, root, timeout=PROBE_SECONDS)  # a command's first request: an endpoint that is not there
+    if not top:
         raise ConfigError(f"{masked(url)}: no such run folder in the bucket")
     if local.is_symlink():
         raise ConfigError(f"{local}: a symbolic link where the run folder of {masked(url)} is staged")
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
-    names = {path.removeprefix(root + "/"): info for path, info in found.items() if info.get("type") == "file"}
 
-    def get(name: str) -> None:
-        if any(part in ("", ".", "..") for part in name.split("/")):
-            raise ConfigError(f"{masked(url)}/{name}: an object name that is no file of a run folder; refused")
-        target = local / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fs.get_file(f"{root}/{name}", str(target))
-        except Exception as error:  # noqa: BLE001
-            raise ConfigError(f"{masked(url)}/{name}: cannot read it ({error_line(error)})") from None
-        info = target.stat()
-        mirror.uploaded[name] = (info.st_size, info.st_mtime_ns)
+    def get(objects: dict[str, dict]) -> None:
+        check_sizes(url, local, {name: int(info.get("size") or 0) for name, info in objects.items()})
+        for name, info in sorted(objects.items()):
+            if name in ("", ".", ".."):
+                raise ConfigError(f"{masked(url)}/{name}: an object name that is no file of a run folder; refused")
+            target, left = local / name, int(info.get("size") or 0)
+            target.parent.mkdir(exist_ok=True)
+            try:
+                with fs.open(f"{root}/{name}", "rb") as source, open(target, "xb") as out:
+                    while chunk := source.read(COPY_CHUNK):
+                        left -= len(chunk)
+                        if left < 0:
+                            raise OSError("larger than the listing said; refused")
+                        out.write(chunk)
+            except Exception as error:  # noqa: BLE001
+                raise ConfigError(f"{masked(url)}/{name}: cannot read it ({error_line(error)})") from None
+            written = target.stat()
+            mirror.uploaded[name] = (written.st_size, written.st_mtime_ns)
 
-    for name in sorted(n for n in names if not n.startswith(f"{shards.SHARDS}/")):
-        get(name)
-    for name in sorted(shards.referenced(local) & names.keys()):  # a missing one is refused when read
-        get(name)
-    if LATEST in names:
-        mirror.version = names[LATEST].get(mirror.store.version)
+    try:
+        get(top)
+        named = shards.referenced(local)  # a missing one is refused when read
+        get({f"{shards.SHARDS}/{n}": info for n, info in listing(url, fs, f"{root}/{shards.SHARDS}").items()
+             if f"{shards.SHARDS}/{n}" in named})  # fmt: skip
+    except ConfigError:
+        shutil.rmtree(local, ignore_errors=True)  # nothing half downloaded stays
+        raise
+    if LATEST in top:
+        mirror.version = top[LATEST].get(mirror.store.version)
     return mirror
 
 
@@ -372,11 +427,13 @@ def check_writable(url: str) -> None:
     """The bucket answers and takes a write under `url`: an object written and removed, before anything else."""
     fs = filesystem(url)
     probe = f"{path_of(url)}/.write-check-{os.getpid()}"
-    try:
-        fs.pipe_file(probe, b"")
-        fs.rm_file(probe)
+    try:  # fsspec's timeout: the whole call, its retries with it
+        fs.pipe_file(probe, b"", timeout=PROBE_SECONDS)
+        fs.rm_file(probe, timeout=PROBE_SECONDS)
     except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"trainer.save_dir: {masked(url)}: cannot write there ({error_line(error)})") from None
+        raise ConfigError(
+            f"trainer.save_dir: {masked(url)}: cannot write there ({error_line(error, PROBE_SECONDS)})"
+        ) from None
 
 
 def stage(config: dict) -> None:

