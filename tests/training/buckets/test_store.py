@@ -150,7 +150,8 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
     """train.py with save_dir s3://runs/exp writes its run folder there (config, metrics, log, checkpoints, the
     index last); killed (-9) once a checkpoint is committed, ``-r auto`` on another 'machine' (an empty staging
     folder) continues from the bucket's latest checkpoint to the end, bitwise the run of the same config into a
-    local folder; test.py and load_run read the run from its URL; the secret is never printed."""
+    local folder; test.py, load_run, the export and --weights read the run from its URL; the secret is never
+    printed."""
     env = s3.env
     config = make_config(tmp_path, data_dir, trainer__save_dir=f"s3://{BUCKET}/exp", trainer__epochs=50)
     first = subprocess.Popen(
@@ -209,6 +210,15 @@ def test_a_run_killed_goes_on_from_the_bucket_and_test_py_reads_it(tmp_path, s3,
     loaded = load_run(f"s3://{BUCKET}/exp/tiny/one")
     assert loaded.header["epoch"] == latest_epoch(got["model_best.params"], tmp_path)
     assert loaded.checkpoint == tmp_path / "d/process_0/s3/runs/exp/tiny/one/model_best.params"
+
+    # the export and fine-tuning read it from its URL too
+    exported = run("inference/convert_tflite.py", "--run", f"s3://{BUCKET}/exp/tiny/one", "--name", "from_bucket",
+                   "--formats", "jax", "--output-dir", tmp_path / "exports", env=staged(tmp_path, env, "e"))  # fmt: skip
+    assert exported.returncode == 0 and (tmp_path / "exports/from_bucket/from_bucket.jax").is_file(), exported.stderr
+    tuned = run("train.py", "-c", config, "--run-id", "tuned", "--epochs", 1, "--weights",
+                f"s3://{BUCKET}/exp/tiny/one/checkpoint-latest.params", "--set",
+                f'trainer.save_dir="{tmp_path / "local"}"', env=staged(tmp_path, env, "f"))  # fmt: skip
+    assert tuned.returncode == 0 and "params and model state from" in tuned.stdout + tuned.stderr, tuned.stderr
 
 
 def test_an_unwritable_bucket_is_one_line_before_training(tmp_path, s3, data_dir):
@@ -290,56 +300,69 @@ def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
     assert not store.local_of(url).exists()
 
 
-def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, monkeypatch):
+def two_processes(config, env: dict, *args) -> None:
+    """train.py -c config as 2 processes x 1 device (FSDP over both: tiny_config's mesh), in env."""
+    from tests.training.processes.test_runs import finish, free_port
+    from tests.training.test_mesh import devices_env
+
+    port = free_port()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "train.py", "-c", str(config), "--run-id", "two", *map(str, args)]
+            + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+            cwd=ROOT,
+            env={**os.environ, **devices_env(1), **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for status, _out, err in finish(processes):
+        assert status == 0, err
+
+
+@pytest.fixture(scope="module")
+def locally(tmp_path_factory, data_dir) -> dict:
+    """The arrays of the last checkpoint of two processes trained straight into a local folder (FSDP over both)."""
+    pytest.importorskip("training.processes")  # a project without several processes has no --coordinator
+    from tests.training.test_mesh import tiny_config
+
+    folder = tmp_path_factory.mktemp("local")
+    two_processes(tiny_config(folder, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}), {})
+    return checkpoint.read(folder / "saved/tiny/two/checkpoint-latest.params")[0]
+
+
+def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, locally, monkeypatch):
     """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
     index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
-    uploaded; a shard object changed or missing is refused as on disk. -r auto goes on from the bucket on other
-    machines: on S3 two processes (each downloads the run), on GCS one process with both devices (the sharded
-    checkpoint onto another layout; its own saves are one file): both on each store would double the test's time."""
-    pytest.importorskip("training.processes")  # a project without several processes has no --coordinator
-    from tests.training.processes.test_runs import finish, free_port
-    from tests.training.test_mesh import devices_env, tiny_config
+    uploaded; -r auto goes on from the bucket on two other machines (each process downloads the run) and ends bit for
+    bit where the same two processes trained straight into a local folder end; a shard object changed or missing is
+    refused as on disk."""
+    from tests.training.test_mesh import tiny_config
     from training.buckets import store
 
     env, url = bucket.env, f"{bucket.scheme}://{BUCKET}/multi"
     config = tiny_config(tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=url)
-
-    def two_processes(machine: str, *args) -> None:
-        port = free_port()
-        processes = [
-            subprocess.Popen(
-                [sys.executable, "train.py", "-c", str(config), "--run-id", "two", *map(str, args)]
-                + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-                cwd=ROOT,
-                env={**os.environ, **devices_env(1), **staged(tmp_path, env, machine)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for i in range(2)
-        ]
-        for status, _out, err in finish(processes):
-            assert status == 0, err
-
-    two_processes("a", "--epochs", 1)
-    if bucket.scheme == "s3":
-        two_processes("b", "-r", "auto")  # other machines: each process downloads the run, epoch 2 goes on from it
-    else:
-        one = run("train.py", "-c", config, "--run-id", "two", "-r", "auto",
-                  env={**devices_env(2), **staged(tmp_path, env, "b")})  # fmt: skip
-        assert one.returncode == 0, one.stderr
+    two_processes(config, staged(tmp_path, env, "a"), "--epochs", 1)
+    # other machines: each process downloads the run, epoch 2 goes on from it
+    two_processes(config, staged(tmp_path, env, "b"), "-r", "auto")
     got = bucket.objects("multi/tiny/two/")
     assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2]
     indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
     assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
     named = {f for header in indexes.values() if "shards" in header for f in header["shards"]["files"]}
-    assert {n for n in got if n.startswith("shards/")} == named and len(named) == (4 if bucket.scheme == "s3" else 2)
+    assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4
     assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-epoch_1.params"]["shards"]["files"]] == ["0", "1"]
     assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
+    ours, _ = checkpoint.read(store.fetched(f"{url}/tiny/two/checkpoint-latest.params"))
+    assert ours.keys() == locally.keys()
+    for key in locally:
+        assert ours[key].tobytes() == locally[key].tobytes(), key
     url = f"{url}/tiny/two/checkpoint-epoch_1.params"
 
     # the checks of a local run folder, on its copy: a shard object changed, or missing, is refused in one line
-    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
     shard = "multi/tiny/two/" + indexes["checkpoint-epoch_1.params"]["shards"]["files"][1]
     data = bytearray(got[shard.removeprefix("multi/tiny/two/")])
     data[-1] ^= 1
