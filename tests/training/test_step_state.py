@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from model.registry import register
 from tests.end_to_end.test_train import data_dir, make_config, params_of, run  # noqa: F401 (data_dir: a fixture)
 from training.step import supervised, train_step
 
@@ -39,16 +38,18 @@ class Centring:
         return {**updated, "step_state": {"centre": centre, "seen": own["seen"] + weights.sum()}}, stats, logs
 
 
-@register("step")
 def centring(momentum: float = 0.9):
     """The supervised step keeping a running centre of the outputs (a test's step with state of its own)."""
     return Centring(momentum)
 
 
-# train.py with this file's step registered (the template's folders are where train.py looks for components)
+# train.py with this file's step registered in its process alone (the template's folders are where train.py looks
+# for components; registered in the test's process, it would be one more for every other test there)
 WITH_CENTRING = textwrap.dedent("""
     import sys
-    import tests.training.test_step_state
+    from model.registry import register
+    from tests.training.test_step_state import centring
+    register("step")(centring)
     import train
     sys.exit(train.main(sys.argv[1:]))
 """)
