@@ -13,22 +13,13 @@ import time
 import numpy as np
 import pytest
 
+from inference.trained_run import load_run
 from tests.end_to_end.test_train import run
 from tests.training.processes.test_runs import child_pair, finish, start_processes
 from tests.training.test_mesh import assert_close_states, data_dir, devices_env, tiny_config
 from training.run import checkpoint, shards
 
 __all__ = ["data_dir"]  # the fixture, used by name
-
-
-LOAD_RUN = """
-import json, sys
-import numpy as np
-from inference.trained_run import load_run
-from training.run import checkpoint
-loaded = load_run(sys.argv[1])
-print(json.dumps({name: float(np.asarray(v).sum()) for name, v in checkpoint.flatten(loaded.params).items()}))
-"""
 
 
 def assert_equal_states(path, want_path) -> None:
@@ -97,9 +88,8 @@ def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_
     }
     tested = run("test.py", "--run", two, "--set", f"data_loader.test={json.dumps(test_split)}", env=devices_env(1))
     assert tested.returncode == 0 and "accuracy" in tested.stdout, tested.stderr
-    loaded = run("-c", LOAD_RUN, two, env=devices_env(1))
-    assert loaded.returncode == 0, loaded.stderr
-    sums = json.loads(loaded.stdout.strip().splitlines()[-1])
+    loaded = load_run(two)  # in this process: one device
+    sums = {name: float(np.asarray(v).sum()) for name, v in checkpoint.flatten(loaded.params).items()}
     arrays = checkpoint.read(two / "checkpoint-latest.params")[0]
     assert sums and sums == {name: float(arrays["params." + name].sum()) for name in sums}
     weights = run(
@@ -110,8 +100,7 @@ def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_
     )
     assert weights.returncode == 0 and "params and model state from" in weights.stdout, weights.stderr
 
-    merged = run("-m", "training.run.shards", "--merge", two, "--out", tmp_path / "one.params")
-    assert merged.returncode == 0, merged.stderr
+    assert shards.main(["--merge", str(two), "--out", str(tmp_path / "one.params")]) == 0  # its command: test_runs.py
     assert "shards" not in checkpoint.read(tmp_path / "one.params")[1]
     assert_equal_states(tmp_path / "one.params", two / "checkpoint-latest.params")
 
