@@ -120,7 +120,10 @@ def assert_once_each(folder: Path, trials: int, epochs: int, study: optuna.Study
 
 
 def two_workers(config: Path, *extra) -> list[str]:
+    # heartbeats every 3 s, not 10: the worker whose trials end first looks again after a heartbeat's time for the
+    # other's last trial (a trial is failed as lost only after three missed ones, 9 s)
     args = ["-c", config, "--sample", "optimizer.args.lr=loguniform:1e-3:1e-2", "--sampler", "random", "--trials", 4]
+    args += ["--heartbeat", 3]
     workers = [start_sweep(*args, *extra, "--seed", seed) for seed in (1, 2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
