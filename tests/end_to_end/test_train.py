@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,16 @@ def data_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data") / "mnist"
     make_idx_dataset(folder, n_train=330, n_test=90)
     return folder
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory, data_dir):
+    """A one-epoch run of make_config, trained once for the tests that start from a finished run: one that changes
+    the run folder takes a copy of it (shutil.copytree)."""
+    folder = tmp_path_factory.mktemp("one_epoch")
+    result = run("train.py", "-c", make_config(folder, data_dir, trainer__epochs=1), "--run-id", "r")
+    assert result.returncode == 0, result.stderr
+    return folder / "saved/tiny/r"
 
 
 def make_config(tmp_path: Path, data_dir: Path, **changes) -> Path:
@@ -154,10 +165,8 @@ def test_early_stopping(tmp_path, data_dir):
     assert len(rows) == 3 and "early stop" in result.stdout
 
 
-def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "nan").returncode == 0
-    latest = tmp_path / "saved/tiny/nan/checkpoint-latest.params"
+def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, one_epoch):
+    latest = Path(shutil.copytree(one_epoch, tmp_path / "nan")) / "checkpoint-latest.params"
     before = latest.read_bytes()
     result = run("train.py", "-r", latest, "--epochs", "3", "--lr", "1e30")
     assert result.returncode == 1
@@ -222,15 +231,14 @@ def test_bad_override_and_missing_data(tmp_path, data_dir):
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "saved").exists()
 
 
-def test_corrupt_checkpoint_is_refused_clearly(tmp_path, data_dir):
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "c").returncode == 0
-    latest = tmp_path / "saved/tiny/c/checkpoint-latest.params"
+def test_corrupt_checkpoint_is_refused_clearly(tmp_path, data_dir, one_epoch):
+    run_dir = Path(shutil.copytree(one_epoch, tmp_path / "c"))
+    latest = run_dir / "checkpoint-latest.params"
     latest.write_bytes(latest.read_bytes()[:-100])
     result = run("train.py", "-r", latest, "--epochs", "2")
     assert result.returncode == 2 and "truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
     other = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [16]}})
-    best = tmp_path / "saved/tiny/c/model_best.params"
+    best = run_dir / "model_best.params"
     result = run("test.py", "--run", best, "-c", other)
     assert (
         result.returncode == 2
@@ -395,10 +403,8 @@ def test_integer_pixels_into_a_float_model_say_how_to_convert_them(tmp_path, dat
     assert run("train.py", "-c", config, "--run-id", "normalized").returncode == 0
 
 
-def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_dir):
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "base").returncode == 0
-    weights = tmp_path / "saved/tiny/base/model_best.params"
+def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_dir, one_epoch):
+    weights = one_epoch / "model_best.params"  # read only
     bigger = make_config(
         tmp_path,
         data_dir,
