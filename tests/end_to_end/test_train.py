@@ -204,14 +204,25 @@ def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, one_epoch):
         ({"loss": {"name": "cross_entropy", "args": {"smoothing": 0.1}}}, "loss.args.smoothing: unknown argument"),
     ],
 )
-def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, data_dir, change, message):
-    config = make_config(tmp_path, data_dir, **change)
-    result = run("train.py", "-c", config)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
-    assert message in lines[0]
+def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, data_dir, capsys, monkeypatch, change, message):
+    line = refused_in_process(["-c", str(make_config(tmp_path, data_dir, **change))], capsys, monkeypatch)
+    assert message in line
     assert not (tmp_path / "saved").exists()
+
+
+def refused_in_process(argv: list[str], capsys, monkeypatch) -> str:
+    """The one `error:` line of train.main(argv) refusing it in this process with exit status 2 (train.py's own
+    process refusing a bad config: test_config_fuzz.py)."""
+    import train
+
+    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)  # dictConfig would close pytest's handlers
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exit_info.value.code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
 
 
 def test_malformed_json_reports_line_and_column(tmp_path):
