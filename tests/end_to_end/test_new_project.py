@@ -475,28 +475,56 @@ def test_the_template_shows_every_feature_s_flags():
     assert {flag for feature in SHIPPED for flag in TRACES[feature].flags} <= shown
 
 
+# In a project without a feature, one process: the project's modules imported, train.py's and the export's --help,
+# train.py on a config that names each of the feature's sections, and a --fast-dev-run, each through the script's
+# own main() with its output captured; prints one JSON line of (exit status, stdout, stderr) by step.
+IN_THE_PROJECT = """
+import contextlib, io, json, sys
+import train, test, utils, sample
+from inference import convert_tflite
+
+def call(main, *argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(argv))
+        except SystemExit as stop:
+            status = stop.code
+    return status, out.getvalue(), err.getvalue()
+
+config, sections = sys.argv[1], sys.argv[2:]
+said = {"train.py --help": call(train.main, "--help"), "convert_tflite.py --help": call(convert_tflite.main, "--help")}
+for section in sections:
+    said[section] = call(train.main, "-c", "config.json", "--set", f"{section}.enabled=true")
+said["trained"] = call(train.main, "-c", config, "--fast-dev-run")
+print(json.dumps(said))
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("feature", SHIPPED)
 def test_a_project_without_one_feature_imports_and_trains(tmp_path, feature):
     target = tmp_path / f"without_{feature}"
     make(target, "--samples", "mnist", "--without", feature)
-    imported = run_in(target, "-c", "import train, test, utils, sample")
-    assert imported.returncode == 0, imported.stderr
-    for script in ("train.py", "inference/convert_tflite.py"):  # none of the feature's flags
-        shown = run_in(target, script, "--help")
-        assert shown.returncode == 0 and not set(TRACES[feature].flags) & set(re.findall(r"--[\w-]+", shown.stdout))
-    for section in TRACES[feature].sections:  # a config that names the feature's section: one line, status 2
-        refused = run_in(target, "train.py", "-c", "config.json", "--set", f"{section}.enabled=true")
-        lines = refused.stderr.splitlines()
-        assert refused.returncode == 2 and len(lines) == 1, refused.stderr
-        assert lines[0].startswith(f"error: config.json: unknown section {section!r}."), lines
     make_idx_dataset(tmp_path / "mnist", n_train=96, n_test=32)
     config = make_config(
         tmp_path, tmp_path / "mnist", model={"name": "mnist_cnn", "args": {"channels": [4, 8], "hidden": 16}}
     )
-    trained = run_in(target, "train.py", "-c", config, "--fast-dev-run")
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    assert "fast dev run passed" in trained.stdout
+    done = run_in(target, "-c", IN_THE_PROJECT, config, *TRACES[feature].sections)  # imports, then runs each
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    for script in ("train.py --help", "convert_tflite.py --help"):  # none of the feature's flags
+        status, shown, _ = said[script]
+        assert status == 0 and "--help" in shown, script
+        assert not set(TRACES[feature].flags) & set(re.findall(r"--[\w-]+", shown)), script
+    for section in TRACES[feature].sections:  # a config that names the feature's section: one line, status 2
+        status, _, err = said[section]
+        lines = err.splitlines()
+        assert status == 2 and len(lines) == 1, err
+        assert lines[0].startswith(f"error: config.json: unknown section {section!r}."), lines
+    status, out, err = said["trained"]
+    assert status == 0, err[-3000:]
+    assert "fast dev run passed" in out
 
 
 def test_new_project_clears_what_a_killed_one_left(tmp_path, capsys):

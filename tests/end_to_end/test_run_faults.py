@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,6 +126,21 @@ def reference(tmp_path_factory, data_dir):
     return folder / "saved/tiny/ref"
 
 
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory, data_dir):
+    """A one-epoch run of the tiny config, trained once for the tests that refuse to change a run folder: each
+    takes its own copy (`copy_of`)."""
+    folder = tmp_path_factory.mktemp("one_epoch")
+    result = run("train.py", "-c", make_config(folder, data_dir, trainer__epochs=1), "--run-id", "r")
+    assert result.returncode == 0, result.stderr
+    return folder / "saved/tiny/r"
+
+
+def copy_of(run_dir: Path, tmp_path: Path, run_id: str) -> Path:
+    """`run_dir` copied to tmp_path/saved/tiny/`run_id`, where a run of make_config(tmp_path, ...) would be."""
+    return Path(shutil.copytree(run_dir, tmp_path / "saved/tiny" / run_id))
+
+
 def rows_of(run_dir: Path) -> list[dict]:
     """metrics.jsonl without the timings."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -183,25 +199,39 @@ def test_kill_9_anywhere_leaves_a_consistent_folder_and_an_exact_resume(tmp_path
     assert_same_as_reference(run_dir, reference)
 
 
-@pytest.mark.parametrize("signame, status", [("SIGTERM", 143), ("SIGINT", 130), ("SIGUSR1", 138)])
-def test_a_signal_mid_epoch_saves_the_position_and_the_resume_is_exact(tmp_path, data_dir, reference, signame, status):
+def test_a_signal_mid_epoch_saves_the_position_and_the_resume_is_exact(tmp_path, data_dir, reference):
     """The signal arrives while steps 12-13 are checked, with the call of steps 14-15 under way (2 steps per
     call): the loop saves after step 15, 6 of 9 steps into epoch 2, and the resumed run goes on with the 7th batch
-    of the same order."""
+    of the same order. SIGTERM, SIGINT and SIGUSR1 each stop a run with their own status and save the same
+    checkpoint, bit for bit: one resume proves the three."""
     config = fault_config(tmp_path, data_dir)
-    stopped = run_faulty(f"step:13:{signame}", "-c", config, "--run-id", "t")
-    assert stopped.returncode == status, stopped.stderr
-    assert "Traceback" not in stopped.stderr
-    run_dir = tmp_path / "saved/tiny/t"
-    latest = run_dir / "checkpoint-latest.params"
-    assert (
-        f"stopped by {signame} (saved at step 15 (6 of 9 into epoch 2)); continue with: python train.py -r "
-        f"{latest}" in stopped.stdout
-    ), stopped.stdout[-3000:]
-    assert checkpoint.read(latest)[1]["position"] == 6
-    assert_consistent(run_dir)
-    assert run("train.py", "-r", run_dir / "checkpoint-latest.params").returncode == 0
-    assert_same_as_reference(run_dir, reference)
+    saved = []
+    for signame, status in [("SIGTERM", 143), ("SIGINT", 130), ("SIGUSR1", 138)]:
+        stopped = run_faulty(f"step:13:{signame}", "-c", config, "--run-id", signame)
+        assert stopped.returncode == status, stopped.stderr
+        assert "Traceback" not in stopped.stderr
+        run_dir = tmp_path / "saved/tiny" / signame
+        latest = run_dir / "checkpoint-latest.params"
+        assert (
+            f"stopped by {signame} (saved at step 15 (6 of 9 into epoch 2)); continue with: python train.py -r "
+            f"{latest}" in stopped.stdout
+        ), stopped.stdout[-3000:]
+        assert checkpoint.read(latest)[1]["position"] == 6
+        assert_consistent(run_dir)
+        saved.append(run_dir)
+    first = saved[0]
+    for run_dir in saved[1:]:
+        assert rows_of(run_dir) == rows_of(first)
+        names = sorted(p.name for p in first.glob("*.params"))
+        assert sorted(p.name for p in run_dir.glob("*.params")) == names
+        for name in names:
+            (got, header), (want, want_header) = checkpoint.read(run_dir / name), checkpoint.read(first / name)
+            assert [header.get(k) for k in ("epoch", "step", "position")] == [
+                want_header.get(k) for k in ("epoch", "step", "position")
+            ]
+            assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want), name
+    assert run("train.py", "-r", first / "checkpoint-latest.params").returncode == 0
+    assert_same_as_reference(first, reference)
 
 
 @pytest.mark.parametrize("signame, status", [("SIGTERM", 143), ("SIGINT", 130), ("SIGKILL", -9)])
@@ -275,10 +305,8 @@ def test_divergence_guard_stops_a_loss_that_explodes(tmp_path, data_dir):
     assert "diverging: loss" in line and "trainer.divergence_factor 20 x the lowest step loss" in line
 
 
-def test_a_held_run_folder_refuses_a_second_process(tmp_path, data_dir):
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "held").returncode == 0
-    run_dir = tmp_path / "saved/tiny/held"
+def test_a_held_run_folder_refuses_a_second_process(tmp_path, one_epoch):
+    run_dir = copy_of(one_epoch, tmp_path, "held")
     files = lambda: {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.name != ".lock"}  # noqa: E731
     before = files()
     fd = run_folder.hold(run_dir)
@@ -373,12 +401,10 @@ def test_full_disk_stops_with_one_error_line_and_keeps_the_last_checkpoint(tmp_p
     assert not list(run_dir.glob(".*.tmp"))
 
 
-def test_a_failed_resume_or_fine_tune_changes_nothing(tmp_path, data_dir):
+def test_a_failed_resume_or_fine_tune_changes_nothing(tmp_path, data_dir, one_epoch):
     """A checkpoint that does not fit the given config (here: another model) is refused before the run folder is
     touched; a failed --weights start leaves no run folder."""
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
-    run_dir = tmp_path / "saved/tiny/r"
+    run_dir = copy_of(one_epoch, tmp_path, "r")
     files = lambda: {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}  # noqa: E731
     before = files()
     (tmp_path / "other").mkdir()
@@ -538,12 +564,10 @@ def test_a_compiled_step_whose_temporaries_exceed_the_memory_is_refused(tmp_path
     assert not (tmp_path / "saved").exists()
 
 
-def test_a_checkpoint_past_the_configured_end_is_refused(tmp_path, data_dir):
+def test_a_checkpoint_past_the_configured_end_is_refused(tmp_path, one_epoch):
     """A checkpoint whose consistent header claims epoch 99 of a 2-epoch run: nothing trained, nothing written (its
     .lock included)."""
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
-    latest = tmp_path / "saved/tiny/r/checkpoint-latest.params"
+    latest = copy_of(one_epoch, tmp_path, "r") / "checkpoint-latest.params"
     arrays, header = checkpoint.read(latest)
     checkpoint.save(
         latest,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,16 @@ def data_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data") / "mnist"
     make_idx_dataset(folder, n_train=330, n_test=90)
     return folder
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory, data_dir):
+    """A one-epoch run of make_config, trained once for the tests that start from a finished run: one that changes
+    the run folder takes a copy of it (shutil.copytree)."""
+    folder = tmp_path_factory.mktemp("one_epoch")
+    result = run("train.py", "-c", make_config(folder, data_dir, trainer__epochs=1), "--run-id", "r")
+    assert result.returncode == 0, result.stderr
+    return folder / "saved/tiny/r"
 
 
 def make_config(tmp_path: Path, data_dir: Path, **changes) -> Path:
@@ -154,10 +165,8 @@ def test_early_stopping(tmp_path, data_dir):
     assert len(rows) == 3 and "early stop" in result.stdout
 
 
-def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "nan").returncode == 0
-    latest = tmp_path / "saved/tiny/nan/checkpoint-latest.params"
+def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, one_epoch):
+    latest = Path(shutil.copytree(one_epoch, tmp_path / "nan")) / "checkpoint-latest.params"
     before = latest.read_bytes()
     result = run("train.py", "-r", latest, "--epochs", "3", "--lr", "1e30")
     assert result.returncode == 1
@@ -195,42 +204,50 @@ def test_nan_stops_training_and_keeps_last_good_checkpoint(tmp_path, data_dir):
         ({"loss": {"name": "cross_entropy", "args": {"smoothing": 0.1}}}, "loss.args.smoothing: unknown argument"),
     ],
 )
-def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, data_dir, change, message):
-    config = make_config(tmp_path, data_dir, **change)
-    result = run("train.py", "-c", config)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
-    assert message in lines[0]
+def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, data_dir, capsys, monkeypatch, change, message):
+    line = refused_in_process(["-c", str(make_config(tmp_path, data_dir, **change))], capsys, monkeypatch)
+    assert message in line
     assert not (tmp_path / "saved").exists()
 
 
-def test_malformed_json_reports_line_and_column(tmp_path):
+def refused_in_process(argv: list[str], capsys, monkeypatch) -> str:
+    """The one `error:` line of train.main(argv) refusing it in this process with exit status 2 (train.py's own
+    process refusing a bad config: test_config_fuzz.py)."""
+    import train
+
+    monkeypatch.setattr(train, "setup_logging", lambda *a, **k: None)  # dictConfig would close pytest's handlers
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exit_info.value.code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_malformed_json_reports_line_and_column(tmp_path, capsys, monkeypatch):
     path = tmp_path / "config.json"
     path.write_text('{\n  "name": "x",\n  "seed": 1,,\n}')
-    result = run("train.py", "-c", path)
-    assert result.returncode == 2 and "line 3, column 13" in result.stderr and "Traceback" not in result.stderr
+    assert "line 3, column 13" in refused_in_process(["-c", str(path)], capsys, monkeypatch)
 
 
-def test_bad_override_and_missing_data(tmp_path, data_dir):
+def test_bad_override_and_missing_data(tmp_path, data_dir, capsys, monkeypatch):
     config = make_config(tmp_path, data_dir)
-    result = run("train.py", "-c", config, "--set", "metrics.7.name=x")
-    assert result.returncode == 2 and "metrics.7: no such list index" in result.stderr
+    line = refused_in_process(["-c", str(config), "--set", "metrics.7.name=x"], capsys, monkeypatch)
+    assert "metrics.7: no such list index" in line
     config = make_config(tmp_path, data_dir, data_loader__train__args__data_dir=str(tmp_path / "none"))
-    result = run("train.py", "-c", config)
-    assert result.returncode == 2 and "Put the four mnist IDX files" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "saved").exists()
+    assert "Put the four mnist IDX files" in refused_in_process(["-c", str(config)], capsys, monkeypatch)
+    assert not (tmp_path / "saved").exists()
 
 
-def test_corrupt_checkpoint_is_refused_clearly(tmp_path, data_dir):
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "c").returncode == 0
-    latest = tmp_path / "saved/tiny/c/checkpoint-latest.params"
+def test_corrupt_checkpoint_is_refused_clearly(tmp_path, data_dir, one_epoch):
+    run_dir = Path(shutil.copytree(one_epoch, tmp_path / "c"))
+    latest = run_dir / "checkpoint-latest.params"
     latest.write_bytes(latest.read_bytes()[:-100])
     result = run("train.py", "-r", latest, "--epochs", "2")
     assert result.returncode == 2 and "truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
     other = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [16]}})
-    best = tmp_path / "saved/tiny/c/model_best.params"
+    best = run_dir / "model_best.params"
     result = run("test.py", "--run", best, "-c", other)
     assert (
         result.returncode == 2
@@ -302,10 +319,10 @@ def test_a_batch_padded_past_the_memory_is_one_line_and_nothing_written(tmp_path
     assert train.main(["-c", str(padded)]) == 0
 
 
-def test_an_mlp_of_100000_layers_is_one_line_and_nothing_written(tmp_path, data_dir):
+def test_an_mlp_of_100000_layers_is_one_line_and_nothing_written(tmp_path, data_dir, capsys, monkeypatch):
     # issue 58: tracing and compiling 100,000 layers took 2.8 GB in minutes, before any memory figure existed
     config = make_config(tmp_path, data_dir, model__args__hidden=[1] * 100_000)
-    line = refused(run("train.py", "-c", config))
+    line = refused_in_process(["-c", str(config)], capsys, monkeypatch)
     assert line == "error: config.json: model.args.hidden: 100,000 entries, one layer each; at most 1,000"
     assert not (tmp_path / "saved").exists()
 
@@ -395,10 +412,8 @@ def test_integer_pixels_into_a_float_model_say_how_to_convert_them(tmp_path, dat
     assert run("train.py", "-c", config, "--run-id", "normalized").returncode == 0
 
 
-def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_dir):
-    config = make_config(tmp_path, data_dir, trainer__epochs=1)
-    assert run("train.py", "-c", config, "--run-id", "base").returncode == 0
-    weights = tmp_path / "saved/tiny/base/model_best.params"
+def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_dir, one_epoch):
+    weights = one_epoch / "model_best.params"  # read only
     bigger = make_config(
         tmp_path,
         data_dir,
@@ -443,11 +458,12 @@ def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split
     )
 
 
-def test_docs_quote_the_unknown_name_error_as_train_py_prints_it(tmp_path, data_dir):
+def test_docs_quote_the_unknown_name_error_as_train_py_prints_it(tmp_path, data_dir, capsys, monkeypatch):
     """docs/config.md's example error is what train.py prints, with the list of registered models (which grows with
     every model a forker adds) written as a placeholder."""
     docs = (ROOT / "docs" / "config.md").read_text()
-    line = refused(run("train.py", "-c", make_config(tmp_path, data_dir, model={"name": "mnist_convnxt"})))
+    config = make_config(tmp_path, data_dir, model={"name": "mnist_convnxt"})
+    line = refused_in_process(["-c", str(config)], capsys, monkeypatch)
     head, models, tail = re.fullmatch(r"(.*; available: )([\w, ]+)(\. Did you mean .*)", line).groups()
     assert "mnist_convnext" in models.split(", ")
     assert f"\n{head}(every registered model){tail}\n" in docs, line

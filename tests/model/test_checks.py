@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.end_to_end.test_train import data_dir, make_config, run  # noqa: F401  (data_dir: the fixture)
+from tests.end_to_end.test_train import data_dir, make_config, refused_in_process  # noqa: F401  (data_dir: the fixture)
 
 
 @pytest.mark.parametrize(
@@ -22,9 +22,7 @@ from tests.end_to_end.test_train import data_dir, make_config, run  # noqa: F401
         ),
     ],
 )
-def test_out_of_range_values_are_refused_in_one_line(tmp_path, data_dir, change, message):  # noqa: F811
-    result = run("train.py", "-c", make_config(tmp_path, data_dir, **change))
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+def test_out_of_range_values_are_refused_in_one_line(tmp_path, data_dir, capsys, monkeypatch, change, message):  # noqa: F811
+    line = refused_in_process(["-c", str(make_config(tmp_path, data_dir, **change))], capsys, monkeypatch)
+    assert message in line
     assert not (tmp_path / "saved").exists()

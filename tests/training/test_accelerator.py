@@ -169,18 +169,19 @@ def test_every_sample_step_lowers_for_cuda_and_tpu(path, tmp_path):
         template, compiled = trainer.abstract_state, trainer.compiled
         stack = trainer.placement.stack_spec(trainer.accumulate)
         traced = compiled.train.trace(template, compiled.empty_stats(template), stack)
+        lowered = {target: traced.lower(lowering_platforms=(target,)) for target in ("cuda", "tpu", "cpu")}  # once each
         for target in ("cuda", "tpu"):
-            text = traced.lower(lowering_platforms=(target,)).as_text()
+            text = lowered[target].as_text()
             where = f"{path.name}, {compute}, {target}"
             assert "stablehlo.convolution" in text or "stablehlo.dot_general" in text, where
             for mark in ("custom_call", "callback", "f64", "optimization_barrier", "reduce_precision"):
                 assert mark not in text, f"{where}: {mark}"
-        cpu = traced.lower(lowering_platforms=("cpu",)).as_text()  # the same trace keeps the kernels for the CPU
+        cpu = lowered["cpu"].as_text()  # the same trace keeps the kernels for the CPU
         assert "custom_call" not in cpu and "f64" not in cpu
         # MFU's count is of the step as an accelerator compiles it: the module lowered for CUDA, here as on a GPU
         # (counted apart, unsharded, on the CPU device: the count an accelerator host makes)
         counted = peaks.step_flops(compiled.call_fn, template, compiled.empty_stats(template), stack)
-        cuda = traced.lower(lowering_platforms=("cuda",)).cost_analysis()["flops"]
+        cuda = lowered["cuda"].cost_analysis()["flops"]
         # (within a few FLOPs of the sharded trace's: 30 of 7.7 million for tabular_regression)
         assert counted and counted == pytest.approx(cuda, rel=1e-4), (path, counted, cuda)
-        assert abs(traced.lower(lowering_platforms=("tpu",)).cost_analysis()["flops"] / counted - 1) < 1e-3, path
+        assert abs(lowered["tpu"].cost_analysis()["flops"] / counted - 1) < 1e-3, path

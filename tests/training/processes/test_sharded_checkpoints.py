@@ -13,22 +13,13 @@ import time
 import numpy as np
 import pytest
 
+from inference.trained_run import load_run
 from tests.end_to_end.test_train import run
 from tests.training.processes.test_runs import child_pair, finish, start_processes
 from tests.training.test_mesh import assert_close_states, data_dir, devices_env, tiny_config
 from training.run import checkpoint, shards
 
 __all__ = ["data_dir"]  # the fixture, used by name
-
-
-LOAD_RUN = """
-import json, sys
-import numpy as np
-from inference.trained_run import load_run
-from training.run import checkpoint
-loaded = load_run(sys.argv[1])
-print(json.dumps({name: float(np.asarray(v).sum()) for name, v in checkpoint.flatten(loaded.params).items()}))
-"""
 
 
 def assert_equal_states(path, want_path) -> None:
@@ -97,9 +88,8 @@ def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_
     }
     tested = run("test.py", "--run", two, "--set", f"data_loader.test={json.dumps(test_split)}", env=devices_env(1))
     assert tested.returncode == 0 and "accuracy" in tested.stdout, tested.stderr
-    loaded = run("-c", LOAD_RUN, two, env=devices_env(1))
-    assert loaded.returncode == 0, loaded.stderr
-    sums = json.loads(loaded.stdout.strip().splitlines()[-1])
+    loaded = load_run(two)  # in this process: one device
+    sums = {name: float(np.asarray(v).sum()) for name, v in checkpoint.flatten(loaded.params).items()}
     arrays = checkpoint.read(two / "checkpoint-latest.params")[0]
     assert sums and sums == {name: float(arrays["params." + name].sum()) for name in sums}
     weights = run(
@@ -110,18 +100,32 @@ def test_two_processes_write_their_shards_and_resume_on_any_mesh(tmp_path, data_
     )
     assert weights.returncode == 0 and "params and model state from" in weights.stdout, weights.stderr
 
-    merged = run("-m", "training.run.shards", "--merge", two, "--out", tmp_path / "one.params")
-    assert merged.returncode == 0, merged.stderr
+    assert shards.main(["--merge", str(two), "--out", str(tmp_path / "one.params")]) == 0  # its command: test_runs.py
     assert "shards" not in checkpoint.read(tmp_path / "one.params")[1]
     assert_equal_states(tmp_path / "one.params", two / "checkpoint-latest.params")
+
+
+def committed_step(latest) -> int:
+    """The step of the index `latest` names now (0 before there is one)."""
+    return checkpoint.read(latest, lazy=True)[1]["step"] if latest.is_file() else 0
+
+
+def wait_for_a_commit(processes, latest, after: int, survivor=None) -> None:
+    """Until an index past step `after` is committed: training is under way (or, from a resume, goes on)."""
+    deadline = time.monotonic() + 240
+    while committed_step(latest) <= after:
+        alive = all(p.poll() is None for p in (processes if survivor is None else [processes[survivor]]))
+        assert time.monotonic() < deadline and alive, finish(processes, 10)
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
 def test_a_kill_during_saves_or_sigterm_to_all_leaves_a_committed_checkpoint(tmp_path, data_dir):
     """Saving after every call, one process killed (-9) at an arbitrary moment, the other ends by the watchdog:
-    ``-r auto`` finds the last committed index, every shard it names is whole, and the run goes on to end bitwise
-    as the uninterrupted one. Either process is the victim in turn. SIGTERM to both: one checkpoint at the step they
-    stop at, committed, resumed the same way."""
+    ``-r auto`` finds the last committed index, every shard it names is whole, and the run goes on. Either process
+    is the victim in turn, and then SIGTERM to both: one checkpoint at the step they stop at, committed. One run
+    stopped three times, each time resumed with ``-r auto`` from what the stop left, ends bitwise as the
+    uninterrupted one (any resume that went wrong would show there)."""
     config = tiny_config(
         tmp_path,
         data_dir,
@@ -134,14 +138,11 @@ def test_a_kill_during_saves_or_sigterm_to_all_leaves_a_committed_checkpoint(tmp
     for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", "full")):
         assert status == 0, err
     saved = tmp_path / "saved/tiny"
-    for victim in (1, 0):
-        name = f"killed{victim}"
-        processes = start_processes(2, 1, "-c", config, "--run-id", name, heartbeat=4)
-        latest = saved / name / "checkpoint-latest.params"
-        deadline = time.monotonic() + 240
-        while not latest.is_file():
-            assert time.monotonic() < deadline and processes[1 - victim].poll() is None, finish(processes, 10)
-            time.sleep(0.05)
+    latest = saved / "stopped" / "checkpoint-latest.params"
+    for victim in (1, 0):  # the first time a new run, the second its resume
+        resume = ["-r", "auto"] if victim == 0 else []
+        processes = start_processes(2, 1, "-c", config, "--run-id", "stopped", *resume, heartbeat=4)
+        wait_for_a_commit(processes, latest, committed_step(latest), survivor=1 - victim)
         time.sleep(0.5 + victim / 3)
         processes[victim].send_signal(signal.SIGKILL)
         for p in processes:
@@ -149,18 +150,11 @@ def test_a_kill_during_saves_or_sigterm_to_all_leaves_a_committed_checkpoint(tmp
         assert processes[1 - victim].returncode != 0  # it was killed while training, not after the end
         header = checkpoint.read(latest)[1]  # every shard it names is there and whole
         assert header["step"] < 12 * 16
-        for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", name, "-r", "auto")):
-            assert status == 0, err
-        assert_equal_states(latest, saved / "full" / "checkpoint-latest.params")
 
     # SIGTERM to every process (SLURM's --signal): all save at the same step, one checkpoint committed, written by
     # both, from which -r auto ends as the run never stopped
-    processes = start_processes(2, 1, "-c", config, "--run-id", "stopped")
-    latest = saved / "stopped" / "checkpoint-latest.params"
-    deadline = time.monotonic() + 240
-    while not latest.is_file():
-        assert time.monotonic() < deadline, finish(processes, 10)
-        time.sleep(0.05)
+    processes = start_processes(2, 1, "-c", config, "--run-id", "stopped", "-r", "auto")
+    wait_for_a_commit(processes, latest, committed_step(latest))
     time.sleep(0.5)
     signalled = time.monotonic()
     for p in processes:
@@ -176,6 +170,8 @@ def test_a_kill_during_saves_or_sigterm_to_all_leaves_a_committed_checkpoint(tmp
     for status, _out, err in finish(start_processes(2, 1, "-c", config, "--run-id", "stopped", "-r", "auto")):
         assert status == 0, err
     assert_equal_states(latest, saved / "full" / "checkpoint-latest.params")
+    log = (saved / "stopped" / "train.log").read_text()
+    assert log.count("resumed from") == 3, log[-3000:]  # each stop's checkpoint taken up, none started over
 
 
 CUT_CHILD = textwrap.dedent("""
