@@ -367,8 +367,8 @@ def download(url: str, local: Path) -> Mirror:
             if name in ("", ".", ".."):
                 raise ConfigError(f"{masked(url)}/{name}: an object name that is no file of a run folder; refused")
             target, left = local / name, int(info.get("size") or 0)
-            target.parent.mkdir(exist_ok=True)
-            try:
+            try:  # an object named "shards" beside the shard objects makes the folder a file: refused here too
+                target.parent.mkdir(exist_ok=True)
                 with fs.open(f"{root}/{name}", "rb") as source, open(target, "xb") as out:
                     while chunk := source.read(COPY_CHUNK):
                         left -= len(chunk)
