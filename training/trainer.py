@@ -204,7 +204,7 @@ class Trainer:
         done, calls = position, 0  # loader batches of the epoch done; calls made by this train_epoch
         try:
             while done < batches:
-                k = self.switch_steps_per_call(wait=True)
+                k = self.switch_steps_per_call()
                 call = self.compiled.train_call(k)  # the compiled call of k steps: fixed until "auto" switches
                 stacks = self.train_loader.stacks(epoch, k * n, self.placement.put_stack, done)
                 try:
@@ -218,12 +218,11 @@ class Trainer:
                             logs.flush()  # a diverged state is never saved
                             self.min_loss = progress.min_loss
                             self.save_position(done, totals)
-                        if self.switch_steps_per_call(wait=False) != k:
+                        if self.switch_steps_per_call() != k:
                             break
                 finally:  # the prefetch thread joined, the steps dispatched done: a process exiting with work in
                     stacks.close()  # flight aborts instead of returning its status
             logs.flush()
-            self.switch_steps_per_call(wait=True)  # chosen in this epoch's last calls: the next epoch starts at it
         finally:
             settle(self.train_state)
             progress.close()
@@ -263,13 +262,13 @@ class Trainer:
             compile_seconds=self.compiled.seconds.get(self.steps_per_call.k, 0.0),
         )
 
-    def switch_steps_per_call(self, wait: bool) -> int:
-        """The steps per call to run from here: "auto"'s choice once its call has compiled (`wait`: now, or as soon as
-        it has; several processes all wait, so that they switch at the same call), else the calls' until now."""
+    def switch_steps_per_call(self) -> int:
+        """The steps per call to run from here: "auto"'s choice once its call has compiled in the background, else the
+        calls' until now: the loop never waits for it (several processes do, so that they all switch at one call)."""
         per_call = self.steps_per_call
         if per_call.chosen != per_call.k:
             self.compiled.start_compiling(per_call.chosen, mesh.spec_of(self.train_state))
-            if wait or jax.process_count() > 1 or self.compiled.ready(per_call.chosen):
+            if jax.process_count() > 1 or self.compiled.ready(per_call.chosen):
                 self.compiled.train_call(per_call.chosen)
                 seconds, where = (
                     self.compiled.seconds.get(per_call.chosen, 0.0),

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 from data_loader.loader import ArrayDataset, DataLoader
 from training import startup
 from training.assembly import assemble
+from training.compiled import Compiled
 from training.config.file import ConfigError
 from training.config.validation import validate
 from training.devices import peaks, platform
@@ -322,8 +324,11 @@ def test_auto_counts_what_the_cpu_runtime_pays_per_call():
     assert auto_steps_per_call(469, 401_920, 2e-3, 1.25, AUTO_CPU_CALL_S)[0] == 1  # mnist_convnext's long step
 
 
-def auto_trainer(tmp_path, hidden: list, batch: int, n: int, epochs: int = 1, steps_per_call="auto", run="r"):
-    """An MLP trained at `steps_per_call` on `n` random examples in batches of `batch`."""
+def auto_trainer(
+    tmp_path, hidden: list, batch: int, n: int, epochs: int = 1, steps_per_call="auto", run="r", tracker=None
+):
+    """An MLP trained at `steps_per_call` on `n` random examples in batches of `batch` (its step losses kept by
+    `tracker`, a ``StepLosses``)."""
     config = validate(
         {
             "name": "auto",
@@ -348,7 +353,7 @@ def auto_trainer(tmp_path, hidden: list, batch: int, n: int, epochs: int = 1, st
     (tmp_path / run).mkdir()
     assembled = assemble(config)
     assembled.use_data({"train": DataLoader(ArrayDataset(input=x, target=y), batch, shuffle=True, seed=1)})
-    trainer = Trainer(assembled, tmp_path / run, trackers=[StepLosses()])
+    trainer = Trainer(assembled, tmp_path / run, trackers=[tracker or StepLosses()])
     trainer.begin(startup.from_seed(trainer))
     return trainer
 
@@ -385,10 +390,25 @@ def test_auto_remembers_its_choice_for_the_next_run_of_the_same_step(tmp_path, c
     assert len(third.steps_per_call.timings) >= 6
 
 
+class CompiledByEpochEnd(StepLosses):
+    """A tracker that holds each epoch's end until "auto"'s chosen call has compiled: the loop itself never waits
+    for it, so on a loaded machine a short run could end before the switch this test is about."""
+
+    def __init__(self):
+        super().__init__()
+        self.trainer = None
+
+    def log_epoch(self, epoch, row, best):
+        chosen = self.trainer.steps_per_call.chosen
+        if chosen in self.trainer.compiled.compiling:
+            self.trainer.compiled.compiling[chosen].result()
+
+
 def test_auto_gives_a_trivial_step_many_steps_per_call_with_the_numbers_of_one(tmp_path, caplog):
     """A step of microseconds: "auto" times its first calls at one step per call, then switches mid-epoch to the
     K it chose; the losses and parameters are those of one step per call throughout."""
-    auto = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=8, run="auto")  # 320 steps repay K's compile
+    auto = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=8, run="auto", tracker=CompiledByEpochEnd())
+    auto.trackers[0].trainer = auto  # 320 steps repay K's compile
     one = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=8, steps_per_call=1, run="one")
     with caplog.at_level(logging.INFO, logger="train"):
         auto.train()
@@ -400,6 +420,29 @@ def test_auto_gives_a_trivial_step_many_steps_per_call_with_the_numbers_of_one(t
     np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=0, atol=1e-6)
     for x, y in zip(jax.tree.leaves(one.train_state["params"]), jax.tree.leaves(auto.train_state["params"])):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_never_waits_for_its_chosen_call_to_compile(tmp_path, monkeypatch):
+    """The chosen call's compile held back until the run has ended: the run trains all its steps at one step per
+    call, with K chosen, instead of waiting at an epoch's start for it (a loop that waited would sit out the hold)."""
+    held, hold_s = threading.Event(), 60.0
+    compile_train = Compiled.compile_train
+
+    def held_back(self, state_spec, k):
+        if k > 1:
+            held.wait(hold_s)
+        return compile_train(self, state_spec, k)
+
+    monkeypatch.setattr(Compiled, "compile_train", held_back)
+    trainer = auto_trainer(tmp_path, [8], 8, 8 * 40, epochs=8)  # 320 steps repay K's compile
+    started = time.perf_counter()
+    try:
+        trainer.train()
+        seconds = time.perf_counter() - started
+    finally:
+        held.set()
+    assert trainer.steps_per_call.chosen > 1 and trainer.steps_per_call.k == 1 and seconds < hold_s
+    assert int(trainer.train_state["step"]) == 8 * 40
 
 
 def test_auto_stays_at_one_step_per_call_where_the_run_is_too_short_to_repay_another_compile(tmp_path, caplog):

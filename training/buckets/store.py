@@ -53,6 +53,9 @@ COPY_CHUNK = 8 << 20  # bytes an object is downloaded in
 # retries a refused connection for ~33 s): it takes well under a second where the bucket answers, a VM's first token
 # a few more
 PROBE_SECONDS = 15
+# a folder's listing: a run folder of this template's holds tens of objects, its shards folder the kept checkpoints'
+# shards of each process; a bucket someone else can write could hold millions (minutes of pages, gigabytes of memory)
+LIST_MOST, LIST_SECONDS = 100_000, 300
 
 
 # ------------------------------------------------------------------------------------- what differs, S3 and GCS
@@ -61,6 +64,12 @@ def s3_filesystem():
 
     options = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}
     return s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=options)
+
+
+def s3_list(fs, folder: str, most: int, timeout: float) -> list[dict]:
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, fs._lsdir, folder, refresh=True, max_items=most, timeout=timeout)  # s3fs's paged listing
 
 
 def s3_put_if(fs, path: str, data: bytes, version: str | None) -> dict:
@@ -77,6 +86,10 @@ def gcs_filesystem():
 
     anonymous = {"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST") else {}
     return GCSFileSystem(skip_instance_cache=True, use_listings_cache=False, requests_timeout=60, **anonymous)
+
+
+def gcs_list(fs, folder: str, most: int, timeout: float) -> list[dict]:
+    return fs.ls(folder, detail=True, refresh=True, max_results=most, timeout=timeout)
 
 
 def gcs_put_if(fs, path: str, data: bytes, version: str | None) -> dict:
@@ -109,11 +122,12 @@ class Store:
     version: str  # the field of an object's metadata that changes with every write of it: the commit's condition
     filesystem: Callable  # () -> a new file system (no listing cached from before)
     put_if: Callable  # (fs, path, data, version or None) -> the written object's metadata, or {}
+    list: Callable  # (fs, folder, most, timeout) -> what the listing says of at most `most` objects in the folder
 
 
 STORES = {
-    "s3": Store("s3fs", "ETag", s3_filesystem, s3_put_if),
-    "gs": Store("gcsfs", "generation", gcs_filesystem, gcs_put_if),
+    "s3": Store("s3fs", "ETag", s3_filesystem, s3_put_if, s3_list),
+    "gs": Store("gcsfs", "generation", gcs_filesystem, gcs_put_if, gcs_list),
 }
 SCHEMES = tuple(STORES)
 
@@ -297,9 +311,9 @@ class Mirror:
         gone = [n for n in self.uploaded if n not in present and not n.startswith(f"{shards.SHARDS}/")]
         kept = shards.referenced(self.run_dir)
         try:
-            found = self.fs.find(self.object(shards.SHARDS)) if self.fs.exists(self.object(shards.SHARDS)) else []
             prefix = path_of(self.url) + "/"
-            unnamed = [p for p in found if p.removeprefix(prefix) not in kept]
+            found = [f"{shards.SHARDS}/{name}" for name in listing(self.url, self.fs, self.object(shards.SHARDS))]
+            unnamed = [prefix + name for name in found if name not in kept]
             for name in gone:
                 self.fs.rm_file(self.object(name))
                 del self.uploaded[name]
@@ -310,16 +324,20 @@ class Mirror:
             raise OSError(f"{self.url}: {error_line(error)}") from None
 
 
-def listing(url: str, fs, folder: str, timeout: float | None = None) -> dict[str, dict]:
+def listing(url: str, fs, folder: str, timeout: float = LIST_SECONDS) -> dict[str, dict]:
     """The objects directly in `folder` (a bucket path, not its subfolders), by name: what the listing says of
-    each (its size, its version). ``timeout``: the bound of the whole call, retries included."""
+    each (its size, its version). ``timeout``: the bound of the whole call, retries included; more than LIST_MOST
+    objects are refused."""
     try:
-        found = fs.ls(folder, detail=True, timeout=timeout)
+        found = STORES[parse(url)[0]].list(fs, folder, LIST_MOST + 1, timeout)
     except FileNotFoundError:
         return {}
     except Exception as error:  # noqa: BLE001
         raise ConfigError(f"{masked(url)}: cannot list it ({error_line(error, timeout)})") from None
-    return {info["name"].rstrip("/").rsplit("/", 1)[-1]: info for info in found if info.get("type") == "file"}
+    files = {info["name"].rstrip("/").rsplit("/", 1)[-1]: info for info in found if info.get("type") == "file"}
+    if len(files) > LIST_MOST:
+        raise ConfigError(f"{masked(url)}: more than {LIST_MOST:,} objects in {folder}: no run folder's; refused")
+    return files
 
 
 def size_limit(name: str) -> tuple[int, str] | None:

@@ -260,7 +260,8 @@ def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
     """A run read from a bucket downloads the objects directly in its folder and the shards its indexes name, no
     other; an object larger than a local read of it takes (a JSON file past its bound), or more bytes than the
     staging disk has free, is refused from the listing in one line (exit status 2), nothing downloaded; one that
-    turns out larger than its listing said (written again meanwhile) is refused once past it, nothing of it kept."""
+    turns out larger than its listing said (written again meanwhile) is refused once past it, nothing of it kept;
+    a folder of more objects than a listing takes is refused."""
     from training.buckets import store
     from training.config.file import MAX_CONFIG_BYTES, ConfigError
 
@@ -296,6 +297,15 @@ def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
     monkeypatch.setattr(store, "listing", lambda *a, **k: {n: {**i, "size": 1} for n, i in listed(*a, **k).items()})
     bucket.put("hostile/run/config.json", b"{}")
     with pytest.raises(ConfigError, match=rf"^{url}/config.json: cannot read it \(OSError: larger than the listing"):
+        store.fetched(url)
+    assert not store.local_of(url).exists()
+
+    monkeypatch.undo()  # a folder of more objects than a listing takes: refused from its first page
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path))
+    monkeypatch.setattr(store, "LIST_MOST", 2)
+    bucket.put("hostile/run/metrics.jsonl", b"")
+    bucket.put("hostile/run/train.log", b"")
+    with pytest.raises(ConfigError, match=rf"^{url}: more than 2 objects in {BUCKET}/hostile/run: no run folder's"):
         store.fetched(url)
     assert not store.local_of(url).exists()
 
