@@ -459,8 +459,10 @@ def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, locally
 def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monkeypatch):
     """The index is put only if there is none (a run's first: If-None-Match: *, ifGenerationMatch=0) or only if it
     is still the version this run last wrote (If-Match: its ETag, ifGenerationMatch: its generation): a second job
-    writing the same run folder is refused, its checkpoint not committed. After a commit the shard objects no index
-    names (a save a kill cut short) and the objects of files removed locally are deleted."""
+    writing the same run folder is refused, its checkpoint not committed, and writes nothing more there (its end
+    would otherwise put its index over the other job's, unconditionally, and delete the shards that one names). After
+    a commit the shard objects no index names (a save a kill cut short) and the objects of files removed locally are
+    deleted."""
     from training.buckets import store
     from training.run.folder import RunFolderError
 
@@ -483,9 +485,14 @@ def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monke
     with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
         second.commit(run_dir, ["checkpoint-latest.params"])
     bucket.put("unit/run/checkpoint-latest.params", b"another job's")
+    bucket.put("unit/run/shards/another-job.0.shard", b"named by its index")
+    checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [9.0]}, {"epoch": 9, "step": 9})  # committed here
     with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
         first.commit(run_dir, ["checkpoint-latest.params"])
-    assert bucket.objects("unit/run/")["checkpoint-latest.params"] == b"another job's"
+    first.sync()  # train.py's last one, at the end of the run the refusal stopped (store.finish): it writes nothing
+    objects = bucket.objects("unit/run/")
+    assert objects["checkpoint-latest.params"] == b"another job's" and "shards/another-job.0.shard" in objects
+    bucket.delete("unit/run/shards/another-job.0.shard")
 
     resumed = store.download(url, tmp_path / "resumed")  # a job that read the run there: it may write after it
     assert resumed.version and resumed.version != first.version
