@@ -240,6 +240,7 @@ class Mirror:
         self.store = STORES[parse(url)[0]]
         self.uploaded: dict[str, tuple[int, int]] = {}
         self.version: str | None = None
+        self.refused = False  # a commit refused: the run folder in the bucket is another job's now
 
     def object(self, name: str) -> str:
         return f"{path_of(self.url)}/{name}"
@@ -275,6 +276,7 @@ class Mirror:
         try:
             out = self.put(first, conditional=first == LATEST)
         except Conflict:
+            self.refused = True
             raise RunFolderError(
                 f"{self.url}/{first}: changed in the bucket since this run last wrote it (another job writing "
                 f"the same run folder?); this checkpoint was not committed there"
@@ -291,7 +293,10 @@ class Mirror:
 
     def sync(self) -> None:
         """Process 0: every file of the run folder that changed since it was uploaded (shards aside), the objects of
-        files removed since, and the shard objects no index names."""
+        files removed since, and the shard objects no index names. Nothing once a commit was refused: the run's end
+        would put its index over the other job's, unconditionally, and delete the shard objects that one names."""
+        if self.refused:
+            return
         present = set()
         for path in sorted(self.run_dir.rglob("*")):
             name = path.relative_to(self.run_dir).as_posix()

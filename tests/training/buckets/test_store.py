@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -310,25 +311,74 @@ def test_a_bucket_cannot_fill_the_disk(tmp_path, bucket, monkeypatch, capsys):
     assert not store.local_of(url).exists()
 
 
-def two_processes(config, env: dict, *args) -> None:
-    """train.py -c config as 2 processes x 1 device (FSDP over both: tiny_config's mesh), in env."""
-    from tests.training.processes.test_runs import finish, free_port
+HOLD = textwrap.dedent("""
+    import runpy, sys, threading
+    from pathlib import Path
+
+    from training.devices import platform
+
+    platform.apply()  # as train.py does, before JAX is imported (the store imports it)
+    import jax
+    from training.buckets import store
+    from training.run.location import header_of
+
+    held, sys.argv = Path(sys.argv[1]), sys.argv[2:]  # train.py and its arguments
+
+    def hold():
+        held.touch()
+        threading.Event().wait()  # until the test kills this process
+
+    published, committed = store.Mirror.publish, store.Mirror.commit
+
+    def publish(self, path):  # a process other than 0: its shard of epoch 2 in the bucket, not yet reported
+        epoch = header_of(path)["epoch"]
+        published(self, path)
+        if epoch == 2 and jax.process_index() != 0:
+            hold()
+
+    def commit(self, run_dir, names):  # process 0: epoch 2 committed in its staging folder, not yet in the bucket
+        if header_of(run_dir / names[0])["epoch"] == 2:
+            hold()
+        committed(self, run_dir, names)
+
+    store.Mirror.publish, store.Mirror.commit = publish, commit
+    runpy.run_path("train.py", run_name="__main__")
+""")
+
+
+def start_two(config, env: dict, *args, hold=None, output=None) -> list[subprocess.Popen]:
+    """train.py -c config as 2 processes x 1 device (FSDP over both: tiny_config's mesh), in env. ``hold``:
+    (process, marker file): that process runs train.py under HOLD, which touches the marker where it stops.
+    ``output``: a folder for their standard output and error (a held run's are not read while it runs)."""
+    from tests.training.processes.test_runs import free_port
     from tests.training.test_mesh import devices_env
 
     port = free_port()
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "train.py", "-c", str(config), "--run-id", "two", *map(str, args)]
-            + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-            cwd=ROOT,
-            env={**os.environ, **devices_env(1), **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    processes = []
+    for i in range(2):
+        command = ["-c", HOLD, str(hold[1])] if hold is not None and hold[0] == i else []
+        out = open(output / f"process_{i}.log", "w") if output is not None else subprocess.PIPE  # noqa: SIM115
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, *command, "train.py", "-c", str(config), "--run-id", "two", *map(str, args)]
+                + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+                cwd=ROOT,
+                env={**os.environ, **devices_env(1), **env},
+                stdout=out,
+                stderr=subprocess.STDOUT if output is not None else subprocess.PIPE,
+                text=True,
+            )
         )
-        for i in range(2)
-    ]
-    for status, _out, err in finish(processes):
+        if output is not None:
+            out.close()  # the child holds its own copy
+    return processes
+
+
+def two_processes(config, env: dict, *args) -> None:
+    """train.py -c config as 2 processes x 1 device, in env, to their end."""
+    from tests.training.processes.test_runs import finish
+
+    for status, _out, err in finish(start_two(config, env, *args)):
         assert status == 0, err
 
 
@@ -346,15 +396,47 @@ def locally(tmp_path_factory, data_dir) -> dict:
 def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, locally, monkeypatch):
     """2 processes x 1 device, FSDP over both, each staging its own folder: every save's two shard objects and the
     index naming them are in the bucket, no shard object that no index names, process 1's local shards dropped once
-    uploaded; -r auto goes on from the bucket on two other machines (each process downloads the run) and ends bit for
-    bit where the same two processes trained straight into a local folder end; a shard object changed or missing is
-    refused as on disk."""
+    uploaded. Epoch 2's save is cut by a kill -9 where the bucket holds its shard objects but not its index: process
+    1 (S3) once its shard object is uploaded and before it reports it, or process 0 (GCS) once it committed the save
+    in its staging folder and before its commit in the bucket; one victim per store, as the local test kills each in
+    turn, for the time of one run each. The bucket's index is then epoch 1's, whole; -r auto goes on from it on two
+    other machines (each process downloads the run, nothing staged before survives), deletes the cut save's shard
+    objects at its commit and ends bit for bit where the same two processes trained straight into a local folder
+    end; a shard object changed or missing is refused as on disk."""
     from tests.training.test_mesh import tiny_config
     from training.buckets import store
 
     env, url = bucket.env, f"{bucket.scheme}://{BUCKET}/multi"
     config = tiny_config(tmp_path, data_dir, validation=False, mesh={"data": 1, "fsdp": 2}, trainer__save_dir=url)
-    two_processes(config, staged(tmp_path, env, "a"), "--epochs", 1)
+    victim, held = {"s3": 1, "gs": 0}[bucket.scheme], tmp_path / "held"
+    processes = start_two(config, staged(tmp_path, env, "a"), hold=(victim, held), output=tmp_path)
+    deadline = time.monotonic() + 240
+    while not held.exists():  # the victim stops where the kill is to land, and waits for it
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            for p in processes:
+                p.kill()
+                p.wait()
+            said = [(tmp_path / f"process_{i}.log").read_text()[-3000:] for i in range(2)]
+            pytest.fail("epoch 2's save never reached the kill's moment:\n" + "\n".join(said))
+        time.sleep(0.05)
+    # held there, neither process can commit: what the bucket holds now is what the kill leaves
+    cut = bucket.objects("multi/tiny/two/")
+    for p in (processes[victim], processes[1 - victim]):  # the victim, then its partner's machine lost as well
+        p.kill()
+    assert processes[victim].wait() == -9
+    processes[1 - victim].wait()
+    latest = header_of(tmp_path / "index.params", cut["checkpoint-latest.params"])
+    assert latest["epoch"] == 1
+    unnamed = {n for n in cut if n.startswith("shards/")} - set(latest["shards"]["files"])
+    assert {header_of(tmp_path / "shard.params", cut[n])["epoch"] for n in unnamed} == {2}, unnamed
+    uploaded = {"0", "1"} if victim == 0 else {"1"}  # process 0's own upload may come after 1 stopped
+    assert uploaded <= {n.rsplit(".", 2)[1] for n in unnamed} <= {"0", "1"}, unnamed
+    if victim == 0:  # the save committed in its staging folder, which no later run reads
+        staged_latest = tmp_path / "a/process_0" / bucket.scheme / BUCKET / "multi/tiny/two/checkpoint-latest.params"
+        assert latest_epoch(staged_latest.read_bytes(), tmp_path) == 2
+    monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "k"))  # no torn commit: the index reads whole
+    assert checkpoint.read(store.fetched(f"{url}/tiny/two/checkpoint-latest.params"))[1]["epoch"] == 1
+
     # other machines: each process downloads the run, epoch 2 goes on from it
     two_processes(config, staged(tmp_path, env, "b"), "-r", "auto")
     got = bucket.objects("multi/tiny/two/")
@@ -362,7 +444,7 @@ def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, locally
     indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
     assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
     named = {f for header in indexes.values() if "shards" in header for f in header["shards"]["files"]}
-    assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4
+    assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4 and not unnamed & named
     assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-epoch_1.params"]["shards"]["files"]] == ["0", "1"]
     assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
@@ -387,8 +469,10 @@ def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, locally
 def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monkeypatch):
     """The index is put only if there is none (a run's first: If-None-Match: *, ifGenerationMatch=0) or only if it
     is still the version this run last wrote (If-Match: its ETag, ifGenerationMatch: its generation): a second job
-    writing the same run folder is refused, its checkpoint not committed. After a commit the shard objects no index
-    names (a save a kill cut short) and the objects of files removed locally are deleted."""
+    writing the same run folder is refused, its checkpoint not committed, and writes nothing more there (its end
+    would otherwise put its index over the other job's, unconditionally, and delete the shards that one names). After
+    a commit the shard objects no index names (a save a kill cut short) and the objects of files removed locally are
+    deleted."""
     from training.buckets import store
     from training.run.folder import RunFolderError
 
@@ -411,9 +495,14 @@ def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monke
     with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
         second.commit(run_dir, ["checkpoint-latest.params"])
     bucket.put("unit/run/checkpoint-latest.params", b"another job's")
+    bucket.put("unit/run/shards/another-job.0.shard", b"named by its index")
+    checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [9.0]}, {"epoch": 9, "step": 9})  # committed here
     with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
         first.commit(run_dir, ["checkpoint-latest.params"])
-    assert bucket.objects("unit/run/")["checkpoint-latest.params"] == b"another job's"
+    first.sync()  # train.py's last one, at the end of the run the refusal stopped (store.finish): it writes nothing
+    objects = bucket.objects("unit/run/")
+    assert objects["checkpoint-latest.params"] == b"another job's" and "shards/another-job.0.shard" in objects
+    bucket.delete("unit/run/shards/another-job.0.shard")
 
     resumed = store.download(url, tmp_path / "resumed")  # a job that read the run there: it may write after it
     assert resumed.version and resumed.version != first.version
