@@ -240,7 +240,7 @@ class Mirror:
         self.store = STORES[parse(url)[0]]
         self.uploaded: dict[str, tuple[int, int]] = {}
         self.version: str | None = None
-        self.refused = False  # a commit refused: the run folder in the bucket is another job's now
+        self.refused = False  # a commit refused or failed: the run folder in the bucket is left as it is
 
     def object(self, name: str) -> str:
         return f"{path_of(self.url)}/{name}"
@@ -282,6 +282,7 @@ class Mirror:
                 f"the same run folder?); this checkpoint was not committed there"
             ) from None
         except OSError as error:
+            self.refused = True
             raise RunFolderError(f"cannot write {error}; the bucket keeps its previous checkpoint") from None
         if first == LATEST:
             version = out.get(self.store.version) or self.fs.info(self.object(first)).get(self.store.version)
@@ -293,8 +294,9 @@ class Mirror:
 
     def sync(self) -> None:
         """Process 0: every file of the run folder that changed since it was uploaded (shards aside), the objects of
-        files removed since, and the shard objects no index names. Nothing once a commit was refused: the run's end
-        would put its index over the other job's, unconditionally, and delete the shard objects that one names."""
+        files removed since, and the shard objects no index names. Nothing once a commit was refused or failed: the
+        run's end would put its index over the bucket's, unconditionally, and delete the shard objects that one
+        names."""
         if self.refused:
             return
         present = set()

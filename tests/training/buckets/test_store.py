@@ -5,6 +5,7 @@ conditional commit and the refusals against it and against a real GCS server (fa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -470,7 +471,8 @@ def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monke
     """The index is put only if there is none (a run's first: If-None-Match: *, ifGenerationMatch=0) or only if it
     is still the version this run last wrote (If-Match: its ETag, ifGenerationMatch: its generation): a second job
     writing the same run folder is refused, its checkpoint not committed, and writes nothing more there (its end
-    would otherwise put its index over the other job's, unconditionally, and delete the shards that one names). After
+    would otherwise put its index over the other job's, unconditionally, and delete the shards that one names); nor
+    does a run whose commit the network failed, the bucket's checkpoint left as it was. After
     a commit the shard objects no index names (a save a kill cut short) and the objects of files removed locally are
     deleted."""
     from training.buckets import store
@@ -490,6 +492,16 @@ def test_the_commit_is_conditional_and_unnamed_shards_go(tmp_path, bucket, monke
     checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [2.0]}, {"epoch": 2, "step": 2})
     first.commit(run_dir, ["checkpoint-latest.params"])  # only if still its own version
     assert set(bucket.objects("unit/run/")) == {"checkpoint-latest.params"}
+
+    cut = store.Mirror(run_dir, url)  # a commit the network fails (the store's reply stood in for): nothing more
+    cut.version = first.version
+    lost = lambda *_: (_ for _ in ()).throw(ConnectionResetError("connection reset by peer"))
+    monkeypatch.setattr(cut, "store", dataclasses.replace(cut.store, put_if=lost))
+    checkpoint.save(run_dir / "checkpoint-latest.params", {"w": [5.0]}, {"epoch": 5, "step": 5})
+    with pytest.raises(RunFolderError, match="connection reset by peer; the bucket keeps its previous checkpoint"):
+        cut.commit(run_dir, ["checkpoint-latest.params"])
+    cut.sync()  # the end of the run it stopped
+    assert latest_epoch(bucket.objects("unit/run/")["checkpoint-latest.params"], tmp_path) == 2
 
     second = store.Mirror(run_dir, url)  # another job, which never read this run's checkpoint
     with pytest.raises(RunFolderError, match="changed in the bucket since this run last wrote it"):
