@@ -2,6 +2,7 @@
 
     python benchmarks/startup_benchmark.py                                  # config.json and the LM sample
     python benchmarks/startup_benchmark.py --configs config.json configs/churn.json
+    python benchmarks/startup_benchmark.py --configs --gpt2 1              # GPT-2 small alone, 1 sequence a step
 
 For each config, two fresh processes in turn, each with a fresh HOME, sharing one new compilation cache: the first
 run compiles everything (and fills the cache), the second reads it. Each process goes through the phases train.py
@@ -16,6 +17,9 @@ goes through, in order, timing each (the training call as "auto" starts it, one 
   compile       XLA's compilation of it, or its read from the cache (the column says which)
   eval compile  the evaluation step's lowering and compilation (or cache read)
   first call    the first training call run to its results
+
+--gpt2 N adds GPT-2 small as gpu_step_benchmark.py defines it (the LM sample with accelerator_run.py's GPT-2 shapes,
+"auto" attention, bfloat16 compute) at N sequences a training step: of the phases, only the first call scales with N.
 
 The sum is the first step's distance from the process's start, less the train.py work not timed here (argument
 parsing, the run folder): within a second of what train.py's "first ... step(s) done N s after start" line says.
@@ -36,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("imports", "config", "data", "trainer", "state", "trace/lower", "compile", "eval compile", "first call")
 
 
-def child(config_path: str) -> dict:
-    """The phases of one process (run with --child), as {phase: seconds}, and where its programs came from."""
+def child(config_path: str, overrides: list[str]) -> dict:
+    """The phases of one process (run with --child, `overrides` as --set), as {phase: seconds}, and where its
+    programs came from."""
     started = time.perf_counter()
     times, origins = {}, {}
 
@@ -56,7 +61,7 @@ def child(config_path: str) -> dict:
 
     compilation_cache.use()
     lap("imports")
-    run = assemble(load_config(config_path), Path(config_path).name)
+    run = assemble(load_config(config_path, overrides), Path(config_path).name)
     lap("config")
     run.load_data()
     run.check_data()
@@ -87,11 +92,22 @@ def child(config_path: str) -> dict:
     return {"seconds": times, "origins": origins}
 
 
-def measure(config: str, cache: Path) -> dict:
+def gpt2(batch: int) -> tuple[str, list[str]]:
+    """GPT-2 small's config and overrides, gpu_step_benchmark.py's, at `batch` sequences a training step."""
+    from benchmarks.gpu_step_benchmark import gpt2_sets
+
+    return "configs/shakespeare_char.json", [*gpt2_sets(False, "auto"), f"data_loader.train.args.batch_size={batch}"]
+
+
+def measure(config: str, cache: Path, overrides: list[str] = ()) -> dict:
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "HOME": home, "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"}
         done = subprocess.run(
-            [sys.executable, __file__, "--child", config], cwd=ROOT, env=env, capture_output=True, text=True
+            [sys.executable, __file__, "--child", config, *(a for o in overrides for a in ("--set", o))],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
         )
     if done.returncode != 0:
         raise SystemExit(f"{config}: the measuring process failed:\n{done.stderr[-3000:]}")
@@ -100,19 +116,27 @@ def measure(config: str, cache: Path) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=["config.json", "configs/shakespeare_char.json"])
+    parser.add_argument("--configs", nargs="*", default=["config.json", "configs/shakespeare_char.json"])
+    parser.add_argument("--gpt2", type=int, metavar="N", help="GPT-2 small too, at N sequences a training step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, args.set)))
         return 0
     from benchmarks.machine import cpu_model
 
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
-    for config in args.configs:
+    runs = {config: (config, []) for config in args.configs}
+    if args.gpt2:
+        runs[f"GPT-2 small, batch {args.gpt2}x1024"] = gpt2(args.gpt2)
+    for name, (config, overrides) in runs.items():
         with tempfile.TemporaryDirectory() as cache:
-            first, second = measure(config, Path(cache)), measure(config, Path(cache))
-        print(f"\n{config}: seconds per phase, first run (empty cache) / second run (the cache the first filled)")
+            first, second = measure(config, Path(cache), overrides), measure(config, Path(cache), overrides)
+        print(
+            f"\n{name}: seconds per phase, first run (empty cache) / second run (the cache the first filled); "
+            f"load {os.getloadavg()[0]:.1f} after them"
+        )
         for phase in PHASES:
             a, b = first["seconds"][phase], second["seconds"][phase]
             where = (

@@ -194,6 +194,20 @@ def test_startup_benchmark_times_every_phase_and_the_second_run_reads_the_cache(
     assert "(compiled; kept in the compilation cache / from the compilation cache)" in rows["compile"]
 
 
+def test_startup_benchmark_gpt2_is_gpu_step_benchmarks_gpt2_small_at_the_batch_asked():
+    """--gpt2 N: the config GPT-2 small's rows on a GPU train (12 layers of 768, 12 heads, 1024 positions, bfloat16),
+    validated, at N sequences a training step; the evaluation batch left as it is."""
+    from benchmarks.startup_benchmark import gpt2
+    from training.config.validation import load_config
+
+    path, overrides = gpt2(1)
+    config = load_config(REPO / path, overrides)
+    model, train = config["model"]["args"], config["data_loader"]["train"]["args"]
+    assert (model["depth"], model["dim"], model["num_heads"], model["context"]) == (12, 768, 12, 1024)
+    assert (train["batch_size"], train["context"], config["trainer"]["precision"]["compute"]) == (1, 1024, "bfloat16")
+    assert config["data_loader"]["validation"]["args"]["batch_size"] == 64
+
+
 def test_the_bucket_benchmark_saves_each_layout_locally_and_into_s3(capsys):
     """benchmarks/bucket_benchmark.py --smoke (a 1 MB state, in this process, moto's S3 server on localhost): a row
     for each layout and target, so that it keeps working between measurements."""
