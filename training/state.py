@@ -51,7 +51,8 @@ def init(run, optimizer, policy: Policy, seed: int, sharding) -> tuple[dict, str
     """A fresh state from `seed` on the mesh, built by one jitted call (no eager per-layer work), and where that
     call's program came from (``compilation_cache.origin``)."""
     lowered = jax.jit(lambda s: fresh(run, optimizer, policy, s), out_shardings=sharding).trace(seed).lower()
-    options = platform.xla_options("init", jax.default_backend()) or None
+    size = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(lowered.out_info))
+    options = platform.init_options(size, jax.default_backend()) or None
     compiled, where = compilation_cache.origin(lambda: lowered.compile(options))
     return compiled(seed), where
 

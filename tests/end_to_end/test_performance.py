@@ -498,6 +498,10 @@ def test_xla_options_only_for_the_measured_cpu_setup():
     assert platform.xla_options("train", "cpu", {}, series="0.11") == {}  # unmeasured jaxlib: XLA may reject them
     assert platform.xla_options("train", "cpu", {"XLA_FLAGS": "--xla_dump_to=/tmp"}, series="0.10") == {}
     assert platform.xla_options("train", "cpu", {platform.SWITCH: "0"}, series="0.10") == {}
+    # a large state's initialisation costs more unfused than its unoptimised compile saves
+    small, large = platform.INIT_UNOPTIMISED_BYTES - 1, platform.INIT_UNOPTIMISED_BYTES
+    assert platform.init_options(small, "cpu", {}) == platform.xla_options("init", "cpu", {}) != {}
+    assert platform.init_options(large, "cpu", {}) == {}
     # The options are accepted by the installed XLA (a rejected option is an error at compile time).
     for kind in ("train", "train without convolutions", "eval", "init"):
         options = platform.xla_options(kind, jax.default_backend())

@@ -13,8 +13,8 @@ On Linux with JAX's CPU backend:
   transformer's, an MLP's) also has YNNPACK take its matrix products, which paid there and cost the ConvNeXt sample's
   step (``train_kind`` reads the lowered program), and every step, evaluation's too, prefers 512-bit vectors where
   the CPU has them. The evaluation step, where no such sums arise, runs without YNNPACK's fusions (faster for the
-  ConvNeXt sample's forward pass). The initialisation, which runs once, is compiled without optimisation. Figures:
-  benchmarks/README.md.
+  ConvNeXt sample's forward pass). The initialisation, which runs once, is compiled without optimisation where its
+  state is small (``INIT_UNOPTIMISED_BYTES``). Figures: benchmarks/README.md.
 
 Nothing is changed when JAX will use an accelerator (``JAX_PLATFORMS`` names another platform first, or a GPU/TPU
 plugin is installed), when the user set ``GLIBC_TUNABLES`` or ``XLA_FLAGS`` themselves, or with
@@ -49,6 +49,9 @@ XLA_CPU_OPTIONS = {
         "init": {"xla_backend_optimization_level": 0},
     }  # runs once: compiles in 1.0 s instead of 2.5 s
 }
+# Unfused, the initialisation's run costs about 7 ns per byte of the state it makes (GPT-2 small's 1 GB: 7 s, against
+# 0.8 s optimised, every run, the compile cached or not); past this size that outweighs the ~1.5 s its compile saves.
+INIT_UNOPTIMISED_BYTES = 64 * 2**20
 XLA_CPU_OPTIONS["0.10"]["train without convolutions"] = XLA_CPU_OPTIONS["0.10"]["train"]
 # jaxlib 0.12: benchmarks/README.md, "XLA:CPU options by program", has the measurements that decided these.
 XLA_CPU_OPTIONS["0.12"] = {
@@ -128,6 +131,12 @@ def xla_options(kind: str, backend: str, environ=os.environ, series: str | None 
     if not enabled(environ) or backend != "cpu" or environ.get("XLA_FLAGS"):
         return {}
     return dict(XLA_CPU_OPTIONS.get(series or jaxlib_series() or "", {}).get(kind, {}))
+
+
+def init_options(state_bytes: int, backend: str, environ=os.environ) -> dict[str, str]:
+    """Compiler options for the initialisation of a state of `state_bytes`: ``"init"``'s below
+    INIT_UNOPTIMISED_BYTES, XLA's own above."""
+    return xla_options("init", backend, environ) if state_bytes < INIT_UNOPTIMISED_BYTES else {}
 
 
 def train_kind(lowered, backend: str) -> str:
