@@ -401,10 +401,11 @@ def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, locally
     1 (S3) once its shard object is uploaded and before it reports it, or process 0 (GCS) once it committed the save
     in its staging folder and before its commit in the bucket; one victim per store, as the local test kills each in
     turn, for the time of one run each. The bucket's index is then epoch 1's, whole; -r auto goes on from it on two
-    other machines (each process downloads the run, nothing staged before survives), deletes the cut save's shard
-    objects at its commit and ends bit for bit where the same two processes trained straight into a local folder
-    end; a shard object changed or missing is refused as on disk."""
-    from tests.training.test_mesh import tiny_config
+    other machines (S3; each process downloads the run, nothing staged before survives) or onto another mesh (GCS:
+    one process holding both devices), deletes the cut save's shard objects at its commit and ends bit for bit where
+    the same two processes trained straight into a local folder end; a shard object changed or missing is refused
+    as on disk."""
+    from tests.training.test_mesh import devices_env, tiny_config
     from training.buckets import store
 
     env, url = bucket.env, f"{bucket.scheme}://{BUCKET}/multi"
@@ -438,14 +439,22 @@ def test_two_processes_share_only_the_bucket(tmp_path, bucket, data_dir, locally
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "k"))  # no torn commit: the index reads whole
     assert checkpoint.read(store.fetched(f"{url}/tiny/two/checkpoint-latest.params"))[1]["epoch"] == 1
 
-    # other machines: each process downloads the run, epoch 2 goes on from it
-    two_processes(config, staged(tmp_path, env, "b"), "-r", "auto")
+    # other machines: each process downloads the run, epoch 2 goes on from it; on GCS onto another mesh, one process
+    # holding both devices
+    if victim == 0:
+        command = [sys.executable, "train.py", "-c", str(config), "--run-id", "two", "-r", "auto"]
+        environ = {**os.environ, **devices_env(2), **staged(tmp_path, env, "b")}
+        done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        two_processes(config, staged(tmp_path, env, "b"), "-r", "auto")
     got = bucket.objects("multi/tiny/two/")
     assert [json.loads(line)["epoch"] for line in got["metrics.jsonl"].decode().splitlines()] == [1, 2]
     indexes = {n: header_of(tmp_path / "index.params", got[n]) for n in got if n.endswith(".params")}
     assert set(indexes) == {"checkpoint-latest.params", "checkpoint-epoch_1.params", "checkpoint-epoch_2.params"}
     named = {f for header in indexes.values() if "shards" in header for f in header["shards"]["files"]}
-    assert {n for n in got if n.startswith("shards/")} == named and len(named) == 4 and not unnamed & named
+    assert {n for n in got if n.startswith("shards/")} == named and not unnamed & named
+    assert len(named) == (2 if victim == 0 else 4)  # epoch 1's two shards; epoch 2's one file from one process
     assert [f.rsplit(".", 2)[1] for f in indexes["checkpoint-epoch_1.params"]["shards"]["files"]] == ["0", "1"]
     assert not list((tmp_path / "a/process_1").rglob("*.shard"))  # uploaded, then dropped: nothing reads it there
     monkeypatch.setenv("TRAIN_STAGING_DIR", str(tmp_path / "d"))
