@@ -482,7 +482,32 @@ def special_files(tmp_path):
     return files
 
 
-@pytest.mark.parametrize("command", ["--weights", "-r", "test.py --run"])
+# In one process: train.main with the file as --weights and as -r, and test.main with it as --run, each with its
+# output captured; prints one JSON line of (exit status, stderr) by command (one process, not three: each refusal is
+# a start of JAX's and the config's, and the file is refused before anything else is read).
+REFUSE_AS_A_CHECKPOINT = """
+import contextlib, io, json, sys
+import test, train
+
+def call(main, *argv):
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(argv))
+        except SystemExit as stop:
+            status = stop.code
+    return status, err.getvalue()
+
+config, path = sys.argv[1:]
+said = {
+    "--weights": call(train.main, "-c", config, "--weights", path),
+    "-r": call(train.main, "-c", config, "-r", path),
+    "test.py --run": call(test.main, "--run", path, "-c", config),
+}
+print(json.dumps(said))
+"""
+
+
 @pytest.mark.parametrize(
     "kind, message",
     [
@@ -492,19 +517,21 @@ def special_files(tmp_path):
         ("described", "40.0 GiB, more than the"),
     ],
 )
-def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir, special_files, command, kind, message):
+def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir, special_files, kind, message):
     """Each within seconds, before anything is read into memory: a FIFO used to block (past SIGTERM), /dev/zero and
-    a sparse file to be read until memory ran out."""
+    a sparse file to be read until memory ran out. As --weights and -r to train.py, and as test.py's --run."""
     path = special_files[kind]
     if kind == "described" and not memory.host_available()[0] < path.stat().st_size:
         pytest.skip("a machine with more than 40 GB of memory free would read the file")
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
     before = tree_of(tmp_path)
-    if command == "test.py --run":
-        result = run("test.py", "--run", path, "-c", config, timeout=60)
-    else:
-        result = run("train.py", "-c", config, command, path, timeout=60)
-    assert message in refused(result) and str(path) in result.stderr
+    done = run("-c", REFUSE_AS_A_CHECKPOINT, config, path, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert list(said) == ["--weights", "-r", "test.py --run"]
+    for command, (status, err) in said.items():
+        line = refused(subprocess.CompletedProcess([command], status, "", err))
+        assert message in line and str(path) in err, (command, err)
     assert tree_of(tmp_path) == before
 
 
