@@ -21,7 +21,7 @@ from tasks.distillation.data import TeacherTargets
 from tasks.distillation.losses import distillation
 from tests.conftest import make_idx_dataset
 from tests.end_to_end.samples import epochs_of, finite
-from tests.end_to_end.test_train import ROOT, run, write_config
+from tests.end_to_end.test_train import ROOT, refused_in_process, run, write_config
 from training.config.components import build, check_component, of_labels
 from training.config.file import ConfigError
 from training.metrics import accuracy, compute
@@ -226,19 +226,20 @@ def configs(tmp_path):
     return teacher_config, student
 
 
-def test_a_missing_teacher_or_a_bad_inner_loader_is_one_line(tmp_path):
+def test_a_missing_teacher_or_a_bad_inner_loader_is_one_line(tmp_path, capsys, monkeypatch):
+    """Refused by train.main in this process (exit status 2, one error line; train.py's own process refusing a
+    config: test_config_fuzz.py)."""
     _, student = configs(tmp_path)
-    missing = run("train.py", "-c", student)
-    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
-    assert missing.stderr.startswith(f"error: config.json: data_loader.train.args.teacher: {tmp_path}")
+    line = refused_in_process(["-c", str(student)], capsys, monkeypatch)
+    assert line.startswith(f"error: config.json: data_loader.train.args.teacher: {tmp_path}"), line
     config = json.loads(student.read_text())
     config["data_loader"]["train"]["args"]["data"] = {"name": "mnistt"}
-    bad = run("train.py", "-c", write_config(tmp_path, config, {}))
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+    line = refused_in_process(["-c", str(write_config(tmp_path, config, {}))], capsys, monkeypatch)
+    assert line == (
         "error: config.json: data_loader.train.args.data.name: unknown data_loader 'mnistt'; available: "
-        + bad.stderr.split("available: ")[1].strip()
-    ]
-    assert "Did you mean 'mnist'?" in bad.stderr
+        + line.split("available: ")[1].strip()
+    )
+    assert "Did you mean 'mnist'?" in line
 
 
 @pytest.mark.slow
