@@ -14,6 +14,7 @@ import pytest
 from jax.test_util import check_grads
 
 from inference.trained_run import load_run
+from tasks.vae import decoder as decoder_command
 from tasks.vae import losses
 from tasks.vae.model import decoder_params, vae, vae_decoder
 from tests.conftest import make_idx_dataset
@@ -101,7 +102,7 @@ def test_the_vae_samples_with_the_training_key_and_its_decoder_stands_alone():
 
 
 @pytest.mark.slow
-def test_vae_sample_end_to_end(tmp_path):
+def test_vae_sample_end_to_end(tmp_path, capsys):
     data_dir = tmp_path / "mnist"
     make_idx_dataset(data_dir, n_train=200, n_test=40)
     config = sample_config(
@@ -146,8 +147,9 @@ def test_vae_sample_end_to_end(tmp_path):
     decoder_run = tmp_path / "saved" / "mnist_vae" / "v-decoder"
     written = run("-m", "tasks.vae.decoder", "--run", run_dir)
     assert written.returncode == 0 and written.stdout.strip() == f"wrote {decoder_run}", written.stderr
-    again = run("-m", "tasks.vae.decoder", "--run", run_dir)
-    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+    with pytest.raises(SystemExit) as again:  # a second time, refused (in this process: a JAX start fewer)
+        decoder_command.main(["--run", str(run_dir)])
+    assert again.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
         f"error: {decoder_run}: exists already; remove it or give another --out"
     ]
     exported = run(
