@@ -87,6 +87,36 @@ def run(script: str, *args, env=None, timeout=300) -> subprocess.CompletedProces
     )
 
 
+# In one process: train.main on each argv in turn, each with its output captured; prints one JSON line of
+# [exit status, stdout, stderr] per call (train_py_in_one_process).
+TRAIN_EACH = """
+import contextlib, io, json, sys
+import train
+
+def call(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = train.main(argv)
+        except SystemExit as stop:
+            status = stop.code
+    return status, out.getvalue(), err.getvalue()
+
+print(json.dumps([call(argv) for argv in json.loads(sys.argv[1])]))
+"""
+
+
+def train_py_in_one_process(*argvs: list, env=None, timeout=300) -> list[subprocess.CompletedProcess]:
+    """train.py's runs of `argvs`, one after the other in one process (a JAX start and its imports for all, where a
+    test's point is not the process): each one's status and output as its own process's would be."""
+    argvs = [list(map(str, argv)) for argv in argvs]
+    done = run("-c", TRAIN_EACH, json.dumps(argvs), env=env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(said) == len(argvs), said
+    return [subprocess.CompletedProcess(["train.py", *a], *s) for a, s in zip(argvs, said)]
+
+
 def params_of(path: Path) -> dict:
     arrays, header = checkpoint.read(path)
     return arrays, header
@@ -289,10 +319,14 @@ def test_a_resume_on_fewer_devices_names_the_mesh_setting_that_fits_them(tmp_pat
     assert run("train.py", "-c", config, "--run-id", "r", env=devices(4)).returncode == 0
     latest, metrics = tmp_path / "saved/tiny/r/checkpoint-latest.params", tmp_path / "saved/tiny/r/metrics.jsonl"
     before = metrics.read_bytes()
-    resumed = run("train.py", "-r", latest, "--epochs", "2", env=devices(2))
-    assert refused(resumed) == "error: mesh.fsdp 4 does not divide the 2 devices in use; --set mesh.fsdp=2 does"
+    copy = shutil.copytree(tmp_path / "saved/tiny/r", tmp_path / "saved/tiny/copy")  # the named setting resumes it
+    refusal, resumed = train_py_in_one_process(  # one process on 2 devices, a JAX start fewer
+        ["-r", latest, "--epochs", "2"],
+        ["-r", copy / "checkpoint-latest.params", "--epochs", "2", "--set", "mesh.fsdp=2"],
+        env=devices(2),
+    )
+    assert refused(refusal) == "error: mesh.fsdp 4 does not divide the 2 devices in use; --set mesh.fsdp=2 does"
     assert metrics.read_bytes() == before
-    resumed = run("train.py", "-r", latest, "--epochs", "2", "--set", "mesh.fsdp=2", env=devices(2))
     assert resumed.returncode == 0, resumed.stderr  # the setting named works
 
 
