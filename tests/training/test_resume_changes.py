@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
 
 from data_loader.loader import ArrayDataset, DataLoader
-from tests.end_to_end.test_train import make_config, run
+from tests.end_to_end.test_train import make_config, run, train_py_in_one_process
 from tests.training.test_checkpoint_integrity import rewrite
 from training import optimizers, startup
 from training.assembly import assemble
@@ -151,12 +152,16 @@ def test_train_py_refuses_a_changed_batch_size_mid_epoch_in_one_line(tmp_path, d
     assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
     step = next((tmp_path / "saved/tiny/r").glob("checkpoint-step_*.params"))
     files = {p.name: p.read_bytes() for p in step.parent.iterdir() if p.is_file()}
-    result = run("train.py", "-r", step, "--bs", "64", "--epochs", "2")
+    copy = shutil.copytree(step.parent, tmp_path / "saved/tiny/copy")  # the resume that keeps the batch size
+    result, resumed = train_py_in_one_process(  # one process, a JAX start fewer
+        ["-r", step, "--bs", "64", "--epochs", "2"],
+        ["-r", copy / step.name, "--epochs", "2", "--set", "trainer.log_every=5"],
+    )
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert "with data_loader.train.args.batch_size 32; this config has 64" in line, line
     assert {p.name: p.read_bytes() for p in step.parent.iterdir() if p.is_file()} == files
-    result = run("train.py", "-r", step, "--epochs", "2", "--set", "trainer.log_every=5")
+    result = resumed
     assert result.returncode == 0, result.stderr
     assert "resume: config changed since the checkpoint: trainer.epochs 1 -> 2, trainer.log_every 1 -> 5" in (
         result.stdout + result.stderr

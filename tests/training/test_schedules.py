@@ -1,6 +1,7 @@
 """Schedules against optax's schedules of the same meaning, at every step of a range that crosses each boundary."""
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -294,7 +295,7 @@ def test_an_extension_that_would_train_at_learning_rate_0_is_refused_in_one_line
     """A finished run whose schedule decays to 0 over "all", extended with --epochs: its extra epochs would train
     nothing. Refused before anything is written, naming the key that stretches the schedule."""
     from tests.conftest import make_idx_dataset
-    from tests.end_to_end.test_train import make_config, run
+    from tests.end_to_end.test_train import make_config, run, train_py_in_one_process
 
     data = tmp_path / "mnist"
     make_idx_dataset(data, n_train=200, n_test=40)
@@ -303,11 +304,14 @@ def test_an_extension_that_would_train_at_learning_rate_0_is_refused_in_one_line
     assert run("train.py", "-c", config, "--run-id", "r").returncode == 0
     folder = tmp_path / "saved/tiny/r"
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-    extended = run("train.py", "-r", folder / "checkpoint-latest.params", "--epochs", "4")
+    copy = shutil.copytree(folder, tmp_path / "saved/tiny/copy")  # the stretched schedule resumes it
+    stretched = ["--set", "optimizer.schedule.args.decay_steps=40"]  # 4 epochs of 10 steps: trains on
+    extended, resumed = train_py_in_one_process(  # one process, a JAX start fewer
+        ["-r", folder / "checkpoint-latest.params", "--epochs", "4"],
+        ["-r", copy / "checkpoint-latest.params", "--epochs", "4", *stretched],
+    )
     assert extended.returncode == 2 and len(extended.stderr.strip().splitlines()) == 1, extended.stderr
     assert "its 2 extra epoch(s) would train at learning rate 0" in extended.stderr
     assert "--set optimizer.schedule.args.decay_steps=N" in extended.stderr
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
-    stretched = ["--set", "optimizer.schedule.args.decay_steps=40"]  # 4 epochs of 10 steps: trains on
-    resumed = run("train.py", "-r", folder / "checkpoint-latest.params", "--epochs", "4", *stretched)
     assert resumed.returncode == 0, resumed.stderr
