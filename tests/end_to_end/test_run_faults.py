@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_idx_dataset
-from tests.end_to_end.test_train import ROOT, make_config, run
+from tests.end_to_end.test_train import ROOT, make_config, run, train_py_in_one_process
 
 # Runs train.main with one fault injected where FAULT says: "replace:<file name>:<nth>:<before|after>" (around the
 from training.devices import memory
@@ -409,21 +409,14 @@ def test_a_failed_resume_or_fine_tune_changes_nothing(tmp_path, data_dir, one_ep
     before = files()
     (tmp_path / "other").mkdir()
     other = make_config(tmp_path / "other", data_dir, model__args__hidden=[16])
-    result = run(
-        "train.py",
-        "-r",
-        run_dir / "checkpoint-latest.params",
-        "-c",
-        other,
-        "--epochs",
-        "7",
-        "--set",
-        "optimizer.args.lr=0.5",
+    result, fine_tune = train_py_in_one_process(  # both in one process: a JAX start fewer
+        ["-r", run_dir / "checkpoint-latest.params", "-c", other, "--epochs", "7", "--set", "optimizer.args.lr=0.5"],
+        ["-c", other, "--weights", run_dir / "checkpoint-latest.params", "--run-id", "ft"],
     )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "does not match the model/optimizer of this config" in result.stderr
     assert files() == before
-    result = run("train.py", "-c", other, "--weights", run_dir / "checkpoint-latest.params", "--run-id", "ft")
+    result = fine_tune
     assert result.returncode == 2 and not (tmp_path / "other/saved").exists(), result.stderr
 
 
@@ -455,10 +448,14 @@ def test_a_symlinked_run_folder_is_refused(tmp_path, data_dir, linked):
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(elsewhere)
     before = tree_of(tmp_path)
-    line = refused(run("train.py", "-r", "auto", "-c", config, "--run-id", "evil"))
+    argvs = [["-r", "auto", "-c", config, "--run-id", "evil"]]
+    if linked == "name folder":  # a new run without -r auto too (in the same process: a JAX start fewer)
+        argvs.append(["-c", config])
+    first, *new_run = train_py_in_one_process(*argvs)
+    line = refused(first)
     assert line.startswith(f"error: {link}: a symbolic link (to {elsewhere}), not a folder"), line
-    if linked == "name folder":  # a new run without -r auto too
-        refused(run("train.py", "-c", config))
+    for result in new_run:
+        refused(result)
     assert tree_of(tmp_path) == before
 
 
