@@ -90,17 +90,23 @@ def run(script: str, *args, env=None, timeout=300) -> subprocess.CompletedProces
 # In one process: train.main on each argv in turn, each with its output captured; prints one JSON line of
 # [exit status, stdout, stderr] per call (train_py_in_one_process).
 TRAIN_EACH = """
-import contextlib, io, json, sys
+import contextlib, json, sys, tempfile
 import train
 
-def call(argv):
-    out, err = io.StringIO(), io.StringIO()
+def call(argv):  # into files, not StringIO: what asks a stream for its fileno() gets one
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # left open: a log handler may hold one
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             status = train.main(argv)
         except SystemExit as stop:
             status = stop.code
-    return status, out.getvalue(), err.getvalue()
+    said = []
+    for stream in (out, err):
+        stream.flush()
+        stream.seek(0)
+        said.append(stream.read())
+        stream.seek(0, 2)
+    return status, *said
 
 print(json.dumps([call(argv) for argv in json.loads(sys.argv[1])]))
 """
@@ -372,16 +378,17 @@ def refused(result: subprocess.CompletedProcess) -> str:
 def test_a_model_with_fewer_outputs_than_the_data_has_classes_is_refused_before_compiling(tmp_path, data_dir):
     """Its loss would be NaN from the first step on; the class count is known from the data before anything compiles:
     the class names, a language model's vocabulary, or else the labels of a batch."""
-    config = make_config(tmp_path, data_dir, model={"name": "mlp", "args": {"hidden": [8], "num_classes": 7}})
-    assert refused(run("train.py", "-c", config)) == (
-        "error: config.json: model.args.num_classes: the model gives 7 "
-        "outputs per example, but the data has 10 classes; set it to 10"
+    saved = {"trainer__save_dir": str(tmp_path / "saved")}  # three configs, one folder each: one process refuses all
+    for name in ("classes", "vocabulary", "labels"):
+        (tmp_path / name).mkdir()
+    classes = make_config(
+        tmp_path / "classes", data_dir, model={"name": "mlp", "args": {"hidden": [8], "num_classes": 7}}, **saved
     )
     text = tmp_path / "text.txt"
     text.write_text("".join(chr(33 + i % 40) for i in range(3000)))
     lm = {"name": "char_text", "args": {"path": str(text), "context": 16, "batch_size": 8}}
-    config = make_config(
-        tmp_path,
+    vocabulary = make_config(
+        tmp_path / "vocabulary",
         data_dir,
         metrics=[],
         model={
@@ -393,22 +400,29 @@ def test_a_model_with_fewer_outputs_than_the_data_has_classes_is_refused_before_
             "validation": {**lm, "args": {**lm["args"], "split": "validation"}},
         },
         trainer__monitor="min val/loss",
-    )
-    assert refused(run("train.py", "-c", config)) == (
-        "error: config.json: model.args.vocab_size: the model gives 30 outputs per position, but the data has 40 "
-        "tokens in its vocabulary; set it to 40"
+        **saved,
     )
     labels = np.arange(48) % 4
     np.savez(tmp_path / "xy.npz", x=np.random.default_rng(0).standard_normal((48, 5)).astype(np.float32), y=labels)
     arrays = {"path": str(tmp_path / "xy.npz"), "input": "x", "target": "y", "batch_size": 16}
-    config = make_config(
-        tmp_path,
+    labels = make_config(
+        tmp_path / "labels",
         data_dir,
         model={"name": "mlp", "args": {"hidden": [8], "num_classes": 3}},
         data_loader={"train": {"name": "arrays", "args": arrays}},
         trainer__monitor="off",
+        **saved,
     )
-    assert refused(run("train.py", "-c", config)).endswith(
+    by_classes, by_vocabulary, by_labels = train_py_in_one_process(["-c", classes], ["-c", vocabulary], ["-c", labels])
+    assert refused(by_classes) == (
+        "error: config.json: model.args.num_classes: the model gives 7 "
+        "outputs per example, but the data has 10 classes; set it to 10"
+    )
+    assert refused(by_vocabulary) == (
+        "error: config.json: model.args.vocab_size: the model gives 30 outputs per position, but the data has 40 "
+        "tokens in its vocabulary; set it to 40"
+    )
+    assert refused(by_labels).endswith(
         "the model gives 3 outputs per example, but the data has 4 classes (a label 3 in its first batch); set it to 4"
     )
     assert not (tmp_path / "saved").exists()
@@ -428,22 +442,24 @@ def test_integer_pixels_into_a_float_model_say_how_to_convert_them(tmp_path, dat
         data_loader={"train": loader},
         trainer__monitor="off",
     )
-    line = refused(run("train.py", "-c", config))
-    assert line.startswith("error: config.json: model: cannot take the data's input uint8[16, 8, 8, 3] (")
-    assert line.endswith(
-        'integer pixels become float32 with {"name": "normalize"} in data_loader.train.augment (or '
-        'the loader\'s "dtype": "float32" where it has one)'
-    )
-    assert not (tmp_path / "saved").exists()
-    config = make_config(
-        tmp_path,
+    (tmp_path / "normalized").mkdir()  # the config that trains: its own folder, its own save_dir
+    normalized = make_config(
+        tmp_path / "normalized",
         data_dir,
         model={"name": "mnist_cnn", "args": {"channels": [4], "hidden": 8}},
         data_loader={"train": {**loader, "augment": [{"name": "normalize"}]}},
         trainer__monitor="off",
         trainer__epochs=1,
     )
-    assert run("train.py", "-c", config, "--run-id", "normalized").returncode == 0
+    result, trained = train_py_in_one_process(["-c", config], ["-c", normalized, "--run-id", "normalized"])
+    line = refused(result)
+    assert line.startswith("error: config.json: model: cannot take the data's input uint8[16, 8, 8, 3] (")
+    assert line.endswith(
+        'integer pixels become float32 with {"name": "normalize"} in data_loader.train.augment (or '
+        'the loader\'s "dtype": "float32" where it has one)'
+    )
+    assert not (tmp_path / "saved").exists()
+    assert trained.returncode == 0, trained.stderr
 
 
 def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_dir, one_epoch):
@@ -455,12 +471,15 @@ def test_fine_tune_onto_a_new_head_and_test_py_without_monitor(tmp_path, data_di
         trainer__monitor="off",
         model={"name": "mlp", "args": {"hidden": [32], "num_classes": 12}},
     )
-    result = run("train.py", "-c", bigger, "--weights", weights, "--run-id", "new_head")
+    result, tuned_run = train_py_in_one_process(  # one process: a JAX start fewer
+        ["-c", bigger, "--weights", weights, "--run-id", "whole"],
+        ["-c", bigger, "--weights", weights, "--exclude", "params.head", "--run-id", "new_head"],
+    )
     assert (
         result.returncode == 2 and "params.head.bias: file has float32[10], model expects float32[12]" in result.stderr
     )
-    assert not (tmp_path / "saved/tiny/new_head").exists()
-    result = run("train.py", "-c", bigger, "--weights", weights, "--exclude", "params.head", "--run-id", "new_head")
+    assert not (tmp_path / "saved/tiny/whole").exists()
+    result = tuned_run
     assert result.returncode == 0, result.stderr
     assert "kept fresh: params.head" in (tmp_path / "saved/tiny/new_head/train.log").read_text()
     base, _ = params_of(weights)
@@ -511,10 +530,21 @@ def test_schedule_lengths_are_the_config_s_in_debug_modes_and_checked_with_the_d
         "args": {"init_value": 0.0, "peak_value": 0.003, "warmup_steps": {"epochs": 2}, "decay_steps": "all"},
     }
     config = make_config(tmp_path, data_dir, trainer__epochs=3, optimizer__args={}, optimizer__schedule=schedule)
-    assert run("train.py", "-c", config, "--fast-dev-run").returncode == 0
     schedule["args"]["warmup_steps"] = 100  # 2 epochs of 9 steps: "all" is 18
-    config = make_config(tmp_path, data_dir, trainer__epochs=2, optimizer__args={}, optimizer__schedule=schedule)
-    assert refused(run("train.py", "-c", config, "--run-id", "long_warmup")) == (
+    (tmp_path / "long").mkdir()
+    long = make_config(
+        tmp_path / "long",
+        data_dir,
+        trainer__epochs=2,
+        optimizer__args={},
+        optimizer__schedule=schedule,
+        trainer__save_dir=str(tmp_path / "saved"),
+    )
+    fast, long_warmup = train_py_in_one_process(
+        ["-c", config, "--fast-dev-run"], ["-c", long, "--run-id", "long_warmup"]
+    )
+    assert fast.returncode == 0, fast.stderr
+    assert refused(long_warmup) == (
         'error: config.json: optimizer.schedule: warmup_cosine_decay: decay_steps "all" (18 steps, the whole 2-epoch '
         "run) must exceed warmup_steps 100, which it counts"
     )
