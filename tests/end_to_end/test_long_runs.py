@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.end_to_end.test_run_faults import assert_consistent, data_dir, fault_config, reference, rows_of, run_faulty  # noqa: F401
-from tests.end_to_end.test_train import ROOT, run, write_config
+from tests.end_to_end.test_train import ROOT, run, train_py_in_one_process, write_config
 from training.run import checkpoint
 
 
@@ -111,14 +111,16 @@ def test_fast_dev_run_checks_everything_and_leaves_nothing(tmp_path, data_dir):
 
 def test_limit_and_overfit_batches(tmp_path, data_dir):
     config = fault_config(tmp_path, data_dir)
-    limited = run("train.py", "-c", config, "--limit-batches", "2", "--run-id", "lim")
+    limited, overfit, bad = train_py_in_one_process(  # one process: two JAX starts fewer
+        ["-c", config, "--limit-batches", "2", "--run-id", "lim"],
+        ["-c", config, "--overfit-batches", "1", "--epochs", "25", "--run-id", "of"],
+        ["-c", config, "--overfit-batches", "0"],
+    )
     assert limited.returncode == 0, limited.stderr
     assert [row["step"] for row in rows_of(tmp_path / "saved/tiny/lim")] == [2, 4, 6]
-    overfit = run("train.py", "-c", config, "--overfit-batches", "1", "--epochs", "25", "--run-id", "of")
     assert overfit.returncode == 0, overfit.stderr
     rows = rows_of(tmp_path / "saved/tiny/of")
     assert rows[-1]["step"] == 25 and rows[-1]["val/loss"] < 0.01, rows[-1]
-    bad = run("train.py", "-c", config, "--overfit-batches", "0")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --overfit-batches: expected a number of batches >= 1, got 0"
     ]
