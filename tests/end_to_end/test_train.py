@@ -555,11 +555,16 @@ def test_schedule_lengths_are_the_config_s_in_debug_modes_and_checked_with_the_d
 def test_fine_tuning_with_a_frozen_backbone(tmp_path, data_dir):
     """--weights from another run with optimizer.frozen: the frozen layer keeps the loaded weights bit for bit
     (AdamW's weight decay included), the head trains, and the summary counts both."""
-    assert run("train.py", "-c", make_config(tmp_path, data_dir, trainer__epochs=1), "--run-id", "base").returncode == 0
+    (tmp_path / "base").mkdir()  # its config in a folder of its own, its run beside the tuned one
+    first = make_config(tmp_path / "base", data_dir, trainer__epochs=1, trainer__save_dir=str(tmp_path / "saved"))
     base = tmp_path / "saved/tiny/base/checkpoint-latest.params"
     optimizer = {"name": "adamw", "args": {"lr": 0.01, "weight_decay": 0.1}, "frozen": ["params.fc0"]}
     config = make_config(tmp_path, data_dir, optimizer=optimizer, trainer__epochs=1)
-    tuned = run("train.py", "-c", config, "--run-id", "tuned", "--weights", base, "--exclude", "params.head")
+    trained, tuned = train_py_in_one_process(  # one after the other in one process: a JAX start fewer
+        ["-c", first, "--run-id", "base"],
+        ["-c", config, "--run-id", "tuned", "--weights", base, "--exclude", "params.head"],
+    )
+    assert trained.returncode == 0, trained.stderr
     assert tuned.returncode == 0, tuned.stderr
     before, _ = params_of(base)
     after, _ = params_of(tmp_path / "saved/tiny/tuned/checkpoint-latest.params")
