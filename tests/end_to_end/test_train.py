@@ -87,17 +87,17 @@ def run(script: str, *args, env=None, timeout=300) -> subprocess.CompletedProces
     )
 
 
-# In one process: train.main on each argv in turn, each with its output captured; prints one JSON line of
-# [exit status, stdout, stderr] per call (train_py_in_one_process).
-TRAIN_EACH = """
-import contextlib, json, sys, tempfile
-import train
+# In one process: the main of the module named first (train, test) on each argv in turn, each with its output
+# captured; prints one JSON line of [exit status, stdout, stderr] per call (train_py_in_one_process).
+MAIN_ON_EACH = """
+import contextlib, importlib, json, sys, tempfile
+main = importlib.import_module(sys.argv[1]).main
 
 def call(argv):  # into files, not StringIO: what asks a stream for its fileno() gets one
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # left open: a log handler may hold one
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            status = train.main(argv)
+            status = main(argv)
         except SystemExit as stop:
             status = stop.code
     said = []
@@ -108,19 +108,20 @@ def call(argv):  # into files, not StringIO: what asks a stream for its fileno()
         stream.seek(0, 2)
     return status, *said
 
-print(json.dumps([call(argv) for argv in json.loads(sys.argv[1])]))
+print(json.dumps([call(argv) for argv in json.loads(sys.argv[2])]))
 """
 
 
-def train_py_in_one_process(*argvs: list, env=None, timeout=300) -> list[subprocess.CompletedProcess]:
-    """train.py's runs of `argvs`, one after the other in one process (a JAX start and its imports for all, where a
-    test's point is not the process): each one's status and output as its own process's would be."""
+def train_py_in_one_process(*argvs: list, env=None, timeout=300, script="train") -> list[subprocess.CompletedProcess]:
+    """train.py's runs of `argvs` (``script="test"``: test.py's), one after the other in one process (a JAX start and
+    its imports for all, where a test's point is not the process): each one's status and output as its own
+    process's would be."""
     argvs = [list(map(str, argv)) for argv in argvs]
-    done = run("-c", TRAIN_EACH, json.dumps(argvs), env=env, timeout=timeout)
+    done = run("-c", MAIN_ON_EACH, script, json.dumps(argvs), env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(said) == len(argvs), said
-    return [subprocess.CompletedProcess(["train.py", *a], *s) for a, s in zip(argvs, said)]
+    return [subprocess.CompletedProcess([f"{script}.py", *a], *s) for a, s in zip(argvs, said)]
 
 
 def params_of(path: Path) -> dict:
@@ -502,13 +503,12 @@ def test_test_py_evaluates_the_validation_split_of_a_config_without_a_test_split
     config.write_text(json.dumps(content))
     assert run("train.py", "-c", config, "--run-id", "no_test").returncode == 0
     run_dir = tmp_path / "saved/tiny/no_test"
-    tested = run("test.py", "--run", run_dir)
+    tested, no_split = train_py_in_one_process(  # test.py twice in one process: a JAX start fewer
+        ["--run", run_dir], ["--run", run_dir, "--split", "test"], script="test"
+    )
     assert tested.returncode == 0, tested.stderr
     assert "validation split, 60 examples" in tested.stdout and (run_dir / "per_class_validation.csv").is_file()
-    assert (
-        refused(run("test.py", "--run", run_dir, "--split", "test"))
-        == "error: data_loader.test: not in the config; splits: train, validation"
-    )
+    assert refused(no_split) == "error: data_loader.test: not in the config; splits: train, validation"
 
 
 def test_docs_quote_the_unknown_name_error_as_train_py_prints_it(tmp_path, data_dir, capsys, monkeypatch):
