@@ -17,7 +17,7 @@ import pytest
 
 from files import writes
 from files.writes import UnsafeFile
-from tests.end_to_end.test_train import ROOT, make_config, run
+from tests.end_to_end.test_train import ROOT, make_config, run, train_py_in_one_process
 from tests.inference.test_export_cli import run_dir as export_run  # noqa: F401 (a fixture: a run folder to export)
 from training.run import folder as run_folder
 from training.run.figures import plots
@@ -201,9 +201,10 @@ def test_a_run_folders_config_writes_nowhere_outside_it_unless_given_with_c(trai
     for spec in config["data_loader"].values():  # the data_dir outside: a download would write there
         spec["args"]["download"] = True
     (copy / "config.json").write_text(json.dumps(config))
-    refused = run("test.py", "--run", copy)
+    refused, vouched = train_py_in_one_process(  # test.py twice in one process: a JAX start fewer
+        ["--run", copy], ["--run", copy, "-c", copy / "config.json"], script="test"
+    )
     one_error_line(refused, "data_loader.train.args.data_dir", "outside the run folder", "-c")
-    vouched = run("test.py", "--run", copy, "-c", copy / "config.json")
     assert vouched.returncode == 0, vouched.stderr
 
 
