@@ -17,7 +17,7 @@ from data_loader.data_loaders import image_folder
 from data_loader.sources import image_folder as image_folder_module
 from data_loader.sources.image_folder import ImageFolderDataset, split_rows
 from tests.end_to_end.test_data_faults import train_error
-from tests.end_to_end.test_train import ROOT, run
+from tests.end_to_end.test_train import ROOT, run, train_py_in_one_process
 
 
 def rgb(seed: int, height: int, width: int) -> np.ndarray:
@@ -341,9 +341,12 @@ def test_train_py_from_an_image_folder(tmp_path):
     row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert np.isfinite(row["train/loss"]) and "val/accuracy" in row
     # the config names a cache outside the run folder: given with -c, which vouches for it (docs/runs.md)
-    evaluated = run("test.py", "--run", run_dir, "-c", run_dir / "config.json", "--split", "validation")
+    evaluated, tested = train_py_in_one_process(  # test.py twice in one process: a JAX start fewer
+        ["--run", run_dir, "-c", run_dir / "config.json", "--split", "validation"],
+        ["--run", run_dir, "-c", run_dir / "config.json"],  # the test split: 6 of each class
+        script="test",
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "accuracy" in evaluated.stdout and "light" in evaluated.stdout  # the per-class table names the folders
-    tested = run("test.py", "--run", run_dir, "-c", run_dir / "config.json")  # the test split: 6 of each class
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert "test split, 12 examples" in tested.stdout

@@ -160,11 +160,12 @@ def test_run_folder_contents_best_checkpoint_and_test_py(tmp_path, data_dir):
     assert best_header["best"] == pytest.approx(max(accuracies))
     assert "epoch 1 step 1:" in (run_dir / "train.log").read_text()
 
-    tested = run("test.py", "--run", run_dir)
+    tested, validated = train_py_in_one_process(  # test.py twice in one process: a JAX start fewer
+        ["--run", run_dir], ["--run", run_dir, "--split", "validation"], script="test"
+    )
     assert tested.returncode == 0, tested.stderr
     assert "accuracy" in tested.stdout and "confusion matrix" in tested.stdout
-    tested = run("test.py", "--run", run_dir, "--split", "validation")
-    assert tested.returncode == 0 and "validation split, 60 examples" in tested.stdout
+    assert validated.returncode == 0 and "validation split, 60 examples" in validated.stdout
 
 
 def test_resume_is_bitwise_exact(tmp_path, data_dir):
