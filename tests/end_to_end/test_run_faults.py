@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_idx_dataset
-from tests.end_to_end.test_train import ROOT, make_config, run, train_py_in_one_process
+from tests.end_to_end.test_train import ROOT, in_one_process, make_config, run, train_py_in_one_process
 
 # Runs train.main with one fault injected where FAULT says: "replace:<file name>:<nth>:<before|after>" (around the
 from training.devices import memory
@@ -479,32 +479,6 @@ def special_files(tmp_path):
     return files
 
 
-# In one process: train.main with the file as --weights and as -r, and test.main with it as --run, each with its
-# output captured; prints one JSON line of (exit status, stderr) by command (one process, not three: each refusal is
-# a start of JAX's and the config's, and the file is refused before anything else is read).
-REFUSE_AS_A_CHECKPOINT = """
-import contextlib, io, json, sys
-import test, train
-
-def call(main, *argv):
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        try:
-            status = main(list(argv))
-        except SystemExit as stop:
-            status = stop.code
-    return status, err.getvalue()
-
-config, path = sys.argv[1:]
-said = {
-    "--weights": call(train.main, "-c", config, "--weights", path),
-    "-r": call(train.main, "-c", config, "-r", path),
-    "test.py --run": call(test.main, "--run", path, "-c", config),
-}
-print(json.dumps(said))
-"""
-
-
 @pytest.mark.parametrize(
     "kind, message",
     [
@@ -522,13 +496,17 @@ def test_special_and_sparse_files_are_refused_as_checkpoints(tmp_path, data_dir,
         pytest.skip("a machine with more than 40 GB of memory free would read the file")
     config = make_config(tmp_path, data_dir, trainer__epochs=1)
     before = tree_of(tmp_path)
-    done = run("-c", REFUSE_AS_A_CHECKPOINT, config, path, timeout=60)
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])
-    assert list(said) == ["--weights", "-r", "test.py --run"]
-    for command, (status, err) in said.items():
-        line = refused(subprocess.CompletedProcess([command], status, "", err))
-        assert message in line and str(path) in err, (command, err)
+    # one process, not three: each refusal is a start of JAX's and the config's, and the file is refused before
+    # anything else is read
+    said = in_one_process(
+        ["train", "-c", config, "--weights", path],
+        ["train", "-c", config, "-r", path],
+        ["test", "--run", path, "-c", config],
+        timeout=60,
+    )
+    for result in said:
+        line = refused(result)
+        assert message in line and str(path) in result.stderr, (result.args, result.stderr)
     assert tree_of(tmp_path) == before
 
 

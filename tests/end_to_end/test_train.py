@@ -87,17 +87,16 @@ def run(script: str, *args, env=None, timeout=300) -> subprocess.CompletedProces
     )
 
 
-# In one process: the main of the module named first (train, test) on each argv in turn, each with its output
-# captured; prints one JSON line of [exit status, stdout, stderr] per call (train_py_in_one_process).
+# In one process: each command's script's main (train, test) on its arguments in turn, its output captured; prints
+# one JSON line of [exit status, stdout, stderr] per command (in_one_process).
 MAIN_ON_EACH = """
 import contextlib, importlib, json, sys, tempfile
-main = importlib.import_module(sys.argv[1]).main
 
-def call(argv):  # into files, not StringIO: what asks a stream for its fileno() gets one
+def call(script, *argv):  # into files, not StringIO: what asks a stream for its fileno() gets one
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # left open: a log handler may hold one
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            status = main(argv)
+            status = importlib.import_module(script).main(list(argv))
         except SystemExit as stop:
             status = stop.code
     said = []
@@ -108,20 +107,25 @@ def call(argv):  # into files, not StringIO: what asks a stream for its fileno()
         stream.seek(0, 2)
     return status, *said
 
-print(json.dumps([call(argv) for argv in json.loads(sys.argv[2])]))
+print(json.dumps([call(*command) for command in json.loads(sys.argv[1])]))
 """
 
 
-def train_py_in_one_process(*argvs: list, env=None, timeout=300, script="train") -> list[subprocess.CompletedProcess]:
-    """train.py's runs of `argvs` (``script="test"``: test.py's), one after the other in one process (a JAX start and
-    its imports for all, where a test's point is not the process): each one's status and output as its own
-    process's would be."""
-    argvs = [list(map(str, argv)) for argv in argvs]
-    done = run("-c", MAIN_ON_EACH, script, json.dumps(argvs), env=env, timeout=timeout)
+def in_one_process(*commands: list, env=None, timeout=300) -> list[subprocess.CompletedProcess]:
+    """Each command (``["train", *args]``, ``["test", *args]``) run by its script's main, one after the other in one
+    process (a JAX start and its imports for all, where a test's point is not the process): each one's status and
+    output as its own process's would be."""
+    commands = [list(map(str, command)) for command in commands]
+    done = run("-c", MAIN_ON_EACH, json.dumps(commands), env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(said) == len(argvs), said
-    return [subprocess.CompletedProcess([f"{script}.py", *a], *s) for a, s in zip(argvs, said)]
+    assert len(said) == len(commands), said
+    return [subprocess.CompletedProcess([f"{c[0]}.py", *c[1:]], *s) for c, s in zip(commands, said)]
+
+
+def train_py_in_one_process(*argvs: list, env=None, timeout=300, script="train") -> list[subprocess.CompletedProcess]:
+    """train.py's runs of `argvs` (``script="test"``: test.py's) in one process (``in_one_process``)."""
+    return in_one_process(*([script, *argv] for argv in argvs), env=env, timeout=timeout)
 
 
 def params_of(path: Path) -> dict:

@@ -127,24 +127,6 @@ def shared_copy(run: Path, tmp_path: Path) -> Path:
 PLANTED = [".lock", "train.log", "metrics.jsonl", *(["curves.png"] if plots() else []), "config.json"]
 PLANTED += ["checkpoint-epoch_1.params"]
 
-# In one process: train.main resuming each of the run folders given, each with its output captured; prints one JSON
-# line of (exit status, stderr) per folder (one process, not one per file: each is a start of JAX's).
-RESUME_EACH = """
-import contextlib, io, json, sys
-import train
-
-def call(*argv):
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        try:
-            status = train.main(list(argv))
-        except SystemExit as stop:
-            status = stop.code
-    return status, err.getvalue()
-
-print(json.dumps([call("-r", f"{folder}/checkpoint-latest.params", "--epochs", "2") for folder in sys.argv[1:]]))
-"""
-
 
 @pytest.mark.slow
 def test_resume_refuses_a_link_planted_in_the_run_folder(trained, tmp_path):
@@ -156,12 +138,10 @@ def test_resume_refuses_a_link_planted_in_the_run_folder(trained, tmp_path):
         targets.append(victim(tmp_path / str(i)))
         (copies[-1] / name).unlink(missing_ok=True)
         (copies[-1] / name).symlink_to(targets[-1])
-    done = run("-c", RESUME_EACH, *copies)
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(said) == len(PLANTED)
-    for name, copy, target, (status, err) in zip(PLANTED, copies, targets, said):
-        one_error_line(subprocess.CompletedProcess([name], status, "", err), str(copy / name), "symbolic link")
+    # one process, not one per file: each is a start of JAX's
+    said = train_py_in_one_process(*(["-r", copy / "checkpoint-latest.params", "--epochs", "2"] for copy in copies))
+    for name, copy, target, result in zip(PLANTED, copies, targets, said):
+        one_error_line(result, str(copy / name), "symbolic link")
         assert target.read_bytes() == VICTIM_BYTES
 
 
