@@ -318,15 +318,13 @@ class Mirror:
         gone = [n for n in self.uploaded if n not in present and not n.startswith(f"{shards.SHARDS}/")]
         kept = shards.referenced(self.run_dir)
         try:
-            prefix = path_of(self.url) + "/"
             found = [f"{shards.SHARDS}/{name}" for name in listing(self.url, self.fs, self.object(shards.SHARDS))]
-            unnamed = [prefix + name for name in found if name not in kept]
             for name in gone:
                 self.fs.rm_file(self.object(name))
                 del self.uploaded[name]
-            for path in unnamed:
-                self.fs.rm_file(path)
-                self.uploaded.pop(path.removeprefix(prefix), None)
+            for name in (name for name in found if name not in kept):
+                self.fs.rm_file(self.object(name))
+                self.uploaded.pop(name, None)
         except Exception as error:  # noqa: BLE001
             raise OSError(f"{self.url}: {error_line(error)}") from None
 
